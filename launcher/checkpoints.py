@@ -1,0 +1,252 @@
+"""Find the latest *complete* training checkpoint in an output_dir.
+
+Standard library only and no imports from ``launcher``: the launcher ships this
+file's source to the remote master node and runs it as ``python3 - OUTPUT_DIR
+[--deepspeed] [--dp-size N]``, which prints one JSON object (see ``Discovery``)
+and exits 0 even when no checkpoint is complete. Nothing is ever deleted or
+modified; the scan only lists directories and reads small JSON/text files.
+
+Layouts: HF Trainer / LLaMA-Factory ``output_dir/checkpoint-<N>`` and ms-swift
+``output_dir/v<M>-<timestamp>/checkpoint-<N>``.
+
+Symlinks: a candidate (checkpoint or version dir) that resolves outside
+output_dir is reported as skipped and never used, because resuming from it
+would read another run's state; links that stay inside output_dir, and
+symlinked files inside a checkpoint (e.g. deduplicated shards), are followed.
+Returned paths are ``os.path.join(output_dir, ...)`` exactly as given, not made
+absolute, since this may run with a different cwd than the training job.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+VERSION_RE = re.compile(r"^v(\d+)-")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin",
+                "adapter_model.safetensors", "adapter_model.bin")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+NO_WEIGHTS = "no model or adapter weights"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A candidate checkpoint newer than the chosen one, and why it was not used."""
+    path: str
+    name: str  # path relative to output_dir, e.g. "v1-20260101-120000/checkpoint-30"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Result of a scan: the chosen checkpoint (or None) and what was passed over."""
+    latest: str | None
+    step: int | None
+    skipped: tuple[Skipped, ...]
+    found_any: bool
+
+    def to_json(self) -> str:
+        """Serialise to the JSON object the script mode prints."""
+        return json.dumps({
+            "latest": self.latest, "step": self.step, "found_any": self.found_any,
+            "skipped": [{"path": s.path, "name": s.name, "reason": s.reason}
+                        for s in self.skipped]})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Discovery":
+        """Rebuild a Discovery from ``to_json`` output (e.g. read back over ssh)."""
+        d = json.loads(text)
+        skipped = tuple(Skipped(s["path"], s["name"], s["reason"])
+                        for s in d.get("skipped", []))
+        return cls(d.get("latest"), d.get("step"), skipped, bool(d.get("found_any")))
+
+    def explain(self) -> list[str]:
+        """One human line per skipped checkpoint, saying what is used instead."""
+        tail = "using " + _display_name(self.latest) if self.latest else "no complete checkpoint"
+        return ["%s: %s — %s" % (s.name, s.reason, tail) for s in self.skipped]
+
+
+def _display_name(path: str) -> str:
+    """Name of a checkpoint path relative to output_dir (keeps a swift version dir)."""
+    path = path.rstrip("/" + os.sep)
+    parent, base = os.path.split(path)
+    pbase = os.path.basename(parent)
+    return pbase + "/" + base if VERSION_RE.match(pbase) else base
+
+
+def _list_dir(path: str) -> list[str]:
+    """Sorted entry names of a directory; empty when missing or unreadable."""
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _candidates(output_dir: str) -> list[tuple[int, int, str]]:
+    """(step, version, relative name) of every checkpoint-like dir, newest first.
+
+    Plain ``checkpoint-N`` gets version -1 so a swift ``v0-*`` dir wins a tie."""
+    found = []
+    for name in _list_dir(output_dir):
+        full = os.path.join(output_dir, name)
+        m = CKPT_RE.match(name)
+        if m and os.path.isdir(full):
+            found.append((int(m.group(1)), -1, name))
+        v = VERSION_RE.match(name)
+        if v and os.path.isdir(full):
+            for sub in _list_dir(full):
+                m = CKPT_RE.match(sub)
+                if m and os.path.isdir(os.path.join(full, sub)):
+                    found.append((int(m.group(1)), int(v.group(1)), name + "/" + sub))
+    return sorted(found, reverse=True)
+
+
+def _outside(output_dir: str, path: str) -> bool:
+    """True when ``path`` resolves (through symlinks) outside output_dir."""
+    root = os.path.realpath(output_dir)
+    return os.path.commonpath([root, os.path.realpath(path)]) != root
+
+
+def _check_trainer_state(path: str, step: int) -> str | None:
+    """Reason trainer_state.json (written last by HF Trainer) is unusable, or None."""
+    fname = os.path.join(path, "trainer_state.json")
+    if not os.path.isfile(fname):
+        return "no trainer_state.json (interrupted save?)"
+    try:
+        with open(fname, encoding="utf-8") as f:
+            state = json.load(f)
+    except ValueError as e:
+        return "trainer_state.json is not valid JSON: %s" % e
+    except OSError as e:
+        return "cannot read trainer_state.json: %s" % e
+    gs = state.get("global_step") if isinstance(state, dict) else None
+    if not isinstance(gs, int) or isinstance(gs, bool):
+        return "trainer_state.json has no integer global_step"
+    if gs != step:
+        return "trainer_state.json says global_step %d, expected %d" % (gs, step)
+    return None
+
+
+def _check_index(path: str, index: str) -> str | None:
+    """Reason a sharded-weights index is unusable (bad JSON, missing shard), or None."""
+    try:
+        with open(os.path.join(path, index), encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        return "%s is not a valid index: %s" % (index, e)
+    if not shards:
+        return "%s lists no shards" % index
+    for shard in shards:
+        if not os.path.isfile(os.path.join(path, shard)):
+            return "shard %s listed in the index is missing" % shard
+    return None
+
+
+def _check_weights(path: str) -> str | None:
+    """Reason model/adapter weights are absent or incomplete, or None when present."""
+    if any(os.path.isfile(os.path.join(path, w)) for w in WEIGHT_FILES):
+        return None
+    indexes = [i for i in INDEX_FILES if os.path.isfile(os.path.join(path, i))]
+    if not indexes:
+        return NO_WEIGHTS
+    reasons = [_check_index(path, i) for i in indexes]
+    return None if None in reasons else reasons[0]
+
+
+def _check_deepspeed(path: str, step: int, dp_size: int | None) -> str | None:
+    """Reason the DeepSpeed ``global_step<N>/`` engine state is unusable, or None.
+
+    HF resume calls ``engine.load_checkpoint(path)`` with no tag, so DeepSpeed
+    reads the tag from the ``latest`` file; when present it must name this
+    step. A missing ``latest`` is tolerated (only ``save_latest=False`` omits
+    it and the tag dir is then checked directly)."""
+    tag = "global_step%d" % step
+    latest = os.path.join(path, "latest")
+    if os.path.isfile(latest):
+        try:
+            with open(latest, encoding="utf-8") as f:
+                named = f.read().strip()
+        except OSError as e:
+            return "cannot read DeepSpeed latest file: %s" % e
+        if named != tag:
+            return "DeepSpeed latest file names %r, expected %r" % (named, tag)
+    gdir = os.path.join(path, tag)
+    if not os.path.isdir(gdir):
+        return "no DeepSpeed %s/ directory" % tag
+    names = _list_dir(gdir)
+    if not any(n.endswith("model_states.pt") for n in names):
+        return "DeepSpeed %s/ has no model states (*model_states.pt)" % tag
+    optim = sum(1 for n in names if n.endswith("optim_states.pt"))
+    need = max(dp_size or 1, 1)
+    if optim < need:
+        return ("DeepSpeed %s/ has %d optimizer shard%s, expected %d"
+                " (one per data-parallel rank)" % (tag, optim, "" if optim == 1 else "s", need))
+    return None
+
+
+def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
+                     dp_size: int | None = None) -> str | None:
+    """Why checkpoint-``step`` at ``path`` is incomplete, or None when usable.
+
+    HF Trainer with DeepSpeed calls ``engine.save_checkpoint`` inside
+    ``save_model``; under ZeRO-3 without ``stage3_gather_16bit_weights_on_model_save``
+    it writes no model.safetensors at all (weights live only in the
+    ``global_step<N>/`` model states, recoverable with zero_to_fp32.py), and
+    resume loads from that dir. So with DeepSpeed a valid global_step dir
+    stands in for absent weights files; a sharded index with missing shards is
+    still rejected, as that is a half-written checkpoint either way."""
+    reason = _check_trainer_state(path, step)
+    if reason:
+        return reason
+    weights = _check_weights(path)
+    if deepspeed:
+        reason = _check_deepspeed(path, step, dp_size)
+        if reason or weights == NO_WEIGHTS:
+            return reason
+    return weights
+
+
+def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
+                         dp_size: int | None = None) -> Discovery:
+    """Scan output_dir; return the newest complete checkpoint and the newer ones skipped."""
+    cands = _candidates(output_dir)
+    skipped = []
+    for step, _version, name in cands:
+        path = os.path.join(output_dir, *name.split("/"))
+        if _outside(output_dir, path):
+            reason = "symlink to %s outside output_dir (not followed)" % os.path.realpath(path)
+        else:
+            reason = check_checkpoint(path, step, deepspeed=deepspeed, dp_size=dp_size)
+        if reason is None:
+            return Discovery(path, step, tuple(skipped), True)
+        skipped.append(Skipped(path, name, reason))
+    return Discovery(None, None, tuple(skipped), bool(cands))
+
+
+def has_checkpoints(output_dir: str) -> bool:
+    """True when output_dir holds any checkpoint dir at all, complete or not."""
+    return bool(_candidates(output_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Script entry: print the Discovery JSON for OUTPUT_DIR; always exit 0."""
+    ap = argparse.ArgumentParser(description="Find the latest complete checkpoint.")
+    ap.add_argument("output_dir")
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="also require the DeepSpeed global_step<N>/ engine state")
+    ap.add_argument("--dp-size", type=int, default=None,
+                    help="data-parallel world size: optimizer shards required")
+    args = ap.parse_args(argv)
+    found = find_latest_complete(args.output_dir, deepspeed=args.deepspeed,
+                                 dp_size=args.dp_size)
+    print(found.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

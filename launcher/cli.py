@@ -1,0 +1,96 @@
+"""The `mlaunch` command line. Heavy imports (fabric, torch) stay off this module's import path."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from .errors import UserError
+
+
+def _load(path: str):
+    from .spec import load_spec
+    return load_spec(path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mlaunch")
+def cli() -> None:
+    """mlaunch: multi-node, multi-GPU fine-tuning in one command."""
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere.")
+@click.option("--run-id", help="Use this run id instead of a fresh one.")
+@click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir).")
+def submit(job: str, dry_run: bool, run_id: str | None, log_dir: str | None) -> None:
+    """Run JOB on every node (or print the plan with --dry-run)."""
+    from .plan import build_plan
+    spec = _load(job)
+    plan = build_plan(spec, run_id=run_id, log_dir=log_dir)
+    if dry_run:
+        from .present import describe_plan
+        click.echo(describe_plan(plan), nl=False)
+        return
+    from .execute import run_plan
+    sys.exit(run_plan(plan))
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+def validate(job: str) -> None:
+    """Validate JOB and exit 0, or print one line per problem and exit 2."""
+    spec = _load(job)
+    click.echo(f"{job}: ok ({spec.trainer}, {len(spec.cluster.hosts)} nodes × "
+               f"{spec.cluster.gpus_per_node} processes)")
+
+
+@cli.command("render")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
+@click.option("--run-id", help="Use this run id instead of a fresh one.")
+def render_cmd(job: str, out: str, run_id: str | None) -> None:
+    """Write the rendered files and one node<k>.sh per node into OUT."""
+    from .plan import build_plan
+    from .writeout import write_rendered
+    plan = build_plan(_load(job), run_id=run_id)
+    for path in write_rendered(plan, out):
+        click.echo(path)
+
+
+@cli.command()
+def schema() -> None:
+    """Print the job spec's JSON Schema (for editor completion)."""
+    import json
+
+    from pydantic import TypeAdapter
+
+    from .spec import Job
+    click.echo(json.dumps(TypeAdapter(Job).json_schema(by_alias=True), indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors become one line per problem and exit 2, no traceback."""
+    try:
+        cli.main(args=argv, prog_name="mlaunch", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except UserError as e:
+        if os.environ.get("MLAUNCH_DEBUG"):
+            traceback.print_exc()
+        for line in e.lines():
+            click.echo(f"mlaunch: {line}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

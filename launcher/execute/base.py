@@ -1,0 +1,55 @@
+"""The executor seam: the only code with side effects on nodes sits behind this interface."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from ..errors import Problem
+from ..plan import LaunchPlan, NodePlan
+
+LOST = 255            # exit code reported for a node whose connection dropped
+TEARDOWN_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+
+
+@dataclass
+class Exit:
+    """How one node's command ended."""
+
+    code: int
+    lost: bool = False    # the connection dropped: the code is unknown
+    detail: str = ""
+
+
+class Running(Protocol):
+    """One started node command."""
+
+    def read(self) -> bytes:
+        """Next chunk of output; b"" at end of stream. Blocks."""
+
+    def wait(self) -> Exit:
+        """Block until the command has ended (call after read() returned b"")."""
+
+    def close(self) -> None:
+        """Drop the session (on SSH this delivers SIGHUP through the pty)."""
+
+
+class Executor(Protocol):
+    """Connect to every host, place files, start node commands, tear a run down."""
+
+    def connect(self) -> list[Problem]:
+        """Open every host in parallel; the problems of all hosts that failed."""
+
+    def stage(self, plan: LaunchPlan) -> None:
+        """Write the plan's files where every node reads them."""
+
+    def start(self, node: NodePlan) -> Running:
+        """Start one node's script."""
+
+    def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
+        """Run a short shell script on host; (exit code, output)."""
+
+    def close(self) -> None:
+        """Release every connection."""
+
+
+Starter = Callable[[NodePlan], Running]

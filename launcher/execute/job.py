@@ -1,0 +1,230 @@
+"""Running a plan: connect everywhere, start every node, stream, fail fast, tear down, report."""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .. import render
+from ..errors import UserError
+from ..plan import LaunchPlan, NodePlan
+from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running
+from .stream import LineSplitter, NodeLog, Printer
+
+SIGINT_EXIT = 130
+SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
+
+
+@dataclass
+class NodeOutcome:
+    """What became of one node."""
+
+    rank: int
+    host: str
+    exit: Exit | None = None
+    terminated: bool = False     # it was still running when mlaunch tore the job down
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def result(self) -> str:
+        if self.exit is None:
+            return "not started"
+        if self.exit.lost:
+            return self.exit.detail or "connection lost"
+        if self.terminated:
+            return f"terminated by mlaunch (exit {self.exit.code})"
+        return f"exit {self.exit.code}"
+
+
+@dataclass
+class JobResult:
+    """The job's single exit status and every node's outcome."""
+
+    code: int
+    nodes: list[NodeOutcome]
+    interrupted: bool = False
+    first_failure: int | None = None
+    teardown: dict[str, str] = field(default_factory=dict)
+    failed_at: float | None = None      # monotonic time the first failure was seen
+    torn_down_at: float | None = None   # monotonic time teardown finished on every host
+
+
+def make_executor(plan: LaunchPlan) -> Executor:
+    """Local subprocesses when every host is this machine, else SSH through fabric."""
+    if plan.local:
+        from .local import LocalExecutor
+        return LocalExecutor()
+    from .ssh import SSHExecutor  # fabric is imported only when SSH is really needed
+    return SSHExecutor([n.host for n in plan.nodes], plan.job.cluster.ssh)
+
+
+def run_job(plan: LaunchPlan, executor: Executor, printer: Printer) -> JobResult:
+    """Connect to all hosts, then start all nodes; never a half-started cluster."""
+    try:
+        os.makedirs(plan.log_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create log directory {plan.log_dir}: {e.strerror}; "
+                        "pass --log-dir DIR") from None
+    printer.say(f"run {plan.run_id}: {len(plan.nodes)} nodes; logs in {plan.log_dir}")
+    try:
+        problems = executor.connect()
+        if problems:
+            raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
+        executor.stage(plan)
+    except BaseException:
+        executor.close()
+        raise
+    try:
+        return _Session(plan, executor, printer).run()
+    finally:
+        executor.close()
+
+
+class _Session:
+    """The running job: one reader thread per node, events to the main thread."""
+
+    def __init__(self, plan: LaunchPlan, executor: Executor, printer: Printer):
+        self.plan, self.executor, self.printer = plan, executor, printer
+        self.events: queue.Queue[tuple[int, Exit]] = queue.Queue()
+        self.outcomes = [NodeOutcome(n.rank, n.host) for n in plan.nodes]
+        self.running: dict[int, Running] = {}
+        self.result = JobResult(code=0, nodes=self.outcomes)
+        self._teardown: threading.Thread | None = None
+
+    def run(self) -> JobResult:
+        try:
+            self._start_all()
+            self._wait_all()
+        except KeyboardInterrupt:
+            self._interrupt()
+            self._drain()
+        self._finish()
+        return self.result
+
+    def _start_all(self) -> None:
+        with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
+            started = list(pool.map(self._start, self.plan.nodes))
+        if not all(started):
+            self._begin_teardown()
+
+    def _start(self, node: NodePlan) -> bool:
+        log = NodeLog(node.log_path, self.plan.mask)
+        try:
+            running = self.executor.start(node)
+        except Exception as e:  # a node that cannot start fails the job like one that exits
+            log.close()
+            self.events.put((node.rank, Exit(LOST, lost=True, detail=f"could not start: {e}")))
+            return False
+        self.running[node.rank] = running
+        threading.Thread(target=self._pump, args=(node, running, log), daemon=True).start()
+        return True
+
+    def _pump(self, node: NodePlan, running: Running, log: NodeLog) -> None:
+        splitter = LineSplitter()
+        try:
+            while chunk := running.read():
+                self._emit(node, log, splitter.feed(chunk))
+            self._emit(node, log, splitter.flush())
+            outcome = running.wait()
+        except Exception as e:  # reading must never kill the launcher: it is a lost node
+            outcome = Exit(LOST, lost=True, detail=f"stream error: {e}")
+        finally:
+            self.outcomes[node.rank].tail = list(log.tail)
+            log.close()
+        self.events.put((node.rank, outcome))
+
+    def _emit(self, node: NodePlan, log: NodeLog, lines: list[str]) -> None:
+        if lines:
+            log.write(lines)
+            self.printer.node_lines(node.rank, node.host, lines)
+
+    def _wait_all(self) -> None:
+        pending = {n.rank for n in self.plan.nodes}
+        deadline = None
+        while pending:
+            try:
+                rank, outcome = self.events.get(timeout=0.2)
+            except queue.Empty:
+                deadline = self._settle(deadline)
+                continue
+            pending.discard(rank)
+            self._record(rank, outcome)
+
+    def _record(self, rank: int, outcome: Exit) -> None:
+        node = self.outcomes[rank]
+        node.exit = outcome
+        node.terminated = self._teardown is not None and rank != self.result.first_failure
+        if (outcome.code != 0 or outcome.lost) and self._teardown is None:
+            self.result.first_failure = rank
+            self.result.failed_at = time.monotonic()
+            node.terminated = False
+            self.printer.say(f"node{rank} {node.host}: {node.result}; tearing down the job on every host")
+            self._begin_teardown()
+
+    def _settle(self, deadline: float | None) -> float | None:
+        # Once teardown is done, a node that still has not reported gets its session cut.
+        if self._teardown is None or self._teardown.is_alive():
+            return deadline
+        deadline = deadline or time.monotonic() + SETTLE_S
+        if time.monotonic() > deadline:
+            for rank, running in self.running.items():
+                if self.outcomes[rank].exit is None:
+                    running.close()
+        return deadline
+
+    def _interrupt(self) -> None:
+        self.result.interrupted = True
+        self.printer.say("interrupted: tearing down (Ctrl-C again to kill at once)")
+        self._begin_teardown()
+
+    def _drain(self) -> None:
+        try:
+            self._wait_all_remaining()
+        except KeyboardInterrupt:
+            self.printer.say("second interrupt: SIGKILL to every process of the job")
+            self._teardown_all(kill_now=True)
+            self._wait_all_remaining()
+
+    def _wait_all_remaining(self) -> None:
+        missing = {o.rank for o in self.outcomes if o.exit is None and o.rank in self.running}
+        while missing:
+            try:
+                rank, outcome = self.events.get(timeout=0.2)
+            except queue.Empty:
+                self._settle(None)
+                continue
+            if rank in missing:
+                missing.discard(rank)
+                self._record(rank, outcome)
+
+    def _begin_teardown(self) -> None:
+        if self._teardown is None:
+            self._teardown = threading.Thread(target=self._teardown_all, daemon=True)
+            self._teardown.start()
+
+    def _teardown_all(self, kill_now: bool = False) -> None:
+        hosts = list(dict.fromkeys(n.host for n in self.plan.nodes))
+        with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+            outs = pool.map(lambda h: self._teardown_host(h, kill_now), hosts)
+            self.result.teardown.update(zip(hosts, outs))
+        self.result.torn_down_at = time.monotonic()
+
+    def _teardown_host(self, host: str, kill_now: bool) -> str:
+        pidfiles = [n.pidfile for n in self.plan.nodes if n.host == host]
+        script = render.teardown_script(self.plan.run_id, pidfiles, TEARDOWN_GRACE, kill_now)
+        code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)
+        return out.strip().splitlines()[-1] if out.strip() else f"exit {code}"
+
+    def _finish(self) -> None:
+        if self._teardown is not None:
+            self._teardown.join()
+        else:  # success: one sweep makes sure nothing of the job stayed behind
+            self._teardown_all()
+        r = self.result
+        if r.interrupted:
+            r.code = SIGINT_EXIT
+        elif r.first_failure is not None:
+            r.code = self.outcomes[r.first_failure].exit.code or LOST

@@ -1,0 +1,62 @@
+"""Local executor: every host is this machine, so node commands are plain subprocesses."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from ..errors import Problem
+from ..plan import LaunchPlan, NodePlan
+from .base import Exit
+
+
+class LocalRunning:
+    """A node command running as a local process group of its own."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self._proc = proc
+
+    def read(self) -> bytes:
+        return os.read(self._proc.stdout.fileno(), 65536)
+
+    def wait(self) -> Exit:
+        code = self._proc.wait()
+        self._proc.stdout.close()
+        # A signal death shows as -N; report it the way a shell would (128 + N).
+        return Exit(128 - code if code < 0 else code)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, 1)  # SIGHUP, as a dropped pty would deliver
+            except ProcessLookupError:
+                pass
+
+
+class LocalExecutor:
+    """Runs node scripts with /bin/sh on this machine; no SSH involved."""
+
+    def connect(self) -> list[Problem]:
+        return []
+
+    def stage(self, plan: LaunchPlan) -> None:
+        for f in plan.files:
+            os.makedirs(os.path.dirname(f.path), exist_ok=True)
+            with open(f.path, "w", encoding="utf-8") as fh:
+                fh.write(f.content)
+
+    def start(self, node: NodePlan) -> LocalRunning:
+        proc = subprocess.Popen(["/bin/sh", "-c", node.script], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        return LocalRunning(proc)
+
+    def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
+        try:
+            done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            return 124, str(e.stdout or "")
+        return done.returncode, done.stdout + done.stderr
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,171 @@
+"""SSH executor: fabric connections, one pty session per node, teardown over the same transport."""
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import shlex
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import paramiko
+from fabric import Config, Connection
+
+from ..errors import Problem
+from ..plan import LaunchPlan, NodePlan
+from ..spec import SSH
+from .base import LOST, Exit
+
+KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
+TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
+
+
+class SSHRunning:
+    """One node command in a pty session: a dropped connection delivers SIGHUP remotely."""
+
+    def __init__(self, chan: paramiko.Channel):
+        self._chan = chan
+        self._cut = False
+
+    def read(self) -> bytes:
+        try:
+            return self._chan.recv(65536)
+        except (OSError, EOFError, paramiko.SSHException):
+            return b""
+
+    def wait(self) -> Exit:
+        transport = self._chan.get_transport()
+        if not self._chan.exit_status_ready():
+            if self._cut:
+                return Exit(LOST, lost=True, detail="session cut by mlaunch (SIGHUP)")
+            if transport is None or not transport.is_active():
+                return Exit(LOST, lost=True, detail="connection lost")
+        code = self._chan.recv_exit_status()
+        if code == -1:
+            return Exit(LOST, lost=True, detail="connection lost")
+        return Exit(code)
+
+    def close(self) -> None:
+        self._cut = True
+        self._chan.close()
+
+
+class SSHExecutor:
+    """Reaches every host with fabric, honouring ssh_config, agent, key file, jump host, known_hosts."""
+
+    def __init__(self, hosts: list[str], ssh: SSH):
+        self._hosts = list(dict.fromkeys(hosts))
+        self._ssh = ssh
+        self._conns: dict[str, Connection] = {}
+
+    def connect(self) -> list[Problem]:
+        with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
+            results = list(pool.map(self._open, self._hosts))
+        return [p for p in results if p is not None]
+
+    def stage(self, plan: LaunchPlan) -> None:
+        targets = [plan.nodes[0].host] if plan.shared else self._hosts
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            list(pool.map(lambda h: self._upload(h, plan), targets))
+
+    def start(self, node: NodePlan) -> SSHRunning:
+        chan = self._conns[node.host].client.get_transport().open_session(timeout=30)
+        chan.get_pty(term="dumb", width=250, height=50)
+        chan.exec_command(node.script)
+        return SSHRunning(chan)
+
+    def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
+        conn = self._conns.get(host)
+        transport = conn.client.get_transport() if conn else None
+        if transport is None or not transport.is_active():
+            return LOST, "connection lost"
+        try:
+            chan = transport.open_session(timeout=min(timeout, 10))
+            chan.settimeout(timeout)
+            chan.set_combine_stderr(True)
+            chan.exec_command(script)
+            out = b"".join(iter(lambda: chan.recv(65536), b""))
+            return chan.recv_exit_status(), out.decode("utf-8", "replace")
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            return LOST, f"{type(e).__name__}: {e}"
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+
+    def _open(self, host: str) -> Problem | None:
+        conn = self._connection(host)
+        try:
+            conn.open()
+        except Exception as e:  # each failure becomes a per-host line, never a traceback
+            conn.close()
+            return Problem(f"host {host}", explain_connect_error(e, host, self._ssh))
+        transport = conn.client.get_transport()
+        transport.set_keepalive(KEEPALIVE_S)
+        _set_user_timeout(transport.sock)
+        self._conns[host] = conn
+        return None
+
+    def _connection(self, host: str) -> Connection:
+        s = self._ssh
+        config = Config(runtime_ssh_path=os.path.expanduser(s.config_file)) if s.config_file else Config()
+        kwargs: dict = {"allow_agent": True}
+        if s.key_file:
+            kwargs["key_filename"] = [os.path.expanduser(s.key_file)]
+        gateway = Connection(s.jump_host, config=config) if s.jump_host else None
+        conn = Connection(host, user=s.user, port=s.port if "port" in s.model_fields_set else None,
+                          config=config, gateway=gateway, connect_timeout=s.connect_timeout,
+                          connect_kwargs=kwargs)
+        self._host_keys(conn.client, conn.ssh_config)
+        if gateway is not None:
+            self._host_keys(gateway.client, gateway.ssh_config)
+        return conn
+
+    def _host_keys(self, client: paramiko.SSHClient, ssh_config: dict) -> None:
+        # fabric's default policy accepts any key; ours refuses unknown ones unless told otherwise.
+        strict = self._ssh.strict_host_keys
+        client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict else paramiko.WarningPolicy())
+        files = [self._ssh.known_hosts] if self._ssh.known_hosts else []
+        files += ssh_config.get("userknownhostsfile", "").split() if not files else []
+        files = files or ["~/.ssh/known_hosts"]
+        for path in files:
+            path = os.path.expanduser(path)
+            if os.path.exists(path):
+                client.get_host_keys().load(path)
+
+    def _upload(self, host: str, plan: LaunchPlan) -> None:
+        conn = self._conns[host]
+        code, out = self.run(host, f"mkdir -p -- {shlex.quote(plan.run_dir)}", 30)
+        if code != 0:
+            raise OSError(f"{host}: cannot create {plan.run_dir}: {out.strip()}")
+        with conn.client.open_sftp() as sftp:
+            for f in plan.files:
+                sftp.putfo(io.BytesIO(f.content.encode()), posixpath.join(plan.run_dir, posixpath.basename(f.path)))
+
+
+def explain_connect_error(e: Exception, host: str, ssh: SSH) -> str:
+    """One line: what went wrong reaching host, and the command or setting that fixes it."""
+    port = ssh.port
+    if isinstance(e, paramiko.BadHostKeyException):
+        return (f"host key CHANGED (got {e.key.get_name()} {e.key.fingerprint}); if the host was "
+                f"reinstalled, verify it and run: ssh-keygen -R {host}")
+    if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
+        where = ssh.known_hosts or "~/.ssh/known_hosts"
+        return (f"host key unknown and strict_host_keys is on; verify the fingerprint, then run: "
+                f"ssh-keyscan -p {port} {host} >> {where}")
+    if isinstance(e, paramiko.AuthenticationException):
+        return (f"authentication failed for user {ssh.user or os.environ.get('USER', '?')}; check "
+                "cluster.ssh.key_file / cluster.ssh.user or load the key into ssh-agent")
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"connection refused on port {port}: is sshd running there and the port open?"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return f"no answer within {ssh.connect_timeout:g}s: host down, or port {port} firewalled?"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve host name: {e.strerror}"
+    return f"cannot connect: {type(e).__name__}: {e}"
+
+
+def _set_user_timeout(sock: object) -> None:
+    # Makes a dead link (no ACKs) fail the socket, hence the transport, within seconds.
+    if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)

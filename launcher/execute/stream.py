@@ -1,0 +1,111 @@
+"""Turning each node's byte stream into whole, prefixed, masked lines and per-node log files."""
+from __future__ import annotations
+
+import codecs
+import collections
+import re
+import sys
+import threading
+import time
+from typing import Callable, TextIO
+
+# torchrun --tee prefixes each worker line with "[<role><local_rank>]:"
+TORCHRUN_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")
+PROGRESS_EVERY = 2.0  # seconds between echoed frames of a carriage-return progress bar
+COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
+
+
+class LineSplitter:
+    """Bytes in, complete lines out; never a torn line.
+
+    A pty turns "\\n" into "\\r\\n"; progress bars redraw with a bare "\\r". Only the final
+    frame of a redrawn line is kept, plus one frame every PROGRESS_EVERY seconds so that a
+    long-running bar still shows signs of life.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._clock = clock
+        self._last_frame = clock()
+
+    def feed(self, data: bytes) -> list[str]:
+        """Lines completed by data, without their line endings."""
+        text = self._pending + self._decoder.decode(data)
+        parts = text.split("\n")
+        self._pending = parts.pop()
+        lines = [_last_frame(p) for p in parts]
+        frame = self._progress_frame()
+        return lines + ([frame] if frame is not None else [])
+
+    def flush(self) -> list[str]:
+        """Whatever is left at end of stream, as a final line."""
+        rest = self._pending + self._decoder.decode(b"", final=True)
+        self._pending = ""
+        rest = _last_frame(rest)
+        return [rest] if rest else []
+
+    def _progress_frame(self) -> str | None:
+        # Pending text holding "\r" has finished frames; echo the newest one now and then.
+        if "\r" not in self._pending.rstrip("\r") or self._clock() - self._last_frame < PROGRESS_EVERY:
+            return None
+        self._last_frame = self._clock()
+        head, _, _ = self._pending.rpartition("\r")
+        return head.rpartition("\r")[2] or None
+
+
+def _last_frame(line: str) -> str:
+    line = line.rstrip("\r")
+    return line.rpartition("\r")[2]
+
+
+class Printer:
+    """The one writer to the terminal: whole lines, a node/host(/local rank) prefix, a lock."""
+
+    def __init__(self, mask: Callable[[str], str], out: TextIO | None = None,
+                 color: bool | None = None):
+        self.out = out or sys.stdout
+        self.color = self.out.isatty() if color is None else color
+        self.mask = mask
+        self._lock = threading.Lock()
+
+    def node_lines(self, rank: int, host: str, lines: list[str]) -> None:
+        """Print lines from one node, each prefixed."""
+        text = "".join(self._prefixed(rank, host, line) for line in lines)
+        with self._lock:
+            self.out.write(self.mask(text))
+            self.out.flush()
+
+    def say(self, line: str) -> None:
+        """A launcher message (not from a node)."""
+        tag = "\033[1mmlaunch\033[0m" if self.color else "mlaunch"
+        with self._lock:
+            self.out.write(self.mask(f"[{tag}] {line}\n"))
+            self.out.flush()
+
+    def _prefixed(self, rank: int, host: str, line: str) -> str:
+        m = TORCHRUN_PREFIX.match(line)
+        tag = f"node{rank} {host}" + (f" local{m.group(1)}" if m else "")
+        body = line[m.end():].lstrip(" ") if m else line
+        if self.color:
+            return f"\033[{COLORS[rank % len(COLORS)]}m[{tag}]\033[0m {body}\n"
+        return f"[{tag}] {body}\n"
+
+
+class NodeLog:
+    """One node's full output in its log file, plus its last lines for the summary."""
+
+    def __init__(self, path: str, mask: Callable[[str], str], keep: int = 12):
+        self._fh = open(path, "a", encoding="utf-8")
+        self._mask = mask
+        self.tail: collections.deque[str] = collections.deque(maxlen=keep)
+
+    def write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        masked = [self._mask(line) for line in lines]
+        self._fh.write("\n".join(masked) + "\n")
+        self.tail.extend(masked)
+
+    def close(self) -> None:
+        self._fh.close()

@@ -1,0 +1,120 @@
+"""The launch plan: a pure, immutable description of everything `submit` will do."""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import secrets as _secrets
+import time
+from dataclasses import dataclass
+
+from . import render
+from .spec import SECRET_NAME, JobBase
+from .spec.rules import LOOPBACK
+from .trainers import TRAINERS, RenderedFile, RunContext
+
+# Defaults learned the hard way; a user's cluster.env overrides them.
+DEFAULT_ENV = {
+    "PYTHONUNBUFFERED": "1",  # lines reach the launcher as they are printed
+    # A rank whose peer died raises instead of waiting in a collective forever.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+MASK = "***"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node rank: where it runs, what it runs, and where its log goes."""
+
+    rank: int
+    host: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    workdir: str | None
+    pidfile: str
+    log_path: str
+    script: str          # the exact shell text run on the node
+    display: str         # the same text with secret values masked
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything submit does, computed before any connection is made."""
+
+    job: JobBase
+    run_id: str
+    run_dir: str
+    local: bool              # every host is this machine: no SSH
+    shared: bool             # every node sees run_dir at the same path
+    log_dir: str
+    nodes: tuple[NodePlan, ...]
+    files: tuple[RenderedFile, ...]
+    secrets: tuple[str, ...]
+    resume_from: str | None = None
+
+    def mask(self, text: str) -> str:
+        """text with every secret value replaced, for anything printed or logged."""
+        for value in self.secrets:
+            text = text.replace(value, MASK)
+        return text
+
+
+def new_run_id(name: str) -> str:
+    """A sortable, unique run id: <job name>-<UTC time>-<random>."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_secrets.token_hex(2)}"
+
+
+def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
+               resume_from: str | None = None) -> LaunchPlan:
+    """Turn a validated job into the per-node commands and the files they read."""
+    run_id = run_id or new_run_id(job.name)
+    c = job.cluster
+    local = all(LOOPBACK.match(h) for h in c.hosts)
+    run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
+    run = RunContext(run_id=run_id, run_dir=run_dir, resume_from=resume_from)
+    trainer = TRAINERS[job.trainer]
+    log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
+    argv_tail = tuple(trainer.entry(job, run))
+    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base) for rank, host in enumerate(c.hosts))
+    return LaunchPlan(job=job, run_id=run_id, run_dir=run_dir, local=local,
+                      shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
+                      files=tuple(trainer.files(job, run)), secrets=secret_values(job),
+                      resume_from=resume_from)
+
+
+def secret_values(job: JobBase) -> tuple[str, ...]:
+    """Values of env entries whose names look secret (TOKEN, KEY, PASSWORD, ...)."""
+    vals = [v for k, v in job.cluster.env.items() if SECRET_NAME.search(k) and len(v) >= 4]
+    return tuple(sorted(set(vals), key=len, reverse=True))
+
+
+def remote_bin(job: JobBase) -> str | None:
+    """Directory of the remote interpreter, which also holds torchrun."""
+    c = job.cluster
+    if c.venv:
+        return posixpath.join(c.venv, "bin")
+    return posixpath.dirname(c.python) if c.python else None
+
+
+def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, ...],
+          log_base: str) -> NodePlan:
+    c = job.cluster
+    bindir = remote_bin(job)
+    argv = (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
+            "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(c.gpus_per_node),
+            "--node-rank", str(rank), "--master-addr", c.master_addr or c.hosts[0],
+            "--master-port", str(c.master_port), "--max-restarts", "0",
+            "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
+            *tail)
+    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank)}
+    if c.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, c.cuda_visible_devices))
+    pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
+    ctx = dict(run_id=run.run_id, rank=rank, nnodes=len(c.hosts), host=host, bindir=bindir,
+               run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv)
+    masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
+    safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
+    return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,
+                    pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}.log"),
+                    script=render.node_script(env=list(env.items()), **ctx),
+                    display=render.node_script(env=masked, **ctx))

@@ -1,0 +1,56 @@
+"""Human-readable views of a plan and of a finished job. Everything printed is masked."""
+from __future__ import annotations
+
+from .plan import LaunchPlan
+from .spec import LlamaFactoryJob, world
+from .trainers import global_batch
+
+
+def describe_plan(plan: LaunchPlan) -> str:
+    """The dry-run view: header, then every node's exact script, then every file."""
+    job = plan.job
+    nodes, gpus = world(job)
+    lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
+             f"world: {nodes} nodes × {gpus} processes = {nodes * gpus}"]
+    if isinstance(job, LlamaFactoryJob):
+        b = job.batch
+        lines.append(f"global batch: {global_batch(job, nodes, gpus)} = {nodes} nodes × {gpus} GPUs × "
+                     f"{b.per_device} per device × {b.grad_accum} accumulation")
+    where = "shared storage" if plan.shared else "uploaded to each node"
+    lines.append(f"files: {plan.run_dir} ({where})")
+    lines.append(f"logs: {plan.log_dir}")
+    if plan.resume_from:
+        lines.append(f"resume from: {plan.resume_from}")
+    for node in plan.nodes:
+        lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
+                  node.display.rstrip("\n")]
+    for f in plan.files:
+        lines += ["", f"=== file {f.path} ===", f.content.rstrip("\n")]
+    return plan.mask("\n".join(lines) + "\n")
+
+
+def _how(plan: LaunchPlan, host: str) -> str:
+    if plan.local:
+        return "local, no ssh"
+    ssh = plan.job.cluster.ssh
+    user = f"{ssh.user}@" if ssh.user else ""
+    via = f" via {ssh.jump_host}" if ssh.jump_host else ""
+    return f"ssh {user}{host}:{ssh.port}{via}"
+
+
+def describe_result(plan: LaunchPlan, result) -> str:
+    """The end-of-job summary: one row per node, then the last lines of each failed node."""
+    width = max(len(n.host) for n in result.nodes)
+    rows = [f"{'node':<5} {'host':<{width}} result"]
+    rows += [f"{n.rank:<5} {n.host:<{width}} {n.result}" for n in result.nodes]
+    failed = [n for n in result.nodes if n.exit and (n.exit.code or n.exit.lost) and not n.terminated]
+    for n in failed:
+        rows.append(f"--- node{n.rank} {n.host}: last lines ---")
+        rows += [f"  {line}" for line in n.tail] or ["  (no output)"]
+    left = {h: t for h, t in result.teardown.items() if not t.endswith(" 0 left")}
+    for host, text in left.items():
+        rows.append(f"teardown on {host}: {text}")
+    verdict = "interrupted" if result.interrupted else (
+        "failed" if result.code else "succeeded")
+    rows.append(f"job {plan.run_id} {verdict} (exit {result.code}); logs: {plan.log_dir}")
+    return plan.mask("\n".join(rows))

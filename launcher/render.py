@@ -1,0 +1,85 @@
+"""The only producer of command and config text: jinja2 templates from templates/."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+
+
+def template_dir() -> str:
+    """templates/ inside the installed wheel, else the repository's top-level templates/."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "templates"), os.path.join(os.path.dirname(here), "templates")):
+        if os.path.isdir(cand):
+            return cand
+    raise RuntimeError("mlaunch templates are missing from the installation")
+
+
+def yaml_scalar(value: Any) -> str:
+    """A YAML value that PyYAML and OmegaConf both read back as the same type.
+
+    JSON is valid YAML flow syntax, except that YAML 1.1 reads `2e-05` as a string:
+    floats always get a decimal point in their mantissa.
+    """
+    if isinstance(value, float):
+        text = repr(value)
+        mantissa, _, exp = text.partition("e")
+        if exp and "." not in mantissa:
+            text = f"{mantissa}.0e{exp}"
+        return text
+    return json.dumps(value, ensure_ascii=False)
+
+
+def csv(value: Any) -> Any:
+    """LLaMA-Factory takes lists (datasets, lora targets) as comma-separated strings."""
+    return ",".join(value) if isinstance(value, (list, tuple)) else value
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """One shared jinja2 environment: strict about undefined names, no autoescape."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template_dir()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters.update(q=lambda v: shlex.quote(str(v)), yaml=yaml_scalar, csv=csv)
+    return env
+
+
+def render(name: str, **context: Any) -> str:
+    """Render templates/<name> with context."""
+    return environment().get_template(name).render(**context)
+
+
+def node_script(**context: Any) -> str:
+    """The shell text one node runs: its environment, its run directory, then exec torchrun."""
+    return render("node.sh.j2", **context)
+
+
+def teardown_script(run_id: str, pidfiles: list[str], grace: float, kill_now: bool = False) -> str:
+    """Shell text that ends this run's processes on one host: TERM, grace period, KILL."""
+    return render("teardown.sh.j2", run_id=run_id, pidfiles=pidfiles,
+                  grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM")
+
+
+def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None) -> str:
+    """LLaMA-Factory's training YAML for job."""
+    return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
+                  run_id=run_id, ds_path=ds_path, resume_from=resume_from)
+
+
+def ds_config(job: Any, global_size: int) -> str:
+    """DeepSpeed JSON with concrete batch numbers that match the YAML and the world size."""
+    batch = {"global_size": global_size, "per_device": job.batch.per_device,
+             "grad_accum": job.batch.grad_accum}
+    text = render("ds_config.json.j2", batch=batch, ds=job.deepspeed, precision=job.precision,
+                  max_grad_norm=job.training.max_grad_norm)
+    return json.dumps(json.loads(text), indent=2) + "\n"

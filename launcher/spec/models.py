@@ -1,0 +1,139 @@
+"""The job spec as pydantic models: field names here are the user-facing contract."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    """Base for every spec section: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class SSH(Strict):
+    """How the launcher reaches each node."""
+
+    user: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    key_file: str | None = None
+    config_file: str | None = Field(None, description="an ssh_config file to read (aliases, ProxyJump, ...)")
+    known_hosts: str | None = None
+    jump_host: str | None = Field(None, description="[user@]host[:port] to hop through")
+    strict_host_keys: bool = Field(True, description="refuse hosts whose key is not in known_hosts")
+    connect_timeout: float = Field(10.0, gt=0, le=300)
+
+
+class Cluster(Strict):
+    """The machines, the processes per machine, the rendezvous and the remote environment."""
+
+    hosts: list[str] | None = Field(None, description="node 0 first; or use hostfile")
+    hostfile: str | None = Field(None, description="DeepSpeed format: `host slots=N` per line")
+    gpus_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node")
+    cuda_visible_devices: list[int] | None = None
+    master_addr: str | None = Field(None, description="defaults to the first host")
+    master_port: int = Field(29500, ge=1024, le=65535)
+    ssh: SSH = SSH()
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
+    python: str | None = Field(None, description="remote interpreter; its directory must hold torchrun")
+    venv: str | None = Field(None, description="remote virtualenv; same as python: VENV/bin/python")
+    workdir: str | None = None
+    shared_dir: str | None = Field(None, description="storage every node sees at the same path")
+
+
+class Finetuning(Strict):
+    """LoRA, freeze or full fine-tuning, with their knobs."""
+
+    type: Literal["lora", "freeze", "full"]
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: int | None = Field(None, ge=1, description="defaults to 2 x lora_rank")
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target: str | list[str] = "all"
+    freeze_trainable_layers: int = Field(2, description="negative counts from the bottom")
+    freeze_trainable_modules: str | list[str] = "all"
+    quantization_bit: Literal[4, 8] | None = Field(None, description="QLoRA")
+
+
+class Batch(Strict):
+    """Batch sizes; global must equal nodes x gpus_per_node x per_device x grad_accum."""
+
+    per_device: int = Field(ge=1)
+    grad_accum: int = Field(1, ge=1)
+    global_: int | None = Field(None, alias="global", ge=1)
+
+
+class DeepSpeed(Strict):
+    """ZeRO stage and offload. Offload is optional at every stage; see DeepSpeed's docs."""
+
+    stage: Literal[0, 1, 2, 3]
+    offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
+    offload_param: Literal["none", "cpu", "nvme"] = "none"
+    nvme_path: str | None = None
+
+
+class Training(Strict):
+    """Optimiser and schedule; give epochs or max_steps."""
+
+    learning_rate: float = Field(gt=0)
+    epochs: float | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    lr_scheduler: Literal[
+        "linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
+        "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
+    ] = "cosine"
+    warmup_ratio: float | None = Field(None, ge=0, lt=1)
+    warmup_steps: int | None = Field(None, ge=0)
+    save_steps: int = Field(500, ge=1)
+    logging_steps: int = Field(10, ge=1)
+    max_grad_norm: float = Field(1.0, ge=0)
+    gradient_checkpointing: bool = True
+    seed: int = 42
+
+
+class Script(Strict):
+    """Any Python script or module, started by torchrun on every node."""
+
+    path: str | None = None
+    module: str | None = None
+    args: list[str] = Field(default_factory=list)
+
+
+class JobBase(Strict):
+    """Fields every trainer shares."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    cluster: Cluster
+    output_dir: str | None = None
+    max_restarts: int = Field(0, ge=0, le=100)
+
+
+class LlamaFactoryJob(JobBase):
+    """A LLaMA-Factory fine-tuning job."""
+
+    trainer: Literal["llamafactory"]
+    stage: Literal["sft", "pt"] = "sft"
+    model: str
+    template: str
+    dataset: str | list[str]
+    dataset_dir: str | None = None
+    cutoff_len: int = Field(2048, ge=1)
+    finetuning: Finetuning
+    batch: Batch
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    deepspeed: DeepSpeed | None = None
+    training: Training
+    output_dir: str
+    passthrough: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptJob(JobBase):
+    """A plain torchrun job: the same cluster block, any script."""
+
+    trainer: Literal["script"]
+    script: Script
+
+
+# The trainer seam: a new trainer adds its model here and a Trainer in launcher/trainers.
+Job = Annotated[Union[LlamaFactoryJob, ScriptJob], Field(discriminator="trainer")]
+TRAINER_MODELS: dict[str, type[JobBase]] = {"llamafactory": LlamaFactoryJob, "script": ScriptJob}

@@ -1,0 +1,201 @@
+"""Cross-field rules that pydantic's per-field types cannot express.
+
+Each rule returns Problems (field path + what is wrong + how to fix), so that a
+spec with several mistakes reports them all at once.
+"""
+from __future__ import annotations
+
+import re
+
+from ..errors import Problem
+from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
+
+LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1)$")
+HOST_RE = re.compile(r"^[A-Za-z0-9_.:@\[\]-]+$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Variables the launcher sets per node. A user value would silently break the rendezvous:
+# seed 003's "give each node its own MASTER_PORT" fix for "Address in use" is wrong,
+# because every node must dial the one port the master listens on.
+OWNED_ENV = {
+    "MASTER_ADDR": "cluster.master_addr", "MASTER_PORT": "cluster.master_port",
+    "NODE_RANK": "the node order in cluster.hosts", "RANK": "torchrun", "LOCAL_RANK": "torchrun",
+    "WORLD_SIZE": "torchrun", "NNODES": "cluster.hosts", "NPROC_PER_NODE": "cluster.gpus_per_node",
+    "CUDA_VISIBLE_DEVICES": "cluster.cuda_visible_devices",
+}
+
+# LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
+LLAMAFACTORY_OWNED = {
+    "model_name_or_path": "model", "template": "template", "dataset": "dataset",
+    "dataset_dir": "dataset_dir", "cutoff_len": "cutoff_len", "stage": "stage",
+    "do_train": "stage", "finetuning_type": "finetuning.type", "lora_rank": "finetuning.lora_rank",
+    "lora_alpha": "finetuning.lora_alpha", "lora_dropout": "finetuning.lora_dropout",
+    "lora_target": "finetuning.lora_target",
+    "freeze_trainable_layers": "finetuning.freeze_trainable_layers",
+    "freeze_trainable_modules": "finetuning.freeze_trainable_modules",
+    "quantization_bit": "finetuning.quantization_bit",
+    "per_device_train_batch_size": "batch.per_device",
+    "gradient_accumulation_steps": "batch.grad_accum", "bf16": "precision", "fp16": "precision",
+    "deepspeed": "deepspeed", "output_dir": "output_dir", "overwrite_output_dir": "--overwrite",
+    "resume_from_checkpoint": "--resume", "learning_rate": "training.learning_rate",
+    "num_train_epochs": "training.epochs", "max_steps": "training.max_steps",
+    "lr_scheduler_type": "training.lr_scheduler", "warmup_ratio": "training.warmup_ratio",
+    "warmup_steps": "training.warmup_steps", "save_steps": "training.save_steps",
+    "logging_steps": "training.logging_steps", "max_grad_norm": "training.max_grad_norm",
+    "disable_gradient_checkpointing": "training.gradient_checkpointing", "seed": "training.seed",
+    "ddp_timeout": "mlaunch (a generous default)", "report_to": "mlaunch",
+}
+
+
+def check_job(job: JobBase) -> list[Problem]:
+    """All cross-field problems of a validated job, in field order."""
+    problems = check_cluster(job.cluster)
+    if isinstance(job, LlamaFactoryJob):
+        problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
+        problems += check_training(job) + check_passthrough(job)
+    elif isinstance(job, ScriptJob):
+        problems += check_script(job)
+    return problems
+
+
+def check_cluster(c: Cluster) -> list[Problem]:
+    """Hosts, rendezvous address, devices, env names and the remote interpreter."""
+    p: list[Problem] = []
+    if not c.hosts:
+        p.append(Problem("cluster.hosts", "no hosts: give `hosts: [...]` or `hostfile: FILE`"))
+        return p
+    for i, h in enumerate(c.hosts):
+        if not HOST_RE.match(h):
+            p.append(Problem(f"cluster.hosts[{i}]", f"{h!r} is not a host name or address"))
+    dupes = sorted({h for h in c.hosts if c.hosts.count(h) > 1})
+    if dupes:
+        p.append(Problem("cluster.hosts", f"{', '.join(dupes)} listed twice; each node is one host"))
+    if c.gpus_per_node is None:
+        p.append(Problem("cluster.gpus_per_node", "required (or give slots=N in the hostfile)"))
+    if c.cuda_visible_devices is not None and c.gpus_per_node is not None:
+        if len(c.cuda_visible_devices) != c.gpus_per_node:
+            p.append(Problem("cluster.cuda_visible_devices",
+                             f"{len(c.cuda_visible_devices)} devices listed but gpus_per_node is "
+                             f"{c.gpus_per_node}; list exactly one device per process"))
+    p += _check_master(c)
+    if c.python and c.venv:
+        p.append(Problem("cluster.venv", "give either python or venv, not both"))
+    for name in c.env:
+        if not ENV_NAME.match(name):
+            p.append(Problem(f"cluster.env.{name}", "not a valid environment variable name"))
+        elif name in OWNED_ENV:
+            p.append(Problem(f"cluster.env.{name}", f"set by mlaunch from {OWNED_ENV[name]}; "
+                             "remove it (every node must share one master address and port)"))
+    return p
+
+
+def _check_master(c: Cluster) -> list[Problem]:
+    """Node rank 0 hosts the rendezvous store, so master_addr must be it and be reachable."""
+    hosts = c.hosts or []
+    m = c.master_addr
+    if m is None:
+        return []
+    if m in hosts[1:]:
+        return [Problem("cluster.master_addr",
+                        f"{m} is hosts[{hosts.index(m)}], but node rank 0 ({hosts[0]}) runs the "
+                        "rendezvous; list the master first or omit master_addr")]
+    remote = [h for h in hosts if not LOOPBACK.match(h)]
+    if LOOPBACK.match(m) and remote:
+        return [Problem("cluster.master_addr",
+                        f"{m} is loopback, which {remote[0]} cannot reach; use the master's "
+                        "cluster-network address")]
+    return []
+
+
+def world(job: JobBase) -> tuple[int, int]:
+    """(nodes, processes per node) of a job whose cluster validated."""
+    return len(job.cluster.hosts or []), job.cluster.gpus_per_node or 0
+
+
+def check_batch(job: LlamaFactoryJob) -> list[Problem]:
+    """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch."""
+    b = job.batch
+    nodes, gpus = world(job)
+    if b.global_ is None or not nodes or not gpus:
+        return []
+    want = nodes * gpus * b.per_device * b.grad_accum
+    if b.global_ == want:
+        return []
+    return [Problem("batch.global",
+                    f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {b.per_device} per device × "
+                    f"{b.grad_accum} accumulation = {want}; set global to {want}, change "
+                    "per_device/grad_accum, or omit global")]
+
+
+def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:
+    """Knobs of one method set while another method is chosen are mistakes, not no-ops."""
+    f = job.finetuning
+    p: list[Problem] = []
+    groups = {"lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit"),
+              "freeze": ("freeze_trainable_layers", "freeze_trainable_modules")}
+    for method, names in groups.items():
+        for name in sorted(set(names) & f.model_fields_set):
+            if f.type != method:
+                p.append(Problem(f"finetuning.{name}",
+                                 f"only applies to type {method}, but type is {f.type}; remove it"))
+    if f.quantization_bit and job.deepspeed and job.deepspeed.stage == 3:
+        p.append(Problem("finetuning.quantization_bit",
+                         "QLoRA cannot be combined with ZeRO-3; use deepspeed stage 0-2 or no quantization"))
+    return p
+
+
+def check_deepspeed(job: LlamaFactoryJob) -> list[Problem]:
+    """DeepSpeed's own rules: optimizer offload needs ZeRO >= 1, parameter offload needs ZeRO-3.
+
+    Offload is optional at every stage: ZeRO-2 without offload is valid and the fastest
+    ZeRO-2 (seed 000's claim that ZeRO-2 must offload to CPU is wrong).
+    """
+    ds = job.deepspeed
+    if ds is None:
+        return []
+    p: list[Problem] = []
+    if ds.offload_optimizer != "none" and ds.stage < 1:
+        p.append(Problem("deepspeed.offload_optimizer",
+                         f"{ds.offload_optimizer} offload needs ZeRO stage 1, 2 or 3 (stage is 0)"))
+    if ds.offload_param != "none" and ds.stage != 3:
+        p.append(Problem("deepspeed.offload_param",
+                         f"parameter offload exists only in ZeRO-3 (stage is {ds.stage}); "
+                         "use offload_optimizer, or stage 3"))
+    if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
+        p.append(Problem("deepspeed.nvme_path", "required when offloading to nvme"))
+    return p
+
+
+def check_training(job: LlamaFactoryJob) -> list[Problem]:
+    """Exactly one length (epochs or max_steps) and at most one warmup form."""
+    t = job.training
+    p: list[Problem] = []
+    if (t.epochs is None) == (t.max_steps is None):
+        p.append(Problem("training", "give exactly one of epochs or max_steps"
+                         + (" (max_steps would silently win)" if t.epochs else "")))
+    if t.warmup_ratio is not None and t.warmup_steps is not None:
+        p.append(Problem("training.warmup_steps", "give warmup_ratio or warmup_steps, not both"))
+    return p
+
+
+def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
+    """Extra LLaMA-Factory keys may not override what mlaunch renders from the spec."""
+    p: list[Problem] = []
+    for key in job.passthrough:
+        owner = LLAMAFACTORY_OWNED.get(key)
+        if key == "deepspeed":
+            p.append(Problem("passthrough.deepspeed",
+                             "mlaunch renders the DeepSpeed config; use `deepspeed: {stage: N}`. "
+                             "For plain DDP leave deepspeed out entirely: passing --deepspeed "
+                             "(as seed 003's DDP example does) runs DeepSpeed, not DDP"))
+        elif owner:
+            p.append(Problem(f"passthrough.{key}", f"mlaunch owns this key; set {owner} instead"))
+    return p
+
+
+def check_script(job: ScriptJob) -> list[Problem]:
+    """A script job names exactly one of a file or a module."""
+    s = job.script
+    if (s.path is None) == (s.module is None):
+        return [Problem("script", "give exactly one of path (a .py file) or module (python -m)")]
+    return []
