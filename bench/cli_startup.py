@@ -1,0 +1,58 @@
+"""Wall time of `mlaunch --help` and `mlaunch submit --dry-run` on a generated 64-node spec.
+
+Usage: python bench/cli_startup.py [--runs N]. Prints medians; the goal is <= 0.25 s each.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def spec_64(path: str) -> None:
+    with open(os.path.join(ROOT, "configs", "seed000-qwen2-7b-lora.yaml")) as fh:
+        data = yaml.safe_load(fh)
+    data["cluster"]["hosts"] = [f"10.20.{i // 250}.{i % 250 + 1}" for i in range(64)]
+    data["cluster"]["master_addr"] = data["cluster"]["hosts"][0]
+    data["batch"]["global"] = 64 * 4 * 2 * 8
+    with open(path, "w") as fh:
+        yaml.safe_dump(data, fh)
+
+
+def timed(argv: list[str], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=9)
+    args = ap.parse_args()
+    exe = shutil.which("mlaunch") or sys.exit("mlaunch is not installed (pip install -e .)")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = os.path.join(tmp, "job64.yaml")
+        spec_64(spec)
+        cases = {"python -c pass (floor)": [sys.executable, "-c", "pass"],
+                 "mlaunch --help": [exe, "--help"],
+                 "mlaunch submit --dry-run (64 nodes)": [exe, "submit", spec, "--dry-run"]}
+        for name, argv in cases.items():
+            timed(argv, 1)  # warm the page cache
+            t = timed(argv, args.runs)
+            print(f"{name:40s} median {statistics.median(t):.3f}s  min {min(t):.3f}s  (n={len(t)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""Tests for launcher.checkpoints against real directory trees."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import checkpoints
+from launcher.checkpoints import Discovery, Skipped, find_latest_complete, has_checkpoints
+
+SOURCE = Path(checkpoints.__file__)
+
+
+def make_ckpt(root, name, step=None, state=True, weights=("model.safetensors",),
+              state_text=None):
+    """Create a checkpoint dir like HF Trainer writes; returns its Path."""
+    d = Path(root) / name
+    d.mkdir(parents=True)
+    for w in weights:
+        (d / w).write_bytes(b"\0" * 8)
+    if state_text is not None:
+        (d / "trainer_state.json").write_text(state_text)
+    elif state:
+        step = int(name.rsplit("-", 1)[1]) if step is None else step
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    return d
+
+
+def make_ds(ckpt, step, optim_ranks=1, model_states=True, latest=True):
+    """Add a DeepSpeed global_step<N>/ dir with optimizer shards per rank."""
+    g = Path(ckpt) / ("global_step%d" % step)
+    g.mkdir()
+    if model_states:
+        (g / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    for r in range(optim_ranks):
+        (g / ("bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r)).write_bytes(b"x")
+    if latest:
+        (Path(ckpt) / "latest").write_text("global_step%d" % step)
+
+
+def snapshot(root):
+    """Every path under root with its size and mtime, to prove nothing changed."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_complete_plain_checkpoint(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-10")
+    d = find_latest_complete(str(tmp_path))
+    assert d == Discovery(str(tmp_path / "checkpoint-10"), 10, (), True)
+    assert d.explain() == []
+    assert has_checkpoints(str(tmp_path))
+
+
+def test_lora_adapter_counts_as_weights(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-5", weights=("adapter_model.safetensors", "adapter_config.json"))
+    make_ckpt(tmp_path, "checkpoint-6", weights=("adapter_model.bin",))
+    d = find_latest_complete(str(tmp_path))
+    assert (d.latest, d.step) == (str(tmp_path / "checkpoint-6"), 6)
+
+
+def test_half_written_newer_checkpoint_skipped(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-10")
+    make_ckpt(tmp_path, "checkpoint-20")
+    make_ckpt(tmp_path, "checkpoint-30", state=False)
+    d = find_latest_complete(str(tmp_path))
+    assert d.latest == str(tmp_path / "checkpoint-20") and d.step == 20
+    assert d.skipped == (Skipped(str(tmp_path / "checkpoint-30"), "checkpoint-30",
+                                 "no trainer_state.json (interrupted save?)"),)
+    assert d.explain() == ["checkpoint-30: no trainer_state.json (interrupted save?) — using checkpoint-20"]
+
+
+def test_corrupt_trainer_state(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-20", state_text='{"global_step": 2')
+    d = find_latest_complete(str(tmp_path))
+    assert d.latest is None and d.step is None and d.found_any
+    assert d.skipped[0].reason.startswith("trainer_state.json is not valid JSON: ")
+    assert d.explain()[0].endswith(" — no complete checkpoint")
+
+
+def test_global_step_mismatch(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-20")
+    make_ckpt(tmp_path, "checkpoint-30", step=25)
+    d = find_latest_complete(str(tmp_path))
+    assert d.step == 20
+    assert d.skipped[0].reason == "trainer_state.json says global_step 25, expected 30"
+
+
+def test_trainer_state_without_global_step(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-3", state_text="[1, 2]")
+    assert find_latest_complete(str(tmp_path)).skipped[0].reason == \
+        "trainer_state.json has no integer global_step"
+
+
+def test_missing_weights(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-20")
+    make_ckpt(tmp_path, "checkpoint-30", weights=("config.json",))
+    d = find_latest_complete(str(tmp_path))
+    assert d.step == 20
+    assert d.skipped[0].reason == "no model or adapter weights"
+
+
+def _sharded(root, name, present):
+    d = make_ckpt(root, name, weights=present)
+    index = {"metadata": {}, "weight_map": {
+        "a.weight": "model-00001-of-00002.safetensors",
+        "b.weight": "model-00002-of-00002.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return d
+
+
+def test_sharded_index_complete_and_missing_shard(tmp_path):
+    _sharded(tmp_path, "checkpoint-20", ("model-00001-of-00002.safetensors",
+                                         "model-00002-of-00002.safetensors"))
+    _sharded(tmp_path, "checkpoint-30", ("model-00001-of-00002.safetensors",))
+    d = find_latest_complete(str(tmp_path))
+    assert d.step == 20
+    assert d.skipped[0].reason == \
+        "shard model-00002-of-00002.safetensors listed in the index is missing"
+
+
+def test_deepspeed_too_few_optimizer_shards(tmp_path):
+    c20 = make_ckpt(tmp_path, "checkpoint-20")
+    make_ds(c20, 20, optim_ranks=2)
+    c30 = make_ckpt(tmp_path, "checkpoint-30")
+    make_ds(c30, 30, optim_ranks=1)
+    d = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=2)
+    assert d.step == 20
+    assert d.skipped[0].reason == ("DeepSpeed global_step30/ has 1 optimizer shard, "
+                                   "expected 2 (one per data-parallel rank)")
+    # Without dp_size one shard is enough; without --deepspeed the dir is not checked.
+    assert find_latest_complete(str(tmp_path), deepspeed=True).step == 30
+    assert find_latest_complete(str(tmp_path)).step == 30
+
+
+def test_deepspeed_enough_shards_zero3_without_weights(tmp_path):
+    # ZeRO-3 without gathered 16-bit weights: no model.safetensors, states only.
+    c = make_ckpt(tmp_path, "checkpoint-40", weights=())
+    g = c / "global_step40"
+    g.mkdir()
+    for r in range(2):
+        (g / ("zero_pp_rank_%d_mp_rank_00_model_states.pt" % r)).write_bytes(b"x")
+        (g / ("bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r)).write_bytes(b"x")
+    (c / "latest").write_text("global_step40\n")
+    d = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=2)
+    assert (d.latest, d.step, d.skipped) == (str(c), 40, ())
+    # Without DeepSpeed mode the same checkpoint lacks weights.
+    assert find_latest_complete(str(tmp_path)).skipped[0].reason == "no model or adapter weights"
+
+
+def test_deepspeed_missing_dir_model_states_and_wrong_latest(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-10")
+    make_ds(make_ckpt(tmp_path, "checkpoint-20"), 20, model_states=False)
+    c30 = make_ckpt(tmp_path, "checkpoint-30")
+    make_ds(c30, 30)
+    (c30 / "latest").write_text("global_step29")
+    make_ckpt(tmp_path, "checkpoint-40")
+    d = find_latest_complete(str(tmp_path), deepspeed=True)
+    assert d.latest is None
+    assert [s.reason for s in d.skipped] == [
+        "no DeepSpeed global_step40/ directory",
+        "DeepSpeed latest file names 'global_step29', expected 'global_step30'",
+        "DeepSpeed global_step20/ has no model states (*model_states.pt)",
+        "no DeepSpeed global_step10/ directory",
+    ]
+
+
+def test_swift_version_dirs(tmp_path):
+    make_ckpt(tmp_path, "v0-20260101-100000/checkpoint-50")
+    make_ckpt(tmp_path, "v1-20260102-100000/checkpoint-40")
+    make_ckpt(tmp_path, "v1-20260102-100000/checkpoint-60", state=False)
+    make_ckpt(tmp_path, "notes/checkpoint-90")  # not a version dir: ignored
+    d = find_latest_complete(str(tmp_path))
+    assert d.latest == str(tmp_path / "v0-20260101-100000" / "checkpoint-50")
+    assert d.skipped[0].name == "v1-20260102-100000/checkpoint-60"
+    assert d.explain() == ["v1-20260102-100000/checkpoint-60: no trainer_state.json "
+                           "(interrupted save?) — using v0-20260101-100000/checkpoint-50"]
+
+
+def test_swift_tie_prefers_newer_version(tmp_path):
+    make_ckpt(tmp_path, "v2-20260103-000000/checkpoint-10")
+    make_ckpt(tmp_path, "v10-20260104-000000/checkpoint-10")
+    make_ckpt(tmp_path, "checkpoint-10")
+    d = find_latest_complete(str(tmp_path))
+    assert d.latest == str(tmp_path / "v10-20260104-000000" / "checkpoint-10")
+
+
+def test_numeric_ordering(tmp_path):
+    for n in (20, 100, 9):
+        make_ckpt(tmp_path, "checkpoint-%d" % n)
+    (tmp_path / "checkpoint-final").mkdir()
+    (tmp_path / "checkpoint-200").write_text("a file, not a dir")
+    assert find_latest_complete(str(tmp_path)).step == 100
+
+
+def test_nothing_deleted_or_modified(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-20")
+    make_ckpt(tmp_path, "checkpoint-30", state=False)
+    make_ckpt(tmp_path, "checkpoint-40", state_text="{bad")
+    make_ds(make_ckpt(tmp_path, "checkpoint-50"), 50)
+    _sharded(tmp_path, "v1-x/checkpoint-60", ())
+    before = snapshot(tmp_path)
+    find_latest_complete(str(tmp_path))
+    find_latest_complete(str(tmp_path), deepspeed=True, dp_size=4)
+    has_checkpoints(str(tmp_path))
+    assert snapshot(tmp_path) == before
+
+
+def test_symlink_outside_output_dir_not_followed(tmp_path):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    make_ckpt(out, "checkpoint-10")
+    target = make_ckpt(elsewhere, "checkpoint-99")
+    os.symlink(target, out / "checkpoint-99")
+    os.symlink(out / "checkpoint-10", out / "checkpoint-11")  # inside: followed, but step 10
+    d = find_latest_complete(str(out))
+    assert d.step == 10 and d.latest == str(out / "checkpoint-10")
+    assert "outside output_dir" in d.skipped[0].reason
+    assert d.skipped[1].reason == "trainer_state.json says global_step 10, expected 11"
+
+
+def test_missing_output_dir(tmp_path):
+    missing = str(tmp_path / "nope")
+    d = find_latest_complete(missing, deepspeed=True, dp_size=2)
+    assert d == Discovery(None, None, (), False)
+    assert not has_checkpoints(missing)
+
+
+def test_empty_output_dir_has_no_checkpoints(tmp_path):
+    (tmp_path / "runs").mkdir()
+    assert not has_checkpoints(str(tmp_path))
+    make_ckpt(tmp_path, "checkpoint-1", state=False)
+    assert has_checkpoints(str(tmp_path))
+    assert find_latest_complete(str(tmp_path)).found_any
+
+
+def test_json_round_trip(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-20")
+    make_ckpt(tmp_path, "checkpoint-30", state=False)
+    d = find_latest_complete(str(tmp_path))
+    assert Discovery.from_json(d.to_json()) == d
+
+
+def run_script(*args):
+    """Run the module source via `python -` on stdin, as the launcher does remotely."""
+    proc = subprocess.run([sys.executable, "-", *args], input=SOURCE.read_text(),
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_script_mode_matches_in_process(tmp_path):
+    c20 = make_ckpt(tmp_path, "checkpoint-20")
+    make_ds(c20, 20, optim_ranks=2)
+    make_ds(make_ckpt(tmp_path, "checkpoint-30"), 30, optim_ranks=1)
+    make_ckpt(tmp_path, "checkpoint-40", state=False)
+    out = run_script(str(tmp_path), "--deepspeed", "--dp-size", "2")
+    expected = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=2)
+    assert out == json.loads(expected.to_json())
+    assert Discovery.from_json(json.dumps(out)) == expected
+    assert out["latest"] == str(c20) and out["step"] == 20 and len(out["skipped"]) == 2
+
+
+@pytest.mark.parametrize("setup", ["missing", "incomplete"])
+def test_script_mode_exit_zero_when_none_complete(tmp_path, setup):
+    if setup == "incomplete":
+        make_ckpt(tmp_path, "checkpoint-5", state=False)
+    target = str(tmp_path / "nope") if setup == "missing" else str(tmp_path)
+    out = run_script(target)
+    assert out["latest"] is None and out["step"] is None
+    assert out["found_any"] == (setup == "incomplete")

@@ -1,0 +1,76 @@
+"""Golden files: every template output of every example in configs/ is pinned byte for byte.
+
+Regenerate after a deliberate template change with MLAUNCH_UPDATE_GOLDEN=1 and review the diff.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import posixpath
+
+import pytest
+import yaml
+
+from launcher.plan import build_plan
+from launcher.spec import LLAMAFACTORY_OWNED, load_spec
+
+from .helpers import CONFIGS, ROOT
+
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+EXAMPLES = sorted(glob.glob(f"{CONFIGS}/*.yaml"))
+
+
+def outputs(path: str) -> dict[str, str]:
+    """Every rendered text of one example: node scripts (masked and real) and files."""
+    plan = build_plan(load_spec(path), run_id="GOLDEN")
+    out = {f"node{n.rank}.sh": n.script for n in plan.nodes}
+    out.update({f"node{n.rank}.display.sh": n.display for n in plan.nodes})
+    out.update({posixpath.basename(f.path): f.content for f in plan.files})
+    return out
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])
+def test_golden(path):
+    name = os.path.splitext(os.path.basename(path))[0]
+    folder = os.path.join(GOLDEN, name)
+    got = outputs(path)
+    if os.environ.get("MLAUNCH_UPDATE_GOLDEN"):
+        os.makedirs(folder, exist_ok=True)
+        for fname, text in got.items():
+            with open(os.path.join(folder, fname), "w", encoding="utf-8") as fh:
+                fh.write(text)
+    assert sorted(os.listdir(folder)) == sorted(got), "golden file set differs"
+    for fname, text in got.items():
+        with open(os.path.join(folder, fname), encoding="utf-8") as fh:
+            assert text == fh.read(), f"{name}/{fname} differs from golden"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])
+def test_rendered_files_parse_and_agree(path):
+    job = load_spec(path)
+    plan = build_plan(job, run_id="GOLDEN")
+    files = {posixpath.basename(f.path): f.content for f in plan.files}
+    if job.trainer != "llamafactory":
+        assert not files
+        return
+    lf = yaml.safe_load(files["llamafactory.yaml"])
+    # Every key mlaunch renders is one it owns: passthrough can never collide silently.
+    assert set(lf) - set(job.passthrough) <= set(LLAMAFACTORY_OWNED)
+    assert lf["per_device_train_batch_size"] == job.batch.per_device
+    assert lf["gradient_accumulation_steps"] == job.batch.grad_accum
+    assert isinstance(lf["learning_rate"], float)
+    assert lf["overwrite_output_dir"] is False
+    assert lf["bf16"] == (job.precision == "bf16") and lf["fp16"] == (job.precision == "fp16")
+    if job.deepspeed:
+        ds = json.loads(files["ds_config.json"])
+        nodes, gpus = len(job.cluster.hosts), job.cluster.gpus_per_node
+        assert "auto" not in files["ds_config.json"]
+        assert ds["train_batch_size"] == nodes * gpus * job.batch.per_device * job.batch.grad_accum
+        assert ds["zero_optimization"]["stage"] == job.deepspeed.stage
+        assert ds["gradient_clipping"] == job.training.max_grad_norm
+        assert ds["bf16"]["enabled"] == (job.precision == "bf16")
+        assert lf["deepspeed"] == posixpath.join(plan.run_dir, "ds_config.json")
+    for node in plan.nodes:
+        assert f"--node-rank {node.rank} " in node.script
+        assert "--nnodes %d " % len(job.cluster.hosts) in node.script
