@@ -37,3 +37,25 @@ def mlaunch(*args: str, cwd: str | None = None, env: dict | None = None, timeout
     full_env.pop("MLAUNCH_DEBUG", None) if not (env and "MLAUNCH_DEBUG" in env) else None
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd or ROOT,
                           env=full_env, capture_output=True, text=True, timeout=timeout, **kw)
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+
+
+def script_job(hosts: list[str], nproc: int, script: str, args: list[str], out_dir: str, *,
+               hs=None, **cluster) -> dict:
+    """A `trainer: script` job spec over the given hosts (SSH settings from a HostSet)."""
+    spec = {"name": "t", "trainer": "script",
+            "cluster": {"hosts": hosts, "gpus_per_node": nproc, "python": sys.executable,
+                        "master_port": free_port(), **cluster},
+            "script": {"path": os.path.join(SCRIPTS, script), "args": args},
+            "output_dir": out_dir}
+    if hs is not None:
+        spec["cluster"].setdefault("ssh", {"user": "root", "key_file": hs.key_file,
+                                           "known_hosts": hs.known_hosts, "connect_timeout": 3})
+    return spec
+
+
+def free_port() -> int:
+    """A port number unlikely to collide between tests run back to back."""
+    import random
+    return random.randint(20000, 40000)

@@ -12,7 +12,7 @@ from .. import render
 from ..errors import UserError
 from ..plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running
-from .stream import LineSplitter, NodeLog, Printer
+from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
 
 SIGINT_EXIT = 130
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
@@ -123,12 +123,14 @@ class _Session:
         return True
 
     def _pump(self, node: NodePlan, running: Running, log: NodeLog) -> None:
-        splitter = LineSplitter()
+        splitter, cause = LineSplitter(), TorchrunRootCause()
         try:
             while chunk := running.read():
-                self._emit(node, log, splitter.feed(chunk))
-            self._emit(node, log, splitter.flush())
+                self._emit(node, log, cause, splitter.feed(chunk))
+            self._emit(node, log, cause, splitter.flush())
             outcome = running.wait()
+            if outcome.code == 1 and cause.code not in (None, 0, 1):
+                outcome = Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
         except Exception as e:  # reading must never kill the launcher: it is a lost node
             outcome = Exit(LOST, lost=True, detail=f"stream error: {e}")
         finally:
@@ -136,8 +138,10 @@ class _Session:
             log.close()
         self.events.put((node.rank, outcome))
 
-    def _emit(self, node: NodePlan, log: NodeLog, lines: list[str]) -> None:
+    def _emit(self, node: NodePlan, log: NodeLog, cause: TorchrunRootCause,
+              lines: list[str]) -> None:
         if lines:
+            cause.see(lines)
             log.write(lines)
             self.printer.node_lines(node.rank, node.host, lines)
 

@@ -59,6 +59,30 @@ def _last_frame(line: str) -> str:
     return line.rpartition("\r")[2]
 
 
+class TorchrunRootCause:
+    """Remembers the worker exit code from torchrun's failure report.
+
+    torchrun itself exits 1 whatever its worker returned; the "Root Cause" block it prints
+    holds the code the user's program really exited with.
+    """
+
+    _HEADER = re.compile(r"Root Cause \(first observed failure\)")
+    _CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+    def __init__(self) -> None:
+        self._in_block = False
+        self.code: int | None = None
+
+    def see(self, lines: list[str]) -> None:
+        for line in lines:
+            if self._HEADER.search(line):
+                self._in_block = True
+            elif self._in_block and (m := self._CODE.match(line)):
+                code = int(m.group(1))
+                self.code = 128 - code if code < 0 else code
+                self._in_block = False
+
+
 class Printer:
     """The one writer to the terminal: whole lines, a node/host(/local rank) prefix, a lock."""
 

@@ -1,0 +1,182 @@
+"""Fan-out over real sshd hosts (network namespaces): run, stream, fail fast, tear down."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .helpers import ROOT, mlaunch, script_job, write_spec
+
+
+
+
+def job_pids(host, keep: set[int]) -> set[int]:
+    """Processes left in a host's namespace other than its sshd daemon and `keep`.
+
+    Per namespace, not by name: anything the job started counts, whatever it is called.
+    """
+    deadline = time.monotonic() + 5
+    while True:
+        left = {p for p in host.pids() if p != host.sshd_pid and p not in keep}
+        left = {p for p in left if not _is_sshd_session(p)}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _is_sshd_session(pid: int) -> bool:
+    # A closing "sshd: root@pts/0" session process belongs to sshd, not to the job.
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().startswith(b"sshd")
+    except OSError:
+        return False
+
+
+def submit(tmp_path, spec: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return mlaunch("submit", write_spec(tmp_path, spec), *args, timeout=timeout)
+
+
+def node_logs(out_dir: str) -> dict[str, str]:
+    return {os.path.basename(p): open(p).read() for p in glob.glob(f"{out_dir}/logs/*/node*.log")}
+
+
+def check_allreduce(r, world: int, nodes: int, out_dir: str) -> None:
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    sums = re.findall(r"rank (\d+)/(\d+) node (\d+) sum (\d+) expected (\d+)", r.stdout)
+    assert sorted(int(s[0]) for s in sums) == list(range(world))
+    assert all(s[3] == s[4] == str(world * (world - 1) // 2) for s in sums)
+    logs = node_logs(out_dir)
+    assert len(logs) == nodes
+    for name, text in logs.items():
+        k = re.match(r"node(\d+)-", name).group(1)
+        assert re.search(rf"rank \d+/{world} node {k} sum", text), name
+
+
+@pytest.mark.multihost
+def test_two_hosts_two_procs_allreduce(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        r = submit(tmp_path, script_job([h.ip for h in hs.hosts], 2, "allreduce.py", [], out, hs=hs))
+        check_allreduce(r, 4, 2, out)
+        # Every line carries its node, host and local rank.
+        assert re.search(rf"^\[node1 {hs.hosts[1].ip} local[01]\] rank \d/4 node 1 sum 6", r.stdout, re.M)
+        assert "run t-" in r.stdout and "succeeded (exit 0)" in r.stdout
+
+
+@pytest.mark.multihost
+def test_four_hosts_one_proc(make_hostset, tmp_path):
+    with make_hostset(4) as hs:
+        out = str(tmp_path / "out")
+        r = submit(tmp_path, script_job([h.ip for h in hs.hosts], 1, "allreduce.py", [], out, hs=hs))
+        check_allreduce(r, 4, 4, out)
+
+
+@pytest.mark.multihost
+def test_failing_rank_tears_down_everything(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        sleeper = hs.hosts[1].popen(["sleep", "600"])
+        try:
+            spec = script_job([h.ip for h in hs.hosts], 2, "fail_or_sleep.py", ["2", "3", "2"],
+                              str(tmp_path / "out"), hs=hs)
+            t0 = time.monotonic()
+            r = submit(tmp_path, spec)
+            elapsed = time.monotonic() - t0
+            assert r.returncode == 3, r.stdout[-3000:]
+            assert elapsed < 60
+            assert re.search(r"^\[mlaunch\] 1\s+\S+\s+exit 3$", r.stdout, re.M), r.stdout[-2000:]
+            assert re.search(r"^\[mlaunch\] 0\s+\S+\s+terminated by mlaunch", r.stdout, re.M)
+            assert "--- node1" in r.stdout and "rank 2 exiting 3" in r.stdout
+            for h in hs.hosts:
+                assert job_pids(h, {sleeper.pid}) == set(), f"orphans on {h.name}"
+            assert sleeper.poll() is None, "an unrelated process was killed"
+        finally:
+            sleeper.kill()
+
+
+@pytest.mark.multihost
+def test_sigint_tears_down_exit_130(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        spec = script_job([h.ip for h in hs.hosts], 2, "fail_or_sleep.py", ["-1", "0", "0"],
+                          str(tmp_path / "out"), hs=hs)
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ready = set()
+        deadline = time.monotonic() + 90
+        for line in proc.stdout:
+            m = re.search(r"ready rank (\d+)", line)
+            if m:
+                ready.add(m.group(1))
+            if len(ready) == 4 or time.monotonic() > deadline:
+                break
+        assert len(ready) == 4
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 130, rest
+        assert "interrupted" in rest
+        for h in hs.hosts:
+            assert job_pids(h, set()) == set(), f"orphans on {h.name}"
+
+
+@pytest.mark.multihost
+def test_sshd_down_starts_nothing(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        hs.hosts[1].stop_sshd()
+        spec = script_job([h.ip for h in hs.hosts], 1, "fail_or_sleep.py", ["-1", "0", "0"],
+                          str(tmp_path / "out"), hs=hs)
+        r = submit(tmp_path, spec)
+        assert r.returncode == 2
+        assert f"host {hs.hosts[1].ip}: connection refused on port 22" in r.stderr
+        assert "nothing was started anywhere" in r.stderr
+        assert hs.hosts[0].ip not in r.stderr.split("nothing was started anywhere")[1]
+        assert job_pids(hs.hosts[0], set()) == set()
+        assert "ready rank" not in r.stdout
+
+
+@pytest.mark.multihost
+def test_link_down_mid_run_detected(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        spec = script_job([h.ip for h in hs.hosts], 1, "fail_or_sleep.py", ["-1", "0", "0"],
+                          str(tmp_path / "out"), hs=hs)
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ready = 0
+        for line in proc.stdout:
+            ready += "ready rank" in line
+            if ready == 2:
+                break
+        hs.hosts[1].link_down()
+        t0 = time.monotonic()
+        rest = proc.communicate(timeout=90)[0]
+        detect = time.monotonic() - t0
+        assert proc.returncode == 255, rest
+        assert re.search(rf"node1 {re.escape(hs.hosts[1].ip)}: connection lost", rest), rest
+        assert re.search(r"^\[mlaunch\] 0\s+\S+\s+terminated by mlaunch", rest, re.M), rest
+        assert job_pids(hs.hosts[0], set()) == set()
+        print(f"link-down detected and torn down in {detect:.1f}s")
+
+
+@pytest.mark.multihost
+def test_unknown_host_key_refused(make_hostset, tmp_path):
+    with make_hostset(1) as hs:
+        empty = tmp_path / "known_hosts"
+        empty.write_text("")
+        spec = script_job([hs.hosts[0].ip], 1, "allreduce.py", [], str(tmp_path / "out"), hs=hs,
+                          ssh={"user": "root", "key_file": hs.key_file, "known_hosts": str(empty)})
+        r = submit(tmp_path, spec)
+        assert r.returncode == 2
+        assert "host key unknown and strict_host_keys is on" in r.stderr
+        assert f"ssh-keyscan -p 22 {hs.hosts[0].ip} >> {empty}" in r.stderr
+        assert job_pids(hs.hosts[0], set()) == set()
+
+
+def test_local_executor_allreduce(tmp_path):
+    out = str(tmp_path / "out")
+    r = submit(tmp_path, script_job(["localhost"], 2, "allreduce.py", [], out))
+    check_allreduce(r, 2, 1, out)
