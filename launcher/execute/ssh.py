@@ -57,6 +57,9 @@ class SSHExecutor:
         self._hosts = list(dict.fromkeys(hosts))
         self._ssh = ssh
         self._conns: dict[str, Connection] = {}
+        # One parsed ssh_config for all hosts: parsing it per host costs more than a handshake.
+        path = os.path.expanduser(ssh.config_file) if ssh.config_file else None
+        self._config = Config(runtime_ssh_path=path) if path else Config()
 
     def connect(self) -> list[Problem]:
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
@@ -107,8 +110,7 @@ class SSHExecutor:
         return None
 
     def _connection(self, host: str) -> Connection:
-        s = self._ssh
-        config = Config(runtime_ssh_path=os.path.expanduser(s.config_file)) if s.config_file else Config()
+        s, config = self._ssh, self._config
         kwargs: dict = {"allow_agent": True}
         if s.key_file:
             kwargs["key_filename"] = [os.path.expanduser(s.key_file)]
