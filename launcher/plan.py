@@ -20,6 +20,7 @@ DEFAULT_ENV = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
 MASK = "***"
+HANGUP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a node loses its launcher
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,15 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
             "--master-port", str(c.master_port), "--max-restarts", "0",
             "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
             *tail)
-    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank)}
+    node_id = f"{run.run_id}.node{rank}"
+    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
+           "MLAUNCH_NODE_ID": node_id}
     if c.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, c.cuda_visible_devices))
     pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
+    hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
     ctx = dict(run_id=run.run_id, rank=rank, nnodes=len(c.hosts), host=host, bindir=bindir,
-               run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv)
+               run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup)
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,

@@ -64,9 +64,10 @@ def node_script(**context: Any) -> str:
     return render("node.sh.j2", **context)
 
 
-def teardown_script(run_id: str, pidfiles: list[str], grace: float, kill_now: bool = False) -> str:
-    """Shell text that ends this run's processes on one host: TERM, grace period, KILL."""
-    return render("teardown.sh.j2", run_id=run_id, pidfiles=pidfiles,
+def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False) -> str:
+    """Shell text that ends, on one host, every process whose environment holds `match`
+    (NAME=value): SIGTERM (process group first), a grace period, then SIGKILL."""
+    return render("teardown.sh.j2", match=match, pidfiles=pidfiles,
                   grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM")
 
 

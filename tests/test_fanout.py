@@ -180,3 +180,42 @@ def test_local_executor_allreduce(tmp_path):
     out = str(tmp_path / "out")
     r = submit(tmp_path, script_job(["localhost"], 2, "allreduce.py", [], out))
     check_allreduce(r, 2, 1, out)
+
+
+@pytest.mark.multihost
+def test_launcher_killed_leaves_no_orphans(make_hostset, tmp_path):
+    """SIGKILL to mlaunch (no teardown possible): each node's hang-up guard ends the node."""
+    with make_hostset(2) as hs:
+        spec = script_job([h.ip for h in hs.hosts], 2, "fail_or_sleep.py", ["-1", "0", "0"],
+                          str(tmp_path / "out"), hs=hs)
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ready = 0
+        for line in proc.stdout:
+            ready += "ready rank" in line
+            if ready == 4:
+                break
+        assert ready == 4
+        proc.kill()
+        proc.wait()
+        for h in hs.hosts:
+            assert job_pids(h, set()) == set(), f"orphans on {h.name}"
+
+
+def test_local_launcher_killed_leaves_no_orphans(tmp_path):
+    spec = script_job(["localhost"], 2, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "out"))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = []
+    for line in proc.stdout:
+        m = re.search(r"ready rank \d+ pid (\d+)", line)
+        if m:
+            pids.append(int(m.group(1)))
+        if len(pids) == 2:
+            break
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids), "workers survived their launcher"

@@ -52,8 +52,12 @@ def test_hostile_values_do_not_run(tmp_path):
     data, values = make_job(tmp_path, str(canary))
     plan = build_plan(validate(data), run_id="inject")
     node = plan.nodes[0]
-    done = subprocess.run(["/bin/sh", "-c", node.script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    # stdin stays open as the launcher keeps it: closing it would trigger the hang-up guard.
+    proc = subprocess.Popen(["/bin/sh", "-c", node.script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = proc.stdout.read()
+    assert proc.wait(timeout=60) == 0, output
+    proc.stdin.close()
     assert os.listdir(canary) == [], "an injected command ran"
     record = json.loads((tmp_path / "record.json").read_text())
     assert record["argv"] == list(node.argv[1:])

@@ -218,7 +218,8 @@ class _Session:
 
     def _teardown_host(self, host: str, kill_now: bool) -> str:
         pidfiles = [n.pidfile for n in self.plan.nodes if n.host == host]
-        script = render.teardown_script(self.plan.run_id, pidfiles, TEARDOWN_GRACE, kill_now)
+        script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.run_id}", pidfiles,
+                                        TEARDOWN_GRACE, kill_now)
         code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)
         return out.strip().splitlines()[-1] if out.strip() else f"exit {code}"
 

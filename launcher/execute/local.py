@@ -21,15 +21,18 @@ class LocalRunning:
     def wait(self) -> Exit:
         code = self._proc.wait()
         self._proc.stdout.close()
+        self._hang_up()
         # A signal death shows as -N; report it the way a shell would (128 + N).
         return Exit(128 - code if code < 0 else code)
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, 1)  # SIGHUP, as a dropped pty would deliver
-            except ProcessLookupError:
-                pass
+        self._hang_up()
+
+    def _hang_up(self) -> None:
+        # Closing the node's stdin is what a lost launcher looks like: its hang-up guard
+        # then ends whatever of the node is still running.
+        if self._proc.stdin and not self._proc.stdin.closed:
+            self._proc.stdin.close()
 
 
 class LocalExecutor:
@@ -45,7 +48,7 @@ class LocalExecutor:
                 fh.write(f.content)
 
     def start(self, node: NodePlan) -> LocalRunning:
-        proc = subprocess.Popen(["/bin/sh", "-c", node.script], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(["/bin/sh", "-c", node.script], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         return LocalRunning(proc)

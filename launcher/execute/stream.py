@@ -34,8 +34,9 @@ class LineSplitter:
         text = self._pending + self._decoder.decode(data)
         parts = text.split("\n")
         self._pending = parts.pop()
-        lines = [_last_frame(p) for p in parts]
-        frame = self._progress_frame()
+        # Fast path: plain "\n" output (the common, high-volume case) needs no frame logic.
+        lines = [_last_frame(p) for p in parts] if "\r" in text else parts
+        frame = self._progress_frame() if "\r" in self._pending else None
         return lines + ([frame] if frame is not None else [])
 
     def flush(self) -> list[str]:
@@ -95,9 +96,9 @@ class Printer:
 
     def node_lines(self, rank: int, host: str, lines: list[str]) -> None:
         """Print lines from one node, each prefixed."""
-        text = "".join(self._prefixed(rank, host, line) for line in lines)
+        text = self.mask("".join([self._prefixed(rank, host, line) for line in lines]))
         with self._lock:
-            self.out.write(self.mask(text))
+            self.out.write(text)
             self.out.flush()
 
     def say(self, line: str) -> None:
@@ -108,7 +109,7 @@ class Printer:
             self.out.flush()
 
     def _prefixed(self, rank: int, host: str, line: str) -> str:
-        m = TORCHRUN_PREFIX.match(line)
+        m = TORCHRUN_PREFIX.match(line) if line.startswith("[") else None
         tag = f"node{rank} {host}" + (f" local{m.group(1)}" if m else "")
         body = line[m.end():].lstrip(" ") if m else line
         if self.color:
@@ -127,9 +128,9 @@ class NodeLog:
     def write(self, lines: list[str]) -> None:
         if not lines:
             return
-        masked = [self._mask(line) for line in lines]
-        self._fh.write("\n".join(masked) + "\n")
-        self.tail.extend(masked)
+        text = self._mask("\n".join(lines) + "\n")
+        self._fh.write(text)
+        self.tail.extend(text.splitlines()[-(self.tail.maxlen or 0):])
 
     def close(self) -> None:
         self._fh.close()

@@ -1,0 +1,95 @@
+"""sitecustomize for the CPU trainer venv (installed by tests/env/make_trainer_venv.sh).
+
+Problem: in CPU DDP (torchrun + gloo) accelerate/transformers set the training
+device to ``torch.device("cpu", 0)``.  On resume, ``Trainer._load_optimizer_and_scheduler``
+calls ``torch.load(..., map_location=self.args.device)``, i.e. location ``"cpu:0"``,
+and torch's built-in CPU deserializer only accepts the exact tag ``"cpu"``::
+
+    RuntimeError: don't know how to restore data location of
+    torch.storage.UntypedStorage (tagged with cpu:0)
+
+Fix: register a torch.serialization deserializer for ``cpu:N`` locations.
+
+Python imports ``sitecustomize`` at start-up in every interpreter of the venv
+(so every torchrun worker gets it).  Importing torch here would slow down every
+``python`` call (pip included), so the registration is done lazily by a
+post-import hook that fires right after ``torch.serialization`` is executed.
+
+Set ``TRAINER_VENV_NO_CPU_N_FIX=1`` to switch the fix off (to reproduce the error).
+"""
+
+import os
+import sys
+
+_TARGET = "torch.serialization"
+_PRIORITY = 15  # after torch's own "cpu" (10), before cuda (20)
+
+
+def _is_cpu_n(location):
+    return isinstance(location, str) and location.startswith("cpu:") and location[4:].isdigit()
+
+
+def _tag_none(obj):
+    # Tagging at save time is left to torch's own taggers.
+    return None
+
+
+def _deserialize_cpu_n(obj, location):
+    if _is_cpu_n(location):
+        return obj  # storages are materialised on the CPU already
+    return None
+
+
+def _register(serialization):
+    if getattr(serialization, "_tests_env_cpu_n_registered", False):
+        return
+    serialization.register_package(_PRIORITY, _tag_none, _deserialize_cpu_n)
+    serialization._tests_env_cpu_n_registered = True
+
+
+class _PostImportFinder:
+    """Meta-path finder that wraps the loader of ``torch.serialization``."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        inner_exec = loader.exec_module
+
+        def exec_module(module, _inner=inner_exec):
+            _inner(module)
+            try:
+                _register(module)
+            finally:
+                _uninstall()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_FINDER = _PostImportFinder()
+
+
+def _uninstall():
+    try:
+        sys.meta_path.remove(_FINDER)
+    except ValueError:
+        pass
+
+
+if os.environ.get("TRAINER_VENV_NO_CPU_N_FIX", "") not in ("", "0"):
+    pass
+elif _TARGET in sys.modules:  # pragma: no cover - sitecustomize runs before any torch import
+    _register(sys.modules[_TARGET])
+else:
+    sys.meta_path.insert(0, _FINDER)
