@@ -96,7 +96,13 @@ class Printer:
 
     def node_lines(self, rank: int, host: str, lines: list[str]) -> None:
         """Print lines from one node, each prefixed."""
-        text = self.mask("".join([self._prefixed(rank, host, line) for line in lines]))
+        body = "\n".join(lines)
+        if body.startswith("[") or "\n[" in body:  # torchrun local-rank tags: per line
+            text = "".join([self._prefixed(rank, host, line) for line in lines])
+        else:  # the high-volume case: one join, no per-line work
+            head = self._tag(rank, f"node{rank} {host}")
+            text = head + body.replace("\n", "\n" + head) + "\n"
+        text = self.mask(text)
         with self._lock:
             self.out.write(text)
             self.out.flush()
@@ -109,12 +115,15 @@ class Printer:
             self.out.flush()
 
     def _prefixed(self, rank: int, host: str, line: str) -> str:
-        m = TORCHRUN_PREFIX.match(line) if line.startswith("[") else None
+        m = TORCHRUN_PREFIX.match(line)
         tag = f"node{rank} {host}" + (f" local{m.group(1)}" if m else "")
         body = line[m.end():].lstrip(" ") if m else line
+        return f"{self._tag(rank, tag)}{body}\n"
+
+    def _tag(self, rank: int, tag: str) -> str:
         if self.color:
-            return f"\033[{COLORS[rank % len(COLORS)]}m[{tag}]\033[0m {body}\n"
-        return f"[{tag}] {body}\n"
+            return f"\033[{COLORS[rank % len(COLORS)]}m[{tag}]\033[0m "
+        return f"[{tag}] "
 
 
 class NodeLog:
@@ -128,9 +137,8 @@ class NodeLog:
     def write(self, lines: list[str]) -> None:
         if not lines:
             return
-        text = self._mask("\n".join(lines) + "\n")
-        self._fh.write(text)
-        self.tail.extend(text.splitlines()[-(self.tail.maxlen or 0):])
+        self._fh.write(self._mask("\n".join(lines) + "\n"))
+        self.tail.extend(self._mask(line) for line in lines[-(self.tail.maxlen or 1):])
 
     def close(self) -> None:
         self._fh.close()
