@@ -50,7 +50,7 @@ def describe_result(plan: LaunchPlan, result) -> str:
     left = {h: t for h, t in result.teardown.items() if not t.endswith(" 0 left")}
     for host, text in left.items():
         rows.append(f"teardown on {host}: {text}")
-    verdict = "interrupted" if result.interrupted else (
-        "failed" if result.code else "succeeded")
+    verdict = ("interrupted" if result.interrupted else "timed out" if result.timed_out
+               else "failed" if result.code else "succeeded")
     rows.append(f"job {plan.run_id} {verdict} (exit {result.code}); logs: {plan.log_dir}")
     return plan.mask("\n".join(rows))

@@ -15,6 +15,7 @@ from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running
 from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
 
 SIGINT_EXIT = 130
+TIMEOUT_EXIT = 124
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
 
 
@@ -46,6 +47,7 @@ class JobResult:
     code: int
     nodes: list[NodeOutcome]
     interrupted: bool = False
+    timed_out: bool = False
     first_failure: int | None = None
     teardown: dict[str, str] = field(default_factory=dict)
     failed_at: float | None = None      # monotonic time the first failure was seen
@@ -61,8 +63,13 @@ def make_executor(plan: LaunchPlan) -> Executor:
     return SSHExecutor([n.host for n in plan.nodes], plan.job.cluster.ssh)
 
 
-def run_job(plan: LaunchPlan, executor: Executor, printer: Printer) -> JobResult:
-    """Connect to all hosts, then start all nodes; never a half-started cluster."""
+def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
+            timeout: float | None = None, connected: bool = False) -> JobResult:
+    """Connect to all hosts, then start all nodes; never a half-started cluster.
+
+    timeout: a hard limit in seconds; past it the job is torn down and exits 124.
+    connected: the executor is already connected (e.g. by preflight); it is not closed here.
+    """
     try:
         os.makedirs(plan.log_dir, exist_ok=True)
     except OSError as e:
@@ -70,24 +77,23 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer) -> JobResult
                         "pass --log-dir DIR") from None
     printer.say(f"run {plan.run_id}: {len(plan.nodes)} nodes; logs in {plan.log_dir}")
     try:
-        problems = executor.connect()
+        problems = [] if connected else executor.connect()
         if problems:
             raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
         executor.stage(plan)
-    except BaseException:
-        executor.close()
-        raise
-    try:
-        return _Session(plan, executor, printer).run()
+        return _Session(plan, executor, printer, timeout).run()
     finally:
-        executor.close()
+        if not connected:
+            executor.close()
 
 
 class _Session:
     """The running job: one reader thread per node, events to the main thread."""
 
-    def __init__(self, plan: LaunchPlan, executor: Executor, printer: Printer):
+    def __init__(self, plan: LaunchPlan, executor: Executor, printer: Printer,
+                 timeout: float | None = None):
         self.plan, self.executor, self.printer = plan, executor, printer
+        self.deadline = time.monotonic() + timeout if timeout else None
         self.events: queue.Queue[tuple[int, Exit]] = queue.Queue()
         self.outcomes = [NodeOutcome(n.rank, n.host) for n in plan.nodes]
         self.running: dict[int, Running] = {}
@@ -153,6 +159,7 @@ class _Session:
                 rank, outcome = self.events.get(timeout=0.2)
             except queue.Empty:
                 deadline = self._settle(deadline)
+                self._check_deadline()
                 continue
             pending.discard(rank)
             self._record(rank, outcome)
@@ -178,6 +185,12 @@ class _Session:
                 if self.outcomes[rank].exit is None:
                     running.close()
         return deadline
+
+    def _check_deadline(self) -> None:
+        if self.deadline and time.monotonic() > self.deadline and self._teardown is None:
+            self.result.timed_out = True
+            self.printer.say("time limit reached: tearing down the job on every host")
+            self._begin_teardown()
 
     def _interrupt(self) -> None:
         self.result.interrupted = True
@@ -231,5 +244,7 @@ class _Session:
         r = self.result
         if r.interrupted:
             r.code = SIGINT_EXIT
+        elif r.timed_out:
+            r.code = TIMEOUT_EXIT
         elif r.first_failure is not None:
             r.code = self.outcomes[r.first_failure].exit.code or LOST

@@ -1,9 +1,9 @@
 """The job spec: models, loading and validation rules."""
 from .load import SECRET_NAME, load_spec, parse_hostfile, parse_spec, validate
-from .models import (SSH, Batch, Cluster, DeepSpeed, Finetuning, Job, JobBase, LlamaFactoryJob,
+from .models import (SSH, Batch, Cluster, DeepSpeed, Finetuning, Job, JobBase, Preflight, LlamaFactoryJob,
                      Script, ScriptJob, Training, TRAINER_MODELS)
 from .rules import LLAMAFACTORY_OWNED, world
 
 __all__ = ["SECRET_NAME", "load_spec", "parse_hostfile", "parse_spec", "validate", "SSH", "Batch",
-           "Cluster", "DeepSpeed", "Finetuning", "Job", "JobBase", "LlamaFactoryJob", "Script",
+           "Cluster", "DeepSpeed", "Finetuning", "Job", "JobBase", "Preflight", "LlamaFactoryJob", "Script",
            "ScriptJob", "Training", "TRAINER_MODELS", "LLAMAFACTORY_OWNED", "world"]

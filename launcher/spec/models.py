@@ -99,6 +99,17 @@ class Script(Strict):
     args: list[str] = Field(default_factory=list)
 
 
+class Preflight(Strict):
+    """Thresholds of `mlaunch check` (and of the fast checks before `submit`)."""
+
+    min_free_gb: float = Field(10.0, ge=0, description="free space needed under output_dir")
+    max_clock_offset_ms: float = Field(50.0, gt=0)
+    min_shm_mb: int = Field(1024, ge=0, description="/dev/shm size; Docker's 64 MB causes Bus errors")
+    check_timeout_s: float = Field(30.0, gt=0, description="per check and node")
+    collective_timeout_s: float = Field(180.0, gt=0)
+    collective_mb: int = Field(64, ge=1, le=8192, description="all-reduce size for the bandwidth figure")
+
+
 class JobBase(Strict):
     """Fields every trainer shares."""
 
@@ -106,6 +117,8 @@ class JobBase(Strict):
     cluster: Cluster
     output_dir: str | None = None
     max_restarts: int = Field(0, ge=0, le=100)
+    restart_backoff_s: float = Field(5.0, ge=0, le=3600)
+    preflight: Preflight = Preflight()
 
 
 class LlamaFactoryJob(JobBase):
