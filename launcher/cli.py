@@ -21,22 +21,55 @@ def cli() -> None:
     """mlaunch: multi-node, multi-GPU fine-tuning in one command."""
 
 
-@cli.command()
-@click.argument("job", type=click.Path(dir_okay=False))
-@click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere.")
-@click.option("--run-id", help="Use this run id instead of a fresh one.")
-@click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir).")
-def submit(job: str, dry_run: bool, run_id: str | None, log_dir: str | None) -> None:
-    """Run JOB on every node (or print the plan with --dry-run)."""
+def _submit_options(f):
+    for opt in reversed([
+        click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere."),
+        click.option("--run-id", help="Use this run id instead of a fresh one."),
+        click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
+        click.option("--resume", is_flag=False, flag_value="latest", default=None,
+                     type=click.Choice(["latest", "auto"]),
+                     help="Resume from the latest complete checkpoint; --resume=auto starts fresh if none."),
+        click.option("--overwrite", is_flag=True, help="Start fresh although output_dir holds checkpoints."),
+        click.option("--max-restarts", type=click.IntRange(0, 100),
+                     help="After a node failure, relaunch from the latest checkpoint up to N times."),
+        click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _run_submit(job: str, dry_run: bool, run_id, log_dir, resume, overwrite, max_restarts,
+                no_preflight) -> None:
     from .plan import build_plan
     spec = _load(job)
-    plan = build_plan(spec, run_id=run_id, log_dir=log_dir)
     if dry_run:
         from .present import describe_plan
+        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite)
         click.echo(describe_plan(plan), nl=False)
+        if resume:
+            click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
-    from .execute import run_plan
-    sys.exit(run_plan(plan))
+    from .submit import SubmitOptions, submit as do_submit
+    opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
+                         max_restarts=max_restarts, preflight=not no_preflight)
+    sys.exit(do_submit(spec, opts))
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@_submit_options
+def submit(job: str, **kw) -> None:
+    """Run JOB on every node (or print the plan with --dry-run)."""
+    _run_submit(job, **kw)
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@_submit_options
+def resume(job: str, **kw) -> None:
+    """Same as `submit --resume`: continue JOB from its latest complete checkpoint."""
+    kw["resume"] = kw["resume"] or "latest"
+    _run_submit(job, **kw)
 
 
 @cli.command()

@@ -52,6 +52,7 @@ class LaunchPlan:
     files: tuple[RenderedFile, ...]
     secrets: tuple[str, ...]
     resume_from: str | None = None
+    attempt: int = 0          # 0 for the first launch, n for the n-th automatic restart
 
     def mask(self, text: str) -> str:
         """text with every secret value replaced, for anything printed or logged."""
@@ -66,21 +67,29 @@ def new_run_id(name: str) -> str:
 
 
 def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
-               resume_from: str | None = None) -> LaunchPlan:
-    """Turn a validated job into the per-node commands and the files they read."""
+               resume_from: str | None = None, overwrite: bool = False,
+               attempt: int = 0) -> LaunchPlan:
+    """Turn a validated job into the per-node commands and the files they read.
+
+    Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
+    that teardown and logs of one attempt never mix with another's.
+    """
     run_id = run_id or new_run_id(job.name)
     c = job.cluster
     local = all(LOOPBACK.match(h) for h in c.hosts)
     run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
-    run = RunContext(run_id=run_id, run_dir=run_dir, resume_from=resume_from)
+    tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
+    run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite)
     trainer = TRAINERS[job.trainer]
     log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
     argv_tail = tuple(trainer.entry(job, run))
-    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base) for rank, host in enumerate(c.hosts))
-    return LaunchPlan(job=job, run_id=run_id, run_dir=run_dir, local=local,
+    suffix = f".attempt{attempt}" if attempt else ""
+    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base, suffix)
+                  for rank, host in enumerate(c.hosts))
+    return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
-                      resume_from=resume_from)
+                      resume_from=resume_from, attempt=attempt)
 
 
 def secret_values(job: JobBase) -> tuple[str, ...]:
@@ -98,7 +107,7 @@ def remote_bin(job: JobBase) -> str | None:
 
 
 def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, ...],
-          log_base: str) -> NodePlan:
+          log_base: str, suffix: str) -> NodePlan:
     c = job.cluster
     bindir = remote_bin(job)
     argv = (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
@@ -119,6 +128,6 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,
-                    pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}.log"),
+                    pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))

@@ -71,10 +71,11 @@ def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: boo
                   grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM")
 
 
-def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None) -> str:
+def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None,
+                      overwrite: bool = False) -> str:
     """LLaMA-Factory's training YAML for job."""
     return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
-                  run_id=run_id, ds_path=ds_path, resume_from=resume_from)
+                  run_id=run_id, ds_path=ds_path, resume_from=resume_from, overwrite=overwrite)
 
 
 def ds_config(job: Any, global_size: int) -> str:
@@ -84,3 +85,10 @@ def ds_config(job: Any, global_size: int) -> str:
     text = render("ds_config.json.j2", batch=batch, ds=job.deepspeed, precision=job.precision,
                   max_grad_norm=job.training.max_grad_norm)
     return json.dumps(json.loads(text), indent=2) + "\n"
+
+
+def python_script(python: str, source: str, args: list[str]) -> str:
+    """Shell text that runs a Python source (fed on stdin) with args on a node."""
+    if "\nMLAUNCH_PY_EOF\n" in source:
+        raise ValueError("source contains the heredoc terminator")
+    return render("pyrun.sh.j2", python=python, source=source.rstrip("\n"), args=args)

@@ -27,6 +27,7 @@ class RunContext:
     run_id: str
     run_dir: str
     resume_from: str | None = None
+    overwrite: bool = False
 
 
 class Trainer(Protocol):
@@ -43,7 +44,7 @@ class LlamaFactory:
     def files(self, job: LlamaFactoryJob, run: RunContext) -> list[RenderedFile]:
         ds_path = posixpath.join(run.run_dir, "ds_config.json") if job.deepspeed else None
         out = [RenderedFile(self._yaml_path(run), render.llamafactory_yaml(
-            job, run.run_id, ds_path, run.resume_from))]
+            job, run.run_id, ds_path, run.resume_from, run.overwrite))]
         if ds_path:
             nodes, gpus = world(job)
             out.append(RenderedFile(ds_path, render.ds_config(job, global_batch(job, nodes, gpus))))

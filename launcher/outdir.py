@@ -1,0 +1,110 @@
+"""The run lock in output_dir. Standard library only: this file's source is also run on the
+master node (`python3 - lock|unlock|touch OUTPUT_DIR ...`), where output_dir lives.
+
+The lock holds the launcher's host, pid and run id. A second concurrent submit on the same
+output_dir is refused; a lock whose launcher is gone can be taken over: its pid is dead
+(checked when the launcher host is this one) or its heartbeat is older than STALE_AFTER_S.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+LOCK_NAME = ".mlaunch.lock"
+STALE_AFTER_S = 120.0  # the launcher refreshes the lock every HEARTBEAT_S while it runs
+HEARTBEAT_S = 30.0
+
+
+def lock(output_dir: str, host: str, pid: int, run_id: str, now: float | None = None) -> dict:
+    """Take the lock; returns {"ok": bool, "holder": {...}, "took_over": bool, "why": str}."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, LOCK_NAME)
+    mine = {"host": host, "pid": pid, "run_id": run_id, "started": now or time.time()}
+    why = ""
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read(path)
+            stale = _stale(path, holder, host, now or time.time())
+            if not stale:
+                return {"ok": False, "holder": holder, "took_over": False, "why": ""}
+            os.replace(path, path + ".stale")  # kept, never deleted: evidence of the crash
+            why = stale
+            continue
+        with os.fdopen(fd, "w") as fh:
+            json.dump(mine, fh)
+        return {"ok": True, "holder": mine, "took_over": bool(why), "why": why}
+    return {"ok": False, "holder": _read(path), "took_over": False, "why": "lock contention"}
+
+
+def unlock(output_dir: str, run_id: str) -> bool:
+    """Remove the lock if (and only if) this run holds it."""
+    path = os.path.join(output_dir, LOCK_NAME)
+    if _read(path).get("run_id") != run_id:
+        return False
+    os.remove(path)
+    return True
+
+
+def touch(output_dir: str, run_id: str) -> bool:
+    """Heartbeat: refresh the lock's mtime while this run holds it."""
+    path = os.path.join(output_dir, LOCK_NAME)
+    if _read(path).get("run_id") != run_id:
+        return False
+    os.utime(path)
+    return True
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _stale(path: str, holder: dict, host: str, now: float) -> str:
+    """Why the lock's launcher is known to be gone, or "" if it may still be running."""
+    if holder.get("host") == host and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
+        return f"launcher pid {holder['pid']} on {host} is gone"
+    try:
+        age = now - os.stat(path).st_mtime
+    except OSError:
+        return "lock vanished"
+    if age > STALE_AFTER_S:
+        return f"no heartbeat for {age:.0f}s"
+    if not holder:
+        return "unreadable lock"
+    return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI for remote use; prints one JSON object."""
+    args = sys.argv[1:] if argv is None else argv
+    op, output_dir = args[0], args[1]
+    if op == "lock":
+        out = lock(output_dir, args[2], int(args[3]), args[4])
+    elif op == "unlock":
+        out = {"ok": unlock(output_dir, args[2])}
+    else:
+        out = {"ok": touch(output_dir, args[2])}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

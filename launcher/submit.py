@@ -1,0 +1,187 @@
+"""`mlaunch submit`: connect, check, guard output_dir, run, and restart from checkpoints."""
+from __future__ import annotations
+
+import os
+import posixpath
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from . import checkpoints, outdir, render
+from .errors import UserError
+from .execute.job import JobResult, make_executor, run_job
+from .execute.stream import Printer
+from .plan import LaunchPlan, build_plan, remote_bin
+from .present import describe_result
+from .spec import JobBase, LlamaFactoryJob, world
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """What the user asked for on the command line."""
+
+    run_id: str | None = None
+    log_dir: str | None = None
+    resume: str | None = None        # None, "latest" (must exist) or "auto" (fresh if none)
+    overwrite: bool = False
+    max_restarts: int | None = None  # overrides the spec's max_restarts
+    preflight: bool = True
+
+
+def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
+    """Run job to completion (with restarts); return its exit code."""
+    if opts.resume and opts.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
+    printer = Printer(plan.mask, out or sys.stdout)
+    executor = _connect(plan)
+    try:
+        if opts.preflight:
+            _preflight(plan, executor, printer)
+        master = _Master(plan, executor)
+        resume_from = _starting_point(job, master, opts, printer)
+        master.lock(printer)
+        try:
+            return _attempts(job, plan, executor, printer, opts, master, resume_from)
+        finally:
+            master.unlock()
+    finally:
+        executor.close()
+
+
+def _connect(plan: LaunchPlan):
+    executor = make_executor(plan)
+    problems = executor.connect()
+    if problems:
+        executor.close()
+        raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
+    return executor
+
+
+def _preflight(plan: LaunchPlan, executor, printer: Printer) -> None:
+    """The fast checks; a failure stops the launch before anything starts."""
+    try:
+        from .preflight import run_checks
+    except ImportError:  # preflight not installed in this build
+        return
+    report = run_checks(plan, executor, fast_only=True)
+    if not report.ok:
+        for line in report.table(color=printer.color).splitlines():
+            printer.say(line)
+        raise UserError("preflight failed (table above); fix it, or skip with --no-preflight")
+
+
+def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
+                    printer: Printer) -> str | None:
+    """The checkpoint to resume from, or None for a fresh start; refuses to clobber."""
+    if not isinstance(job, LlamaFactoryJob):
+        if opts.resume:
+            raise UserError("--resume needs a trainer that checkpoints (trainer: llamafactory)")
+        return None
+    found = master.discover()
+    for line in found.explain():
+        printer.say(line)
+    if opts.resume:
+        if found.latest:
+            printer.say(f"resuming from {found.latest}")
+            return found.latest
+        if opts.resume == "auto":
+            printer.say(f"no complete checkpoint in {job.output_dir}: starting fresh (--resume=auto)")
+            return None
+        raise UserError(f"no complete checkpoint in {job.output_dir} to resume from; "
+                        "start fresh with --resume=auto or --overwrite")
+    if found.found_any and not opts.overwrite:
+        latest = f" (latest complete: {found.latest})" if found.latest else ""
+        raise UserError(f"{job.output_dir} already holds checkpoints{latest}; continue with "
+                        "--resume, or start over with --overwrite")
+    return None
+
+
+def _attempts(job, plan, executor, printer, opts, master, resume_from) -> int:
+    """The first launch and up to max_restarts relaunches, each resuming from a checkpoint."""
+    limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
+    history: list[tuple[int, JobResult, str | None]] = []
+    attempt, base_id = 0, plan.run_id
+    while True:
+        plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
+                          resume_from=resume_from, overwrite=opts.overwrite or bool(history),
+                          attempt=attempt)
+        result = run_job(plan, executor, printer, connected=True)
+        for line in describe_result(plan, result).splitlines():
+            printer.say(line)
+        history.append((attempt, result, resume_from))
+        if result.code == 0 or result.interrupted or attempt >= limit:
+            break
+        attempt += 1
+        executor = _restart_wait(job, plan, executor, printer, attempt, limit)
+        master.executor = executor
+        resume_from = master.discover().latest if isinstance(job, LlamaFactoryJob) else None
+        printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
+                                                       if resume_from else "no complete checkpoint; fresh start"))
+    if len(history) > 1:
+        for n, res, start in history:
+            printer.say(f"attempt {n}: exit {res.code}" + (f", resumed from {start}" if start else ""))
+    return history[-1][1].code
+
+
+def _restart_wait(job, plan, executor, printer, attempt, limit):
+    """Back off, then reconnect everywhere (a failed node may have dropped its connection)."""
+    printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
+    time.sleep(job.restart_backoff_s)
+    executor.close()
+    return _connect(plan)
+
+
+class _Master:
+    """output_dir operations, run where output_dir lives: on node 0."""
+
+    def __init__(self, plan: LaunchPlan, executor):
+        self.plan, self.executor = plan, executor
+        self.output_dir = plan.job.output_dir
+        bindir = remote_bin(plan.job)
+        self.python = posixpath.join(bindir, "python") if bindir else "python3"
+        self._beat: threading.Event | None = None
+
+    def discover(self) -> checkpoints.Discovery:
+        job = self.plan.job
+        args = [self.output_dir]
+        if isinstance(job, LlamaFactoryJob) and job.deepspeed:
+            nodes, gpus = world(job)
+            args += ["--deepspeed", "--dp-size", str(nodes * gpus)]
+        return checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
+
+    def lock(self, printer: Printer) -> None:
+        if not self.output_dir:
+            return
+        import json
+        got = json.loads(self._run(outdir.__file__, ["lock", self.output_dir, socket.gethostname(),
+                                                     str(os.getpid()), self.plan.run_id]))
+        if not got["ok"]:
+            h = got["holder"]
+            raise UserError(f"{self.output_dir} is in use by run {h.get('run_id')} (launcher pid "
+                            f"{h.get('pid')} on {h.get('host')}); wait for it, or stop it first")
+        if got["took_over"]:
+            printer.say(f"took over a stale lock in {self.output_dir}: {got['why']}")
+        self._beat = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def unlock(self) -> None:
+        if self._beat is not None:
+            self._beat.set()
+            self._run(outdir.__file__, ["unlock", self.output_dir, self.plan.run_id], check=False)
+
+    def _heartbeat(self) -> None:
+        while not self._beat.wait(outdir.HEARTBEAT_S):
+            self._run(outdir.__file__, ["touch", self.output_dir, self.plan.run_id], check=False)
+
+    def _run(self, module_file: str, args: list[str], check: bool = True) -> str:
+        with open(module_file, encoding="utf-8") as fh:
+            script = render.python_script(self.python, fh.read(), args)
+        code, output = self.executor.run(self.plan.nodes[0].host, script, timeout=60)
+        if code != 0 and check:
+            raise UserError(f"on {self.plan.nodes[0].host}: output_dir helper failed "
+                            f"(exit {code}): {output.strip()[-300:]}")
+        return output.strip().splitlines()[-1] if output.strip() else ""
