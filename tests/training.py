@@ -1,0 +1,65 @@
+"""Helpers for the real-training tests: the trainer venv, the tiny model, LLaMA-Factory specs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from .helpers import ROOT, free_port
+
+TRAINER_VENV = os.environ.get("MLAUNCH_TRAINER_VENV", os.path.join(ROOT, ".venvs", "trainer"))
+TRAINER_PYTHON = os.path.join(TRAINER_VENV, "bin", "python")
+
+
+def require_trainer() -> str:
+    """The trainer venv's python, or skip with the command that builds it."""
+    if not os.access(TRAINER_PYTHON, os.X_OK):
+        pytest.skip(f"no trainer venv at {TRAINER_VENV}: run "
+                    "`bash tests/env/make_trainer_venv.sh .venvs/trainer` (.ci/run does)")
+    return TRAINER_PYTHON
+
+
+def build_tiny(dest: str) -> dict:
+    """Build the tiny model and dataset with the trainer venv (it has transformers)."""
+    out = subprocess.run([require_trainer(), os.path.join(ROOT, "tests", "tinymodel.py"), dest],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout)
+
+
+def lf_spec(tiny: dict, hosts: list[str], nproc: int, out_dir: str, *, hs=None,
+            finetuning: dict | None = None, deepspeed: dict | None = None,
+            max_steps: int = 6, save_steps: int = 3, **extra) -> dict:
+    """A LLaMA-Factory job on the tiny model: CPU, fp32, per-device batch 2."""
+    spec = {
+        "name": "tiny", "trainer": "llamafactory",
+        "cluster": {"hosts": hosts, "gpus_per_node": nproc, "python": TRAINER_PYTHON,
+                    "master_port": free_port(), "env": {"OMP_NUM_THREADS": "1"}},
+        "model": tiny["model"], "template": tiny["template"], "dataset": tiny["dataset"],
+        "dataset_dir": tiny["dataset_dir"], "cutoff_len": 64,
+        "finetuning": finetuning or {"type": "lora", "lora_rank": 4, "lora_target": "all"},
+        "batch": {"per_device": 2, "grad_accum": 1},
+        "precision": "fp32",
+        "training": {"learning_rate": 1.0e-3, "max_steps": max_steps, "save_steps": save_steps,
+                     "logging_steps": 1, "lr_scheduler": "constant", "gradient_checkpointing": False,
+                     "seed": 7},
+        "output_dir": out_dir,
+        **extra,
+    }
+    if deepspeed:
+        spec["deepspeed"] = deepspeed
+    if hs is not None:
+        spec["cluster"]["ssh"] = {"user": "root", "key_file": hs.key_file,
+                                  "known_hosts": hs.known_hosts, "connect_timeout": 5}
+    return spec
+
+
+def trainer_state(out_dir: str) -> dict:
+    with open(os.path.join(out_dir, "trainer_state.json")) as fh:
+        return json.load(fh)
+
+
+def losses(state: dict) -> dict[int, float]:
+    """step -> loss from a trainer_state's log history."""
+    return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
