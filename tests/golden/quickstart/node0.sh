@@ -1,0 +1,35 @@
+# mlaunch run GOLDEN: node 0 of 1 on localhost
+export PYTHONUNBUFFERED=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export OMP_NUM_THREADS=1
+export MLAUNCH_RUN_ID=GOLDEN
+export MLAUNCH_NODE_RANK=0
+export MLAUNCH_NODE_ID=GOLDEN.node0
+export PATH=.venvs/trainer/bin:"$PATH"
+mkdir -p /tmp/mlaunch/.mlaunch/GOLDEN || exit 96
+echo $$ > /tmp/mlaunch/.mlaunch/GOLDEN/node0.pid
+# Hang-up guard: the launcher holds this session's stdin open. When it goes away (Ctrl-C,
+# crash, dropped connection) stdin closes and every process of this node is ended:
+# SIGTERM, a grace period, then SIGKILL. The job itself reads nothing from stdin.
+hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node0 on this host: only processes whose environment carries it.
+match=MLAUNCH_NODE_ID=GOLDEN.node0
+job_pids() {
+  grep -lzx "$match" /proc/[0-9]*/environ 2>/dev/null \
+    | sed -e '"'"'s#^/proc/##'"'"' -e '"'"'s#/environ$##'"'"' | grep -vx "$$"
+}
+leader=$(cat /tmp/mlaunch/.mlaunch/GOLDEN/node0.pid 2>/dev/null)
+# Signal the group only while its leader is still ours: a stale pid may have been reused.
+if [ -n "$leader" ] && grep -qzx "$match" "/proc/$leader/environ" 2>/dev/null; then
+  kill -TERM -- "-$leader" 2>/dev/null
+fi
+p=$(job_pids); [ -n "$p" ] && kill -TERM $p 2>/dev/null
+i=0
+while [ -n "$(job_pids)" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+p=$(job_pids); [ -n "$p" ] && kill -KILL $p 2>/dev/null
+sleep 0.05
+echo "mlaunch-teardown: $(job_pids | wc -l) left"
+'
+exec 3<&0 </dev/null
+(cat <&3 >/dev/null 2>&1; exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+exec 3<&-
+exec .venvs/trainer/bin/torchrun --nnodes 1 --nproc-per-node 2 --node-rank 0 --master-addr localhost --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch/.mlaunch/GOLDEN/torchrun/node0 -m llamafactory.launcher /tmp/mlaunch/.mlaunch/GOLDEN/llamafactory.yaml
