@@ -82,8 +82,12 @@ def ds_config(job: Any, global_size: int) -> str:
     """DeepSpeed JSON with concrete batch numbers that match the YAML and the world size."""
     batch = {"global_size": global_size, "per_device": job.batch.per_device,
              "grad_accum": job.batch.grad_accum}
+    # The optimizer is stated explicitly: with LoRA the no-decay parameter group is empty,
+    # DeepSpeed drops it, and a scheduler built for two groups then fails ("zip() argument
+    # 2 is longer than argument 1"). Its numbers are the ones the YAML gives the Trainer.
     text = render("ds_config.json.j2", batch=batch, ds=job.deepspeed, precision=job.precision,
-                  max_grad_norm=job.training.max_grad_norm)
+                  max_grad_norm=job.training.max_grad_norm,
+                  learning_rate=job.training.learning_rate)
     return json.dumps(json.loads(text), indent=2) + "\n"
 
 

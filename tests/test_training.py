@@ -63,11 +63,18 @@ def reload_full(out: str) -> None:
         "x = torch.tensor([[1, 2, 3]]); assert m(x).logits.shape[-1] > 0; print('OK')\n")
 
 
-@pytest.mark.parametrize("variant", ["lora", "freeze", "full", "lora-zero2"])
+VARIANTS = {  # name: (finetuning, deepspeed)
+    "lora": (None, None),
+    "freeze": ({"type": "freeze", "freeze_trainable_layers": 1}, None),
+    "full": ({"type": "full"}, None),
+    "lora-zero2": (None, {"stage": 2}),
+    "full-zero3": ({"type": "full"}, {"stage": 3}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_train_variants(make_hostset, tmp_path, tiny, variant):
-    finetuning = {"lora": None, "lora-zero2": None, "freeze": {"type": "freeze", "freeze_trainable_layers": 1},
-                  "full": {"type": "full"}}[variant]
-    deepspeed = {"stage": 2} if variant == "lora-zero2" else None
+    finetuning, deepspeed = VARIANTS[variant]
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
         spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, finetuning=finetuning,
@@ -75,6 +82,9 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
         r = run(tmp_path, spec)
     assert_trained(r, out, 6)
     assert os.path.isfile(os.path.join(out, "checkpoint-3", "trainer_state.json"))
+    if deepspeed:  # DeepSpeed's own checkpoint: one optimizer shard per rank (4 ranks)
+        shards = os.listdir(os.path.join(out, "checkpoint-3", "global_step3"))
+        assert len([s for s in shards if s.endswith("optim_states.pt")]) == 4, shards
     if variant.startswith("lora"):
         reload_adapter(tiny["model"], out)
     else:

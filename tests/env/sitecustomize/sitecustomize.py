@@ -16,6 +16,18 @@ Python imports ``sitecustomize`` at start-up in every interpreter of the venv
 post-import hook that fires right after ``torch.serialization`` is executed.
 
 Set ``TRAINER_VENV_NO_CPU_N_FIX=1`` to switch the fix off (to reproduce the error).
+
+Second fix, exit-time SIGABRT of gloo workers ("terminate called without an active
+exception", torchrun reports exitcode -6 for a rank AFTER training finished): a
+``pt_gloo_runloop`` thread drops the last reference to a finished collective
+(seen: ``~AsyncAllgatherWork``) whose output tensor still owns a Python object, so
+it must take the GIL; if the main thread has meanwhile entered interpreter
+finalization, CPython exits that thread with a forced unwind through a noexcept
+frame and libstdc++ calls std::terminate.  In a torchrun worker (WORLD_SIZE > 1)
+this module registers an atexit handler that, while the interpreter is still
+fully alive, releases the GIL for a short grace period so such threads can finish
+their clean-up first.  ``TRAINER_VENV_EXIT_GRACE_S`` sets the period (default 0.5,
+0 switches it off).
 """
 
 import os
@@ -86,6 +98,31 @@ def _uninstall():
     except ValueError:
         pass
 
+
+def _exit_grace():
+    if "torch.distributed" not in sys.modules:
+        return
+    import time
+
+    time.sleep(_GRACE_S)  # releases the GIL: gloo worker threads can decref now
+
+
+def _grace_seconds():
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        grace = float(os.environ.get("TRAINER_VENV_EXIT_GRACE_S", "0.5"))
+    except ValueError:
+        return 0.0
+    return grace if world > 1 else 0.0
+
+
+_GRACE_S = _grace_seconds()
+if _GRACE_S > 0:
+    import atexit
+
+    # Registered first, so it runs last among atexit handlers, right before
+    # finalization starts.
+    atexit.register(_exit_grace)
 
 if os.environ.get("TRAINER_VENV_NO_CPU_N_FIX", "") not in ("", "0"):
     pass
