@@ -68,6 +68,9 @@ CASES = [
     ("training.warmup_steps", 10, "training.warmup_steps: give warmup_ratio or warmup_steps, not both"),
     ("passthrough", {"per_device_train_batch_size": 4}, "passthrough.per_device_train_batch_size: mlaunch owns this key; set batch.per_device instead"),
     ("passthrough", {"deepspeed": "ds.json"}, "passthrough.deepspeed: mlaunch renders the DeepSpeed config"),
+    ("passthrough", {"use_cpu": True}, "passthrough.use_cpu: not needed on CPU hosts"),
+    ("passthrough", {"bad key": 1}, "passthrough.bad key: not a LLaMA-Factory argument name"),
+    ("cluster.env", {"ACCELERATE_USE_CPU": "true"}, "cluster.env.ACCELERATE_USE_CPU: not needed on CPU hosts"),
     ("model", "/data/x\nrm -rf ~", "model: contains a newline or NUL character"),
     ("name", "bad name!", "name: 'bad name!' must be letters, digits"),
 ]

@@ -178,12 +178,26 @@ def check_training(job: LlamaFactoryJob) -> list[Problem]:
     return p
 
 
+# accelerate's CPU mode skips DeepSpeed's communication setup; ZeRO-3's zero.Init then
+# reads a world size of 1 and fails with "train_batch_size 4 != 2*1*1". CPU hosts don't
+# need the flag: without a GPU, accelerate already runs on CPU over gloo.
+USE_CPU_WHY = ("not needed on CPU hosts (accelerate picks the CPU and gloo by itself); it "
+               "leaves DeepSpeed's communication uninitialised, so ZeRO-3 counts 1 process and "
+               "fails with 'train_batch_size N != micro*1*accum'; remove it")
+
+
 def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
     """Extra LLaMA-Factory keys may not override what mlaunch renders from the spec."""
     p: list[Problem] = []
+    if job.cluster.env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        p.append(Problem("cluster.env.ACCELERATE_USE_CPU", USE_CPU_WHY))
     for key in job.passthrough:
         owner = LLAMAFACTORY_OWNED.get(key)
-        if key == "deepspeed":
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
+            p.append(Problem(f"passthrough.{key}", "not a LLaMA-Factory argument name"))
+        elif key == "use_cpu":
+            p.append(Problem("passthrough.use_cpu", USE_CPU_WHY))
+        elif key == "deepspeed":
             p.append(Problem("passthrough.deepspeed",
                              "mlaunch renders the DeepSpeed config; use `deepspeed: {stage: N}`. "
                              "For plain DDP leave deepspeed out entirely: passing --deepspeed "
