@@ -16,7 +16,8 @@ from .execute.job import JobResult, make_executor, run_job
 from .execute.stream import Printer
 from .plan import LaunchPlan, build_plan, remote_bin
 from .present import describe_result
-from .spec import JobBase, LlamaFactoryJob, world
+from .spec import JobBase
+from .trainers import TRAINERS
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,10 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer) -> None:
 def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
                     printer: Printer) -> str | None:
     """The checkpoint to resume from, or None for a fresh start; refuses to clobber."""
-    if not isinstance(job, LlamaFactoryJob):
+    if not TRAINERS[job.trainer].resumable:
         if opts.resume:
-            raise UserError("--resume needs a trainer that checkpoints (trainer: llamafactory)")
+            raise UserError(f"--resume needs a trainer that writes checkpoints; trainer "
+                            f"{job.trainer} does not")
         return None
     found = master.discover()
     for line in found.explain():
@@ -118,7 +120,7 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from) -> int:
         attempt += 1
         executor = _restart_wait(job, plan, executor, printer, attempt, limit)
         master.executor = executor
-        resume_from = master.discover().latest if isinstance(job, LlamaFactoryJob) else None
+        resume_from = master.discover().latest if TRAINERS[job.trainer].resumable else None
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
     if len(history) > 1:
@@ -147,10 +149,7 @@ class _Master:
 
     def discover(self) -> checkpoints.Discovery:
         job = self.plan.job
-        args = [self.output_dir]
-        if isinstance(job, LlamaFactoryJob) and job.deepspeed:
-            nodes, gpus = world(job)
-            args += ["--deepspeed", "--dp-size", str(nodes * gpus)]
+        args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
         return checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
 
     def lock(self, printer: Printer) -> None:

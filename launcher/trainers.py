@@ -31,15 +31,25 @@ class RunContext:
 
 
 class Trainer(Protocol):
+    resumable: bool  # writes checkpoints that `--resume` and restarts can continue from
+
     def files(self, job: JobBase, run: RunContext) -> list[RenderedFile]:
         """Config files every node must be able to read."""
 
     def entry(self, job: JobBase, run: RunContext) -> list[str]:
         """torchrun's program and its arguments (after torchrun's own options)."""
 
+    def discovery_args(self, job: JobBase) -> list[str]:
+        """Arguments for launcher/checkpoints.py beyond output_dir (DeepSpeed layout)."""
+
 
 class LlamaFactory:
     """LLaMA-Factory via its launcher module, fed one rendered YAML (+ ds_config.json)."""
+
+    resumable = True
+
+    def discovery_args(self, job: LlamaFactoryJob) -> list[str]:
+        return deepspeed_discovery_args(job)
 
     def files(self, job: LlamaFactoryJob, run: RunContext) -> list[RenderedFile]:
         ds_path = posixpath.join(run.run_dir, "ds_config.json") if job.deepspeed else None
@@ -61,6 +71,11 @@ class LlamaFactory:
 class Script:
     """Any script or module, exactly as a user would hand it to torchrun."""
 
+    resumable = False
+
+    def discovery_args(self, job: ScriptJob) -> list[str]:
+        return []
+
     def files(self, job: ScriptJob, run: RunContext) -> list[RenderedFile]:
         return []
 
@@ -68,6 +83,14 @@ class Script:
         s = job.script
         head = ["-m", s.module] if s.module else [s.path]
         return [*head, *s.args]
+
+
+def deepspeed_discovery_args(job) -> list[str]:
+    """With DeepSpeed a checkpoint is complete only with one optimizer shard per rank."""
+    if not getattr(job, "deepspeed", None):
+        return []
+    nodes, gpus = world(job)
+    return ["--deepspeed", "--dp-size", str(nodes * gpus)]
 
 
 def global_batch(job: LlamaFactoryJob, nodes: int, gpus: int) -> int:

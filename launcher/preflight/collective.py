@@ -1,0 +1,122 @@
+"""The end-to-end proof: an all-reduce across every node and local rank, through mlaunch's
+own fan-out (same SSH, same torchrun, same env, same master port) with a hard timeout."""
+from __future__ import annotations
+
+import io
+import posixpath
+import re
+import shutil
+import tempfile
+
+from .. import render
+from ..execute.job import JobResult, run_job
+from ..execute.stream import Printer
+from ..plan import LaunchPlan, build_plan, new_run_id
+from ..spec import validate
+from .probe import Ctx, on_nodes, sh_script
+from .report import CheckResult
+
+RESULT = re.compile(r"MLAUNCH-COLLECTIVE (\{.*\})")
+PROGRESS = re.compile(r"^\[node(\d+) [^\]]*\] mlaunch-collective: rank \d+/\d+ (starting|joined)", re.M)
+
+
+def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
+    """A `trainer: script` job over the user's own cluster block that runs the all-reduce."""
+    cluster = ctx.job.cluster.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    cluster["hosts"] = [n.host for n in ctx.nodes]
+    cluster.pop("hostfile", None)
+    pf = ctx.pf
+    spec = {"name": "preflight", "trainer": "script", "cluster": cluster,
+            "script": {"path": "collective.py",
+                       "args": ["--mb", str(pf.collective_mb), "--timeout", f"{pf.collective_timeout_s:g}"]}}
+    run_dir = build_plan(validate(spec), run_id=run_id, log_dir=log_dir).run_dir
+    spec["script"]["path"] = posixpath.join(run_dir, "collective.py")
+    return build_plan(validate(spec), run_id=run_id, log_dir=log_dir)
+
+
+def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:
+    """Write the program on every node itself, not only on node 0 (shared_dir may be exactly
+    what is broken); None when every node has it, else why not."""
+    path = plan.job.script.path
+    text = render.render("preflight/collective.py.j2").rstrip("\n")
+    outs = on_nodes(ctx, lambda r: sh_script("stage", dir=plan.run_dir, path=path, content=text),
+                    ctx.pf.check_timeout_s)
+    bad = [f"node{r}: {o.why()}" for r, o in sorted(outs.items()) if o.code != 0]
+    return "; ".join(bad) or None
+
+
+def run(ctx: Ctx) -> CheckResult:
+    """Run the all-reduce; ✓ with the bus bandwidth, or ✗ with how far it got and why."""
+    log_dir = tempfile.mkdtemp(prefix="mlaunch-preflight-")
+    out, plan = io.StringIO(), None
+    try:
+        plan = collective_plan(ctx, new_run_id("preflight"), log_dir)
+        problem = stage(ctx, plan)
+        if problem:
+            return _fail(f"could not write the test program: {problem}",
+                         f"make {plan.run_dir} creatable by the ssh user on every node")
+        result = run_job(plan, ctx.executor, Printer(plan.mask, out, color=False),
+                         timeout=ctx.pf.collective_timeout_s, connected=True)
+    except Exception as e:  # staging or starting failed: a result, never a traceback
+        return _fail(f"could not start: {e}", "fix the rows above (ssh, software, storage) first")
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        if plan is not None:
+            on_nodes(ctx, lambda r: sh_script("cleanup", paths=[], dirs=[plan.run_dir]), 30)
+    return judge(ctx, plan, result, out.getvalue())
+
+
+def judge(ctx: Ctx, plan: LaunchPlan, result: JobResult, text: str) -> CheckResult:
+    """Turn the job's outcome and output into the collective row."""
+    m = RESULT.search(text)
+    if result.code == 0 and m:
+        import json
+        r = json.loads(m.group(1))
+        if r["world"] == 1:
+            return CheckResult("collective", None, None, "pass", "1 rank: nothing to all-reduce across")
+        return CheckResult("collective", None, None, "pass",
+                           f"{r['world']} ranks ({r['backend']}): correct; {r['mb']:g} MB busbw "
+                           f"{r['busbw_gbps']:.2f} GB/s (algbw {r['algbw_gbps']:.2f})")
+    if result.timed_out:
+        return _timed_out(ctx, text)
+    return _failed(ctx, result, text)
+
+
+def _timed_out(ctx: Ctx, text: str) -> CheckResult:
+    t, addr, port = ctx.pf.collective_timeout_s, ctx.master_addr, ctx.master_port
+    seen: dict[str, set[int]] = {"starting": set(), "joined": set()}
+    for node, stage in PROGRESS.findall(text):
+        seen[stage].add(int(node))
+    everyone = {n.rank for n in ctx.nodes}
+    if seen["starting"] != everyone:
+        missing = ", ".join(f"node{r}" for r in sorted(everyone - seen["starting"]))
+        return _fail(f"timed out after {t:g}s in torchrun's rendezvous at {addr}:{port} "
+                     f"(no rank started on {missing}): likely a blocked port or NIC",
+                     f"open TCP {port} on {addr} to every worker (security group / firewall); "
+                     "see network/port-reachable")
+    if seen["joined"] != everyone:
+        return _fail(f"timed out after {t:g}s in init_process_group: ranks started but cannot "
+                     "connect to each other",
+                     "allow TCP on all ports between the nodes and check network/hostname and "
+                     "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME")
+    return _fail(f"timed out after {t:g}s inside the all-reduce (every rank joined): a slow or broken link",
+                 "rerun with cluster.env.NCCL_DEBUG=INFO; try another NCCL_SOCKET_IFNAME or NCCL_IB_DISABLE=1")
+
+
+def _failed(ctx: Ctx, result: JobResult, text: str) -> CheckResult:
+    k = result.first_failure if result.first_failure is not None else 0
+    node = result.nodes[k]
+    lines = [ln for ln in node.tail if ln.strip()]
+    why = next((ln for ln in reversed(lines) if re.search(r"Error|error|WRONG", ln)), lines[-1] if lines else "")
+    why = re.sub(r"^\[[^\]]*\]\s*", "", why)[:300]
+    if "WRONG" in why:
+        fix = "a rank got a wrong sum: check the gpu and software/versions rows (faulty GPU/NIC, mixed NCCL)"
+    elif "Address already in use" in text:
+        fix = f"free TCP {ctx.master_port} on {ctx.master_addr} or set cluster.master_port to a free port"
+    else:
+        fix = "rerun with cluster.env.NCCL_DEBUG=INFO (and TORCH_DISTRIBUTED_DEBUG=DETAIL) to see why"
+    return _fail(f"node{k} {node.host}: {node.result}" + (f": {why}" if why else ""), fix)
+
+
+def _fail(detail: str, fix: str) -> CheckResult:
+    return CheckResult("collective", None, None, "fail", detail, fix)

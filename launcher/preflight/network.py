@@ -1,0 +1,172 @@
+"""Network checks: the master port, node-to-node reachability, hostnames, socket interfaces.
+
+The seeds' two classic failures: "ssh worked, 29500 did not" (a firewall between the
+workers and the master port) and NCCL/gloo advertising a loopback address because the
+hostname resolves to 127.x in /etc/hosts. Both are tested by really listening and dialing.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from .probe import Ctx, on_nodes, py_script
+from .report import CheckResult
+
+MESH_WINDOW_S = 8.0   # how long dialers retry: listeners on slow nodes start late
+
+
+def is_loopback(addr: str) -> bool:
+    """127.0.0.0/8 and ::1 (a hostname that maps there is useless to the other nodes)."""
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def advertised(facts: dict | str | None) -> str | None:
+    """The address node ranks advertise: the first one their hostname resolves to."""
+    host = facts.get("host", {}) if isinstance(facts, dict) else {}
+    addrs = host.get("addrs") or []
+    return addrs[0] if addrs else None
+
+
+def mesh_plan(ctx: Ctx, facts: dict[int, dict | str]) -> dict[int, dict]:
+    """Per node: which ports it listens on and what it dials, for one simultaneous run."""
+    targets = {}  # rank -> (addr, port) of its reachability listener
+    for r in ctx.live:
+        f = facts.get(r)
+        addr = advertised(f)
+        port = f.get("mesh_port", {}).get("port") if isinstance(f, dict) else None
+        if len(ctx.nodes) > 1 and addr and port and not is_loopback(addr):
+            targets[r] = (addr, port)
+    dialers = [r for r in ctx.live if isinstance(facts.get(r), dict) and not facts[r].get("nopython")]
+    shared = {str(i): ctx.shared_name(i) for i in ctx.live} if ctx.job.cluster.shared_dir else None
+    plans = {}
+    for r in dialers:
+        listen = []
+        if r == 0:
+            listen.append({"key": "master", "port": ctx.master_port, "expect": len(dialers)})
+        if r in targets:
+            listen.append({"key": "mesh", "port": targets[r][1], "expect": len(set(dialers) - {r})})
+        dials = [{"key": "master", "addr": ctx.master_addr, "port": ctx.master_port, "expect": 0}]
+        dials += [{"key": f"node{i}", "addr": a, "port": p, "expect": i}
+                  for i, (a, p) in targets.items() if i != r]
+        plans[r] = {"rank": r, "nonce": ctx.nonce, "listen": listen, "dials": dials,
+                    # dialers retry for the window; the probe ends within window + 2 s
+                    "window": min(MESH_WINDOW_S, ctx.pf.check_timeout_s / 3),
+                    "shared": shared}
+    return plans
+
+
+def run_mesh(ctx: Ctx, facts: dict[int, dict | str]) -> dict[int, dict | str]:
+    """Every node listens and dials at once; each node's JSON, or why it has none."""
+    plans = mesh_plan(ctx, facts)
+    outs = on_nodes(ctx, lambda r: py_script(ctx, r, "mesh", plans[r]) if r in plans else None,
+                    ctx.pf.check_timeout_s, ranks=list(plans))
+    return {r: (o.json() or f"mesh probe failed ({o.why()})") for r, o in outs.items()}
+
+
+def port_free(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """master_port must be free on node 0, where torchrun's rendezvous store will bind it."""
+    host, port = ctx.nodes[0].host, ctx.master_port
+    f = facts.get(0)
+    if not isinstance(f, dict) or "port" not in f:
+        return [_skip("network/port-free", ctx, 0, f)]
+    p = f["port"]
+    if p.get("free"):
+        return [CheckResult("network/port-free", 0, host, "pass", f"TCP {port} is free")]
+    h = p.get("holder") or {}
+    who = f"{h['name']} (pid {h['pid']})" if h.get("pid") else "another process"
+    return [CheckResult(
+        "network/port-free", 0, host, "fail", f"TCP {port} is in use by {who}: {p.get('error', '')}",
+        (f"stop {who} on {host} (a leftover run? kill {h['pid']})" if h.get("pid") else
+         f"free TCP {port} on {host} (see: ss -ltnp 'sport = :{port}')")
+        + ", or set cluster.master_port to a free port")]
+
+
+def port_reachable(ctx: Ctx, mesh: dict) -> list[CheckResult]:
+    """Every node (the master included: it is a client of its own store) reaches master_addr:master_port."""
+    addr, port = ctx.master_addr, ctx.master_port
+    master = mesh.get(0, {}) if isinstance(mesh.get(0), dict) else {}
+    heard = master.get("listen", {}).get("master", {})
+    out = []
+    for r in ctx.live:
+        m = mesh.get(r)
+        host = ctx.nodes[r].host
+        d = m.get("dials", {}).get("master") if isinstance(m, dict) else None
+        if d is None:
+            out.append(_skip("network/port-reachable", ctx, r, m))
+        elif d["ok"]:
+            who = "" if d.get("peer") == 0 else " (answered by the process holding the port)"
+            out.append(CheckResult("network/port-reachable", r, host, "pass",
+                                   f"reached {addr}:{port} in {d['ms']:g} ms{who}"))
+        else:
+            extra = "" if heard.get("ok") or not heard else f"; the master could not listen: {heard.get('error')}"
+            out.append(CheckResult(
+                "network/port-reachable", r, host, "fail",
+                f"cannot connect to {addr}:{port} from {host}: {d['error']}{extra}",
+                f"open TCP {port} on {addr} to the workers (security group / firewall)"
+                + (" and check the route between them" if "route" in d["error"].lower() else "")))
+    return out
+
+
+def hostname(ctx: Ctx, facts: dict, mesh: dict) -> list[CheckResult]:
+    """Each hostname resolves to a non-loopback address that every other node can reach."""
+    out = []
+    for r in ctx.live:
+        f = facts.get(r)
+        if not isinstance(f, dict) or "host" not in f or "hostname" not in f["host"]:
+            out.append(_skip("network/hostname", ctx, r, f))
+            continue
+        out.append(_hostname_one(ctx, r, f["host"], mesh))
+    return out
+
+
+def _hostname_one(ctx: Ctx, r: int, h: dict, mesh: dict) -> CheckResult:
+    host, name = ctx.nodes[r].host, h["hostname"]
+    mine = _own_address(ctx, r, h)
+    add = f"add `{mine} {name}` to /etc/hosts on every node"
+    if len(ctx.nodes) == 1:
+        return CheckResult("network/hostname", r, host, "pass", f"{name}: single node, loopback is fine")
+    if h.get("error"):
+        return CheckResult("network/hostname", r, host, "fail", f"{name} does not resolve: {h['error']}", add)
+    addr = h["addrs"][0]
+    if is_loopback(addr):
+        return CheckResult("network/hostname", r, host, "fail",
+                           f"{name} resolves to {addr} (loopback): NCCL/gloo would advertise it "
+                           "to the other nodes",
+                           f"{add} (and remove the {addr} {name} line)")
+    bad = []
+    for j in ctx.live:
+        d = mesh.get(j, {}).get("dials", {}).get(f"node{r}") if isinstance(mesh.get(j), dict) else None
+        if j != r and d is not None and not (d["ok"] and d.get("peer") == r):
+            bad.append(f"node{j}: {d.get('error') or 'answered by another machine or process'}")
+    if bad:
+        return CheckResult("network/hostname", r, host, "fail",
+                           f"{name} → {addr} is not reachable ({'; '.join(bad)})",
+                           f"allow TCP on all ports between the nodes (NCCL/gloo use ephemeral ports), "
+                           f"and make {name} resolve to its cluster address: {add}")
+    listened = mesh.get(r, {}).get("listen", {}).get("mesh") if isinstance(mesh.get(r), dict) else None
+    if listened is None or not listened.get("ok"):
+        return CheckResult("network/hostname", r, host, "skip",
+                           f"{name} → {addr}; reachability not tested" +
+                           (f": {listened.get('error')}" if listened else ""))
+    return CheckResult("network/hostname", r, host, "pass", f"{name} → {addr}, reachable from every node")
+
+
+def _own_address(ctx: Ctx, r: int, h: dict) -> str:
+    """The node's cluster address for a hosts line: what SSH reached, else a non-lo interface."""
+    if h.get("ssh_ip"):
+        return h["ssh_ip"]
+    host = ctx.nodes[r].host
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    addrs = [a for n, i in h.get("ifaces", {}).items() for a in i["addrs"] if n != "lo" and i["up"]]
+    return addrs[0] if addrs else "<ip>"
+
+
+def _skip(check: str, ctx: Ctx, r: int, why) -> CheckResult:
+    text = why if isinstance(why, str) else "no facts from this node"
+    return CheckResult(check, r, ctx.nodes[r].host, "skip", text)

@@ -1,0 +1,159 @@
+"""Talking to the nodes: one rendered script per node, all nodes at once, JSON back."""
+from __future__ import annotations
+
+import json
+import posixpath
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import render
+from ..execute.base import Executor
+from ..plan import LaunchPlan, NodePlan, remote_bin
+from ..spec import LlamaFactoryJob, ScriptJob
+
+MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
+
+
+@dataclass
+class Outcome:
+    """What one script run on one node gave back, with launcher-side send/receive times."""
+
+    code: int
+    output: str
+    t_send: float
+    t_recv: float
+
+    def json(self) -> dict | None:
+        """The probe's JSON line, or None when the probe never printed one."""
+        for line in reversed(self.output.splitlines()):
+            if line.startswith(MARKER):
+                try:
+                    return json.loads(line[len(MARKER):])
+                except ValueError:
+                    return None
+        return None
+
+    def why(self) -> str:
+        """One line on why no JSON came back: timeout, lost connection, or the last output."""
+        last = next((ln.strip() for ln in reversed(self.output.splitlines()) if ln.strip()), "")
+        return f"exit {self.code}" + (f": {last[:200]}" if last else "")
+
+
+@dataclass
+class Ctx:
+    """One preflight run: the plan, the connected executor, and which nodes can be reached."""
+
+    plan: LaunchPlan
+    executor: Executor
+    unreachable: dict[int, str] = field(default_factory=dict)   # rank -> why SSH failed
+    nonce: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    @property
+    def job(self):
+        return self.plan.job
+
+    @property
+    def pf(self):
+        return self.plan.job.preflight
+
+    @property
+    def nodes(self) -> tuple[NodePlan, ...]:
+        return self.plan.nodes
+
+    @property
+    def live(self) -> list[int]:
+        """Ranks that SSH reached: the only ones any probe runs on."""
+        return [n.rank for n in self.nodes if n.rank not in self.unreachable]
+
+    @property
+    def python(self) -> str:
+        """The remote interpreter the job will use (torchrun's neighbour)."""
+        bindir = remote_bin(self.job)
+        return posixpath.join(bindir, "python") if bindir else "python3"
+
+    @property
+    def master_addr(self) -> str:
+        return self.job.cluster.master_addr or self.nodes[0].host
+
+    @property
+    def master_port(self) -> int:
+        return self.job.cluster.master_port
+
+    def shared_name(self, rank: int) -> str | None:
+        """The marker file node `rank` writes into shared_dir for the visibility check."""
+        d = self.job.cluster.shared_dir
+        return posixpath.join(d, f".mlaunch-preflight-{self.nonce}-node{rank}") if d else None
+
+
+def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
+             ranks: list[int] | None = None) -> dict[int, Outcome]:
+    """Run each node's script on its host, all nodes in parallel; outcomes by rank."""
+    ranks = ctx.live if ranks is None else ranks
+    jobs = {r: s for r in ranks if (s := script_for(r)) is not None}
+    if not jobs:
+        return {}
+
+    def one(rank: int) -> tuple[int, Outcome]:
+        t_send = time.time()
+        code, out = ctx.executor.run(ctx.nodes[rank].host, jobs[rank], timeout)
+        return rank, Outcome(code, out, t_send, time.time())
+
+    with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
+        return dict(pool.map(one, jobs))
+
+
+def py_script(ctx: Ctx, rank: int, program: str, params: dict) -> str:
+    """Shell text that runs a templates/preflight/<program>.py.j2 with the job's interpreter
+    and environment (so LD_LIBRARY_PATH, PYTHONPATH, ... are those the job will see)."""
+    node = ctx.nodes[rank]
+    return render.render("preflight/pyprobe.sh.j2", env=list(node.env), bindir=remote_bin(ctx.job),
+                         python=ctx.python, program=f"preflight/{program}.py.j2",
+                         params=json.dumps({**params, "marker": MARKER.strip()}), marker=MARKER.strip())
+
+
+def facts_params(ctx: Ctx, rank: int) -> dict:
+    """What the facts probe needs to know about node `rank`'s part of the job."""
+    job, c = ctx.job, ctx.job.cluster
+    return {
+        "rank": rank, "nonce": ctx.nonce, "bindir": remote_bin(job), "workdir": c.workdir,
+        "trainer_pkg": "llamafactory" if isinstance(job, LlamaFactoryJob) else None,
+        "master_port": ctx.master_port if rank == 0 else None,
+        "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
+        "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
+        "budget": max(1.0, ctx.pf.check_timeout_s - 2.0),
+    }
+
+
+def input_specs(job) -> list[dict]:
+    """The paths the job reads at start, each with how the node should check it."""
+    if isinstance(job, LlamaFactoryJob):
+        names = [job.dataset] if isinstance(job.dataset, str) else list(job.dataset)
+        return [{"what": "model", "kind": "model", "path": job.model},
+                {"what": "dataset", "kind": "dataset", "path": job.dataset_dir or "data",
+                 "names": [p.strip() for name in names for p in name.split(",") if p.strip()]}]
+    if isinstance(job, ScriptJob) and job.script.path:
+        return [{"what": "script", "kind": "file", "path": job.script.path}]
+    if isinstance(job, ScriptJob) and job.script.module:
+        return [{"what": "module", "kind": "module", "path": job.script.module}]
+    return []
+
+
+def gather_facts(ctx: Ctx) -> dict[int, dict | str]:
+    """The cheap facts of every node in one round trip each: a dict, or why there is none."""
+    outs = on_nodes(ctx, lambda r: py_script(ctx, r, "facts", facts_params(ctx, r)),
+                    ctx.pf.check_timeout_s)
+    return {r: (o.json() or f"facts probe failed ({o.why()})") for r, o in outs.items()}
+
+
+def sh_script(name: str, **context) -> str:
+    """A small shell probe from templates/preflight/<name>.sh.j2."""
+    return render.render(f"preflight/{name}.sh.j2", **context)
+
+
+def cleanup(ctx: Ctx) -> None:
+    """Remove what the probes left on the nodes (the shared_dir marker files)."""
+    if ctx.job.cluster.shared_dir:
+        on_nodes(ctx, lambda r: sh_script("cleanup", paths=[ctx.shared_name(r)], dirs=[]), 15)

@@ -1,0 +1,134 @@
+"""Running the checklist: probe every node in parallel, judge each check, build the report."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import Problem
+from ..execute.base import Executor
+from ..plan import LaunchPlan
+from . import clock, collective, gpu, ifname, network, software, storage
+from .probe import Ctx, cleanup, gather_facts
+from .report import CheckResult, Report, sort_results
+
+# Checks that give one row per node (port-free: node 0 only), for the "no SSH" skips.
+PER_NODE = ("software/python", "software/versions", "gpu", "network/port-free",
+            "network/port-reachable", "network/hostname", "network/ifname", "storage/output",
+            "storage/shared", "storage/inputs", "clock", "container/shm")
+
+
+def run_checks(plan: LaunchPlan, executor: Executor, *, fast_only: bool = False,
+               printer=None) -> Report:
+    """Every check on every node of plan; executor is connected and stays open.
+
+    fast_only: everything but the all-reduce (what `submit` runs before it starts).
+    printer: a launcher Printer for progress lines, or None for silence.
+    """
+    return run_ctx(Ctx(plan, executor), fast_only=fast_only, printer=printer)
+
+
+def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
+    """run_checks for a context that may already know of nodes SSH could not reach."""
+    t0 = time.monotonic()
+    _say(printer, f"preflight: checking {len(ctx.live)} of {len(ctx.nodes)} nodes")
+    results = ssh_rows(ctx)
+    facts = gather_facts(ctx) if ctx.live else {}
+    # The mesh and the clock samples are independent round trips: overlap them.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        mesh_job = pool.submit(network.run_mesh, ctx, facts)
+        clock_job = pool.submit(clock.sample, ctx)
+        mesh, samples = mesh_job.result(), clock_job.result()
+    cleanup(ctx)
+    results += judge(ctx, facts, mesh, samples)
+    if not fast_only:
+        results.append(_collective(ctx, results, printer))
+    return Report(sort_results(results), time.monotonic() - t0)
+
+
+def judge(ctx: Ctx, facts: dict, mesh: dict, samples: dict) -> list[CheckResult]:
+    """Every per-node row from what the probes brought back (pure: no node is contacted)."""
+    out = software.check_python(ctx, facts) + software.check_versions(ctx, facts) + gpu.check(ctx, facts)
+    if 0 in ctx.live:
+        out += network.port_free(ctx, facts)
+    out += network.port_reachable(ctx, mesh) + network.hostname(ctx, facts, mesh)
+    out += ifname.check(ctx, facts)
+    out += storage.check_output(ctx, facts) + storage.check_shared(ctx, facts, mesh)
+    out += storage.check_inputs(ctx, facts) + clock.check(ctx, samples) + storage.check_shm(ctx, facts)
+    for r in ctx.unreachable:
+        out += [CheckResult(c, r, ctx.nodes[r].host, "skip", "not checked: no SSH")
+                for c in PER_NODE if c != "network/port-free" or r == 0]
+    return out
+
+
+def ssh_rows(ctx: Ctx) -> list[CheckResult]:
+    """The ssh row: what connect() said about each host."""
+    out = []
+    for n in ctx.nodes:
+        if n.rank in ctx.unreachable:
+            detail, fix = ssh_fix(n.host, ctx.unreachable[n.rank], ctx.job.cluster.ssh.port)
+            out.append(CheckResult("ssh", n.rank, n.host, "fail", detail, fix))
+        else:
+            how = "local: no SSH needed" if ctx.plan.local else "connected and authenticated"
+            out.append(CheckResult("ssh", n.rank, n.host, "pass", how))
+    return out
+
+
+def ssh_fix(host: str, message: str, port: int) -> tuple[str, str]:
+    """Split connect()'s one-line explanation into what went wrong and the fix."""
+    what, sep, how = message.partition("; ")
+    if sep:
+        return what, how
+    low = message.lower()
+    if "refused" in low:
+        fix = f"start sshd on {host}, or open TCP {port} to it (firewall / security group)"
+    elif "no answer" in low or "timed out" in low:
+        fix = f"check that {host} is up and TCP {port} is open from this machine"
+    elif "resolve" in low:
+        fix = f"fix {host} in cluster.hosts, or add it to DNS / this machine's /etc/hosts"
+    else:
+        fix = f"make `ssh {host}` work from this machine (cluster.ssh settings), then rerun"
+    return message.split(": is ")[0], fix
+
+
+def _collective(ctx: Ctx, results: list[CheckResult], printer) -> CheckResult:
+    """The all-reduce, unless a fast check already shows it cannot start."""
+    def failed(check: str) -> list[str]:
+        return [f"node{r.node}" for r in results if r.check == check and r.status == "fail"]
+    blocked = ("ssh", "software/python", "network/port-free")
+    why = next((f"{c} failed on {', '.join(failed(c))}" for c in blocked if failed(c)), None)
+    if why:
+        return CheckResult("collective", None, None, "skip", f"not run: {why}")
+    world = len(ctx.nodes) * (ctx.job.cluster.gpus_per_node or 1)
+    _say(printer, f"preflight: all-reduce across {world} ranks (limit {ctx.pf.collective_timeout_s:g}s)")
+    return collective.run(ctx)
+
+
+def unreachable_ranks(plan: LaunchPlan, problems: list[Problem]) -> dict[int, str]:
+    """connect()'s problems ("host <h>": why) by node rank."""
+    by_host = {p.path.removeprefix("host "): p.message for p in problems}
+    return {n.rank: by_host[n.host] for n in plan.nodes if n.host in by_host}
+
+
+def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) -> int:
+    """`mlaunch check JOB`: every check, one table (or JSON) on stdout; 0 all pass, 1 any fail."""
+    from ..execute.job import make_executor
+    from ..plan import build_plan
+    from ..spec import load_spec
+    plan = build_plan(load_spec(job_path), run_id=run_id)
+    executor = make_executor(plan)
+    try:
+        ctx = Ctx(plan, executor, unreachable_ranks(plan, executor.connect()))
+        report = run_ctx(ctx)
+    finally:
+        executor.close()
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not as_json
+    sys.stdout.write(plan.mask(report.to_json() + "\n" if as_json else report.table(color=color)))
+    sys.stdout.flush()
+    return 0 if report.ok else 1
+
+
+def _say(printer, line: str) -> None:
+    if printer is not None:
+        printer.say(line)

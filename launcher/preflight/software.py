@@ -1,0 +1,136 @@
+"""Software checks: the interpreter, torch and torchrun exist, and every node runs the same stack.
+
+Mixed torch / CUDA / NCCL versions between nodes fail late and obscurely (hangs in the
+first collective, "unhandled system error"); comparing them up front costs nothing.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from .probe import Ctx
+from .report import CheckResult
+
+FIELDS = ("torch", "cuda", "nccl", "trainer")
+
+
+def stack(f: dict) -> dict[str, str] | None:
+    """The versions that must match across nodes, or None when torch is not there."""
+    t = f.get("torch", {})
+    if not t.get("version"):
+        return None
+    tr = f.get("trainer", {})
+    out = {"torch": t["version"], "cuda": t.get("cuda") or "none", "nccl": t.get("nccl") or "none"}
+    if tr.get("name"):
+        out["trainer"] = f"{tr['name']} {tr.get('version') or 'missing'}"
+    return out
+
+
+def reference(values: dict[int, dict]) -> tuple[int, dict] | None:
+    """The majority stack (ties: the lowest rank's): what the odd nodes should match."""
+    if not values:
+        return None
+    counts = Counter(tuple(sorted(v.items())) for v in values.values())
+    best = max(counts.values())
+    for r in sorted(values):
+        if counts[tuple(sorted(values[r].items()))] == best:
+            return r, values[r]
+    return None
+
+
+def pip_spec(name: str, version: str) -> str:
+    """`name==public` plus the PyTorch index for local builds (+cpu, +cu121, +rocm6.1)."""
+    public, _, local = version.partition("+")
+    pytorch_index = re.match(r"^(cpu|cu\d+|rocm[\d.]+)$", local)
+    index = f" --index-url https://download.pytorch.org/whl/{local}" if pytorch_index else ""
+    return f"'{name}=={public}'{index}"
+
+
+def check_python(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """Per node: the job's interpreter runs, torch is installed, torchrun is where mlaunch runs it."""
+    ref = reference({r: s for r in ctx.live if isinstance(facts.get(r), dict) and (s := stack(facts[r]))})
+    out = []
+    for r in ctx.live:
+        host, f = ctx.nodes[r].host, facts.get(r)
+        problem = _python_problem(ctx, f, ref)
+        if problem:
+            out.append(CheckResult("software/python", r, host, "fail", problem[0], problem[1]))
+        else:
+            p = f["python"]
+            out.append(CheckResult("software/python", r, host, "pass",
+                                   f"python {p['version']} at {p['exe']}, torch, torchrun"))
+    return out
+
+
+def _python_problem(ctx: Ctx, f, ref) -> tuple[str, str] | None:
+    py = ctx.python
+    if isinstance(f, str):
+        return f, f"run `{py} -c 'import torch'` on the node and fix what it reports"
+    if f.get("nopython"):
+        return (f"no {py} and no python3 on PATH",
+                "install the training environment there, or point cluster.python / cluster.venv at it")
+    if f["python"].get("missing"):
+        return (f"no interpreter at {py}",
+                "create the environment at that path (as on the other nodes), "
+                "or fix cluster.python / cluster.venv")
+    torch_v = ref[1]["torch"] if ref else None
+    if f.get("torch", {}).get("error"):
+        spec = pip_spec("torch", torch_v) if torch_v else "torch"
+        return f"torch: {f['torch']['error']}", f"{py} -m pip install {spec}"
+    tr = f.get("trainer", {})
+    if tr.get("error"):
+        want = ref[1].get("trainer", "").split(" ")[-1] if ref else ""
+        spec = f"'{tr['name']}=={want}'" if want and want != "missing" else tr["name"]
+        return tr["error"], f"{py} -m pip install {spec}"
+    return _torchrun_problem(ctx, f.get("torchrun", {}), torch_v)
+
+
+def _torchrun_problem(ctx: Ctx, t: dict, torch_v: str | None) -> tuple[str, str] | None:
+    if t.get("error"):
+        return f"torchrun: {t['error']}", "check the environment's bin/ directory"
+    if t.get("wanted"):
+        if t.get("ok"):
+            return None
+        also = f" (there is one at {t['on_path']}, but mlaunch runs {t['wanted']})" if t.get("on_path") else ""
+        spec = pip_spec("torch", torch_v) if torch_v else "torch"
+        return (f"no torchrun next to {ctx.python}{also}",
+                f"reinstall torch into that environment (it installs torchrun): "
+                f"{ctx.python} -m pip install --force-reinstall {spec}")
+    if t.get("on_path"):
+        return None
+    return ("torchrun is not on PATH",
+            "set cluster.python (or cluster.venv) to the interpreter whose bin/ holds torchrun")
+
+
+def check_versions(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """Per node: torch, CUDA, NCCL and trainer versions equal the majority's."""
+    stacks = {r: s for r in ctx.live if isinstance(facts.get(r), dict) and (s := stack(facts[r]))}
+    ref = reference(stacks)
+    out = []
+    for r in ctx.live:
+        host = ctx.nodes[r].host
+        if r not in stacks:
+            out.append(CheckResult("software/versions", r, host, "skip", "no torch here (see software/python)"))
+            continue
+        mine, (ref_rank, want) = stacks[r], ref
+        diff = [k for k in FIELDS if mine.get(k) != want.get(k)]
+        if not diff:
+            out.append(CheckResult("software/versions", r, host, "pass",
+                                   ", ".join(f"{k} {mine[k]}" if k != "trainer" else mine[k]
+                                             for k in FIELDS if k in mine)))
+            continue
+        detail = "; ".join(f"{k} {mine.get(k)} here, {want.get(k)} on node{ref_rank}" for k in diff)
+        out.append(CheckResult("software/versions", r, host, "fail", detail,
+                               _version_fix(ctx, diff, want, ref_rank)))
+    return out
+
+
+def _version_fix(ctx: Ctx, diff: list[str], want: dict, ref_rank: int) -> str:
+    py = ctx.python
+    if "torch" in diff or "cuda" in diff:
+        return f"{py} -m pip install {pip_spec('torch', want['torch'])}  (to match node{ref_rank})"
+    if "trainer" in diff:
+        name, _, version = want["trainer"].partition(" ")
+        return f"{py} -m pip install '{name}=={version}'  (to match node{ref_rank})"
+    return (f"install NCCL {want['nccl']} as on node{ref_rank} "
+            f"(for pip wheels: {py} -m pip install 'nvidia-nccl-cu12=={want['nccl']}')")

@@ -1,0 +1,152 @@
+"""Storage checks: output space, shared_dir really shared, inputs present; and /dev/shm's size."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .probe import Ctx
+from .report import CheckResult
+
+
+def check_output(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """Per node: the output directory (or its nearest parent) is writable with enough free space."""
+    need = ctx.pf.min_free_gb
+    out = []
+    for r in ctx.live:
+        host, f = ctx.nodes[r].host, facts.get(r)
+        o = f.get("out") if isinstance(f, dict) else None
+        if not o:
+            out.append(_skip("storage/output", ctx, r, f))
+        elif f.get("workdir_error"):
+            out.append(CheckResult("storage/output", r, host, "fail", f"workdir {f['workdir_error']}",
+                                   f"create cluster.workdir on {host}: mkdir -p {ctx.job.cluster.workdir}"))
+        elif "error" in o and "base" not in o:
+            out.append(CheckResult("storage/output", r, host, "fail", o["error"],
+                                   f"check the filesystem under the output directory on {host}"))
+        elif not o.get("writable"):
+            user = f.get("python", {}).get("user", "the ssh user")
+            out.append(CheckResult("storage/output", r, host, "fail",
+                                   f"{o['base']} is not writable by {user}: {o.get('error')}",
+                                   f"on {host}: mkdir -p {o['path']} && chown {user} {o['path']}"))
+        elif o["free_gb"] < need:
+            out.append(CheckResult("storage/output", r, host, "fail",
+                                   f"{o['free_gb']:.1f} GB free under {o['base']}, need {need:g} GB",
+                                   f"free space on {host}:{o['base']}, point output_dir at a larger disk, "
+                                   "or lower preflight.min_free_gb"))
+        else:
+            out.append(CheckResult("storage/output", r, host, "pass",
+                                   f"{o['path']} writable, {o['free_gb']:.0f} GB free"))
+    return out
+
+
+def check_shared(ctx: Ctx, facts: dict, mesh: dict) -> list[CheckResult]:
+    """Per node: a file each node wrote in shared_dir is visible from every other node."""
+    d = ctx.job.cluster.shared_dir
+    if not d:
+        return [CheckResult("storage/shared", r, ctx.nodes[r].host, "skip", "cluster.shared_dir not set")
+                for r in ctx.live]
+    wrote = {r: f["shared"] for r in ctx.live if isinstance(f := facts.get(r), dict) and "shared" in f}
+    seen = {r: {int(k) for k, v in m["shared"].items() if v == "ok"}
+            for r in ctx.live if isinstance(m := mesh.get(r), dict) and "shared" in m}
+    group = main_group(seen)
+    out = []
+    for r in ctx.live:
+        host = ctx.nodes[r].host
+        w = wrote.get(r)
+        if w is None or r not in seen:
+            out.append(_skip("storage/shared", ctx, r, facts.get(r) if w is None else mesh.get(r)))
+        elif not w.get("ok"):
+            out.append(CheckResult("storage/shared", r, host, "fail", f"cannot write in {d}: {w.get('error')}",
+                                   f"mount the shared filesystem at {d} on {host}, writable by the ssh user"))
+        elif r not in group:
+            others = sorted(group)
+            out.append(CheckResult(
+                "storage/shared", r, host, "fail",
+                f"{d} here is not the storage node{', node'.join(map(str, others))} see "
+                f"(sees files of: {_ranks(seen[r])}; "
+                f"its file seen by: {_ranks({j for j in seen if r in seen[j]})})",
+                f"mount the shared filesystem at {d} on {host} as on node{others[0]} "
+                f"(compare `findmnt -T {d}` on both)" if others else f"mount the shared filesystem at {d}"))
+        else:
+            out.append(CheckResult("storage/shared", r, host, "pass", f"{d}: every node sees the others' files"))
+    return out
+
+
+def main_group(seen: dict[int, set[int]]) -> set[int]:
+    """Nodes that share one storage: the largest set that all see exactly the same files
+    (ties: the set holding the lowest rank, since node 0's copy is the one staged)."""
+    groups: dict[frozenset, set[int]] = defaultdict(set)
+    for r, s in seen.items():
+        groups[frozenset(s)].add(r)
+    if not groups:
+        return set()
+    return max(groups.values(), key=lambda g: (len(g), -min(g)))
+
+
+def _ranks(rs: set[int]) -> str:
+    return ", ".join(f"node{r}" for r in sorted(rs)) or "none"
+
+
+def check_inputs(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """Per node: model, dataset_dir/dataset_info.json (and its files), or the script, exist."""
+    out = []
+    for r in ctx.live:
+        host, f = ctx.nodes[r].host, facts.get(r)
+        items = f.get("inputs") if isinstance(f, dict) else None
+        if not isinstance(items, list):
+            out.append(_skip("storage/inputs", ctx, r, f))
+            continue
+        bad = [i for i in items if not i.get("ok")]
+        if not bad:
+            notes = [i["note"] for i in items if i.get("note")]
+            text = ", ".join(f"{i['what']} {i['path']}" for i in items) or "nothing to check"
+            out.append(CheckResult("storage/inputs", r, host, "pass", "; ".join([text] + notes)))
+            continue
+        out.append(CheckResult("storage/inputs", r, host, "fail",
+                               "; ".join(f"{i['what']}: {i.get('error')}" for i in bad),
+                               _input_fix(ctx, host, bad[0])))
+    return out
+
+
+def _input_fix(ctx: Ctx, host: str, item: dict) -> str:
+    where = f"or keep it under cluster.shared_dir ({ctx.job.cluster.shared_dir})" if ctx.job.cluster.shared_dir \
+        else "or put it on storage every node mounts"
+    if item["what"] == "dataset":
+        return (f"copy the dataset directory {item['path']} (with dataset_info.json and its files) "
+                f"to {host}, {where}")
+    if item["what"] == "module":
+        return f"install the package providing {item['path']} into the job's environment on {host}"
+    return f"copy {item['path']} to {host} at the same path, {where}"
+
+
+def check_shm(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """Per node: /dev/shm holds at least min_shm_mb (Docker's 64 MB default gives Bus errors)."""
+    need = ctx.pf.min_shm_mb
+    gb = max(1, -(-need // 1024) * 2)  # advise twice the minimum, in whole GB
+    out = []
+    for r in ctx.live:
+        host, f = ctx.nodes[r].host, facts.get(r)
+        s = f.get("shm") if isinstance(f, dict) else None
+        if not s:
+            out.append(_skip("container/shm", ctx, r, f))
+        elif "error" in s:
+            out.append(CheckResult("container/shm", r, host, "fail", f"/dev/shm: {s['error']}",
+                                   f"docker run --shm-size={gb}g (or mount a tmpfs at /dev/shm on {host})"))
+        elif s["mb"] < need:
+            out.append(CheckResult("container/shm", r, host, "fail",
+                                   f"/dev/shm is {_mb(s['mb'])}, need {need} MB",
+                                   f"docker run --shm-size={gb}g (Kubernetes: an emptyDir with medium: Memory at "
+                                   f"/dev/shm; bare metal: mount -o remount,size={gb}g /dev/shm)"))
+        else:
+            out.append(CheckResult("container/shm", r, host, "pass", f"/dev/shm {_mb(s['mb'])}"))
+    return out
+
+
+def _mb(mb: float) -> str:
+    return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB" if mb >= 1 else f"{mb * 1024:.0f} KB"
+
+
+def _skip(check: str, ctx: Ctx, r: int, why) -> CheckResult:
+    if isinstance(why, dict) and why.get("error"):
+        why = why["error"]
+    text = why if isinstance(why, str) else "no facts from this node (see software/python)"
+    return CheckResult(check, r, ctx.nodes[r].host, "skip", text)
