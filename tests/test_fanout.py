@@ -219,3 +219,53 @@ def test_local_launcher_killed_leaves_no_orphans(tmp_path):
     while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(os.path.exists(f"/proc/{p}") for p in pids), "workers survived their launcher"
+
+
+@pytest.mark.multihost
+def test_ssh_config_aliases_and_jump_host(make_hostset, tmp_path):
+    """Hosts named by ~/.ssh/config-style aliases; then node 1 reached through node 0."""
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = script_job([h.name for h in hs.hosts], 1, "allreduce.py", [], out,
+                          ssh={"config_file": hs.ssh_config})
+        r = submit(tmp_path, spec)
+        check_allreduce(r, 2, 2, out)
+        assert f"[node1 {hs.hosts[1].name}]" in r.stdout
+        out2 = str(tmp_path / "out2")
+        spec = script_job([hs.hosts[1].ip], 1, "allreduce.py", [], out2, hs=hs)
+        spec["cluster"]["ssh"]["jump_host"] = f"root@{hs.hosts[0].ip}"
+        hs.hosts[1].run(["nft", "add", "table", "inet", "t"], check=True)
+        hs.hosts[1].run(["nft", "add", "chain", "inet", "t", "in", "{ type filter hook input priority 0; }"], check=True)
+        # Only the jump host may reach node 1's sshd: a direct connection would be dropped.
+        hs.hosts[1].run(["nft", "add", "rule", "inet", "t", "in", "tcp", "dport", "22", "ip", "saddr",
+                         "!=", hs.hosts[0].ip, "drop"], check=True)
+        r = submit(tmp_path, spec)
+        check_allreduce(r, 1, 1, out2)
+
+
+@pytest.mark.multihost
+def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
+    """Teardown is scoped to one run: a second job on the same hosts keeps running."""
+    with make_hostset(2) as hs:
+        hosts = [h.ip for h in hs.hosts]
+        other_spec = script_job(hosts, 1, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "other"), hs=hs)
+        other = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit",
+                                  write_spec(tmp_path, other_spec, "other.yaml")],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        pids = []
+        for line in other.stdout:
+            m = re.search(r"ready rank \d+ pid (\d+)", line)
+            if m:
+                pids.append(int(m.group(1)))
+            if len(pids) == 2:
+                break
+        try:
+            r = submit(tmp_path, script_job(hosts, 1, "fail_or_sleep.py", ["1", "5", "1"],
+                                            str(tmp_path / "failing"), hs=hs))
+            assert r.returncode == 5, r.stdout[-2000:]
+            assert all(os.path.exists(f"/proc/{p}") for p in pids), "the other job was hit"
+            assert other.poll() is None
+        finally:
+            other.send_signal(signal.SIGINT)
+            other.communicate(timeout=60)
+        assert other.returncode == 130

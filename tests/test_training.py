@@ -79,7 +79,11 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
     with make_hostset(2) as hs:
         spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, finetuning=finetuning,
                        deepspeed=deepspeed)
+        if variant == "full":  # rendered files written once to shared storage, not uploaded
+            spec["cluster"]["shared_dir"] = str(tmp_path / "shared")
         r = run(tmp_path, spec)
+        if variant == "full":
+            assert os.listdir(tmp_path / "shared" / ".mlaunch")
     assert_trained(r, out, 6)
     assert os.path.isfile(os.path.join(out, "checkpoint-3", "trainer_state.json"))
     if deepspeed:  # DeepSpeed's own checkpoint: one optimizer shard per rank (4 ranks)

@@ -121,7 +121,9 @@ class SSHExecutor:
         kwargs: dict = {"allow_agent": True}
         if s.key_file:
             kwargs["key_filename"] = [os.path.expanduser(s.key_file)]
-        gateway = Connection(s.jump_host, config=config) if s.jump_host else None
+        # The jump host authenticates with the same key and host-key policy as the nodes.
+        gateway = Connection(s.jump_host, config=config, connect_timeout=s.connect_timeout,
+                             connect_kwargs=dict(kwargs)) if s.jump_host else None
         conn = Connection(host, user=s.user, port=s.port if "port" in s.model_fields_set else None,
                           config=config, gateway=gateway, connect_timeout=s.connect_timeout,
                           connect_kwargs=kwargs)
