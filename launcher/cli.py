@@ -74,6 +74,16 @@ def resume(job: str, **kw) -> None:
 
 @cli.command()
 @click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout.")
+@click.option("--run-id", help="Use this run id instead of a fresh one.")
+def check(job: str, as_json: bool, run_id: str | None) -> None:
+    """Run the preflight checklist on every node: one table; exit 0 if all pass, 1 if any fails."""
+    from .preflight import check_command
+    sys.exit(check_command(job, as_json=as_json, run_id=run_id))
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
 def validate(job: str) -> None:
     """Validate JOB and exit 0, or print one line per problem and exit 2."""
     spec = _load(job)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .plan import LaunchPlan
-from .spec import LlamaFactoryJob, world
+from .spec import LlamaFactoryJob, SwiftJob, world
 from .trainers import global_batch
 
 
@@ -12,7 +12,13 @@ def describe_plan(plan: LaunchPlan) -> str:
     nodes, gpus = world(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
              f"world: {nodes} nodes × {gpus} processes = {nodes * gpus}"]
-    if isinstance(job, LlamaFactoryJob):
+    if isinstance(job, SwiftJob) and job.megatron:
+        b, m = job.batch, job.megatron
+        dp = nodes * gpus // (m.tp * m.pp)
+        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × dp {dp} = {nodes * gpus}")
+        lines.append(f"global batch: {dp * b.per_device * b.grad_accum} = dp {dp} × "
+                     f"{b.per_device} per device × {b.grad_accum} accumulation")
+    elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
         b = job.batch
         lines.append(f"global batch: {global_batch(job, nodes, gpus)} = {nodes} nodes × {gpus} GPUs × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")

@@ -64,11 +64,8 @@ def _connect(plan: LaunchPlan):
 
 def _preflight(plan: LaunchPlan, executor, printer: Printer) -> None:
     """The fast checks; a failure stops the launch before anything starts."""
-    try:
-        from .preflight import run_checks
-    except ImportError:  # preflight not installed in this build
-        return
-    report = run_checks(plan, executor, fast_only=True)
+    from .preflight import run_checks
+    report = run_checks(plan, executor, fast_only=True, printer=printer)
     if not report.ok:
         for line in report.table(color=printer.color).splitlines():
             printer.say(line)

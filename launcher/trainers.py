@@ -1,6 +1,6 @@
 """The trainer seam: what each trainer adds to the plan (files to write, what torchrun starts).
 
-A new trainer (ms-swift) adds a spec model in spec/models.py and one class here.
+A new trainer adds a spec model in spec/models.py and one class here (ms-swift: Swift).
 """
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import render
-from .spec import JobBase, LlamaFactoryJob, ScriptJob, world
+from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world
+from .spec.rules import MEGATRON_SCHEDULERS, config_int
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,71 @@ class Script:
         return [*head, *s.args]
 
 
+class Swift:
+    """ms-swift 4.x, its sft entry module started directly by mlaunch's torchrun.
+
+    `swift sft` / `megatron sft` would re-launch themselves under torchrun from NNODES,
+    NODE_RANK, ... in the environment; mlaunch owns that command line, so the modules they
+    exec are started directly: swift.cli.sft (HF Trainer) or swift.cli._megatron.sft.
+    The arguments come from templates/swift_args.j2, one per line.
+    """
+
+    resumable = True
+    ENTRY = "swift.cli.sft"
+    MEGATRON_ENTRY = "swift.cli._megatron.sft"
+
+    def discovery_args(self, job: SwiftJob) -> list[str]:
+        return [] if job.megatron else deepspeed_discovery_args(job)
+
+    def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
+        if not job.deepspeed or job.megatron:
+            return []
+        nodes, gpus = world(job)
+        return [RenderedFile(self._ds_path(run), render.ds_config(job, global_batch(job, nodes, gpus)))]
+
+    def entry(self, job: SwiftJob, run: RunContext) -> list[str]:
+        return ["-m", self.MEGATRON_ENTRY if job.megatron else self.ENTRY, *self.args(job, run)]
+
+    def args(self, job: SwiftJob, run: RunContext) -> list[str]:
+        """The rendered argument lines, each one argv element."""
+        ft = job.finetuning
+        nodes, gpus = world(job)
+        text = render.render(
+            "swift_args.j2", job=job, ft=ft, tr=job.training, resume_from=run.resume_from,
+            ds_path=self._ds_path(run) if job.deepspeed and not job.megatron else None,
+            lora_targets=_names(ft.lora_target), freeze_layers=_freeze_layers(job),
+            freeze_modules=[m for m in _names(ft.freeze_trainable_modules) if m != "all"],
+            global_size=global_batch(job, nodes, gpus) // _model_parallel(job),
+            decay_style=MEGATRON_SCHEDULERS.get(job.training.lr_scheduler))
+        return [line for line in text.split("\n") if line]
+
+    @staticmethod
+    def _ds_path(run: RunContext) -> str:
+        return posixpath.join(run.run_dir, "ds_config.json")
+
+
+def _names(value: str | list[str]) -> list[str]:
+    """A list, or LLaMA-Factory's comma-separated string, as a list of names."""
+    items = value if isinstance(value, list) else value.split(",")
+    return [i.strip() for i in items if i.strip()]
+
+
+def _freeze_layers(job: SwiftJob) -> list[int]:
+    """Indices of the trainable layers of a freeze job (LLaMA-Factory's meaning of the count)."""
+    n = job.finetuning.freeze_trainable_layers
+    if job.finetuning.type != "freeze" or n == 0:
+        return []
+    if n < 0:
+        return list(range(-n))
+    total = config_int(model_config(job.model), "num_hidden_layers") or n
+    return list(range(max(total - n, 0), total))
+
+
+def _model_parallel(job) -> int:
+    m = getattr(job, "megatron", None)
+    return m.tp * m.pp if m else 1
+
+
 def deepspeed_discovery_args(job) -> list[str]:
     """With DeepSpeed a checkpoint is complete only with one optimizer shard per rank."""
     if not getattr(job, "deepspeed", None):
@@ -98,4 +164,4 @@ def global_batch(job: LlamaFactoryJob, nodes: int, gpus: int) -> int:
     return nodes * gpus * job.batch.per_device * job.batch.grad_accum
 
 
-TRAINERS: dict[str, Trainer] = {"llamafactory": LlamaFactory(), "script": Script()}
+TRAINERS: dict[str, Trainer] = {"llamafactory": LlamaFactory(), "swift": Swift(), "script": Script()}

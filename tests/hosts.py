@@ -479,6 +479,20 @@ class Host:
         kw.setdefault("text", True)
         return subprocess.Popen(self.exec_prefix() + list(argv), **kw)
 
+    def in_mounts(self, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        """Run argv in the mount namespace of this host's sshd (the one `ip netns exec`
+        made), so a mount done here is seen by this host's ssh sessions only."""
+        if self.sshd_pid is None:
+            raise RuntimeError(f"sshd of {self.name} is not running")
+        kw.setdefault("text", True)
+        kw.setdefault("capture_output", True)
+        return subprocess.run([_bin("nsenter"), "-t", str(self.sshd_pid), "-m", *argv], **kw)
+
+    @property
+    def hosts_file(self) -> str:
+        """This host's /etc/hosts (bind-mounted from /etc/netns/<ns>/hosts)."""
+        return os.path.join(NETNS_ETC, self.ns, "hosts")
+
     def pids(self) -> set[int]:
         """Every process in this host (`ip netns pids <ns>`)."""
         r = _ip("netns", "pids", self.ns, check=False)

@@ -51,10 +51,35 @@ def test_rendered_files_parse_and_agree(path):
     job = load_spec(path)
     plan = build_plan(job, run_id="GOLDEN")
     files = {posixpath.basename(f.path): f.content for f in plan.files}
-    if job.trainer != "llamafactory":
-        assert not files
-        return
-    lf = yaml.safe_load(files["llamafactory.yaml"])
+    deepspeed = getattr(job, "deepspeed", None)
+    expected = ({"llamafactory.yaml"} if job.trainer == "llamafactory" else set()) | (
+        {"ds_config.json"} if deepspeed else set())
+    assert set(files) == expected
+    if deepspeed:
+        check_ds_config(job, json.loads(files["ds_config.json"]), files["ds_config.json"])
+        assert any(posixpath.join(plan.run_dir, "ds_config.json") in n.script for n in plan.nodes) or \
+            job.trainer == "llamafactory"
+    if job.trainer == "llamafactory":
+        check_llamafactory_yaml(job, plan, yaml.safe_load(files["llamafactory.yaml"]))
+    for node in plan.nodes:
+        assert f"--node-rank {node.rank} " in node.script
+        assert "--nnodes %d " % len(job.cluster.hosts) in node.script
+
+
+def check_ds_config(job, ds: dict, text: str) -> None:
+    nodes, gpus = len(job.cluster.hosts), job.cluster.gpus_per_node
+    assert "auto" not in text
+    assert ds["train_batch_size"] == nodes * gpus * job.batch.per_device * job.batch.grad_accum
+    assert ds["train_micro_batch_size_per_gpu"] == job.batch.per_device
+    assert ds["gradient_accumulation_steps"] == job.batch.grad_accum
+    assert ds["zero_optimization"]["stage"] == job.deepspeed.stage
+    assert ds["gradient_clipping"] == job.training.max_grad_norm
+    assert ds["optimizer"]["params"]["lr"] == job.training.learning_rate
+    assert ds["bf16"]["enabled"] == (job.precision == "bf16")
+    assert ds["fp16"]["enabled"] == (job.precision == "fp16")
+
+
+def check_llamafactory_yaml(job, plan, lf: dict) -> None:
     # Every key mlaunch renders is one it owns: passthrough can never collide silently.
     assert set(lf) - set(job.passthrough) <= set(LLAMAFACTORY_OWNED)
     assert lf["per_device_train_batch_size"] == job.batch.per_device
@@ -63,14 +88,4 @@ def test_rendered_files_parse_and_agree(path):
     assert lf["overwrite_output_dir"] is False
     assert lf["bf16"] == (job.precision == "bf16") and lf["fp16"] == (job.precision == "fp16")
     if job.deepspeed:
-        ds = json.loads(files["ds_config.json"])
-        nodes, gpus = len(job.cluster.hosts), job.cluster.gpus_per_node
-        assert "auto" not in files["ds_config.json"]
-        assert ds["train_batch_size"] == nodes * gpus * job.batch.per_device * job.batch.grad_accum
-        assert ds["zero_optimization"]["stage"] == job.deepspeed.stage
-        assert ds["gradient_clipping"] == job.training.max_grad_norm
-        assert ds["bf16"]["enabled"] == (job.precision == "bf16")
         assert lf["deepspeed"] == posixpath.join(plan.run_dir, "ds_config.json")
-    for node in plan.nodes:
-        assert f"--node-rank {node.rank} " in node.script
-        assert "--nnodes %d " % len(job.cluster.hosts) in node.script

@@ -52,7 +52,7 @@ CASES = [
     ("training.learning_rat", 0.1, "training.learning_rat: unknown key; did you mean 'learning_rate'?"),
     ("precision", "bf61", "precision: 'bf61' is not one of bf16, fp16, fp32"),
     ("model", DELETE, "model: required field missing"),
-    ("trainer", "llamafactroy", "trainer: 'llamafactroy' is not one of llamafactory, script; did you mean 'llamafactory'?"),
+    ("trainer", "llamafactroy", "trainer: 'llamafactroy' is not one of llamafactory, swift, script; did you mean 'llamafactory'?"),
     ("cluster.cuda_visible_devices", [0, 1], "cluster.cuda_visible_devices: 2 devices listed but gpus_per_node is 4"),
     ("cluster.master_addr", "192.168.1.12", "cluster.master_addr: 192.168.1.12 is hosts[2], but node rank 0"),
     ("cluster.master_addr", "127.0.0.1", "cluster.master_addr: 127.0.0.1 is loopback"),

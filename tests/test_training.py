@@ -10,12 +10,11 @@ import os
 import re
 import subprocess
 import threading
-import time
 
 import pytest
 
-from .helpers import mlaunch, write_spec
-from .training import TRAINER_PYTHON, build_tiny, lf_spec, losses, require_trainer, trainer_state
+
+from .training import kill_worker_when, submit_timed, TRAINER_PYTHON, build_tiny, lf_spec, losses, require_trainer, trainer_state
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -26,11 +25,6 @@ def tiny(tmp_path_factory):
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
-def run(tmp_path, spec: dict, *args: str, timeout: float = 600):
-    t0 = time.monotonic()
-    r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", *args, timeout=timeout)
-    print(f"[wall] {os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]}: {time.monotonic() - t0:.1f}s")
-    return r
 
 
 def assert_trained(r, out: str, steps: int) -> dict:
@@ -81,7 +75,9 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
                        deepspeed=deepspeed)
         if variant == "full":  # rendered files written once to shared storage, not uploaded
             spec["cluster"]["shared_dir"] = str(tmp_path / "shared")
-        r = run(tmp_path, spec)
+        r = submit_timed(tmp_path, spec, preflight=variant == "lora")
+        if variant == "lora":  # this one goes through submit's preflight, as users' runs do
+            assert "preflight" in r.stdout
         if variant == "full":
             assert os.listdir(tmp_path / "shared" / ".mlaunch")
     assert_trained(r, out, 6)
@@ -98,35 +94,21 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
     assert sorted(re.sub(r"-.*", "", p) for p in logs) == ["node0", "node1"]
 
 
-def kill_worker_after(hs, out: str, step: int, done: threading.Event, killed: list) -> None:
-    """Once checkpoint-<step> is complete, SIGKILL one training worker on host 1."""
-    state = os.path.join(out, f"checkpoint-{step}", "trainer_state.json")
-    while not done.is_set() and not os.path.exists(state):
-        time.sleep(0.05)
-    for pid in sorted(hs.hosts[1].pids()):
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"LOCAL_RANK=0" in env and b"llamafactory.launcher" in cmd:
-            os.kill(pid, 9)
-            killed.append(pid)
-            return
 
 
 def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, tiny):
     ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        ref = run(tmp_path, lf_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
+        ref = submit_timed(tmp_path, lf_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
         ref_state = assert_trained(ref, ref_out, 10)
         done, killed = threading.Event(), []
-        watcher = threading.Thread(target=kill_worker_after, args=(hs, out, 5, done, killed))
+        watcher = threading.Thread(target=kill_worker_when,
+                                   args=(hs, os.path.join(out, "checkpoint-5", "trainer_state.json"), b"llamafactory.launcher", done, killed))
         watcher.start()
         spec = lf_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                        restart_backoff_s=1)
-        r = run(tmp_path, spec)
+        r = submit_timed(tmp_path, spec)
         done.set()
         watcher.join()
     assert killed, "no worker was killed"
@@ -144,13 +126,13 @@ def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny):
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
         spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=5, save_steps=5)
-        assert_trained(run(tmp_path, spec), out, 5)
+        assert_trained(submit_timed(tmp_path, spec), out, 5)
         half = os.path.join(out, "checkpoint-10")
         os.makedirs(half)
         with open(os.path.join(half, "adapter_model.safetensors"), "wb") as fh:
             fh.write(b"half")
         spec["training"]["max_steps"] = 10
-        r = run(tmp_path, spec, "--resume")
+        r = submit_timed(tmp_path, spec, "--resume")
     assert "checkpoint-10: no trainer_state.json (interrupted save?) — using checkpoint-5" in r.stdout
     assert f"resuming from {out}/checkpoint-5" in r.stdout
     state = trainer_state(out)

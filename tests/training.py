@@ -64,3 +64,35 @@ def trainer_state(out_dir: str) -> dict:
 def losses(state: dict) -> dict[int, float]:
     """step -> loss from a trainer_state's log history."""
     return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
+
+
+def submit_timed(tmp_path, spec: dict, *args: str, timeout: float = 600, preflight: bool = False):
+    """`mlaunch submit` the spec through the real CLI, printing its wall time.
+
+    preflight: keep submit's fast checks (off by default to keep the suite quick; the
+    preflight tests cover them)."""
+    import time
+    from .helpers import mlaunch, write_spec
+    t0 = time.monotonic()
+    flags = [] if preflight else ["--no-preflight"]
+    r = mlaunch("submit", write_spec(tmp_path, spec), *flags, *args, timeout=timeout)
+    print(f"[wall] {os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]}: {time.monotonic() - t0:.1f}s")
+    return r
+
+
+def kill_worker_when(hs, state_glob: str, module: bytes, done, killed: list) -> None:
+    """Once a file matching state_glob exists, SIGKILL host 1's local-rank-0 worker running module."""
+    import glob
+    import time
+    while not done.is_set() and not glob.glob(state_glob):
+        time.sleep(0.05)
+    for pid in sorted(hs.hosts[1].pids()):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"LOCAL_RANK=0" in env and module in cmd:
+            os.kill(pid, 9)
+            killed.append(pid)
+            return

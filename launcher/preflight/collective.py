@@ -83,6 +83,7 @@ def judge(ctx: Ctx, plan: LaunchPlan, result: JobResult, text: str) -> CheckResu
 
 
 def _timed_out(ctx: Ctx, text: str) -> CheckResult:
+    """How far the all-reduce got before the limit says where it is stuck."""
     t, addr, port = ctx.pf.collective_timeout_s, ctx.master_addr, ctx.master_port
     seen: dict[str, set[int]] = {"starting": set(), "joined": set()}
     for node, stage in PROGRESS.findall(text):
@@ -104,6 +105,7 @@ def _timed_out(ctx: Ctx, text: str) -> CheckResult:
 
 
 def _failed(ctx: Ctx, result: JobResult, text: str) -> CheckResult:
+    """A node exited non-zero: its last error line, and a fix for the known causes."""
     k = result.first_failure if result.first_failure is not None else 0
     node = result.nodes[k]
     lines = [ln for ln in node.tail if ln.strip()]
@@ -119,4 +121,5 @@ def _failed(ctx: Ctx, result: JobResult, text: str) -> CheckResult:
 
 
 def _fail(detail: str, fix: str) -> CheckResult:
+    """A ✗ row for the whole cluster."""
     return CheckResult("collective", None, None, "fail", detail, fix)

@@ -34,6 +34,7 @@ def parse_apps(text: str) -> list[dict]:
 
 
 def _num(text: str) -> float:
+    """nvidia-smi's number, 0 for [N/A]."""
     try:
         return float(text)
     except ValueError:
@@ -70,6 +71,7 @@ def check(ctx: Ctx, facts: dict) -> list[CheckResult]:
 
 
 def _problem(ctx: Ctx, host: str, g: dict, rows: list[dict], ref) -> tuple[str, str] | None:
+    """(detail, fix) of the first thing wrong with this node's GPUs, or None."""
     if g.get("code") != 0 or not rows:
         first = (g.get("gpus") or "").strip().splitlines()[:1]
         return (f"nvidia-smi failed: {first[0] if first else 'no output'}",
@@ -89,6 +91,7 @@ def _problem(ctx: Ctx, host: str, g: dict, rows: list[dict], ref) -> tuple[str, 
 
 
 def _busy(ctx: Ctx, host: str, g: dict, rows: list[dict]) -> tuple[str, str] | None:
+    """(detail, fix) when another process holds memory on a GPU the job uses, or None."""
     by_uuid = {x["uuid"]: x["index"] for x in rows}
     use = set(wanted(ctx))
     apps = [a for a in parse_apps(g.get("apps", "")) if by_uuid.get(a["uuid"]) in use]
@@ -110,10 +113,12 @@ def _busy(ctx: Ctx, host: str, g: dict, rows: list[dict]) -> tuple[str, str] | N
 
 
 def _summary(rows: list[dict]) -> str:
+    """The ✓ detail."""
     return f"{len(rows)} GPU(s), driver {rows[0]['driver']}, idle"
 
 
 def _majority(values: dict[int, str]) -> tuple[int, str] | None:
+    """(rank, value) most nodes have; ties go to the lowest rank."""
     if not values:
         return None
     best, n = Counter(values.values()).most_common(1)[0]

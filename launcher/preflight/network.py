@@ -122,6 +122,7 @@ def hostname(ctx: Ctx, facts: dict, mesh: dict) -> list[CheckResult]:
 
 
 def _hostname_one(ctx: Ctx, r: int, h: dict, mesh: dict) -> CheckResult:
+    """The hostname row of node r: resolves, not loopback, reached by every peer."""
     host, name = ctx.nodes[r].host, h["hostname"]
     mine = _own_address(ctx, r, h)
     add = f"add `{mine} {name}` to /etc/hosts on every node"
@@ -168,5 +169,6 @@ def _own_address(ctx: Ctx, r: int, h: dict) -> str:
 
 
 def _skip(check: str, ctx: Ctx, r: int, why) -> CheckResult:
+    """A – row carrying why the node has no data for the check."""
     text = why if isinstance(why, str) else "no facts from this node"
     return CheckResult(check, r, ctx.nodes[r].host, "skip", text)

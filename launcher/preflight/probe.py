@@ -15,6 +15,8 @@ from ..plan import LaunchPlan, NodePlan, remote_bin
 from ..spec import LlamaFactoryJob, ScriptJob
 
 MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
+# The distribution each trainer runs, whose version must match across nodes.
+TRAINER_PACKAGES = {"llamafactory": "llamafactory", "swift": "ms-swift"}
 
 
 @dataclass
@@ -119,7 +121,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
     job, c = ctx.job, ctx.job.cluster
     return {
         "rank": rank, "nonce": ctx.nonce, "bindir": remote_bin(job), "workdir": c.workdir,
-        "trainer_pkg": "llamafactory" if isinstance(job, LlamaFactoryJob) else None,
+        "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
         "master_port": ctx.master_port if rank == 0 else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
@@ -129,16 +131,20 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
 
 def input_specs(job) -> list[dict]:
     """The paths the job reads at start, each with how the node should check it."""
-    if isinstance(job, LlamaFactoryJob):
-        names = [job.dataset] if isinstance(job.dataset, str) else list(job.dataset)
-        return [{"what": "model", "kind": "model", "path": job.model},
-                {"what": "dataset", "kind": "dataset", "path": job.dataset_dir or "data",
-                 "names": [p.strip() for name in names for p in name.split(",") if p.strip()]}]
-    if isinstance(job, ScriptJob) and job.script.path:
-        return [{"what": "script", "kind": "file", "path": job.script.path}]
-    if isinstance(job, ScriptJob) and job.script.module:
-        return [{"what": "module", "kind": "module", "path": job.script.module}]
-    return []
+    if isinstance(job, ScriptJob):
+        s = job.script
+        return [{"what": "script", "kind": "file", "path": s.path} if s.path else
+                {"what": "module", "kind": "module", "path": s.module}]
+    model = getattr(job, "model", None)
+    out = [{"what": "model", "kind": "model", "path": model}] if isinstance(model, str) else []
+    raw = getattr(job, "dataset", None) or []
+    names = [p.strip() for name in ([raw] if isinstance(raw, str) else raw) for p in name.split(",") if p.strip()]
+    if isinstance(job, LlamaFactoryJob):  # names are keys of dataset_dir/dataset_info.json
+        out.append({"what": "dataset", "kind": "dataset", "path": job.dataset_dir or "data", "names": names})
+    else:  # ms-swift style: hub ids, or local files/dirs (with an optional "#samples" suffix)
+        out += [{"what": "dataset", "kind": "path", "path": n.split("#")[0]} for n in names
+                if n.startswith(("/", ".", "~"))]
+    return out
 
 
 def gather_facts(ctx: Ctx) -> dict[int, dict | str]:

@@ -46,6 +46,7 @@ class Report:
 
     @property
     def failures(self) -> list[CheckResult]:
+        """Every ✗ result."""
         return [r for r in self.results if r.status == "fail"]
 
     def get(self, check: str, node: int | None) -> CheckResult | None:
@@ -71,6 +72,7 @@ class Report:
                            "results": [asdict(r) for r in self.results]}, indent=2)
 
     def _nodes(self) -> list[tuple[int, str | None]]:
+        """(rank, host) of every column, in rank order."""
         seen: dict[int, str | None] = {}
         for r in self.results:
             if r.node is not None:
@@ -78,10 +80,12 @@ class Report:
         return sorted(seen.items())
 
     def _rows(self) -> list[str]:
+        """The checks present, in table order."""
         present = {r.check for r in self.results}
         return [c for c in CHECKS if c in present] + sorted(present - set(CHECKS))
 
     def _cells(self, check: str, nodes: list, cols: list[int], color: bool) -> str:
+        """One row's cells after its label."""
         whole = self.get(check, None)
         if whole is not None:  # cluster-wide result: one symbol and its figure, spanning
             return _paint(SYMBOL[whole.status], whole.status, color) + " " + whole.detail
@@ -94,6 +98,7 @@ class Report:
         return "".join(out)
 
     def _fix_lines(self, color: bool) -> list[str]:
+        """The ✗ lines under the table, each followed by its fix."""
         # Identical failures on several nodes (same detail and fix) are listed once.
         groups: dict[tuple, list[CheckResult]] = {}
         for r in self.failures:
@@ -107,6 +112,7 @@ class Report:
         return lines
 
     def _summary(self, n_nodes: int) -> str:
+        """The last line: how many nodes, how long, what failed."""
         failed = sorted({r.check for r in self.failures}, key=_order)
         head = f"\npreflight on {n_nodes} node{'s' if n_nodes != 1 else ''} in {self.seconds:.1f}s: "
         if not failed:
@@ -115,10 +121,12 @@ class Report:
 
 
 def _order(check: str) -> int:
+    """Row position of a check (unknown checks last)."""
     return CHECKS.index(check) if check in CHECKS else len(CHECKS)
 
 
 def _paint(text: str, status: str, color: bool) -> str:
+    """text in the status colour when color is on."""
     return f"\033[{_ANSI[status]}m{text}\033[0m" if color and text else text
 
 

@@ -130,5 +130,6 @@ def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) ->
 
 
 def _say(printer, line: str) -> None:
+    """A progress line, when there is a printer."""
     if printer is not None:
         printer.say(line)

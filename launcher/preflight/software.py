@@ -63,6 +63,7 @@ def check_python(ctx: Ctx, facts: dict) -> list[CheckResult]:
 
 
 def _python_problem(ctx: Ctx, f, ref) -> tuple[str, str] | None:
+    """(detail, fix) of the first missing piece of the node's stack, or None."""
     py = ctx.python
     if isinstance(f, str):
         return f, f"run `{py} -c 'import torch'` on the node and fix what it reports"
@@ -86,6 +87,7 @@ def _python_problem(ctx: Ctx, f, ref) -> tuple[str, str] | None:
 
 
 def _torchrun_problem(ctx: Ctx, t: dict, torch_v: str | None) -> tuple[str, str] | None:
+    """(detail, fix) when torchrun is not where mlaunch will run it, or None."""
     if t.get("error"):
         return f"torchrun: {t['error']}", "check the environment's bin/ directory"
     if t.get("wanted"):
@@ -126,6 +128,7 @@ def check_versions(ctx: Ctx, facts: dict) -> list[CheckResult]:
 
 
 def _version_fix(ctx: Ctx, diff: list[str], want: dict, ref_rank: int) -> str:
+    """The pip command that brings a node to the reference stack."""
     py = ctx.python
     if "torch" in diff or "cuda" in diff:
         return f"{py} -m pip install {pip_spec('torch', want['torch'])}  (to match node{ref_rank})"

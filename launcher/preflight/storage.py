@@ -83,6 +83,7 @@ def main_group(seen: dict[int, set[int]]) -> set[int]:
 
 
 def _ranks(rs: set[int]) -> str:
+    """node0, node2 ... or none."""
     return ", ".join(f"node{r}" for r in sorted(rs)) or "none"
 
 
@@ -108,9 +109,10 @@ def check_inputs(ctx: Ctx, facts: dict) -> list[CheckResult]:
 
 
 def _input_fix(ctx: Ctx, host: str, item: dict) -> str:
+    """How to get a missing input onto the node."""
     where = f"or keep it under cluster.shared_dir ({ctx.job.cluster.shared_dir})" if ctx.job.cluster.shared_dir \
         else "or put it on storage every node mounts"
-    if item["what"] == "dataset":
+    if item["kind"] == "dataset":
         return (f"copy the dataset directory {item['path']} (with dataset_info.json and its files) "
                 f"to {host}, {where}")
     if item["what"] == "module":
@@ -142,10 +144,12 @@ def check_shm(ctx: Ctx, facts: dict) -> list[CheckResult]:
 
 
 def _mb(mb: float) -> str:
+    """A size in MB, human-readable."""
     return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB" if mb >= 1 else f"{mb * 1024:.0f} KB"
 
 
 def _skip(check: str, ctx: Ctx, r: int, why) -> CheckResult:
+    """A – row carrying why the node has no data for the check."""
     if isinstance(why, dict) and why.get("error"):
         why = why["error"]
     text = why if isinstance(why, str) else "no facts from this node (see software/python)"

@@ -140,6 +140,33 @@ class LlamaFactoryJob(JobBase):
     passthrough: dict[str, Any] = Field(default_factory=dict)
 
 
+class Megatron(Strict):
+    """Megatron-SWIFT parallelism; world = tp x pp x data-parallel size."""
+
+    tp: int = Field(1, ge=1, description="tensor parallel size (--tensor_model_parallel_size)")
+    pp: int = Field(1, ge=1, description="pipeline parallel size (--pipeline_model_parallel_size)")
+    sequence_parallel: bool = Field(False, description="split activations across the tp group; needs tp > 1")
+
+
+class SwiftJob(JobBase):
+    """An ms-swift (4.x) fine-tuning job; with `megatron:` it runs Megatron-SWIFT instead of HF Trainer."""
+
+    trainer: Literal["swift"]
+    model: str
+    model_type: str | None = Field(None, description="ms-swift model type; inferred from the model when omitted")
+    template: str | None = Field(None, description="ms-swift template; the model type's default when omitted")
+    dataset: str | list[str]
+    max_length: int = Field(2048, ge=1, description="LLaMA-Factory's cutoff_len")
+    finetuning: Finetuning
+    batch: Batch
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    deepspeed: DeepSpeed | None = None
+    megatron: Megatron | None = None
+    training: Training
+    output_dir: str
+    passthrough: dict[str, Any] = Field(default_factory=dict)
+
+
 class ScriptJob(JobBase):
     """A plain torchrun job: the same cluster block, any script."""
 
@@ -148,5 +175,6 @@ class ScriptJob(JobBase):
 
 
 # The trainer seam: a new trainer adds its model here and a Trainer in launcher/trainers.
-Job = Annotated[Union[LlamaFactoryJob, ScriptJob], Field(discriminator="trainer")]
-TRAINER_MODELS: dict[str, type[JobBase]] = {"llamafactory": LlamaFactoryJob, "script": ScriptJob}
+Job = Annotated[Union[LlamaFactoryJob, SwiftJob, ScriptJob], Field(discriminator="trainer")]
+TRAINER_MODELS: dict[str, type[JobBase]] = {"llamafactory": LlamaFactoryJob, "swift": SwiftJob,
+                                            "script": ScriptJob}

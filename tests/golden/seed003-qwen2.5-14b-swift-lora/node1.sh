@@ -1,0 +1,37 @@
+# mlaunch run GOLDEN: node 1 of 2 on 10.0.0.2
+export PYTHONUNBUFFERED=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export NCCL_SOCKET_IFNAME=eth0
+export NCCL_IB_DISABLE=1
+export MLAUNCH_RUN_ID=GOLDEN
+export MLAUNCH_NODE_RANK=1
+export MLAUNCH_NODE_ID=GOLDEN.node1
+export PATH=/opt/venvs/swift/bin:"$PATH"
+mkdir -p /data/work/.mlaunch/GOLDEN || exit 96
+cd /data/work || exit 96
+echo $$ > /data/work/.mlaunch/GOLDEN/node1.pid
+# Hang-up guard: the launcher holds this session's stdin open. When it goes away (Ctrl-C,
+# crash, dropped connection) stdin closes and every process of this node is ended:
+# SIGTERM, a grace period, then SIGKILL. The job itself reads nothing from stdin.
+hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only processes whose environment carries it.
+match=MLAUNCH_NODE_ID=GOLDEN.node1
+job_pids() {
+  grep -lzx "$match" /proc/[0-9]*/environ 2>/dev/null \
+    | sed -e '"'"'s#^/proc/##'"'"' -e '"'"'s#/environ$##'"'"' | grep -vx "$$"
+}
+leader=$(cat /data/work/.mlaunch/GOLDEN/node1.pid 2>/dev/null)
+# Signal the group only while its leader is still ours: a stale pid may have been reused.
+if [ -n "$leader" ] && grep -qzx "$match" "/proc/$leader/environ" 2>/dev/null; then
+  kill -TERM -- "-$leader" 2>/dev/null
+fi
+p=$(job_pids); [ -n "$p" ] && kill -TERM $p 2>/dev/null
+i=0
+while [ -n "$(job_pids)" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+p=$(job_pids); [ -n "$p" ] && kill -KILL $p 2>/dev/null
+sleep 0.05
+echo "mlaunch-teardown: $(job_pids | wc -l) left"
+'
+exec 3<&0 </dev/null
+(cat <&3 >/dev/null 2>&1; exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+exec 3<&-
+exec /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 -m swift.cli.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --template qwen2_5 --dataset /data/work/data/alpaca_zh_demo.json /data/work/data/identity.json --max_length 2048 --tuner_type lora --lora_rank 8 --lora_alpha 32 --lora_dropout 0.05 --target_modules all-linear --torch_dtype bfloat16 --bf16 true --fp16 false --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --learning_rate 0.0001 --lr_scheduler_type cosine --warmup_ratio 0.03 --num_train_epochs 3.0 --max_grad_norm 1.0 --gradient_checkpointing true --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-lora --check_model false

@@ -1,0 +1,93 @@
+"""Clock offset arithmetic of preflight, on recorded timings (no hosts needed).
+
+Each Sample is (launcher send time, launcher receive time, node's `date +%s.%N`).
+The recorded round trips below come from real runs: ~3 ms over the test fixture's
+sshd with an empty home, ~310 ms when root's ~/.bashrc runs `pyenv init` first.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from launcher.plan import build_plan
+from launcher.preflight.clock import Sample, best, check, parse_remote, verdict
+from launcher.preflight.probe import Ctx
+from launcher.spec import validate
+
+T0 = 1796050000.0
+
+
+def ms(x: float):
+    """Equal to x milliseconds within 10 us (epoch-sized doubles carry ~0.2 us of noise)."""
+    return pytest.approx(x, abs=0.01)
+
+
+def test_offset_is_remote_minus_midpoint():
+    s = Sample(T0 + 0.000, T0 + 0.010, T0 + 0.105)
+    assert s.offset_ms == ms(100.0)
+    assert s.uncertainty_ms == ms(5.0)
+
+
+def test_negative_offset():
+    s = Sample(T0, T0 + 0.004, T0 - 1.998)
+    assert s.offset_ms == ms(-2000.0)
+
+
+def test_best_is_shortest_round_trip():
+    samples = [Sample(T0, T0 + 0.050, T0 + 0.040),      # slow: +15 ms +-25
+               Sample(T0 + 1, T0 + 1.002, T0 + 1.0012),  # fast: +0.2 ms +-1
+               Sample(T0 + 2, T0 + 2.020, T0 + 2.001)]
+    assert best(samples) is samples[1]
+    ok, off, unc = verdict(samples, 50.0)
+    assert ok and off == ms(0.2) and unc == ms(1.0)
+
+
+def test_synced_clock_behind_a_slow_login_shell_passes():
+    # The reading comes ~300 ms into a 310 ms round trip (bashrc runs first): the estimate
+    # is +145 ms, but +-155 ms of uncertainty means the clock may well be right.
+    samples = [Sample(T0, T0 + 0.310, T0 + 0.300), Sample(T0 + 1, T0 + 1.318, T0 + 1.306)]
+    ok, off, unc = verdict(samples, 50.0)
+    assert off == ms(145.0) and unc == ms(155.0)
+    assert ok
+
+
+def test_skewed_clock_fails_even_at_its_most_favourable():
+    samples = [Sample(T0, T0 + 0.003, T0 + 2.5015), Sample(T0 + 1, T0 + 1.004, T0 + 3.502)]
+    ok, off, unc = verdict(samples, 50.0)
+    assert not ok
+    assert off == ms(2500.0) and unc == ms(1.5)
+
+
+def test_limit_edges():
+    just_in = [Sample(T0, T0 + 0.010, T0 + 0.060)]      # +55 ms +-5: could be 50
+    just_out = [Sample(T0, T0 + 0.010, T0 + 0.0651)]    # +60.1 ms +-5: at least 55.1
+    assert verdict(just_in, 50.0)[0]
+    assert not verdict(just_out, 50.0)[0]
+
+
+def test_parse_remote_skips_login_noise():
+    out = "Welcome to node7\nlast login: yesterday\n1796050000.123456789\n"
+    assert parse_remote(out) == pytest.approx(1796050000.123456789)
+    assert parse_remote("date: invalid format %N\n") is None
+    assert parse_remote("") is None
+
+
+def _ctx(hosts: list[str]) -> Ctx:
+    spec = {"name": "t", "trainer": "script",
+            "cluster": {"hosts": hosts, "gpus_per_node": 1, "python": sys.executable},
+            "script": {"path": "x.py"}, "preflight": {"max_clock_offset_ms": 50}}
+    return Ctx(build_plan(validate(spec)), executor=None)
+
+
+def test_rows_and_fix():
+    ctx = _ctx(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    rows = check(ctx, {0: [Sample(T0, T0 + 0.002, T0 + 0.0012)],
+                       1: [Sample(T0, T0 + 0.002, T0 + 3.001)],
+                       2: "no time reading (exit 255: connection lost)"})
+    by = {r.node: r for r in rows}
+    assert by[0].status == "pass" and by[0].detail.startswith("+0.2 ms")
+    assert by[1].status == "fail"
+    assert "clock is +3000.0 ms from the launcher (±1.0 ms), limit 50 ms" == by[1].detail
+    assert by[1].fix.startswith("sync the clock on 10.0.0.2: enable NTP (timedatectl set-ntp true")
+    assert by[2].status == "skip" and "connection lost" in by[2].detail

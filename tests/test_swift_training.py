@@ -1,0 +1,127 @@
+"""Real ms-swift training through `mlaunch submit`: 2 hosts x 2 processes, CPU, gloo.
+
+The swift venv comes from tests/env/make_swift_venv.sh (ms-swift 4.6.0 beside the local
+torch 2.13.0 CPU wheel); the tiny Qwen2 model from tests/tinymodel.py. Outcomes are
+checked, not logs: exit 0, checkpoints inside swift's v<N>-<timestamp>/ directories,
+trainer_state global_step == max_steps, and a killed worker resumed from the latest one.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import threading
+
+import pytest
+
+from .helpers import ROOT, free_port
+from .training import kill_worker_when, submit_timed, build_tiny, losses, require_trainer
+
+pytestmark = [pytest.mark.multihost, pytest.mark.training]
+
+SWIFT_VENV = os.environ.get("MLAUNCH_SWIFT_VENV", os.path.join(ROOT, ".venvs", "swift"))
+SWIFT_PYTHON = os.path.join(SWIFT_VENV, "bin", "python")
+
+
+def require_swift() -> str:
+    if not os.access(SWIFT_PYTHON, os.X_OK):
+        pytest.skip(f"no ms-swift venv at {SWIFT_VENV}: run "
+                    "`bash tests/env/make_swift_venv.sh .venvs/swift`")
+    return SWIFT_PYTHON
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    require_swift()
+    require_trainer()  # builds the tiny model (it has transformers + tokenizers)
+    return build_tiny(str(tmp_path_factory.mktemp("tiny")))
+
+
+def swift_spec(tiny: dict, hosts: list[str], nproc: int, out_dir: str, *, hs,
+               max_steps: int = 6, save_steps: int = 3, **extra) -> dict:
+    """A swift LoRA job on the tiny model: CPU, fp32, per-device batch 2."""
+    return {
+        "name": "tiny-swift", "trainer": "swift",
+        "cluster": {"hosts": hosts, "gpus_per_node": nproc, "python": SWIFT_PYTHON,
+                    "master_port": free_port(),
+                    "env": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                            "MODELSCOPE_OFFLINE": "1"},
+                    "ssh": {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts,
+                            "connect_timeout": 5}},
+        "model": tiny["model"], "model_type": "qwen2", "template": tiny["template"],
+        "dataset": os.path.join(tiny["dataset_dir"], "tiny_alpaca.json"), "max_length": 64,
+        "finetuning": {"type": "lora", "lora_rank": 4, "lora_target": "all"},
+        "batch": {"per_device": 2, "grad_accum": 1},
+        "precision": "fp32",
+        "training": {"learning_rate": 1.0e-3, "max_steps": max_steps, "save_steps": save_steps,
+                     "logging_steps": 1, "lr_scheduler": "constant", "gradient_checkpointing": False,
+                     "seed": 7},
+        "output_dir": out_dir,
+        **extra,
+    }
+
+
+
+
+def checkpoint(out: str, step: int) -> str:
+    """The one v<N>-<timestamp>/checkpoint-<step> directory."""
+    found = glob.glob(os.path.join(out, "v*-*", f"checkpoint-{step}"))
+    assert len(found) == 1, (step, found, os.listdir(out))
+    return found[0]
+
+
+def state_of(path: str) -> dict:
+    with open(os.path.join(path, "trainer_state.json")) as fh:
+        return json.load(fh)
+
+
+def assert_trained(r, out: str, steps: int) -> dict:
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    state = state_of(checkpoint(out, steps))
+    assert state["global_step"] == steps
+    got = losses(state)
+    assert sorted(got) == list(range(1, steps + 1)) and all(v == v and v > 0 for v in got.values())
+    return state
+
+
+def test_swift_lora_trains(make_hostset, tmp_path, tiny):
+    out = str(tmp_path / "out")
+    with make_hostset(2) as hs:
+        r = submit_timed(tmp_path, swift_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs))
+    assert_trained(r, out, 6)
+    first = checkpoint(out, 3)
+    assert os.path.dirname(first) == os.path.dirname(checkpoint(out, 6))  # one v<N>-<ts> dir
+    names = set(os.listdir(first))
+    assert {"adapter_model.safetensors", "trainer_state.json", "optimizer.pt"} <= names
+    # Real DDP over the 4 ranks: one RNG state per rank (a rank training alone writes one).
+    assert {f"rng_state_{i}.pth" for i in range(4)} <= names, names
+
+
+
+
+def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, tiny):
+    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    with make_hostset(2) as hs:
+        hosts = [h.ip for h in hs.hosts]
+        ref = submit_timed(tmp_path, swift_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
+        ref_state = assert_trained(ref, ref_out, 10)
+        done, killed = threading.Event(), []
+        watcher = threading.Thread(target=kill_worker_when,
+                                   args=(hs, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"), b"swift.cli.sft", done, killed))
+        watcher.start()
+        spec = swift_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
+                          restart_backoff_s=1)
+        r = submit_timed(tmp_path, spec)
+        done.set()
+        watcher.join()
+    assert killed, "no worker was killed"
+    state = assert_trained(r, out, 10)
+    first = checkpoint(out, 5)
+    assert f"restart 1/1: resuming from {first}" in r.stdout, r.stdout[-3000:]
+    assert "attempt 0: exit 137" in r.stdout and "attempt 1: exit 0" in r.stdout
+    # The restart wrote its checkpoints into a new, later version directory.
+    v_first, v_last = (os.path.basename(os.path.dirname(p)) for p in (first, checkpoint(out, 10)))
+    assert int(v_first[1:].split("-")[0]) < int(v_last[1:].split("-")[0]), (v_first, v_last)
+    ref_loss, got = losses(ref_state), losses(state)
+    for step in range(6, 11):
+        assert got[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-6), (step, got, ref_loss)
