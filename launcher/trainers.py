@@ -10,7 +10,7 @@ from typing import Protocol
 
 from . import render
 from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world
-from .spec.rules import MEGATRON_SCHEDULERS, config_int
+from .spec.swift_rules import MEGATRON_SCHEDULERS, config_int
 
 
 @dataclass(frozen=True)
