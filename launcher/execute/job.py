@@ -237,10 +237,10 @@ class _Session:
         return out.strip().splitlines()[-1] if out.strip() else f"exit {code}"
 
     def _finish(self) -> None:
+        # On success no sweep is needed: when a node's session closes, its hang-up guard ends
+        # whatever of that node is still alive (e.g. orphaned dataloader workers).
         if self._teardown is not None:
             self._teardown.join()
-        else:  # success: one sweep makes sure nothing of the job stayed behind
-            self._teardown_all()
         r = self.result
         if r.interrupted:
             r.code = SIGINT_EXIT
