@@ -141,9 +141,11 @@ def test_sshd_down_starts_nothing(make_hostset, tmp_path):
 
 @pytest.mark.multihost
 def test_link_down_mid_run_detected(make_hostset, tmp_path):
+    """A partitioned node is detected and the rest torn down; the partitioned node, cut
+    off from the launcher's heartbeat, ends its own processes while still unreachable."""
     with make_hostset(2) as hs:
         spec = script_job([h.ip for h in hs.hosts], 1, "fail_or_sleep.py", ["-1", "0", "0"],
-                          str(tmp_path / "out"), hs=hs)
+                          str(tmp_path / "out"), hs=hs, hangup_after_s=6)
         proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         ready = 0
@@ -159,7 +161,12 @@ def test_link_down_mid_run_detected(make_hostset, tmp_path):
         assert re.search(rf"node1 {re.escape(hs.hosts[1].ip)}: connection lost", rest), rest
         assert re.search(r"^\[mlaunch\] 0\s+\S+\s+terminated by mlaunch", rest, re.M), rest
         assert job_pids(hs.hosts[0], set()) == set()
-        print(f"link-down detected and torn down in {detect:.1f}s")
+        deadline = time.monotonic() + 30
+        while job_pids(hs.hosts[1], set()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert job_pids(hs.hosts[1], set()) == set(), "the partitioned node kept running"
+        print(f"link down: detected and torn down in {detect:.1f}s; partitioned node ended itself "
+              f"{time.monotonic() - t0:.1f}s after the cut")
 
 
 @pytest.mark.multihost
@@ -269,3 +276,22 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
             other.send_signal(signal.SIGINT)
             other.communicate(timeout=60)
         assert other.returncode == 130
+
+
+def test_heartbeat_keeps_a_long_node_alive_local(tmp_path):
+    """A node quietly busy for longer than hangup_after_s is not mistaken for an orphan."""
+    spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "12"], str(tmp_path / "out"),
+                      hangup_after_s=5)
+    r = submit(tmp_path, spec)
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert "rank 0 exiting 0" in r.stdout
+
+
+@pytest.mark.multihost
+def test_heartbeat_keeps_a_long_node_alive_ssh(make_hostset, tmp_path):
+    with make_hostset(1) as hs:
+        spec = script_job([hs.hosts[0].ip], 1, "fail_or_sleep.py", ["0", "0", "12"],
+                          str(tmp_path / "out"), hs=hs, hangup_after_s=5)
+        r = submit(tmp_path, spec)
+        assert r.returncode == 0, r.stdout[-2000:]
+        assert "rank 0 exiting 0" in r.stdout

@@ -8,6 +8,7 @@ from ..errors import Problem
 from ..plan import LaunchPlan, NodePlan
 
 LOST = 255            # exit code reported for a node whose connection dropped
+HEARTBEAT_S = 5.0     # launcher -> node heartbeat period (the node waits hangup_after_s)
 TEARDOWN_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 
 
@@ -29,8 +30,11 @@ class Running(Protocol):
     def wait(self) -> Exit:
         """Block until the command has ended (call after read() returned b"")."""
 
+    def heartbeat(self) -> None:
+        """Tell the node's hang-up guard that the launcher is still there."""
+
     def close(self) -> None:
-        """Drop the session (on SSH this delivers SIGHUP through the pty)."""
+        """Drop the session: the node's hang-up guard then ends the node."""
 
 
 class Executor(Protocol):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .. import render
 from ..errors import UserError
 from ..plan import LaunchPlan, NodePlan
-from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running
+from .base import HEARTBEAT_S, LOST, TEARDOWN_GRACE, Executor, Exit, Running
 from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
 
 SIGINT_EXIT = 130
@@ -113,8 +113,17 @@ class _Session:
     def _start_all(self) -> None:
         with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
             started = list(pool.map(self._start, self.plan.nodes))
+        threading.Thread(target=self._heartbeats, daemon=True).start()
         if not all(started):
             self._begin_teardown()
+
+    def _heartbeats(self) -> None:
+        # Until every node has reported, keep each node's hang-up guard from firing.
+        while any(o.exit is None for o in self.outcomes):
+            for rank, running in list(self.running.items()):
+                if self.outcomes[rank].exit is None:
+                    running.heartbeat()
+            time.sleep(HEARTBEAT_S)
 
     def _start(self, node: NodePlan) -> bool:
         log = NodeLog(node.log_path, self.plan.mask)

@@ -25,6 +25,13 @@ class LocalRunning:
         # A signal death shows as -N; report it the way a shell would (128 + N).
         return Exit(128 - code if code < 0 else code)
 
+    def heartbeat(self) -> None:
+        try:
+            self._proc.stdin.write(b"x")
+            self._proc.stdin.flush()
+        except (OSError, ValueError):  # already exited or hung up
+            pass
+
     def close(self) -> None:
         self._hang_up()
 

@@ -52,6 +52,12 @@ class SSHRunning:
             return Exit(LOST, lost=True, detail="connection lost")
         return Exit(code)
 
+    def heartbeat(self) -> None:
+        try:
+            self._chan.sendall(b"x")
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
     def close(self) -> None:
         self._cut = True
         self._chan.close()

@@ -40,6 +40,8 @@ class Cluster(Strict):
     venv: str | None = Field(None, description="remote virtualenv; same as python: VENV/bin/python")
     workdir: str | None = None
     shared_dir: str | None = Field(None, description="storage every node sees at the same path")
+    hangup_after_s: float = Field(30.0, ge=5, le=3600, description=(
+        "a node whose launcher is silent this long (no heartbeat) ends its own processes"))
 
 
 class Finetuning(Strict):

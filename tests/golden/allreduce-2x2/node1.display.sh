@@ -8,9 +8,10 @@ export MLAUNCH_NODE_ID=GOLDEN.node1
 export PATH=/usr/bin:"$PATH"
 mkdir -p /tmp/mlaunch/.mlaunch/GOLDEN || exit 96
 echo $$ > /tmp/mlaunch/.mlaunch/GOLDEN/node1.pid
-# Hang-up guard: the launcher holds this session's stdin open. When it goes away (Ctrl-C,
-# crash, dropped connection) stdin closes and every process of this node is ended:
-# SIGTERM, a grace period, then SIGKILL. The job itself reads nothing from stdin.
+# Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
+# every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
+# 30s (a network partition the kernel has not noticed), every process of this
+# node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
 hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only processes whose environment carries it.
 match=MLAUNCH_NODE_ID=GOLDEN.node1
 job_pids() {
@@ -30,6 +31,7 @@ sleep 0.05
 echo "mlaunch-teardown: $(job_pids | wc -l) left"
 '
 exec 3<&0 </dev/null
-(cat <&3 >/dev/null 2>&1; exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+(while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
+ exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
 exec /usr/bin/torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --master-addr node1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch/.mlaunch/GOLDEN/torchrun/node1 /opt/mlaunch/examples/allreduce.py --size-mb 64

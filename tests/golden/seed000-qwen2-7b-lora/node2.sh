@@ -11,9 +11,10 @@ export PATH=/opt/conda/bin:"$PATH"
 mkdir -p /mnt/shared/work/.mlaunch/GOLDEN || exit 96
 cd /mnt/shared/work || exit 96
 echo $$ > /mnt/shared/work/.mlaunch/GOLDEN/node2.pid
-# Hang-up guard: the launcher holds this session's stdin open. When it goes away (Ctrl-C,
-# crash, dropped connection) stdin closes and every process of this node is ended:
-# SIGTERM, a grace period, then SIGKILL. The job itself reads nothing from stdin.
+# Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
+# every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
+# 30s (a network partition the kernel has not noticed), every process of this
+# node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
 hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node2 on this host: only processes whose environment carries it.
 match=MLAUNCH_NODE_ID=GOLDEN.node2
 job_pids() {
@@ -33,6 +34,7 @@ sleep 0.05
 echo "mlaunch-teardown: $(job_pids | wc -l) left"
 '
 exec 3<&0 </dev/null
-(cat <&3 >/dev/null 2>&1; exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+(while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
+ exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
 exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 2 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/GOLDEN/torchrun/node2 -m llamafactory.launcher /mnt/shared/work/.mlaunch/GOLDEN/llamafactory.yaml

@@ -10,9 +10,10 @@ export PATH=/opt/venvs/train/bin:"$PATH"
 mkdir -p /data/work/.mlaunch/GOLDEN || exit 96
 cd /data/work || exit 96
 echo $$ > /data/work/.mlaunch/GOLDEN/node0.pid
-# Hang-up guard: the launcher holds this session's stdin open. When it goes away (Ctrl-C,
-# crash, dropped connection) stdin closes and every process of this node is ended:
-# SIGTERM, a grace period, then SIGKILL. The job itself reads nothing from stdin.
+# Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
+# every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
+# 30s (a network partition the kernel has not noticed), every process of this
+# node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
 hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node0 on this host: only processes whose environment carries it.
 match=MLAUNCH_NODE_ID=GOLDEN.node0
 job_pids() {
@@ -32,6 +33,7 @@ sleep 0.05
 echo "mlaunch-teardown: $(job_pids | wc -l) left"
 '
 exec 3<&0 </dev/null
-(cat <&3 >/dev/null 2>&1; exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+(while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
+ exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
 exec /opt/venvs/train/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node0 -m llamafactory.launcher /data/work/.mlaunch/GOLDEN/llamafactory.yaml

@@ -10,9 +10,10 @@ export PATH=/opt/venvs/swift/bin:"$PATH"
 mkdir -p /data/work/.mlaunch/GOLDEN || exit 96
 cd /data/work || exit 96
 echo $$ > /data/work/.mlaunch/GOLDEN/node1.pid
-# Hang-up guard: the launcher holds this session's stdin open. When it goes away (Ctrl-C,
-# crash, dropped connection) stdin closes and every process of this node is ended:
-# SIGTERM, a grace period, then SIGKILL. The job itself reads nothing from stdin.
+# Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
+# every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
+# 30s (a network partition the kernel has not noticed), every process of this
+# node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
 hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only processes whose environment carries it.
 match=MLAUNCH_NODE_ID=GOLDEN.node1
 job_pids() {
@@ -32,6 +33,7 @@ sleep 0.05
 echo "mlaunch-teardown: $(job_pids | wc -l) left"
 '
 exec 3<&0 </dev/null
-(cat <&3 >/dev/null 2>&1; exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+(while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
+ exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
 exec /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 -m swift.cli.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --template qwen2_5 --dataset /data/work/data/alpaca_zh_demo.json /data/work/data/identity.json --max_length 2048 --tuner_type full --torch_dtype bfloat16 --bf16 true --fp16 false --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --learning_rate 1e-05 --lr_scheduler_type cosine --warmup_ratio 0.03 --num_train_epochs 3.0 --max_grad_norm 1.0 --gradient_checkpointing true --deepspeed /data/work/.mlaunch/GOLDEN/ds_config.json --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-full --check_model false

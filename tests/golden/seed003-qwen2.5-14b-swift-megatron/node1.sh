@@ -9,9 +9,10 @@ export PATH=/opt/venvs/swift/bin:"$PATH"
 mkdir -p /data/work/.mlaunch/GOLDEN || exit 96
 cd /data/work || exit 96
 echo $$ > /data/work/.mlaunch/GOLDEN/node1.pid
-# Hang-up guard: the launcher holds this session's stdin open. When it goes away (Ctrl-C,
-# crash, dropped connection) stdin closes and every process of this node is ended:
-# SIGTERM, a grace period, then SIGKILL. The job itself reads nothing from stdin.
+# Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
+# every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
+# 30s (a network partition the kernel has not noticed), every process of this
+# node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
 hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only processes whose environment carries it.
 match=MLAUNCH_NODE_ID=GOLDEN.node1
 job_pids() {
@@ -31,6 +32,7 @@ sleep 0.05
 echo "mlaunch-teardown: $(job_pids | wc -l) left"
 '
 exec 3<&0 </dev/null
-(cat <&3 >/dev/null 2>&1; exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+(while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
+ exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
 exec /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 -m swift.cli._megatron.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --dataset /data/work/data/alpaca_zh_demo.json --max_length 4096 --tuner_type lora --lora_rank 8 --lora_alpha 32 --lora_dropout 0.0 --target_modules all-linear --torch_dtype bfloat16 --bf16 true --fp16 false --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true --micro_batch_size 1 --global_batch_size 32 --lr 0.0001 --lr_decay_style cosine --lr_warmup_fraction 0.03 --num_train_epochs 1 --clip_grad 1.0 --recompute_granularity full --recompute_method uniform --recompute_num_layers 1 --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-megatron --check_model false
