@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line per problem and exit 2, no traceback."""
     try:
         cli.main(args=argv, prog_name="mlaunch", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        # Outside a running job (connecting, backing off before a restart): nothing to tear down.
+        click.echo("mlaunch: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         e.show()
