@@ -40,13 +40,13 @@ sps() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['train_s
 for i in $(seq "$RUNS"); do
   rm -rf "$W/out-lora"; t0=$(date +%s.%N)
   python3 -m launcher.cli submit "$W/lora.yaml" > "$OUT/mlaunch-$i.log" 2>&1; rc=$?
-  echo "mlaunch run $i rc=$rc wall=$(echo "$(date +%s.%N) - $t0" | bc) samples/s=$(sps "$W/out-lora")" | tee -a "$OUT/summary.txt"
+  echo "mlaunch run $i rc=$rc wall=$(python3 -c "import time; print(round(time.time() - $t0, 1))") samples/s=$(sps "$W/out-lora")" | tee -a "$OUT/summary.txt"
   rm -rf "$W/out-lora"; t0=$(date +%s.%N)
   "$BIN/torchrun" --nproc-per-node 2 -m llamafactory.launcher "$W/hand/llamafactory.yaml" > "$OUT/hand-$i.log" 2>&1; rc=$?
-  echo "by-hand run $i rc=$rc wall=$(echo "$(date +%s.%N) - $t0" | bc) samples/s=$(sps "$W/out-lora")" | tee -a "$OUT/summary.txt"
+  echo "by-hand run $i rc=$rc wall=$(python3 -c "import time; print(round(time.time() - $t0, 1))") samples/s=$(sps "$W/out-lora")" | tee -a "$OUT/summary.txt"
 done
 t0=$(date +%s.%N)
 python3 -m launcher.cli submit "$W/z3.yaml" > "$OUT/zero3.log" 2>&1; rc=$?
-echo "zero3 full rc=$rc wall=$(echo "$(date +%s.%N) - $t0" | bc) samples/s=$(sps "$W/out-z3")" | tee -a "$OUT/summary.txt"
+echo "zero3 full rc=$rc wall=$(python3 -c "import time; print(round(time.time() - $t0, 1))") samples/s=$(sps "$W/out-z3")" | tee -a "$OUT/summary.txt"
 cp "$W/hand/ds_config.json" "$OUT/" 2>/dev/null; python3 -m launcher.cli render "$W/z3.yaml" --out "$OUT/z3-rendered" >/dev/null
 grep -h "Error\|error:" "$OUT"/*.log | sort | uniq -c | sort -rn | head -10
