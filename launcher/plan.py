@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from . import render
 from .spec import SECRET_NAME, JobBase
-from .spec.rules import LOOPBACK
+from .spec.rules import LOOPBACK, node_devices
 from .trainers import TRAINERS, RenderedFile, RunContext
 
 # Defaults learned the hard way; a user's cluster.env overrides them.
@@ -68,7 +68,7 @@ def new_run_id(name: str) -> str:
 
 def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
                resume_from: str | None = None, overwrite: bool = False,
-               attempt: int = 0) -> LaunchPlan:
+               attempt: int = 0, transformers: str | None = None) -> LaunchPlan:
     """Turn a validated job into the per-node commands and the files they read.
 
     Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
@@ -79,7 +79,8 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     local = all(LOOPBACK.match(h) for h in c.hosts)
     run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
-    run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite)
+    run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
+                     transformers=transformers)
     trainer = TRAINERS[job.trainer]
     log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
     argv_tail = tuple(trainer.entry(job, run))
@@ -119,8 +120,9 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
     node_id = f"{run.run_id}.node{rank}"
     env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
            "MLAUNCH_NODE_ID": node_id}
-    if c.cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, c.cuda_visible_devices))
+    devices = node_devices(c, rank)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
     hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
     ctx = dict(run_id=run.run_id, rank=rank, nnodes=len(c.hosts), host=host, bindir=bindir,

@@ -40,13 +40,13 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
     printer = Printer(plan.mask, out or sys.stdout)
     executor = _connect(plan)
     try:
-        if opts.preflight:
-            _preflight(plan, executor, printer)
+        versions = _preflight(plan, executor, printer) if opts.preflight else {}
         master = _Master(plan, executor)
         resume_from = _starting_point(job, master, opts, printer)
         master.lock(printer)
         try:
-            return _attempts(job, plan, executor, printer, opts, master, resume_from)
+            return _attempts(job, plan, executor, printer, opts, master, resume_from,
+                             versions.get("transformers"))
         finally:
             master.unlock()
     finally:
@@ -62,14 +62,18 @@ def _connect(plan: LaunchPlan):
     return executor
 
 
-def _preflight(plan: LaunchPlan, executor, printer: Printer) -> None:
-    """The fast checks; a failure stops the launch before anything starts."""
+def _preflight(plan: LaunchPlan, executor, printer: Printer) -> dict[str, str]:
+    """The fast checks; a failure stops the launch before anything starts.
+
+    Returns the versions the nodes run, which decide some rendered trainer arguments.
+    """
     from .preflight import run_checks
     report = run_checks(plan, executor, fast_only=True, printer=printer)
     if not report.ok:
         for line in report.table(color=printer.color).splitlines():
             printer.say(line)
         raise UserError("preflight failed (table above); fix it, or skip with --no-preflight")
+    return report.stack
 
 
 def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
@@ -99,7 +103,7 @@ def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
     return None
 
 
-def _attempts(job, plan, executor, printer, opts, master, resume_from) -> int:
+def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers) -> int:
     """The first launch and up to max_restarts relaunches, each resuming from a checkpoint."""
     limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
     history: list[tuple[int, JobResult, str | None]] = []
@@ -107,7 +111,7 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from) -> int:
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from, overwrite=opts.overwrite or bool(history),
-                          attempt=attempt)
+                          attempt=attempt, transformers=transformers)
         result = run_job(plan, executor, printer, connected=True)
         for line in describe_result(plan, result).splitlines():
             printer.say(line)

@@ -4,6 +4,7 @@ A new trainer adds a spec model in spec/models.py and one class here (ms-swift: 
 """
 from __future__ import annotations
 
+import math
 import posixpath
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +30,7 @@ class RunContext:
     run_dir: str
     resume_from: str | None = None
     overwrite: bool = False
+    transformers: str | None = None   # the nodes' version, when preflight probed it
 
 
 class Trainer(Protocol):
@@ -55,7 +57,8 @@ class LlamaFactory:
     def files(self, job: LlamaFactoryJob, run: RunContext) -> list[RenderedFile]:
         ds_path = posixpath.join(run.run_dir, "ds_config.json") if job.deepspeed else None
         out = [RenderedFile(self._yaml_path(run), render.llamafactory_yaml(
-            job, run.run_id, ds_path, run.resume_from, run.overwrite))]
+            job, run.run_id, ds_path, run.resume_from, run.overwrite,
+            warmup=warmup_arg(job.training, run.transformers)))]
         if ds_path:
             nodes, gpus = world(job)
             out.append(RenderedFile(ds_path, render.ds_config(job, global_batch(job, nodes, gpus))))
@@ -92,7 +95,8 @@ class Swift:
     `swift sft` / `megatron sft` would re-launch themselves under torchrun from NNODES,
     NODE_RANK, ... in the environment; mlaunch owns that command line, so the modules they
     exec are started directly: swift.cli.sft (HF Trainer) or swift.cli._megatron.sft.
-    The arguments come from templates/swift_args.j2, one per line.
+    The arguments come from templates/swift_args.j2, one per line. Unlike LLaMA-Factory,
+    ms-swift declares warmup_ratio itself and maps it onto any transformers version.
     """
 
     resumable = True
@@ -127,6 +131,45 @@ class Swift:
     @staticmethod
     def _ds_path(run: RunContext) -> str:
         return posixpath.join(run.run_dir, "ds_config.json")
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """The warmup argument as the nodes' transformers reads it."""
+
+    key: str            # warmup_steps or warmup_ratio
+    value: int | float
+    note: str | None = None
+
+
+def warmup_arg(tr, transformers: str | None) -> Warmup | None:
+    """warmup_ratio / warmup_steps in the form the installed transformers accepts.
+
+    transformers 5 deprecated warmup_ratio (removed in 5.2) and reads a warmup_steps
+    below 1 as a ratio; 4.x has no such reading. With max_steps the ratio becomes the
+    step count both compute from it (ceil), so the key is the same everywhere; with
+    epochs only the nodes' version decides, which preflight reports before launch.
+    """
+    if tr.warmup_steps is not None:
+        return Warmup("warmup_steps", tr.warmup_steps)
+    if tr.warmup_ratio is None:
+        return None
+    if tr.max_steps:
+        return Warmup("warmup_steps", math.ceil(tr.warmup_ratio * tr.max_steps),
+                      f"warmup_ratio {tr.warmup_ratio:g} of max_steps {tr.max_steps}")
+    if transformers is None:
+        return Warmup("warmup_ratio", tr.warmup_ratio,
+                      "transformers version not probed (dry run or --no-preflight): rendered for "
+                      "4.x; transformers 5 rejects this key; submit's preflight picks the right one")
+    if _major(transformers) >= 5:
+        return Warmup("warmup_steps", tr.warmup_ratio,
+                      f"transformers {transformers} reads a warmup_steps below 1 as a ratio")
+    return Warmup("warmup_ratio", tr.warmup_ratio)
+
+
+def _major(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 def _names(value: str | list[str]) -> list[str]:

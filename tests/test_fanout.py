@@ -189,6 +189,17 @@ def test_local_executor_allreduce(tmp_path):
     check_allreduce(r, 2, 1, out)
 
 
+def test_two_nodes_on_one_host(tmp_path):
+    """Two node ranks on localhost, each with its own devices: a real two-node rendezvous."""
+    out = str(tmp_path / "out")
+    spec = script_job(["localhost", "localhost"], 1, "allreduce.py", [], out,
+                      cuda_visible_devices=[[0], [1]])
+    r = submit(tmp_path, spec)
+    check_allreduce(r, 2, 2, out)
+    seen = re.findall(r"rank \d/2 node (\d) sum 1 expected 1 devices (\S+)", r.stdout)
+    assert sorted(seen) == [("0", "0"), ("1", "1")], r.stdout[-2000:]
+
+
 @pytest.mark.multihost
 def test_launcher_killed_leaves_no_orphans(make_hostset, tmp_path):
     """SIGKILL to mlaunch (no teardown possible): each node's hang-up guard ends the node."""

@@ -58,7 +58,10 @@ CASES = [
     ("cluster.master_addr", "127.0.0.1", "cluster.master_addr: 127.0.0.1 is loopback"),
     ("cluster.env", {"MASTER_PORT": "29501"}, "cluster.env.MASTER_PORT: set by mlaunch from cluster.master_port"),
     ("cluster.env", {"BAD-NAME": "1"}, "cluster.env.BAD-NAME: not a valid environment variable name"),
-    ("cluster.hosts", ["a", "a"], "cluster.hosts: a listed twice"),
+    ("cluster.hosts", ["a", "a"], "cluster.hosts: a listed 2 times: nodes on one host need their own GPUs"),
+    ("cluster.cuda_visible_devices", [[0, 1, 2, 3]], "cluster.cuda_visible_devices: 1 device lists for 4 hosts"),
+    ("cluster.cuda_visible_devices", [[0, 1, 2, 3]] * 3 + [[0]],
+     "cluster.cuda_visible_devices[3]: 1 devices listed but gpus_per_node is 4"),
     ("cluster.venv", "/opt/v", "cluster.venv: give either python or venv, not both"),
     ("deepspeed", {"stage": 2, "offload_param": "cpu"}, "deepspeed.offload_param: parameter offload exists only in ZeRO-3"),
     ("deepspeed", {"stage": 0, "offload_optimizer": "cpu"}, "deepspeed.offload_optimizer: cpu offload needs ZeRO stage 1, 2 or 3"),
@@ -80,6 +83,29 @@ CASES = [
 def test_each_mistake_has_its_line(path, value, expected):
     lines = problems(mutate(path, value))
     assert any(line.startswith(expected) for line in lines), lines
+
+
+def two_nodes_one_host(devices):
+    data = mutate("cluster.hosts", ["localhost", "localhost"])
+    data["cluster"].pop("master_addr", None)
+    data["cluster"]["gpus_per_node"] = 1
+    data["cluster"]["cuda_visible_devices"] = devices
+    data["batch"] = {"per_device": 2, "grad_accum": 1}
+    return data
+
+
+def test_two_nodes_on_one_host_with_their_own_gpus():
+    from launcher.plan import build_plan
+    plan = build_plan(validate(two_nodes_one_host([[0], [1]])), run_id="r")
+    assert [dict(n.env)["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["0", "1"]
+    assert [n.argv[n.argv.index("--node-rank") + 1] for n in plan.nodes] == ["0", "1"]
+    assert len({n.pidfile for n in plan.nodes}) == len({n.log_path for n in plan.nodes}) == 2
+
+
+def test_two_nodes_on_one_host_sharing_a_gpu_is_refused():
+    lines = problems(two_nodes_one_host([[0], [0]]))
+    assert lines == ["cluster.cuda_visible_devices[1]: GPU 0 on localhost is also node 0's; "
+                     "nodes on one host must use disjoint GPUs"], lines
 
 
 def test_zero2_without_offload_is_valid():

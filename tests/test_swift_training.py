@@ -14,21 +14,11 @@ import threading
 
 import pytest
 
-from .helpers import ROOT, free_port
-from .training import kill_worker_when, submit_timed, build_tiny, losses, require_trainer
+from .helpers import free_port
+from .training import (SWIFT_PYTHON, build_tiny, kill_worker_when, losses, require_swift,
+                       require_trainer, submit_timed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
-
-SWIFT_VENV = os.environ.get("MLAUNCH_SWIFT_VENV", os.path.join(ROOT, ".venvs", "swift"))
-SWIFT_PYTHON = os.path.join(SWIFT_VENV, "bin", "python")
-
-
-def require_swift() -> str:
-    if not os.access(SWIFT_PYTHON, os.X_OK):
-        pytest.skip(f"no ms-swift venv at {SWIFT_VENV}: run "
-                    "`bash tests/env/make_swift_venv.sh .venvs/swift`")
-    return SWIFT_PYTHON
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -21,6 +21,18 @@ def require_trainer() -> str:
     return TRAINER_PYTHON
 
 
+SWIFT_VENV = os.environ.get("MLAUNCH_SWIFT_VENV", os.path.join(ROOT, ".venvs", "swift"))
+SWIFT_PYTHON = os.path.join(SWIFT_VENV, "bin", "python")
+
+
+def require_swift() -> str:
+    """The ms-swift venv's python, or skip with the command that builds it."""
+    if not os.access(SWIFT_PYTHON, os.X_OK):
+        pytest.skip(f"no ms-swift venv at {SWIFT_VENV}: run "
+                    "`bash tests/env/make_swift_venv.sh .venvs/swift` (.ci/run does)")
+    return SWIFT_PYTHON
+
+
 def build_tiny(dest: str) -> dict:
     """Build the tiny model and dataset with the trainer venv (it has transformers)."""
     out = subprocess.run([require_trainer(), os.path.join(ROOT, "tests", "tinymodel.py"), dest],

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..spec.rules import node_devices
 from .probe import Ctx
 from .report import CheckResult
 
@@ -41,10 +42,11 @@ def _num(text: str) -> float:
         return 0.0   # "[N/A]" on some boards
 
 
-def wanted(ctx: Ctx) -> list[int]:
-    """GPU indices the job's ranks will use on every node."""
+def wanted(ctx: Ctx, rank: int) -> list[int]:
+    """GPU indices the job's ranks will use on node `rank`."""
     c = ctx.job.cluster
-    return list(c.cuda_visible_devices) if c.cuda_visible_devices is not None else list(range(c.gpus_per_node))
+    mine = node_devices(c, rank)
+    return mine if mine is not None else list(range(c.gpus_per_node))
 
 
 def check(ctx: Ctx, facts: dict) -> list[CheckResult]:
@@ -64,13 +66,13 @@ def check(ctx: Ctx, facts: dict) -> list[CheckResult]:
             why = g.get("error") or "no nvidia-smi (CPU-only node?)"
             out.append(CheckResult("gpu", r, host, "skip", why))
             continue
-        problem = _problem(ctx, host, g, gpus.get(r, []), ref)
+        problem = _problem(ctx, r, host, g, gpus.get(r, []), ref)
         status, detail, fix = ("fail", *problem) if problem else ("pass", _summary(gpus[r]), None)
         out.append(CheckResult("gpu", r, host, status, detail, fix))
     return out
 
 
-def _problem(ctx: Ctx, host: str, g: dict, rows: list[dict], ref) -> tuple[str, str] | None:
+def _problem(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict], ref) -> tuple[str, str] | None:
     """(detail, fix) of the first thing wrong with this node's GPUs, or None."""
     if g.get("code") != 0 or not rows:
         first = (g.get("gpus") or "").strip().splitlines()[:1]
@@ -78,22 +80,23 @@ def _problem(ctx: Ctx, host: str, g: dict, rows: list[dict], ref) -> tuple[str, 
                 f"fix the NVIDIA driver on {host} (nvidia-smi; dmesg | grep -i nvrm), "
                 "then reboot if it was updated")
     have = {x["index"] for x in rows}
-    missing = [i for i in wanted(ctx) if i not in have]
+    use = wanted(ctx, rank)
+    missing = [i for i in use if i not in have]
     if missing:
-        return (f"sees {len(rows)} GPU(s), the job uses {len(wanted(ctx))} "
+        return (f"sees {len(rows)} GPU(s), the job uses {len(use)} "
                 f"(missing index {', '.join(map(str, missing))})",
                 f"set cluster.gpus_per_node to at most {len(rows)} or cluster.cuda_visible_devices "
                 "to GPUs that exist")
     if ref and rows[0]["driver"] != ref[1]:
         return (f"driver {rows[0]['driver']} here, {ref[1]} on node{ref[0]}",
                 f"install NVIDIA driver {ref[1]} on {host} (as on node{ref[0]}), then reboot")
-    return _busy(ctx, host, g, rows)
+    return _busy(ctx, rank, host, g, rows)
 
 
-def _busy(ctx: Ctx, host: str, g: dict, rows: list[dict]) -> tuple[str, str] | None:
+def _busy(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict]) -> tuple[str, str] | None:
     """(detail, fix) when another process holds memory on a GPU the job uses, or None."""
     by_uuid = {x["uuid"]: x["index"] for x in rows}
-    use = set(wanted(ctx))
+    use = set(wanted(ctx, rank))
     apps = [a for a in parse_apps(g.get("apps", "")) if by_uuid.get(a["uuid"]) in use]
     if apps:
         a = apps[0]

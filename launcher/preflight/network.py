@@ -126,8 +126,8 @@ def _hostname_one(ctx: Ctx, r: int, h: dict, mesh: dict) -> CheckResult:
     host, name = ctx.nodes[r].host, h["hostname"]
     mine = _own_address(ctx, r, h)
     add = f"add `{mine} {name}` to /etc/hosts on every node"
-    if len(ctx.nodes) == 1:
-        return CheckResult("network/hostname", r, host, "pass", f"{name}: single node, loopback is fine")
+    if len({n.host for n in ctx.nodes}) == 1:
+        return CheckResult("network/hostname", r, host, "pass", f"{name}: one host, loopback is fine")
     if h.get("error"):
         return CheckResult("network/hostname", r, host, "fail", f"{name} does not resolve: {h['error']}", add)
     addr = h["addrs"][0]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 Status = Literal["pass", "fail", "skip"]
@@ -38,6 +38,7 @@ class Report:
 
     results: tuple[CheckResult, ...]
     seconds: float
+    stack: dict = field(default_factory=dict)   # majority versions: torch, transformers, ...
 
     @property
     def ok(self) -> bool:

@@ -11,7 +11,7 @@ from collections import Counter
 from .probe import Ctx
 from .report import CheckResult
 
-FIELDS = ("torch", "cuda", "nccl", "trainer")
+FIELDS = ("torch", "cuda", "nccl", "trainer", "transformers")
 
 
 def stack(f: dict) -> dict[str, str] | None:
@@ -23,7 +23,16 @@ def stack(f: dict) -> dict[str, str] | None:
     out = {"torch": t["version"], "cuda": t.get("cuda") or "none", "nccl": t.get("nccl") or "none"}
     if tr.get("name"):
         out["trainer"] = f"{tr['name']} {tr.get('version') or 'missing'}"
+    if tr.get("transformers"):
+        out["transformers"] = tr["transformers"]
     return out
+
+
+def majority_stack(ctx: Ctx, facts: dict) -> dict[str, str]:
+    """The versions most nodes run (what the plan renders for); {} when none reported."""
+    stacks = {r: s for r in ctx.live if isinstance(facts.get(r), dict) and (s := stack(facts[r]))}
+    ref = reference(stacks)
+    return dict(ref[1]) if ref else {}
 
 
 def reference(values: dict[int, dict]) -> tuple[int, dict] | None:
@@ -135,5 +144,7 @@ def _version_fix(ctx: Ctx, diff: list[str], want: dict, ref_rank: int) -> str:
     if "trainer" in diff:
         name, _, version = want["trainer"].partition(" ")
         return f"{py} -m pip install '{name}=={version}'  (to match node{ref_rank})"
+    if "transformers" in diff:
+        return f"{py} -m pip install 'transformers=={want['transformers']}'  (to match node{ref_rank})"
     return (f"install NCCL {want['nccl']} as on node{ref_rank} "
             f"(for pip wheels: {py} -m pip install 'nvidia-nccl-cu12=={want['nccl']}')")

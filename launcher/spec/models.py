@@ -31,7 +31,8 @@ class Cluster(Strict):
     hosts: list[str] | None = Field(None, description="node 0 first; or use hostfile")
     hostfile: str | None = Field(None, description="DeepSpeed format: `host slots=N` per line")
     gpus_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node")
-    cuda_visible_devices: list[int] | None = None
+    cuda_visible_devices: list[int] | list[list[int]] | None = Field(None, description=(
+        "GPU indices every node uses, or one list per node: [[0], [1]] runs two nodes on one host"))
     master_addr: str | None = Field(None, description="defaults to the first host")
     master_port: int = Field(29500, ge=1024, le=65535)
     ssh: SSH = SSH()

@@ -70,16 +70,7 @@ def check_cluster(c: Cluster) -> list[Problem]:
     for i, h in enumerate(c.hosts):
         if not HOST_RE.match(h):
             p.append(Problem(f"cluster.hosts[{i}]", f"{h!r} is not a host name or address"))
-    dupes = sorted({h for h in c.hosts if c.hosts.count(h) > 1})
-    if dupes:
-        p.append(Problem("cluster.hosts", f"{', '.join(dupes)} listed twice; each node is one host"))
-    if c.gpus_per_node is None:
-        p.append(Problem("cluster.gpus_per_node", "required (or give slots=N in the hostfile)"))
-    if c.cuda_visible_devices is not None and c.gpus_per_node is not None:
-        if len(c.cuda_visible_devices) != c.gpus_per_node:
-            p.append(Problem("cluster.cuda_visible_devices",
-                             f"{len(c.cuda_visible_devices)} devices listed but gpus_per_node is "
-                             f"{c.gpus_per_node}; list exactly one device per process"))
+    p += _check_devices(c)
     p += _check_master(c)
     if c.python and c.venv:
         p.append(Problem("cluster.venv", "give either python or venv, not both"))
@@ -92,13 +83,54 @@ def check_cluster(c: Cluster) -> list[Problem]:
     return p
 
 
+def node_devices(c: Cluster, rank: int) -> list[int] | None:
+    """The GPU indices node `rank` uses (its CUDA_VISIBLE_DEVICES), None for all of them."""
+    devs = c.cuda_visible_devices
+    if devs is None or not devs:
+        return list(devs) if devs is not None else None
+    return list(devs[rank]) if isinstance(devs[0], list) else list(devs)
+
+
+def _check_devices(c: Cluster) -> list[Problem]:
+    """One device per process, and a host listed twice only when its nodes own disjoint GPUs."""
+    p: list[Problem] = []
+    devs, hosts = c.cuda_visible_devices, c.hosts or []
+    per_node = bool(devs) and isinstance(devs[0], list)
+    if per_node and len(devs) != len(hosts):
+        return [Problem("cluster.cuda_visible_devices",
+                        f"{len(devs)} device lists for {len(hosts)} hosts; give one list per node")]
+    if devs is not None and c.gpus_per_node is not None:
+        for rank in range(len(hosts) if per_node else 1):
+            mine = node_devices(c, rank)
+            where = f"cluster.cuda_visible_devices[{rank}]" if per_node else "cluster.cuda_visible_devices"
+            if len(mine) != c.gpus_per_node:
+                p.append(Problem(where, f"{len(mine)} devices listed but gpus_per_node is "
+                                 f"{c.gpus_per_node}; list exactly one device per process"))
+    for host in sorted({h for h in hosts if hosts.count(h) > 1}):
+        ranks = [r for r, h in enumerate(hosts) if h == host]
+        if not per_node:
+            p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on one host "
+                             "need their own GPUs; give cuda_visible_devices one list per node, "
+                             "e.g. [[0], [1]]"))
+            continue
+        seen: dict[int, int] = {}
+        for r in ranks:
+            for d in node_devices(c, r):
+                if d in seen:
+                    p.append(Problem(f"cluster.cuda_visible_devices[{r}]",
+                                     f"GPU {d} on {host} is also node {seen[d]}'s; nodes on one "
+                                     "host must use disjoint GPUs"))
+                seen.setdefault(d, r)
+    return p
+
+
 def _check_master(c: Cluster) -> list[Problem]:
     """Node rank 0 hosts the rendezvous store, so master_addr must be it and be reachable."""
     hosts = c.hosts or []
     m = c.master_addr
     if m is None:
         return []
-    if m in hosts[1:]:
+    if m != hosts[0] and m in hosts[1:]:
         return [Problem("cluster.master_addr",
                         f"{m} is hosts[{hosts.index(m)}], but node rank 0 ({hosts[0]}) runs the "
                         "rendezvous; list the master first or omit master_addr")]
