@@ -43,14 +43,14 @@ W = "/tmp/gpu-proof"
 class Setup:
     """What differs between the GPU proof and its CPU rehearsal."""
 
-    def __init__(self, cpu: bool):
+    def __init__(self, cpu: bool, per_device: int = 8):
         self.cpu = cpu
         self.python = os.path.join(ROOT, ".venvs/trainer/bin/python") if cpu else sys.executable
         self.bin = os.path.dirname(self.python)
         env = {**NO_MULTICAST, "DISABLE_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         self.env = {**env, "OMP_NUM_THREADS": "1"} if cpu else env
-        self.per_device, self.cutoff = (2, 64) if cpu else (8, 1024)
+        self.per_device, self.cutoff = (2, 64) if cpu else (per_device, 1024)
         self.precision = "fp32" if cpu else "bf16"
         self.mbs = (4, 16) if cpu else (64, 4096)
 
@@ -313,6 +313,7 @@ def main() -> None:
     ap.add_argument("--check-runs", type=int, default=3)
     ap.add_argument("--nodes2-runs", type=int, default=1)
     ap.add_argument("--lora-steps", type=int, default=150)
+    ap.add_argument("--per-device", type=int, default=8, help="per-GPU batch of the LoRA jobs")
     ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--summarize", nargs="+")
@@ -326,7 +327,7 @@ def main() -> None:
         install(a.wheels)
     os.environ.update(NO_MULTICAST)
     os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-    s = Setup(a.cpu)
+    s = Setup(a.cpu, a.per_device)
     steps = 12 if a.cpu else a.lora_steps
     parts = {"check": lambda: part_check(s, a.out, a.check_runs),
              "lora": lambda: part_lora(s, a.out, a.runs, steps),
