@@ -400,6 +400,22 @@ def test_gpu_parsing_and_verdicts():
     assert broken.status == "fail" and broken.detail.startswith("nvidia-smi failed: NVIDIA-SMI has failed")
 
 
+def test_transformers_differs_on_one_node():
+    """The rendered trainer arguments follow the nodes' transformers: they must agree."""
+    ctx = ctx_for(["a", "b", "c"])
+    base = {"python": {"version": "3.11.7", "exe": "/venv/bin/python"},
+            "torch": {"version": "2.13.0+cpu", "cuda": None, "nccl": "none"},
+            "torchrun": {"wanted": "/venv/bin/torchrun", "ok": True}}
+    four = {**base, "trainer": {"name": "llamafactory", "version": "0.9.5", "transformers": "4.57.6"}}
+    five = {**base, "trainer": {"name": "llamafactory", "version": "0.9.5", "transformers": "5.17.0"}}
+    facts = {0: four, 1: four, 2: five}
+    rows = {r.node: r for r in software.check_versions(ctx, facts)}
+    assert rows[0].status == rows[1].status == "pass"
+    assert rows[2].detail == "transformers 5.17.0 here, 4.57.6 on node0"
+    assert rows[2].fix == "/venv/bin/python -m pip install 'transformers==4.57.6'  (to match node0)"
+    assert software.majority_stack(ctx, facts)["transformers"] == "4.57.6"
+
+
 def test_versions_majority_and_pip_fix():
     ctx = ctx_for(["a", "b", "c"])
     stack = {"python": {"version": "3.11.7", "exe": "/venv/bin/python"},
