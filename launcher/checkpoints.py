@@ -23,7 +23,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 VERSION_RE = re.compile(r"^v(\d+)-")
@@ -48,13 +48,16 @@ class Discovery:
     step: int | None
     skipped: tuple[Skipped, ...]
     found_any: bool
+    # "name@mtime" of every candidate seen: a restart of a fresh (--overwrite) launch
+    # passes them back as `ignore`, so it never resumes from an older run's checkpoint.
+    stamps: tuple[str, ...] = field(default=(), compare=False)
 
     def to_json(self) -> str:
         """Serialise to the JSON object the script mode prints."""
         return json.dumps({
             "latest": self.latest, "step": self.step, "found_any": self.found_any,
             "skipped": [{"path": s.path, "name": s.name, "reason": s.reason}
-                        for s in self.skipped]})
+                        for s in self.skipped], "stamps": list(self.stamps)})
 
     @classmethod
     def from_json(cls, text: str) -> "Discovery":
@@ -62,7 +65,8 @@ class Discovery:
         d = json.loads(text)
         skipped = tuple(Skipped(s["path"], s["name"], s["reason"])
                         for s in d.get("skipped", []))
-        return cls(d.get("latest"), d.get("step"), skipped, bool(d.get("found_any")))
+        return cls(d.get("latest"), d.get("step"), skipped, bool(d.get("found_any")),
+                   tuple(d.get("stamps", ())))
 
     def explain(self) -> list[str]:
         """One human line per skipped checkpoint, saying what is used instead."""
@@ -211,21 +215,38 @@ def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
     return weights
 
 
+def _stamp(output_dir: str, name: str) -> str:
+    """name@mtime of the checkpoint's trainer_state.json (else of its dir): changes on re-save."""
+    path = os.path.join(output_dir, *name.split("/"))
+    for p in (os.path.join(path, "trainer_state.json"), path):
+        try:
+            return "%s@%d" % (name, os.stat(p).st_mtime_ns)
+        except OSError:
+            pass
+    return name
+
+
 def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
-                         dp_size: int | None = None) -> Discovery:
-    """Scan output_dir; return the newest complete checkpoint and the newer ones skipped."""
+                         dp_size: int | None = None, ignore: frozenset = frozenset()) -> Discovery:
+    """Scan output_dir; return the newest complete checkpoint and the newer ones skipped.
+
+    ignore: stamps (see Discovery.stamps) of checkpoints that must not be used.
+    """
     cands = _candidates(output_dir)
+    stamps = tuple(_stamp(output_dir, name) for _, _, name in cands)
     skipped = []
-    for step, _version, name in cands:
+    for (step, _version, name), stamp in zip(cands, stamps):
+        if stamp in ignore:
+            continue
         path = os.path.join(output_dir, *name.split("/"))
         if _outside(output_dir, path):
             reason = "symlink to %s outside output_dir (not followed)" % os.path.realpath(path)
         else:
             reason = check_checkpoint(path, step, deepspeed=deepspeed, dp_size=dp_size)
         if reason is None:
-            return Discovery(path, step, tuple(skipped), True)
+            return Discovery(path, step, tuple(skipped), True, stamps)
         skipped.append(Skipped(path, name, reason))
-    return Discovery(None, None, tuple(skipped), bool(cands))
+    return Discovery(None, None, tuple(skipped), bool(cands), stamps)
 
 
 def has_checkpoints(output_dir: str) -> bool:
@@ -241,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="also require the DeepSpeed global_step<N>/ engine state")
     ap.add_argument("--dp-size", type=int, default=None,
                     help="data-parallel world size: optimizer shards required")
+    ap.add_argument("--ignore-json", default="[]",
+                    help="JSON list of stamps (from an earlier scan) not to use")
     args = ap.parse_args(argv)
     found = find_latest_complete(args.output_dir, deepspeed=args.deepspeed,
-                                 dp_size=args.dp_size)
+                                 dp_size=args.dp_size,
+                                 ignore=frozenset(json.loads(args.ignore_json)))
     print(found.to_json())
     return 0
 

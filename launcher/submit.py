@@ -1,6 +1,7 @@
 """`mlaunch submit`: connect, check, guard output_dir, run, and restart from checkpoints."""
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import socket
@@ -42,7 +43,10 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
     try:
         versions = _preflight(plan, executor, printer) if opts.preflight else {}
         master = _Master(plan, executor)
-        resume_from = _starting_point(job, master, opts, printer)
+        resume_from, before = _starting_point(job, master, opts, printer)
+        # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
+        # from checkpoints this launch wrote, never from an older run's left in output_dir.
+        master.ignore = () if resume_from else before
         master.lock(printer)
         try:
             return _attempts(job, plan, executor, printer, opts, master, resume_from,
@@ -77,30 +81,31 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer) -> dict[str, str]:
 
 
 def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
-                    printer: Printer) -> str | None:
-    """The checkpoint to resume from, or None for a fresh start; refuses to clobber."""
+                    printer: Printer) -> tuple[str | None, tuple[str, ...]]:
+    """The checkpoint to resume from (None: fresh start) and the stamps of every checkpoint
+    already in output_dir; refuses to clobber."""
     if not TRAINERS[job.trainer].resumable:
         if opts.resume:
             raise UserError(f"--resume needs a trainer that writes checkpoints; trainer "
                             f"{job.trainer} does not")
-        return None
+        return None, ()
     found = master.discover()
     for line in found.explain():
         printer.say(line)
     if opts.resume:
         if found.latest:
             printer.say(f"resuming from {found.latest}")
-            return found.latest
+            return found.latest, found.stamps
         if opts.resume == "auto":
             printer.say(f"no complete checkpoint in {job.output_dir}: starting fresh (--resume=auto)")
-            return None
+            return None, found.stamps
         raise UserError(f"no complete checkpoint in {job.output_dir} to resume from; "
                         "start fresh with --resume=auto or --overwrite")
     if found.found_any and not opts.overwrite:
         latest = f" (latest complete: {found.latest})" if found.latest else ""
         raise UserError(f"{job.output_dir} already holds checkpoints{latest}; continue with "
                         "--resume, or start over with --overwrite")
-    return None
+    return None, found.stamps
 
 
 def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers) -> int:
@@ -147,16 +152,18 @@ class _Master:
         bindir = remote_bin(plan.job)
         self.python = posixpath.join(bindir, "python") if bindir else "python3"
         self._beat: threading.Event | None = None
+        self.ignore: tuple[str, ...] = ()   # checkpoint stamps a restart must not resume from
 
     def discover(self) -> checkpoints.Discovery:
         job = self.plan.job
         args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
+        if self.ignore:
+            args += ["--ignore-json", json.dumps(list(self.ignore))]
         return checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
 
     def lock(self, printer: Printer) -> None:
         if not self.output_dir:
             return
-        import json
         got = json.loads(self._run(outdir.__file__, ["lock", self.output_dir, socket.gethostname(),
                                                      str(os.getpid()), self.plan.run_id]))
         if not got["ok"]:

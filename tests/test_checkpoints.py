@@ -275,3 +275,32 @@ def test_script_mode_exit_zero_when_none_complete(tmp_path, setup):
     out = run_script(target)
     assert out["latest"] is None and out["step"] is None
     assert out["found_any"] == (setup == "incomplete")
+
+
+def test_ignore_checkpoints_of_an_earlier_run(tmp_path):
+    """After --overwrite a restart must not resume from the older run's higher checkpoint."""
+    make_ckpt(tmp_path, "checkpoint-100", 100)
+    before = find_latest_complete(str(tmp_path))
+    assert before.latest.endswith("checkpoint-100") and len(before.stamps) == 1
+    make_ckpt(tmp_path, "checkpoint-5", 5)   # what the fresh run wrote since
+    got = find_latest_complete(str(tmp_path), ignore=frozenset(before.stamps))
+    assert got.latest == str(tmp_path / "checkpoint-5") and got.skipped == ()
+    assert len(got.stamps) == 2
+
+
+def test_ignore_does_not_hide_a_resaved_checkpoint(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-5", 5)
+    before = find_latest_complete(str(tmp_path))
+    state = tmp_path / "checkpoint-5" / "trainer_state.json"
+    os.utime(state, ns=(state.stat().st_atime_ns, state.stat().st_mtime_ns + 10**9))  # saved again
+    assert find_latest_complete(str(tmp_path), ignore=frozenset(before.stamps)).step == 5
+
+
+def test_ignore_json_through_the_script_mode(tmp_path):
+    make_ckpt(tmp_path, "checkpoint-100", 100)
+    before = find_latest_complete(str(tmp_path))
+    make_ckpt(tmp_path, "checkpoint-5", 5)
+    out = subprocess.run([sys.executable, checkpoints.__file__, str(tmp_path), "--ignore-json",
+                          json.dumps(list(before.stamps))], capture_output=True, text=True, check=True)
+    got = Discovery.from_json(out.stdout)
+    assert got.step == 5 and len(got.stamps) == 2

@@ -97,7 +97,8 @@ def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, t
         ref_state = assert_trained(ref, ref_out, 10)
         done, killed = threading.Event(), []
         watcher = threading.Thread(target=kill_worker_when,
-                                   args=(hs, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"), b"swift.cli.sft", done, killed))
+                                   args=(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),
+                                         b"swift.cli.sft", done, killed))
         watcher.start()
         spec = swift_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                           restart_backoff_s=1)

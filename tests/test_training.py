@@ -14,7 +14,8 @@ import threading
 import pytest
 
 
-from .training import kill_worker_when, submit_timed, TRAINER_PYTHON, build_tiny, lf_spec, losses, require_trainer, trainer_state
+from .training import (TRAINER_PYTHON, build_tiny, kill_worker_when, lf_spec, local_job_pids, losses,
+                       require_trainer, submit_timed, trainer_state)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -104,7 +105,8 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
         ref_state = assert_trained(ref, ref_out, 10)
         done, killed = threading.Event(), []
         watcher = threading.Thread(target=kill_worker_when,
-                                   args=(hs, os.path.join(out, "checkpoint-5", "trainer_state.json"), b"llamafactory.launcher", done, killed))
+                                   args=(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                                         b"llamafactory.launcher", done, killed))
         watcher.start()
         spec = lf_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                        restart_backoff_s=1)
@@ -120,6 +122,33 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
         assert got[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-6), (step, got, ref_loss)
     logs = os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
     assert any(".attempt1." in name for name in logs)
+
+
+def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tiny):
+    """--overwrite leaves an older run's checkpoint-100 in place (nothing is deleted); an
+    automatic restart must resume from this run's checkpoint-5, not from that one."""
+    out = str(tmp_path / "out")
+    spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=5, save_steps=5)
+    assert_trained(submit_timed(tmp_path, spec), out, 5)
+    old = os.path.join(out, "checkpoint-100")
+    os.rename(os.path.join(out, "checkpoint-5"), old)   # a complete checkpoint of step 100
+    state_path = os.path.join(old, "trainer_state.json")
+    state = json.load(open(state_path))
+    json.dump({**state, "global_step": 100}, open(state_path, "w"))
+    done, killed = threading.Event(), []
+    watcher = threading.Thread(target=kill_worker_when, args=(
+        local_job_pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
+        b"llamafactory.launcher", done, killed))
+    watcher.start()
+    spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=10, save_steps=5, max_restarts=1,
+                   restart_backoff_s=1)
+    r = submit_timed(tmp_path, spec, "--overwrite")
+    done.set()
+    watcher.join()
+    assert killed, "no worker was killed"
+    assert f"restart 1/1: resuming from {out}/checkpoint-5" in r.stdout, r.stdout[-3000:]
+    assert_trained(r, out, 10)
+    assert json.load(open(state_path))["global_step"] == 100, "the older run's checkpoint changed"
 
 
 def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny):

@@ -92,13 +92,27 @@ def submit_timed(tmp_path, spec: dict, *args: str, timeout: float = 600, preflig
     return r
 
 
-def kill_worker_when(hs, state_glob: str, module: bytes, done, killed: list) -> None:
-    """Once a file matching state_glob exists, SIGKILL host 1's local-rank-0 worker running module."""
+def local_job_pids() -> set[int]:
+    """Processes of mlaunch jobs on this machine (MLAUNCH_RUN_ID in their environment)."""
+    import glob
+    out = set()
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            if b"MLAUNCH_RUN_ID=" in open(f"{d}/environ", "rb").read():
+                out.add(int(d[6:]))
+        except OSError:
+            pass
+    return out
+
+
+def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list) -> None:
+    """Once a file matching state_glob exists, SIGKILL the local-rank-0 worker running module
+    among pids() (e.g. one host's processes, or local_job_pids)."""
     import glob
     import time
     while not done.is_set() and not glob.glob(state_glob):
         time.sleep(0.05)
-    for pid in sorted(hs.hosts[1].pids()):
+    for pid in sorted(pids()):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
