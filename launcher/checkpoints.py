@@ -6,8 +6,11 @@ file's source to the remote master node and runs it as ``python3 - OUTPUT_DIR
 and exits 0 even when no checkpoint is complete. Nothing is ever deleted or
 modified; the scan only lists directories and reads small JSON/text files.
 
-Layouts: HF Trainer / LLaMA-Factory ``output_dir/checkpoint-<N>`` and ms-swift
-``output_dir/v<M>-<timestamp>/checkpoint-<N>``.
+Layouts: HF Trainer / LLaMA-Factory ``output_dir/checkpoint-<N>``, ms-swift
+``output_dir/v<M>-<timestamp>/checkpoint-<N>``, and with ``--megatron``
+Megatron-SWIFT's ``v<M>-<timestamp>/{latest_checkpointed_iteration.txt,
+iter_<NNNNNNN>/}``, where the resumable unit is the version dir (Megatron loads
+the iteration its tracker names).
 
 Symlinks: a candidate (checkpoint or version dir) that resolves outside
 output_dir is reported as skipped and never used, because resuming from it
@@ -27,6 +30,9 @@ from dataclasses import dataclass, field
 
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 VERSION_RE = re.compile(r"^v(\d+)-")
+TRACKER = "latest_checkpointed_iteration.txt"
+# Megatron's dist_checkpointing writes metadata.json after every shard: the completion mark.
+MEGATRON_FILES = ("common.pt", "metadata.json")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin",
                 "adapter_model.safetensors", "adapter_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -107,6 +113,39 @@ def _candidates(output_dir: str) -> list[tuple[int, int, str]]:
                 if m and os.path.isdir(os.path.join(full, sub)):
                     found.append((int(m.group(1)), int(v.group(1)), name + "/" + sub))
     return sorted(found, reverse=True)
+
+
+def _megatron_candidates(output_dir: str) -> list[tuple[int, int, str]]:
+    """(iteration, version, version dir) of every Megatron-SWIFT run dir, newest first."""
+    found = []
+    for name in _list_dir(output_dir):
+        v = VERSION_RE.match(name)
+        full = os.path.join(output_dir, name)
+        if not (v and os.path.isdir(full)):
+            continue
+        iters = [int(i[5:]) for i in _list_dir(full) if re.match(r"^iter_\d+$", i)]
+        if iters or os.path.exists(os.path.join(full, TRACKER)):
+            found.append((_tracked_iteration(full) or max(iters or [0]), int(v.group(1)), name))
+    return sorted(found, reverse=True)
+
+
+def _tracked_iteration(vdir: str) -> int | None:
+    try:
+        with open(os.path.join(vdir, TRACKER)) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def check_megatron(vdir: str, step: int) -> str | None:
+    """Why Megatron-SWIFT run dir ``vdir`` cannot be resumed at ``step``, or None."""
+    if _tracked_iteration(vdir) != step:
+        return "no readable %s (interrupted save?)" % TRACKER
+    it = os.path.join(vdir, "iter_%07d" % step)
+    missing = [f for f in MEGATRON_FILES if not os.path.isfile(os.path.join(it, f))]
+    if missing:
+        return "iter_%07d/ lacks %s (interrupted save?)" % (step, ", ".join(missing))
+    return None
 
 
 def _outside(output_dir: str, path: str) -> bool:
@@ -218,7 +257,7 @@ def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
 def _stamp(output_dir: str, name: str) -> str:
     """name@mtime of the checkpoint's trainer_state.json (else of its dir): changes on re-save."""
     path = os.path.join(output_dir, *name.split("/"))
-    for p in (os.path.join(path, "trainer_state.json"), path):
+    for p in (os.path.join(path, "trainer_state.json"), os.path.join(path, TRACKER), path):
         try:
             return "%s@%d" % (name, os.stat(p).st_mtime_ns)
         except OSError:
@@ -227,12 +266,13 @@ def _stamp(output_dir: str, name: str) -> str:
 
 
 def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
-                         dp_size: int | None = None, ignore: frozenset = frozenset()) -> Discovery:
+                         dp_size: int | None = None, ignore: frozenset = frozenset(),
+                         megatron: bool = False) -> Discovery:
     """Scan output_dir; return the newest complete checkpoint and the newer ones skipped.
 
     ignore: stamps (see Discovery.stamps) of checkpoints that must not be used.
     """
-    cands = _candidates(output_dir)
+    cands = _megatron_candidates(output_dir) if megatron else _candidates(output_dir)
     stamps = tuple(_stamp(output_dir, name) for _, _, name in cands)
     skipped = []
     for (step, _version, name), stamp in zip(cands, stamps):
@@ -241,6 +281,8 @@ def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
         path = os.path.join(output_dir, *name.split("/"))
         if _outside(output_dir, path):
             reason = "symlink to %s outside output_dir (not followed)" % os.path.realpath(path)
+        elif megatron:
+            reason = check_megatron(path, step)
         else:
             reason = check_checkpoint(path, step, deepspeed=deepspeed, dp_size=dp_size)
         if reason is None:
@@ -262,12 +304,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="also require the DeepSpeed global_step<N>/ engine state")
     ap.add_argument("--dp-size", type=int, default=None,
                     help="data-parallel world size: optimizer shards required")
+    ap.add_argument("--megatron", action="store_true", help="Megatron-SWIFT run dirs")
     ap.add_argument("--ignore-json", default="[]",
                     help="JSON list of stamps (from an earlier scan) not to use")
     args = ap.parse_args(argv)
     found = find_latest_complete(args.output_dir, deepspeed=args.deepspeed,
                                  dp_size=args.dp_size,
-                                 ignore=frozenset(json.loads(args.ignore_json)))
+                                 ignore=frozenset(json.loads(args.ignore_json)),
+                                 megatron=args.megatron)
     print(found.to_json())
     return 0
 

@@ -104,7 +104,7 @@ class Swift:
     MEGATRON_ENTRY = "swift.cli._megatron.sft"
 
     def discovery_args(self, job: SwiftJob) -> list[str]:
-        return [] if job.megatron else deepspeed_discovery_args(job)
+        return ["--megatron"] if job.megatron else deepspeed_discovery_args(job)
 
     def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
         if not job.deepspeed or job.megatron:

@@ -304,3 +304,47 @@ def test_ignore_json_through_the_script_mode(tmp_path):
                           json.dumps(list(before.stamps))], capture_output=True, text=True, check=True)
     got = Discovery.from_json(out.stdout)
     assert got.step == 5 and len(got.stamps) == 2
+
+
+def make_megatron(root, vdir, iters, tracker=None, complete=True):
+    """A Megatron-SWIFT run dir: iter_NNNNNNN/ dirs and the tracker naming the last save."""
+    d = Path(root) / vdir
+    for it in iters:
+        i = d / ("iter_%07d" % it)
+        i.mkdir(parents=True)
+        names = ("common.pt", "metadata.json") if complete or it != max(iters) else ("common.pt",)
+        for f in names:
+            (i / f).write_bytes(b"x")
+    if tracker is not None:
+        (d / "latest_checkpointed_iteration.txt").write_text(str(tracker))
+    return d
+
+
+def test_megatron_run_dir_is_the_resume_point(tmp_path):
+    make_megatron(tmp_path, "v0-20260101-000000", [100, 200], tracker=200)
+    got = find_latest_complete(str(tmp_path), megatron=True)
+    assert (got.latest, got.step) == (str(tmp_path / "v0-20260101-000000"), 200)
+
+
+def test_megatron_interrupted_save_falls_back_to_older_run(tmp_path):
+    make_megatron(tmp_path, "v0-20260101-000000", [100], tracker=100)
+    # The resumed run's save of 300 never finished: metadata.json missing.
+    make_megatron(tmp_path, "v1-20260102-000000", [300], tracker=300, complete=False)
+    got = find_latest_complete(str(tmp_path), megatron=True)
+    assert got.step == 100 and got.latest.endswith("v0-20260101-000000")
+    assert got.explain() == ["v1-20260102-000000: iter_0000300/ lacks metadata.json (interrupted "
+                             "save?) — using v0-20260101-000000"]
+
+
+def test_megatron_without_tracker_is_skipped(tmp_path):
+    make_megatron(tmp_path, "v0-20260101-000000", [50])
+    got = find_latest_complete(str(tmp_path), megatron=True)
+    assert got.latest is None and got.found_any
+    assert "no readable latest_checkpointed_iteration.txt" in got.skipped[0].reason
+
+
+def test_megatron_mode_through_the_script(tmp_path):
+    make_megatron(tmp_path, "v0-20260101-000000", [10], tracker=10)
+    out = subprocess.run([sys.executable, checkpoints.__file__, str(tmp_path), "--megatron"],
+                         capture_output=True, text=True, check=True)
+    assert Discovery.from_json(out.stdout).step == 10

@@ -140,11 +140,14 @@ def test_resume_argv():
     run = RunContext(run_id="R", run_dir="/runs/R", resume_from="/o/v0-20260101-000000/checkpoint-5")
     f = flags(argv(swift_lora(), run))
     assert f["resume_from_checkpoint"] == ["/o/v0-20260101-000000/checkpoint-5"]
+    # Megatron resumes from a run dir (its tracker names the iteration), as discovery returns.
+    run = RunContext(run_id="R", run_dir="/runs/R", resume_from="/o/v0-20260101-000000")
     f = flags(argv(swift_megatron(), run))
-    assert f["mcore_adapter"] == ["/o/v0-20260101-000000/checkpoint-5"] and f["finetune"] == ["false"]
+    assert f["mcore_adapter"] == ["/o/v0-20260101-000000"] and f["finetune"] == ["false"]
     data = swift_megatron()
     data["finetuning"] = {"type": "full"}
-    assert "mcore_model" in flags(argv(data, run))
+    assert flags(argv(data, run))["mcore_model"] == ["/o/v0-20260101-000000"]
+    assert TRAINERS["swift"].discovery_args(validate(data)) == ["--megatron"]
 
 
 def test_freeze_maps_to_trainable_layers(tmp_path):
