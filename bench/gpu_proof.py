@@ -237,7 +237,10 @@ def part_nodes2(s: Setup, out: str, runs: int, steps: int) -> None:
 def part_zero3(s: Setup, out: str, epochs: float) -> None:
     path = spec(s, "zero3", epochs=epochs, finetuning={"type": "full"}, deepspeed={"stage": 3})
     rec = train(s, out, "zero3", "mlaunch", 0, mlaunch("submit", path), f"{W}/out-zero3", 2 * s.per_device)
-    rendered = sorted(glob.glob("/tmp/mlaunch/.mlaunch/zero3-*/"))[-1]
+    run_id = re.search(r"run (zero3-\S+):", open(f"{out}/zero3-mlaunch-0.log").read())
+    if not run_id:
+        return
+    rendered = f"/tmp/mlaunch/.mlaunch/{run_id.group(1)}"
     shutil.copy(f"{rendered}/ds_config.json", f"{out}/zero3-ds_config.json")
     warm = [ln for ln in open(f"{rendered}/llamafactory.yaml") if "warmup" in ln]
     state = json.load(open(f"{W}/out-zero3/trainer_state.json")) if rec["rc"] == 0 else {}
@@ -248,6 +251,7 @@ def part_zero3(s: Setup, out: str, epochs: float) -> None:
 def part_fault(s: Setup, out: str, steps: int) -> None:
     path = spec(s, "fault", steps=steps, save_steps=steps // 3, max_restarts=1, restart_backoff_s=2)
     first = f"{W}/out-fault/checkpoint-{steps // 3}/trainer_state.json"
+    shutil.rmtree(f"{W}/out-fault", ignore_errors=True)   # before the watcher looks for `first`
     killed: list[int] = []
     t = threading.Thread(target=kill_rank_after, args=(first, killed), daemon=True)
     t.start()
@@ -263,14 +267,14 @@ def part_fault(s: Setup, out: str, steps: int) -> None:
         capture_output=True, text=True).stdout.strip()
     record(out, {"part": "fault", "kind": "after", "killed_pid": killed, "global_step": state.get("global_step"),
                  "resumed": re.findall(r"resuming from (\S+)", text), "attempts": re.findall(r"attempt \d: exit \d+.*", text),
-                 "gpu_apps_after": apps, "gpu_used_after": used, "job_pids_left": job_pids()})
+                 "gpu_apps_after": apps, "gpu_used_after": used, "job_pids_left": job_pids("fault-")})
 
 
 def kill_rank_after(path: str, killed: list[int]) -> None:
-    """SIGKILL local rank 1 of the mlaunch job once the first checkpoint is complete."""
+    """SIGKILL local rank 1 of this proof's fault job once its first checkpoint is complete."""
     while not os.path.exists(path):
         time.sleep(0.05)
-    for pid in job_pids():
+    for pid in job_pids("fault-"):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
@@ -282,12 +286,12 @@ def kill_rank_after(path: str, killed: list[int]) -> None:
             return
 
 
-def job_pids() -> list[int]:
-    """Processes of any mlaunch run on this machine (MLAUNCH_RUN_ID in their environment)."""
+def job_pids(prefix: str = "") -> list[int]:
+    """Processes of mlaunch runs on this machine whose run id starts with prefix."""
     out = []
     for d in glob.glob("/proc/[0-9]*"):
         try:
-            if b"MLAUNCH_RUN_ID=" in open(f"{d}/environ", "rb").read():
+            if f"MLAUNCH_RUN_ID={prefix}".encode() in open(f"{d}/environ", "rb").read():
                 out.append(int(d[6:]))
         except OSError:
             pass

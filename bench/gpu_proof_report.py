@@ -78,7 +78,9 @@ def _fault(recs: list[dict]) -> str:
     if not run or not after:
         return ""
     r, a = run[-1], after[-1]
-    return (f"## fault\n\nrc {r['rc']}, wall {r['wall_s']} s, killed pid {a['killed_pid']}, "
+    verdict = ("PROVEN: killed, resumed, finished" if a["killed_pid"] and a["resumed"] and r["rc"] == 0
+               else "NOT PROVEN: no rank was killed or it did not resume")
+    return (f"## fault ({verdict})\n\nrc {r['rc']}, wall {r['wall_s']} s, killed pid {a['killed_pid']}, "
             f"global_step {a['global_step']}, resumed from {a['resumed']}, attempts {a['attempts']}\n"
             f"GPU compute apps after: {a['gpu_apps_after']!r}; memory.used after: {a['gpu_used_after']!r}; "
             f"job processes left: {a['job_pids_left']}\n")

@@ -115,7 +115,10 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     attempt, base_id = 0, plan.run_id
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
-                          resume_from=resume_from, overwrite=opts.overwrite or bool(history),
+                          resume_from=resume_from,
+                          # A fresh start over left checkpoints: the trainer must not pick one
+                          # itself (LLaMA-Factory would resume from the last, complete or not).
+                          overwrite=opts.overwrite or bool(history) or bool(master.ignore),
                           attempt=attempt, transformers=transformers)
         result = run_job(plan, executor, printer, connected=True)
         for line in describe_result(plan, result).splitlines():

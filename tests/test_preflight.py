@@ -395,6 +395,11 @@ def test_gpu_parsing_and_verdicts():
     assert busy.detail.startswith("GPU 2: 40960 MiB in use by a process not visible here")
     few = gpu.check(ctx_for(["a"], gpus_per_node=8), {0: gpu_facts()})[0]
     assert few.detail == "sees 4 GPU(s), the job uses 8 (missing index 4, 5, 6, 7)"
+    # Two nodes on one 4-GPU host, each with its own devices; node 1 names GPUs that don't exist.
+    pair = ctx_for(["a", "a"], gpus_per_node=2, cuda_visible_devices=[[0, 1], [4, 5]])
+    rows = gpu.check(pair, {0: gpu_facts(), 1: gpu_facts()})
+    assert rows[0].status == "pass" and rows[1].detail == "sees 4 GPU(s), the job uses 2 (missing index 4, 5)"
+    assert rows[1].fix == "list GPUs that exist on a (0-3) in cluster.cuda_visible_devices"
     broken = gpu.check(ctx, {0: gpu_facts("NVIDIA-SMI has failed because it couldn't communicate with "
                                           "the NVIDIA driver.\n", code=9)})[0]
     assert broken.status == "fail" and broken.detail.startswith("nvidia-smi failed: NVIDIA-SMI has failed")

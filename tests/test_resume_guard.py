@@ -84,6 +84,17 @@ def test_resume_without_checkpoint(tmp_path):
     assert "resume_from_checkpoint" not in yaml.safe_load((tmp_path / "seen.yaml").read_text())
 
 
+def test_resume_auto_over_half_checkpoint_starts_really_fresh(tmp_path):
+    """Left alone, LLaMA-Factory would resume from the half-written checkpoint-10 itself."""
+    out = tmp_path / "out"
+    checkpoint(out, 10, complete=False)
+    r = mlaunch("submit", write_spec(tmp_path, lf_job(tmp_path, str(out))), "--resume=auto", "--no-preflight")
+    assert r.returncode == 0 and "starting fresh (--resume=auto)" in r.stdout, r.stdout + r.stderr
+    seen = yaml.safe_load((tmp_path / "seen.yaml").read_text())
+    assert "resume_from_checkpoint" not in seen and seen["overwrite_output_dir"] is True
+    assert (out / "checkpoint-10").exists()
+
+
 def test_overwrite_renders_overwrite(tmp_path):
     out = tmp_path / "out"
     checkpoint(out, 5)

@@ -60,6 +60,9 @@ CASES = [
     ("cluster.env", {"BAD-NAME": "1"}, "cluster.env.BAD-NAME: not a valid environment variable name"),
     ("cluster.hosts", ["a", "a"], "cluster.hosts: a listed 2 times: nodes on one host need their own GPUs"),
     ("cluster.cuda_visible_devices", [[0, 1, 2, 3]], "cluster.cuda_visible_devices: 1 device lists for 4 hosts"),
+    ("cluster.cuda_visible_devices", [0, 1, 1, 2], "cluster.cuda_visible_devices: [0, 1, 1, 2] lists a GPU twice"),
+    ("cluster.cuda_visible_devices", [-1, 0, 1, 2], "cluster.cuda_visible_devices: [-1, 0, 1, 2]: GPU indices start at 0"),
+    ("cluster.gpus_per_node", DELETE, "cluster.gpus_per_node: required"),
     ("cluster.cuda_visible_devices", [[0, 1, 2, 3]] * 3 + [[0]],
      "cluster.cuda_visible_devices[3]: 1 devices listed but gpus_per_node is 4"),
     ("cluster.venv", "/opt/v", "cluster.venv: give either python or venv, not both"),
@@ -100,6 +103,13 @@ def test_two_nodes_on_one_host_with_their_own_gpus():
     assert [dict(n.env)["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["0", "1"]
     assert [n.argv[n.argv.index("--node-rank") + 1] for n in plan.nodes] == ["0", "1"]
     assert len({n.pidfile for n in plan.nodes}) == len({n.log_path for n in plan.nodes}) == 2
+
+
+def test_two_loopback_names_are_one_host():
+    data = two_nodes_one_host([[0], [0]])
+    data["cluster"]["hosts"] = ["localhost", "127.0.0.1"]
+    assert problems(data) == ["cluster.cuda_visible_devices[1]: GPU 0 on localhost / 127.0.0.1 is "
+                              "also node 0's; nodes on one host must use disjoint GPUs"]
 
 
 def test_two_nodes_on_one_host_sharing_a_gpu_is_refused():

@@ -8,7 +8,9 @@ trainer venv (transformers 4.57) and over the ms-swift venv's transformers 5.19.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 
 import pytest
@@ -127,3 +129,40 @@ def test_preflight_reports_the_transformers_version(tmp_path):
     assert report.stack["transformers"] == installed_transformers(TRAINER_PYTHON)
     row = report.get("software/versions", 0)
     assert row.status == "pass" and f"transformers {report.stack['transformers']}" in row.detail
+
+
+def test_submit_trains_on_transformers5_with_a_warmup_ratio(tmp_path):
+    """End to end: `mlaunch submit` probes the nodes' transformers (5.19 here), renders
+    warmup_steps: 0.1 instead of warmup_ratio, and LLaMA-Factory trains with that warmup.
+
+    LLaMA-Factory 0.9.5 runs over the ms-swift venv's transformers 5; trl 0.24 comes from the
+    trainer venv (trl 0.29 dropped a class LLaMA-Factory imports), as on the GPU machine.
+    """
+    from .training import build_tiny, lf_spec, submit_timed, trainer_state
+    trainer_site, swift_site = site_packages(require_trainer()), site_packages(require_swift())
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "trl").symlink_to(os.path.join(trainer_site, "trl"))
+    tiny = build_tiny(str(tmp_path / "tiny"))
+    out = str(tmp_path / "out")
+    spec = lf_spec(tiny, ["localhost"], 2, out, name="transformers5")
+    spec["training"] = {"learning_rate": 1.0e-3, "epochs": 1, "warmup_ratio": 0.1,
+                        "save_steps": 1000, "logging_steps": 1, "gradient_checkpointing": False}
+    spec["cluster"]["python"] = SWIFT_PYTHON
+    spec["cluster"]["env"].update(PYTHONPATH=f"{overlay}:{swift_site}:{trainer_site}",
+                                  DISABLE_VERSION_CHECK="1")
+    spec["preflight"] = {"min_free_gb": 0, "min_shm_mb": 0}
+    r = submit_timed(tmp_path, spec, preflight=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    run_id = re.search(r"run (transformers5-\S+):", r.stdout).group(1)
+    rendered = open(f"/tmp/mlaunch/.mlaunch/{run_id}/llamafactory.yaml").read()
+    assert "warmup_steps: 0.1\n" in rendered and "warmup_ratio" not in rendered
+    assert f"# transformers {installed_transformers(SWIFT_PYTHON)} reads a warmup_steps below 1" in rendered
+    state = trainer_state(out)
+    steps = state["global_step"]
+    lrs = [e["learning_rate"] for e in state["log_history"] if "learning_rate" in e]
+    assert steps == state["max_steps"] and len(lrs) == steps
+    # ceil(10% of the steps) of linear warmup from 0 to the peak: the ratio took effect
+    # (without it, step 1 would already run at 1e-3).
+    warm = math.ceil(0.1 * steps)
+    assert lrs[:warm + 1] == pytest.approx([1.0e-3 * k / warm for k in range(warm + 1)]), lrs

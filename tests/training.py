@@ -92,13 +92,18 @@ def submit_timed(tmp_path, spec: dict, *args: str, timeout: float = 600, preflig
     return r
 
 
-def local_job_pids() -> set[int]:
-    """Processes of mlaunch jobs on this machine (MLAUNCH_RUN_ID in their environment)."""
+def local_job_pids(name: str):
+    """A pids() for kill_worker_when: this machine's processes of mlaunch runs of job `name`
+    (never another job's, e.g. a second test run on the same machine)."""
+    return lambda: _pids_with(f"MLAUNCH_RUN_ID={name}-".encode())
+
+
+def _pids_with(needle: bytes) -> set[int]:
     import glob
     out = set()
     for d in glob.glob("/proc/[0-9]*"):
         try:
-            if b"MLAUNCH_RUN_ID=" in open(f"{d}/environ", "rb").read():
+            if needle in open(f"{d}/environ", "rb").read():
                 out.add(int(d[6:]))
         except OSError:
             pass

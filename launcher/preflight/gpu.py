@@ -83,10 +83,13 @@ def _problem(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict], ref) -> 
     use = wanted(ctx, rank)
     missing = [i for i in use if i not in have]
     if missing:
+        fix = (f"set cluster.gpus_per_node to at most {len(rows)} or cluster.cuda_visible_devices "
+               "to GPUs that exist")
+        if node_devices(ctx.job.cluster, rank) is not None:
+            fix = (f"list GPUs that exist on {host} (0-{len(rows) - 1}) in "
+                   "cluster.cuda_visible_devices")
         return (f"sees {len(rows)} GPU(s), the job uses {len(use)} "
-                f"(missing index {', '.join(map(str, missing))})",
-                f"set cluster.gpus_per_node to at most {len(rows)} or cluster.cuda_visible_devices "
-                "to GPUs that exist")
+                f"(missing index {', '.join(map(str, missing))})", fix)
     if ref and rows[0]["driver"] != ref[1]:
         return (f"driver {rows[0]['driver']} here, {ref[1]} on node{ref[0]}",
                 f"install NVIDIA driver {ref[1]} on {host} (as on node{ref[0]}), then reboot")

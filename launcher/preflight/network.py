@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from ..spec.rules import machine_key
 from .probe import Ctx, on_nodes, py_script
 from .report import CheckResult
 
@@ -126,7 +127,7 @@ def _hostname_one(ctx: Ctx, r: int, h: dict, mesh: dict) -> CheckResult:
     host, name = ctx.nodes[r].host, h["hostname"]
     mine = _own_address(ctx, r, h)
     add = f"add `{mine} {name}` to /etc/hosts on every node"
-    if len({n.host for n in ctx.nodes}) == 1:
+    if len({machine_key(n.host) for n in ctx.nodes}) == 1:
         return CheckResult("network/hostname", r, host, "pass", f"{name}: one host, loopback is fine")
     if h.get("error"):
         return CheckResult("network/hostname", r, host, "fail", f"{name} does not resolve: {h['error']}", add)

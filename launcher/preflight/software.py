@@ -144,7 +144,9 @@ def _version_fix(ctx: Ctx, diff: list[str], want: dict, ref_rank: int) -> str:
     if "trainer" in diff:
         name, _, version = want["trainer"].partition(" ")
         return f"{py} -m pip install '{name}=={version}'  (to match node{ref_rank})"
-    if "transformers" in diff:
+    if "transformers" in diff and want.get("transformers"):
         return f"{py} -m pip install 'transformers=={want['transformers']}'  (to match node{ref_rank})"
+    if "transformers" in diff:
+        return f"{py} -m pip uninstall transformers  (node{ref_rank} has none)"
     return (f"install NCCL {want['nccl']} as on node{ref_rank} "
             f"(for pip wheels: {py} -m pip install 'nvidia-nccl-cu12=={want['nccl']}')")

@@ -70,6 +70,8 @@ def check_cluster(c: Cluster) -> list[Problem]:
     for i, h in enumerate(c.hosts):
         if not HOST_RE.match(h):
             p.append(Problem(f"cluster.hosts[{i}]", f"{h!r} is not a host name or address"))
+    if c.gpus_per_node is None:
+        p.append(Problem("cluster.gpus_per_node", "required (or give slots=N in the hostfile)"))
     p += _check_devices(c)
     p += _check_master(c)
     if c.python and c.venv:
@@ -91,6 +93,11 @@ def node_devices(c: Cluster, rank: int) -> list[int] | None:
     return list(devs[rank]) if isinstance(devs[0], list) else list(devs)
 
 
+def machine_key(host: str) -> str:
+    """Hosts that are surely one machine share a key: every loopback name is this machine."""
+    return "localhost" if LOOPBACK.match(host) else host
+
+
 def _check_devices(c: Cluster) -> list[Problem]:
     """One device per process, and a host listed twice only when its nodes own disjoint GPUs."""
     p: list[Problem] = []
@@ -99,15 +106,20 @@ def _check_devices(c: Cluster) -> list[Problem]:
     if per_node and len(devs) != len(hosts):
         return [Problem("cluster.cuda_visible_devices",
                         f"{len(devs)} device lists for {len(hosts)} hosts; give one list per node")]
-    if devs is not None and c.gpus_per_node is not None:
-        for rank in range(len(hosts) if per_node else 1):
-            mine = node_devices(c, rank)
-            where = f"cluster.cuda_visible_devices[{rank}]" if per_node else "cluster.cuda_visible_devices"
-            if len(mine) != c.gpus_per_node:
-                p.append(Problem(where, f"{len(mine)} devices listed but gpus_per_node is "
-                                 f"{c.gpus_per_node}; list exactly one device per process"))
-    for host in sorted({h for h in hosts if hosts.count(h) > 1}):
-        ranks = [r for r, h in enumerate(hosts) if h == host]
+    for rank in range(len(hosts) if per_node else 1) if devs is not None else ():
+        mine = node_devices(c, rank)
+        where = f"cluster.cuda_visible_devices[{rank}]" if per_node else "cluster.cuda_visible_devices"
+        if any(d < 0 for d in mine):
+            p.append(Problem(where, f"{mine}: GPU indices start at 0 (see nvidia-smi -L)"))
+        elif len(set(mine)) != len(mine):
+            p.append(Problem(where, f"{mine} lists a GPU twice; give each process its own GPU"))
+        elif c.gpus_per_node is not None and len(mine) != c.gpus_per_node:
+            p.append(Problem(where, f"{len(mine)} devices listed but gpus_per_node is "
+                             f"{c.gpus_per_node}; list exactly one device per process"))
+    keys = [machine_key(h) for h in hosts]
+    for key in sorted({k for k in keys if keys.count(k) > 1}):
+        ranks = [r for r, k in enumerate(keys) if k == key]
+        host = " / ".join(dict.fromkeys(hosts[r] for r in ranks))
         if not per_node:
             p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on one host "
                              "need their own GPUs; give cuda_visible_devices one list per node, "

@@ -10,6 +10,7 @@
 #
 # Environment: PYTHON, TORCH_WHEEL_DIR as for make_trainer_venv.sh.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUILDER="$HERE/$(basename "${BASH_SOURCE[0]}")"
 NAME=swift
 REQS="$HERE/swift-requirements.txt"
 CONSTRAINTS="$HERE/swift-constraints.txt"

@@ -14,11 +14,14 @@
 #   PYTHON           base interpreter (default: python3; must be CPython 3.11)
 #   TORCH_WHEEL_DIR  where the torch 2.13.0 CPU wheel lies (default: /opt/wheels)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUILDER="$HERE/$(basename "${BASH_SOURCE[0]}")"
 NAME=trainer
 REQS="$HERE/trainer-requirements.txt"
 CONSTRAINTS="$HERE/trainer-constraints.txt"
 STUBS="$HERE/stubs"
-mapfile -t INPUTS < <(find "$STUBS" -type f -name '*.py' | LC_ALL=C sort)
+# The stub's __init__.py is named outright, so a missing stubs/ fails before pip runs.
+mapfile -t INPUTS < <(find "$STUBS" -type f -name '*.py' 2>/dev/null | LC_ALL=C sort)
+INPUTS+=("$STUBS/torchaudio/__init__.py")
 source "$HERE/venv_lib.sh"
 
 install_pinned() {

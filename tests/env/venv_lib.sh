@@ -1,6 +1,7 @@
 # Shared body of make_trainer_venv.sh and make_swift_venv.sh (sourced, not run).
 #
-# The caller sets NAME, REQS, CONSTRAINTS and INPUTS (extra files that define the venv),
+# The caller sets BUILDER (its own path), NAME, REQS, CONSTRAINTS and INPUTS (extra files
+# that define the venv),
 # defines install_pinned (pip installs after torch), place_local_files SITE and
 # verify_source (Python read on stdin, argv[1] = torch version), then calls build_venv DEST.
 # Every venv: torch 2.13.0 from the local CPU wheel only, never an index; no CUDA
@@ -23,7 +24,7 @@ pip_() { "$PY" -m pip "$@" -c "$CONSTRAINTS"; }
 
 fingerprint() {
     { "$PYTHON" -c 'import sys; print(sys.version)'
-      cat "$REQS" "$CONSTRAINTS" "$SITECUSTOMIZE" "${BASH_SOURCE[0]}" "$0" "${INPUTS[@]}"
+      cat "$REQS" "$CONSTRAINTS" "$SITECUSTOMIZE" "${BASH_SOURCE[0]}" "$BUILDER" "${INPUTS[@]}"
     } | sha256sum | cut -d' ' -f1
 }
 
@@ -64,7 +65,7 @@ drop_cuda_extras() {
 }
 
 build_venv() {
-    [ $# -eq 1 ] || { echo "usage: $0 DEST" >&2; exit 2; }
+    [ $# -eq 1 ] || { echo "usage: $BUILDER DEST" >&2; exit 2; }
     DEST=$1
     case $DEST in /*) ;; *) DEST="$PWD/$DEST" ;; esac
     local f
