@@ -23,6 +23,9 @@ def ratio(a, b) -> str:
 
 
 def summarize(files: list[str]) -> str:
+    """The tables of each file on its own (runs of different settings are never mixed)."""
+    if len(files) > 1:
+        return "\n".join(f"# {f}\n\n" + summarize([f]) for f in files)
     recs = load(files)
     return "\n".join(filter(None, [_check(recs), _pair(recs, "lora", "mlaunch", "by-hand"),
                                    _pair(recs, "nodes2", "2x1", "1x2"), _zero3(recs),
