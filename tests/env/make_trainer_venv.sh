@@ -41,6 +41,18 @@ place_local_files() {
     cp "$STUBS"/torchaudio/*.py "$1/torchaudio/"
 }
 
+after_local_files() {
+    # DeepSpeed's CPU shm op, built now into the venv's TORCH_EXTENSIONS_DIR (sitecustomize
+    # points every worker there): test runs never JIT-compile, never wait on a build lock.
+    # A lock found here was left by a killed build (this script holds the venv's flock).
+    local ext="$DEST/torch_extensions"
+    find "$ext" -name lock -type f -delete 2>/dev/null || true
+    log "building DeepSpeed's CPU shm op into $ext"
+    timeout 600 "$PY" -c 'from deepspeed.accelerator import get_accelerator
+b = get_accelerator().create_op_builder("ShareMemCommBuilder")
+b.load(verbose=False)' >/dev/null 2>&1 || die "building DeepSpeed's shm op failed"
+}
+
 verify_source() {
     printf '%s' "$COMMON_VERIFY"
     cat <<'PYEOF'

@@ -21,6 +21,7 @@ TORCH_VERSION=2.13.0
 TORCH_WHEEL_DIR=${TORCH_WHEEL_DIR:-/opt/wheels}
 
 pip_() { "$PY" -m pip "$@" -c "$CONSTRAINTS"; }
+after_local_files() { :; }   # a builder may redefine it (after sourcing this file)
 
 fingerprint() {
     { "$PYTHON" -c 'import sys; print(sys.version)'
@@ -96,6 +97,7 @@ build_venv() {
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     cp "$SITECUSTOMIZE" "$site/sitecustomize.py"
     place_local_files "$site"
+    after_local_files
     log "verifying"
     verify_source | "$PY" - "$TORCH_VERSION"
     printf '%s\n' "$want" > "$stamp"

@@ -33,6 +33,11 @@ their clean-up first.  ``TRAINER_VENV_EXIT_GRACE_S`` sets the period (default 0.
 import os
 import sys
 
+# DeepSpeed JIT-builds its CPU shm op on first use under a lock file in
+# ~/.cache/torch_extensions; a build killed half-way leaves the lock and every later run
+# waits on it forever. This venv builds the op once, at creation, into its own folder.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+
 _TARGET = "torch.serialization"
 _PRIORITY = 15  # after torch's own "cpu" (10), before cuda (20)
 
