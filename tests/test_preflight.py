@@ -522,3 +522,25 @@ def test_input_specs_per_trainer():
     swift = SimpleNamespace(trainer="swift", model="/m", dataset=["AI-ModelScope/alpaca#500", "/d/x.jsonl#100"])
     assert input_specs(swift) == [{"what": "model", "kind": "model", "path": "/m"},
                                   {"what": "dataset", "kind": "path", "path": "/d/x.jsonl"}]
+
+
+def test_stale_jit_build_lock_is_named(tmp_path):
+    """A torch/DeepSpeed JIT build killed half-way leaves `lock`; every rank would wait on it."""
+    ext = tmp_path / "ext"
+    stale = ext / "deepspeed_shm_comm" / "lock"
+    fresh = ext / "py311_cpu" / "fused_adam" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.write_text("")
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    spec = script_job(["localhost"], 1, "allreduce.py", [], str(tmp_path / "out"),
+                      env={"TORCH_EXTENSIONS_DIR": str(ext)})
+    spec["preflight"] = dict(PF)
+    report = check(spec)
+    row = report.get("software/jit-lock", 0)
+    assert row.status == "fail" and row.detail.startswith(f"{stale} is 60 min old"), row
+    assert row.fix == f"rm {stale}  (on localhost, if no build runs there: pgrep -f ninja)"
+    os.remove(stale)
+    row = check(spec).get("software/jit-lock", 0)
+    assert row.status == "pass" and row.detail == f"no stale lock in {ext}; a build is running (1 fresh lock)"

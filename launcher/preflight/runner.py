@@ -14,7 +14,7 @@ from .probe import Ctx, cleanup, gather_facts
 from .report import CheckResult, Report, sort_results
 
 # Checks that give one row per node (port-free: node 0 only), for the "no SSH" skips.
-PER_NODE = ("software/python", "software/versions", "gpu", "network/port-free",
+PER_NODE = ("software/python", "software/versions", "software/jit-lock", "gpu", "network/port-free",
             "network/port-reachable", "network/hostname", "network/ifname", "storage/output",
             "storage/shared", "storage/inputs", "clock", "container/shm")
 
@@ -50,7 +50,8 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
 
 def judge(ctx: Ctx, facts: dict, mesh: dict, samples: dict) -> list[CheckResult]:
     """Every per-node row from what the probes brought back (pure: no node is contacted)."""
-    out = software.check_python(ctx, facts) + software.check_versions(ctx, facts) + gpu.check(ctx, facts)
+    out = software.check_python(ctx, facts) + software.check_versions(ctx, facts)
+    out += software.check_ext_locks(ctx, facts) + gpu.check(ctx, facts)
     if 0 in ctx.live:
         out += network.port_free(ctx, facts)
     out += network.port_reachable(ctx, mesh) + network.hostname(ctx, facts, mesh)

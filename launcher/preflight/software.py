@@ -136,6 +136,32 @@ def check_versions(ctx: Ctx, facts: dict) -> list[CheckResult]:
     return out
 
 
+STALE_LOCK_S = 300   # a JIT build of one op takes a minute or two; older locks are orphans
+
+
+def check_ext_locks(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """Per node: no torch extension build lock left by a killed build (ranks would hang)."""
+    out = []
+    for r in ctx.live:
+        host, f = ctx.nodes[r].host, facts.get(r)
+        e = f.get("ext_locks") if isinstance(f, dict) else None
+        if not isinstance(e, dict) or "locks" not in e:
+            out.append(CheckResult("software/jit-lock", r, host, "skip", "no facts from this node"))
+            continue
+        stale = [(p, age) for p, age in e["locks"] if age > STALE_LOCK_S]
+        if stale:
+            path, age = max(stale, key=lambda x: x[1])
+            out.append(CheckResult(
+                "software/jit-lock", r, host, "fail",
+                f"{path} is {age // 60} min old: a killed JIT build (DeepSpeed op) left it, and "
+                "every rank that loads the op would wait on it forever",
+                f"rm {' '.join(p for p, _ in stale)}  (on {host}, if no build runs there: pgrep -f ninja)"))
+        else:
+            busy = f"; a build is running ({len(e['locks'])} fresh lock)" if e["locks"] else ""
+            out.append(CheckResult("software/jit-lock", r, host, "pass", f"no stale lock in {e['root']}{busy}"))
+    return out
+
+
 def _version_fix(ctx: Ctx, diff: list[str], want: dict, ref_rank: int) -> str:
     """The pip command that brings a node to the reference stack."""
     py = ctx.python
