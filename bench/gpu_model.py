@@ -10,7 +10,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests.tinymodel import DATASET_NAME, build_tiny  # noqa: E402
+from tests.tinymodel import build_tiny  # noqa: E402
 
 
 def long_examples(n: int, seed: int = 0) -> list[dict]:

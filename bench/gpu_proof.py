@@ -28,11 +28,12 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
+
+from gpu_observe import Observer  # noqa: E402  (bench/ is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -94,58 +95,6 @@ def spec(s: Setup, name: str, *, steps=None, epochs=None, finetuning=None, deeps
     return path
 
 
-class Observer:
-    """Peak GPU memory (nvidia-smi every 200 ms) and when each logged step landed."""
-
-    def __init__(self, s: Setup, out_dir: str | None):
-        self.s, self.log = s, os.path.join(out_dir, "trainer_log.jsonl") if out_dir else None
-        self.steps: list[tuple[float, int]] = []
-        self.peak: dict[int, int] = {}
-        self._stop = threading.Event()
-
-    def __enter__(self):
-        self.smi = None if self.s.cpu else subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
-             "-lms", "200"], stdout=subprocess.PIPE, text=True)
-        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._clock, self._mem)]
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self.smi:
-            self.smi.terminate()
-        for t in self.threads:
-            t.join(5)
-
-    def _mem(self):
-        for line in (self.smi.stdout if self.smi else []):
-            idx, used = (int(x) for x in line.split(","))
-            self.peak[idx] = max(self.peak.get(idx, 0), used)
-
-    def _clock(self):
-        seen = 0
-        while not self._stop.wait(0.02) and self.log:
-            try:
-                lines = open(self.log).read().splitlines()
-            except OSError:
-                continue
-            for line in lines[seen:]:
-                try:
-                    self.steps.append((time.monotonic(), json.loads(line)["current_steps"]))
-                except (ValueError, KeyError):
-                    break
-                seen += 1
-
-    def steady(self, global_batch: int) -> float | None:
-        """samples/s between the second logged step and the last: no start-up, no save."""
-        if len(self.steps) < 3:
-            return None
-        (t0, s0), (t1, s1) = self.steps[1], self.steps[-1]
-        return round((s1 - s0) * global_batch / (t1 - t0), 2)
-
-
 def run(cmd: list[str], log: str, s: Setup, timeout: float = 540) -> tuple[int, float]:
     t0 = time.monotonic()
     with open(log, "w") as fh:
@@ -165,7 +114,7 @@ def train(s: Setup, out: str, part: str, kind: str, i: int, cmd: list[str], out_
           global_batch: int, **extra) -> dict:
     """One training run, observed; its record is appended to results.jsonl."""
     shutil.rmtree(out_dir, ignore_errors=True)
-    with Observer(s, out_dir) as obs:
+    with Observer(s.cpu, out_dir) as obs:
         rc, wall = run(cmd, f"{out}/{part}-{kind}-{i}.log", s)
     res = {}
     if os.path.exists(f"{out_dir}/all_results.json"):
