@@ -11,26 +11,25 @@ from .helpers import ROOT, free_port
 
 TRAINER_VENV = os.environ.get("MLAUNCH_TRAINER_VENV", os.path.join(ROOT, ".venvs", "trainer"))
 TRAINER_PYTHON = os.path.join(TRAINER_VENV, "bin", "python")
-
-
-def require_trainer() -> str:
-    """The trainer venv's python, or skip with the command that builds it."""
-    if not os.access(TRAINER_PYTHON, os.X_OK):
-        pytest.skip(f"no trainer venv at {TRAINER_VENV}: run "
-                    "`bash tests/env/make_trainer_venv.sh .venvs/trainer` (.ci/run does)")
-    return TRAINER_PYTHON
-
-
 SWIFT_VENV = os.environ.get("MLAUNCH_SWIFT_VENV", os.path.join(ROOT, ".venvs", "swift"))
 SWIFT_PYTHON = os.path.join(SWIFT_VENV, "bin", "python")
 
 
+def _require_venv(venv: str, builder: str, what: str) -> str:
+    """venv's python, or skip with the command that builds it."""
+    python = os.path.join(venv, "bin", "python")
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no {what} venv at {venv}: run `bash tests/env/{builder} "
+                    f"{venv}` (.ci/run does)")
+    return python
+
+
+def require_trainer() -> str:
+    return _require_venv(TRAINER_VENV, "make_trainer_venv.sh", "trainer")
+
+
 def require_swift() -> str:
-    """The ms-swift venv's python, or skip with the command that builds it."""
-    if not os.access(SWIFT_PYTHON, os.X_OK):
-        pytest.skip(f"no ms-swift venv at {SWIFT_VENV}: run "
-                    "`bash tests/env/make_swift_venv.sh .venvs/swift` (.ci/run does)")
-    return SWIFT_PYTHON
+    return _require_venv(SWIFT_VENV, "make_swift_venv.sh", "ms-swift")
 
 
 def build_tiny(dest: str) -> dict:

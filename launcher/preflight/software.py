@@ -28,10 +28,14 @@ def stack(f: dict) -> dict[str, str] | None:
     return out
 
 
+def node_stacks(ctx: Ctx, facts: dict) -> dict[int, dict[str, str]]:
+    """The version stack of every reachable node that reported torch."""
+    return {r: s for r in ctx.live if isinstance(facts.get(r), dict) and (s := stack(facts[r]))}
+
+
 def majority_stack(ctx: Ctx, facts: dict) -> dict[str, str]:
     """The versions most nodes run (what the plan renders for); {} when none reported."""
-    stacks = {r: s for r in ctx.live if isinstance(facts.get(r), dict) and (s := stack(facts[r]))}
-    ref = reference(stacks)
+    ref = reference(node_stacks(ctx, facts))
     return dict(ref[1]) if ref else {}
 
 
@@ -57,7 +61,7 @@ def pip_spec(name: str, version: str) -> str:
 
 def check_python(ctx: Ctx, facts: dict) -> list[CheckResult]:
     """Per node: the job's interpreter runs, torch is installed, torchrun is where mlaunch runs it."""
-    ref = reference({r: s for r in ctx.live if isinstance(facts.get(r), dict) and (s := stack(facts[r]))})
+    ref = reference(node_stacks(ctx, facts))
     out = []
     for r in ctx.live:
         host, f = ctx.nodes[r].host, facts.get(r)
@@ -115,7 +119,7 @@ def _torchrun_problem(ctx: Ctx, t: dict, torch_v: str | None) -> tuple[str, str]
 
 def check_versions(ctx: Ctx, facts: dict) -> list[CheckResult]:
     """Per node: torch, CUDA, NCCL and trainer versions equal the majority's."""
-    stacks = {r: s for r in ctx.live if isinstance(facts.get(r), dict) and (s := stack(facts[r]))}
+    stacks = node_stacks(ctx, facts)
     ref = reference(stacks)
     out = []
     for r in ctx.live:
