@@ -135,11 +135,12 @@ class Swift:
 
 @dataclass(frozen=True)
 class Warmup:
-    """The warmup argument as the nodes' transformers reads it."""
+    """The warmup argument as the nodes' transformers reads it (templates/ explains `why`)."""
 
-    key: str            # warmup_steps or warmup_ratio
+    key: str                          # warmup_steps or warmup_ratio
     value: int | float
-    note: str | None = None
+    why: str | None = None            # "of_max_steps", "unprobed" or "ratio_as_steps"
+    transformers: str | None = None   # the nodes' version, when it decided the key
 
 
 def warmup_arg(tr, transformers: str | None) -> Warmup | None:
@@ -155,15 +156,11 @@ def warmup_arg(tr, transformers: str | None) -> Warmup | None:
     if tr.warmup_ratio is None:
         return None
     if tr.max_steps:
-        return Warmup("warmup_steps", math.ceil(tr.warmup_ratio * tr.max_steps),
-                      f"warmup_ratio {tr.warmup_ratio:g} of max_steps {tr.max_steps}")
+        return Warmup("warmup_steps", math.ceil(tr.warmup_ratio * tr.max_steps), "of_max_steps")
     if transformers is None:
-        return Warmup("warmup_ratio", tr.warmup_ratio,
-                      "transformers version not probed (dry run or --no-preflight): rendered for "
-                      "4.x; transformers 5 rejects this key; submit's preflight picks the right one")
+        return Warmup("warmup_ratio", tr.warmup_ratio, "unprobed")
     if _major(transformers) >= 5:
-        return Warmup("warmup_steps", tr.warmup_ratio,
-                      f"transformers {transformers} reads a warmup_steps below 1 as a ratio")
+        return Warmup("warmup_steps", tr.warmup_ratio, "ratio_as_steps", transformers)
     return Warmup("warmup_ratio", tr.warmup_ratio)
 
 
