@@ -36,6 +36,8 @@ import time
 from gpu_observe import Observer  # noqa: E402  (bench/ is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.procs import job_pids  # noqa: E402
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
 W = "/tmp/gpu-proof"
@@ -216,14 +218,14 @@ def part_fault(s: Setup, out: str, steps: int) -> None:
         capture_output=True, text=True).stdout.strip()
     record(out, {"part": "fault", "kind": "after", "killed_pid": killed, "global_step": state.get("global_step"),
                  "resumed": re.findall(r"resuming from (\S+)", text), "attempts": re.findall(r"attempt \d: exit \d+.*", text),
-                 "gpu_apps_after": apps, "gpu_used_after": used, "job_pids_left": job_pids("fault-")})
+                 "gpu_apps_after": apps, "gpu_used_after": used, "job_pids_left": sorted(job_pids("fault-"))})
 
 
 def kill_rank_after(path: str, killed: list[int]) -> None:
     """SIGKILL local rank 1 of this proof's fault job once its first checkpoint is complete."""
     while not os.path.exists(path):
         time.sleep(0.05)
-    for pid in job_pids("fault-"):
+    for pid in sorted(job_pids("fault-")):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
@@ -233,18 +235,6 @@ def kill_rank_after(path: str, killed: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
             return
-
-
-def job_pids(prefix: str = "") -> list[int]:
-    """Processes of mlaunch runs on this machine whose run id starts with prefix."""
-    out = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            if f"MLAUNCH_RUN_ID={prefix}".encode() in open(f"{d}/environ", "rb").read():
-                out.append(int(d[6:]))
-        except OSError:
-            pass
-    return sorted(out)
 
 
 def install(wheels: list[str]) -> None:

@@ -94,19 +94,8 @@ def submit_timed(tmp_path, spec: dict, *args: str, timeout: float = 600, preflig
 def local_job_pids(name: str):
     """A pids() for kill_worker_when: this machine's processes of mlaunch runs of job `name`
     (never another job's, e.g. a second test run on the same machine)."""
-    return lambda: _pids_with(f"MLAUNCH_RUN_ID={name}-".encode())
-
-
-def _pids_with(needle: bytes) -> set[int]:
-    import glob
-    out = set()
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            if needle in open(f"{d}/environ", "rb").read():
-                out.add(int(d[6:]))
-        except OSError:
-            pass
-    return out
+    from .procs import job_pids
+    return lambda: job_pids(f"{name}-")
 
 
 def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list) -> None:

@@ -1,0 +1,18 @@
+"""Finding this machine's processes of one mlaunch job (stdlib only: bench/ uses it too)."""
+from __future__ import annotations
+
+import glob
+
+
+def job_pids(run_id_prefix: str) -> set[int]:
+    """Processes whose environment holds MLAUNCH_RUN_ID=<run_id_prefix>..., never another job's."""
+    needle = f"MLAUNCH_RUN_ID={run_id_prefix}".encode()
+    out = set()
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(f"{d}/environ", "rb") as fh:
+                if needle in fh.read():
+                    out.add(int(d[6:]))
+        except OSError:
+            pass
+    return out
