@@ -33,13 +33,15 @@ def _submit_options(f):
         click.option("--max-restarts", type=click.IntRange(0, 100),
                      help="After a node failure, relaunch from the latest checkpoint up to N times."),
         click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
+        click.option("-d", "--detach", is_flag=True,
+                     help="Once every node has started, hand the run to a supervisor and return."),
     ]):
         f = opt(f)
     return f
 
 
 def _run_submit(job: str, dry_run: bool, run_id, log_dir, resume, overwrite, max_restarts,
-                no_preflight) -> None:
+                no_preflight, detach=False) -> None:
     from .plan import build_plan
     spec = _load(job)
     if dry_run:
@@ -49,10 +51,10 @@ def _run_submit(job: str, dry_run: bool, run_id, log_dir, resume, overwrite, max
         if resume:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
-    from .submit import SubmitOptions, submit as do_submit
+    from .submit import SubmitOptions, launch
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
                          max_restarts=max_restarts, preflight=not no_preflight)
-    sys.exit(do_submit(spec, opts))
+    sys.exit(launch(spec, opts, detach=detach))
 
 
 @cli.command()
@@ -113,6 +115,10 @@ def schema() -> None:
 
     from .spec import Job
     click.echo(json.dumps(TypeAdapter(Job).json_schema(by_alias=True), indent=2))
+
+
+from .cli_runs import register  # noqa: E402  (ps, logs, stop, attach)
+register(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """`mlaunch submit`: connect, check, guard output_dir, run, and restart from checkpoints."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
@@ -17,6 +18,7 @@ from .execute.job import JobResult, make_executor, run_job
 from .execute.stream import Printer
 from .plan import LaunchPlan, build_plan, remote_bin
 from .present import describe_result
+from .recorder import NullRecorder, Recorder
 from .spec import JobBase
 from .trainers import TRAINERS
 
@@ -33,12 +35,45 @@ class SubmitOptions:
     preflight: bool = True
 
 
-def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
-    """Run job to completion (with restarts); return its exit code."""
+def launch(job: JobBase, opts: SubmitOptions, detach: bool = False) -> int:
+    """The CLI's submit: through the run's backend, registered; detached or in the foreground."""
+    from .execute.backend import backend_for, backend_name
     if opts.resume and opts.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
-    printer = Printer(plan.mask, out or sys.stdout)
+    backend = backend_for(backend_name(plan))
+    request = backend.dryrun(plan)
+    opts = dataclasses.replace(opts, run_id=plan.run_id)
+    return backend.submit(request, opts, job) if detach else backend.run(request, opts, job)
+
+
+def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
+           recorder: Recorder | None = None) -> int:
+    """Run job to completion (with restarts); return its exit code.
+
+    recorder: registers the run and its attempts (the CLI's runs are all registered)."""
+    if opts.resume and opts.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
+    rec = recorder or NullRecorder()
+    printer = Printer(plan.mask, rec.begin(plan, job, out or sys.stdout))
+    code = 1
+    try:
+        code = _submit(job, opts, plan, printer, rec)
+    except UserError as e:
+        code = e.exit_code
+        rec.note(e.lines())
+        raise
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    finally:
+        rec.end(code)
+    return code
+
+
+def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
+            rec: Recorder) -> int:
     executor = _connect(plan)
     try:
         versions = _preflight(plan, executor, printer) if opts.preflight else {}
@@ -50,7 +85,7 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
         master.lock(printer)
         try:
             return _attempts(job, plan, executor, printer, opts, master, resume_from,
-                             versions.get("transformers"))
+                             versions.get("transformers"), rec)
         finally:
             master.unlock()
     finally:
@@ -108,7 +143,7 @@ def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
     return None, found.stamps
 
 
-def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers) -> int:
+def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers, rec) -> int:
     """The first launch and up to max_restarts relaunches, each resuming from a checkpoint."""
     limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
     history: list[tuple[int, JobResult, str | None]] = []
@@ -120,13 +155,16 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
                           # itself (LLaMA-Factory would resume from the last, complete or not).
                           overwrite=opts.overwrite or bool(history) or bool(master.ignore),
                           attempt=attempt, transformers=transformers)
-        result = run_job(plan, executor, printer, connected=True)
+        started = lambda p=plan, n=attempt, r=resume_from: rec.attempt_started(p, n, r)  # noqa: E731
+        result = run_job(plan, executor, printer, connected=True, on_started=started)
+        rec.attempt_ended(attempt, result.code, result.interrupted)
         for line in describe_result(plan, result).splitlines():
             printer.say(line)
         history.append((attempt, result, resume_from))
         if result.code == 0 or result.interrupted or attempt >= limit:
             break
         attempt += 1
+        rec.restarting()
         executor = _restart_wait(job, plan, executor, printer, attempt, limit)
         master.executor = executor
         resume_from = master.discover().latest if TRAINERS[job.trainer].resumable else None

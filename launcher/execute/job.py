@@ -7,6 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .. import render
 from ..errors import UserError
@@ -64,11 +65,13 @@ def make_executor(plan: LaunchPlan) -> Executor:
 
 
 def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
-            timeout: float | None = None, connected: bool = False) -> JobResult:
+            timeout: float | None = None, connected: bool = False,
+            on_started: Callable[[], None] | None = None) -> JobResult:
     """Connect to all hosts, then start all nodes; never a half-started cluster.
 
     timeout: a hard limit in seconds; past it the job is torn down and exits 124.
     connected: the executor is already connected (e.g. by preflight); it is not closed here.
+    on_started: called once every node has started (the registry's `running`).
     """
     try:
         os.makedirs(plan.log_dir, exist_ok=True)
@@ -81,7 +84,7 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
         if problems:
             raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
         executor.stage(plan)
-        return _Session(plan, executor, printer, timeout).run()
+        return _Session(plan, executor, printer, timeout, on_started).run()
     finally:
         if not connected:
             executor.close()
@@ -91,8 +94,9 @@ class _Session:
     """The running job: one reader thread per node, events to the main thread."""
 
     def __init__(self, plan: LaunchPlan, executor: Executor, printer: Printer,
-                 timeout: float | None = None):
+                 timeout: float | None = None, on_started: Callable[[], None] | None = None):
         self.plan, self.executor, self.printer = plan, executor, printer
+        self.on_started = on_started
         self.deadline = time.monotonic() + timeout if timeout else None
         self.events: queue.Queue[tuple[int, Exit]] = queue.Queue()
         self.outcomes = [NodeOutcome(n.rank, n.host) for n in plan.nodes]
@@ -116,6 +120,8 @@ class _Session:
         threading.Thread(target=self._heartbeats, daemon=True).start()
         if not all(started):
             self._begin_teardown()
+        elif self.on_started is not None:
+            self.on_started()
 
     def _heartbeats(self) -> None:
         # Until every node has reported, keep each node's hang-up guard from firing.

@@ -130,7 +130,8 @@ class NodeLog:
     """One node's full output in its log file, plus its last lines for the summary."""
 
     def __init__(self, path: str, mask: Callable[[str], str], keep: int = 12):
-        self._fh = open(path, "a", encoding="utf-8")
+        # Line-buffered: `mlaunch logs -f` sees each chunk as soon as it arrives.
+        self._fh = open(path, "a", encoding="utf-8", buffering=1)
         self._mask = mask
         self.tail: collections.deque[str] = collections.deque(maxlen=keep)
 

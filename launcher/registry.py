@@ -1,0 +1,217 @@
+"""The run registry: one SQLite database of every run and attempt ($MLAUNCH_HOME/runs.db).
+
+Standard library only: `mlaunch ps` reads it without importing the launcher's heavy parts.
+Concurrency: WAL (readers never block the writer), one short transaction per change, and
+every change is a targeted UPDATE of the columns it owns, so no writer overwrites another's
+update; a state change that depends on the current state is a compare-and-set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+
+ACTIVE = ("starting", "running", "restarting")
+FINAL = ("succeeded", "failed", "stopped", "lost")
+STATES = ACTIVE + FINAL
+BUSY_TIMEOUT_MS = 30000
+CONSOLE = "console.log"   # the run's terminal stream, in its log directory
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, backend TEXT NOT NULL, hosts TEXT NOT NULL,
+  spec TEXT NOT NULL, state TEXT NOT NULL, handle TEXT NOT NULL DEFAULT '{}',
+  supervisor_pid INTEGER, supervisor_start INTEGER, detached INTEGER NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0, exit_code INTEGER, log_dir TEXT, output_dir TEXT,
+  resumed_from TEXT, stop_requested INTEGER NOT NULL DEFAULT 0,
+  created REAL NOT NULL, started REAL, ended REAL);
+CREATE INDEX IF NOT EXISTS runs_name ON runs(name, created);
+CREATE INDEX IF NOT EXISTS runs_state ON runs(state);
+CREATE TABLE IF NOT EXISTS attempts (
+  run_id TEXT NOT NULL, n INTEGER NOT NULL, tag TEXT NOT NULL, state TEXT NOT NULL,
+  exit_code INTEGER, resumed_from TEXT, log_paths TEXT NOT NULL, started REAL, ended REAL,
+  PRIMARY KEY (run_id, n));
+"""
+
+
+def home() -> str:
+    """$MLAUNCH_HOME, default ~/.mlaunch."""
+    return os.environ.get("MLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".mlaunch")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of `runs`, decoded."""
+
+    id: str
+    name: str
+    backend: str
+    hosts: list
+    spec: dict
+    state: str
+    handle: dict
+    supervisor_pid: int | None
+    supervisor_start: int | None
+    detached: bool
+    attempts: int
+    exit_code: int | None
+    log_dir: str | None
+    output_dir: str | None
+    resumed_from: str | None
+    stop_requested: bool
+    created: float
+    started: float | None
+    ended: float | None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def public(self) -> dict:
+        """The row as `ps --json` shows it: everything but the spec snapshot."""
+        d = dict(self.__dict__)
+        d.pop("spec")
+        return d
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One row of `attempts`: one launch of the run's nodes."""
+
+    run_id: str
+    n: int
+    tag: str
+    state: str
+    exit_code: int | None
+    resumed_from: str | None
+    log_paths: list
+    started: float | None
+    ended: float | None
+
+
+class Registry:
+    """A connection to runs.db; cheap to open, one per process (or thread)."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path or os.path.join(home(), "runs.db")
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
+                                   isolation_level=None, check_same_thread=False)
+        self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name='attempts'").fetchone():
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- writes: each one short statement (an implicit transaction of its own) --
+
+    def create(self, run_id: str, *, name: str, backend: str, hosts: list, spec: dict,
+               detached: bool, supervisor: tuple[int, int | None], log_dir: str | None,
+               output_dir: str | None, handle: dict | None = None) -> None:
+        """Record a new run in state starting."""
+        self._db.execute(
+            "INSERT INTO runs (id, name, backend, hosts, spec, state, handle, supervisor_pid,"
+            " supervisor_start, detached, log_dir, output_dir, created) VALUES"
+            " (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, name, backend, json.dumps(hosts), json.dumps(spec), json.dumps(handle or {}),
+             supervisor[0], supervisor[1], int(detached), log_dir, output_dir, time.time()))
+
+    def attempt_started(self, run_id: str, n: int, tag: str, log_paths: list[str],
+                        resumed_from: str | None) -> None:
+        """Attempt n has started on every node: the run is running."""
+        now = time.time()
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO attempts (run_id, n, tag, state, resumed_from, log_paths,"
+                " started) VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                (run_id, n, tag, resumed_from, json.dumps(log_paths), now))
+            self._db.execute(
+                "UPDATE runs SET state='running', attempts=?, started=COALESCE(started, ?),"
+                " resumed_from=COALESCE(?, resumed_from) WHERE id=? AND state IN"
+                " ('starting', 'restarting')", (n + 1, now, resumed_from, run_id))
+
+    def attempt_ended(self, run_id: str, n: int, code: int, state: str) -> None:
+        self._db.execute("UPDATE attempts SET state=?, exit_code=?, ended=? WHERE run_id=? AND n=?",
+                         (state, code, time.time(), run_id, n))
+
+    def set_state(self, run_id: str, state: str, *, only_from: tuple[str, ...] = ACTIVE,
+                  exit_code: int | None = None) -> bool:
+        """Compare-and-set: move the run to state if it is in one of only_from."""
+        assert state in STATES, state
+        ended = time.time() if state in FINAL else None
+        marks = ",".join("?" * len(only_from))
+        cur = self._db.execute(
+            f"UPDATE runs SET state=?, exit_code=COALESCE(?, exit_code), ended=COALESCE(?, ended)"
+            f" WHERE id=? AND state IN ({marks})", (state, exit_code, ended, run_id, *only_from))
+        return cur.rowcount == 1
+
+    def set_handle(self, run_id: str, handle: dict) -> None:
+        self._db.execute("UPDATE runs SET handle=? WHERE id=?", (json.dumps(handle), run_id))
+
+    def request_stop(self, run_id: str) -> None:
+        self._db.execute("UPDATE runs SET stop_requested=1 WHERE id=?", (run_id,))
+
+    # -- reads --
+
+    def get(self, run_id: str) -> Run | None:
+        row = self._db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        return self._run(row) if row else None
+
+    def runs(self, include_final: bool = True, limit: int | None = None) -> list[Run]:
+        """Newest first."""
+        where = "" if include_final else f"WHERE state IN {ACTIVE + ('lost',)!r}"
+        sql = f"SELECT * FROM runs {where} ORDER BY created DESC"
+        rows = self._db.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
+        return [self._run(r) for r in rows]
+
+    def attempts(self, run_id: str) -> list[Attempt]:
+        rows = self._db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY n", (run_id,)).fetchall()
+        return [Attempt(*r[:6], json.loads(r[6]), *r[7:]) for r in rows]
+
+    def resolve(self, ref: str) -> Run | None | list[str]:
+        """RUN as the user typed it: a unique id prefix, or a job name (its latest run).
+
+        Returns the run, None when nothing matches, or the ids when the prefix is ambiguous.
+        """
+        exact = self.get(ref)
+        if exact:
+            return exact
+        esc = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        ids = [r[0] for r in self._db.execute(
+            "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY created DESC LIMIT 11",
+            (esc + "%",)).fetchall()]
+        by_name = self._db.execute("SELECT id FROM runs WHERE name=? ORDER BY created DESC LIMIT 1",
+                                   (ref,)).fetchone()
+        if by_name:
+            return self.get(by_name[0])
+        if len(ids) == 1:
+            return self.get(ids[0])
+        return ids or None
+
+    def _run(self, row: tuple) -> Run:
+        r = list(row)
+        r[3], r[4], r[6] = json.loads(r[3]), json.loads(r[4]), json.loads(r[6])
+        r[9], r[15] = bool(r[9]), bool(r[15])
+        return Run(*r)
+
+    def _tx(self):
+        return _Immediate(self._db)
+
+
+class _Immediate:
+    """BEGIN IMMEDIATE ... COMMIT: a multi-statement change, taking the write lock up front."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def __enter__(self):
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, et, ev, tb):
+        self._db.execute("COMMIT" if et is None else "ROLLBACK")
