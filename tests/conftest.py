@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from typing import Callable, ContextManager, Iterator
 
 import pytest
@@ -14,6 +15,10 @@ except ImportError:  # rootdir-relative import (tests/ on sys.path, no __init__)
     if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # importlib mode
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import hosts as _hosts
+
+
+# Every mlaunch the tests start registers its runs here, never in the user's ~/.mlaunch.
+os.environ["MLAUNCH_HOME"] = tempfile.mkdtemp(prefix="mlaunch-test-home-")
 
 
 def pytest_configure(config: pytest.Config) -> None:

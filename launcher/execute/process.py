@@ -27,7 +27,10 @@ def proc_start(pid: int) -> int | None:
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after its last ")".
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):  # a killed process not yet reaped is gone all the same
+        return None
+    return int(fields[19])
 
 
 def alive(pid: int | None, start: int | None, token: str | None = None) -> bool:

@@ -1,0 +1,138 @@
+"""Detached runs on real sshd hosts: submit -d, the supervisor, ps / logs / stop / attach."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from .helpers import script_job, write_spec
+from .procs import job_pids as local_pids
+from .runs import Runs, hang_up, submit_in_terminal
+from .test_fanout import job_pids
+
+
+@pytest.fixture
+def runs(tmp_path) -> Runs:
+    return Runs(str(tmp_path / "home"))
+
+
+def sleepers(hs, out: str, **cluster) -> dict:
+    """2 hosts × 2 ranks that print `ready rank R` and sleep until torn down."""
+    return script_job([h.ip for h in hs.hosts], 2, "fail_or_sleep.py", ["-1", "0", "0"], out,
+                      hs=hs, **cluster)
+
+
+def all_gone(hs, keep: set[int] = frozenset()) -> dict[str, set[int]]:
+    return {h.name: job_pids(h, set(keep)) for h in hs.hosts}
+
+
+@pytest.mark.multihost
+def test_detached_run_survives_hangup_and_completes(make_hostset, tmp_path, runs):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = script_job([h.ip for h in hs.hosts], 2, "ticker.py", ["60", "0.2", "0"], out, hs=hs)
+        shell, run_id = submit_in_terminal(runs, write_spec(tmp_path, spec))
+        hang_up(shell)
+        assert runs.run(run_id)["state"] == "running"
+        runs.wait_console(run_id, r"tick rank \d node 1 i 5 ")
+        follower = runs.popen("logs", "-f", run_id[:len(run_id) - 3])  # a unique prefix
+        row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"))
+        followed, err = follower.communicate(timeout=60)
+        assert row["state"] == "succeeded" and row["exit_code"] == 0, row
+        assert follower.returncode == 0, err
+        assert re.search(r"tick rank [0-3] node [01] i 59 ", followed), followed[-2000:]
+        assert f"job {run_id} succeeded (exit 0)" in followed
+        node1 = runs.cli("logs", run_id, "--node", "1")
+        assert node1.returncode == 0, node1.stderr
+        ticks = [ln for ln in node1.stdout.splitlines() if " tick rank " in ln]
+        assert len(ticks) == 120  # 2 ranks x 60 lines, all of node 1's, each prefixed
+        assert all(ln.startswith(f"[node1 {hs.hosts[1].ip} local") and " node 1 i " in ln
+                   for ln in ticks), ticks[:3]
+        assert all_gone(hs) == {h.name: set() for h in hs.hosts}
+
+
+@pytest.mark.multihost
+def test_stop_leaves_nothing_and_spares_a_bystander(make_hostset, tmp_path, runs):
+    with make_hostset(2) as hs:
+        bystander = hs.hosts[1].popen(["sleep", "600"])
+        try:
+            run_id = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "out")))
+            runs.wait_console(run_id, r"ready rank \d", count=4)
+            r = runs.cli("stop", run_id)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "0 processes left on 2 hosts" in r.stdout
+            assert all_gone(hs, {bystander.pid}) == {h.name: set() for h in hs.hosts}
+            assert bystander.poll() is None, "stop killed an unrelated process"
+            row = runs.run(run_id)
+            assert row["state"] == "stopped" and row["exit_code"] == 130, row
+        finally:
+            bystander.kill()
+
+
+@pytest.mark.multihost
+def test_supervisor_killed_is_lost_and_stop_still_cleans(make_hostset, tmp_path, runs):
+    with make_hostset(2) as hs:
+        # With stop: the nodes are reached directly.
+        a = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "a"), hangup_after_s=600), name="a.yaml")
+        runs.wait_console(a, r"ready rank \d", count=4)
+        os.kill(runs.run(a)["supervisor_pid"], signal.SIGKILL)
+        assert runs.wait_state(a, ("lost",), timeout=10)["state"] == "lost"
+        assert local_pids(a), "the job should still run on the nodes (hang-up guard: 600 s)"
+        r = runs.cli("stop", a)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "supervisor is lost" in r.stdout and "0 processes left" in r.stdout
+        assert all_gone(hs) == {h.name: set() for h in hs.hosts}
+        assert runs.run(a)["state"] == "stopped"
+        # Without stop: each node's hang-up guard ends its own processes.
+        b = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "b"), hangup_after_s=6), name="b.yaml")
+        runs.wait_console(b, r"ready rank \d", count=4)
+        os.kill(runs.run(b)["supervisor_pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while local_pids(b) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not local_pids(b), "the hang-up guards did not end the job"
+        assert all_gone(hs) == {h.name: set() for h in hs.hosts}
+        assert runs.run(b)["state"] == "lost"
+
+
+@pytest.mark.multihost
+def test_two_detached_runs_on_the_same_hosts(make_hostset, tmp_path, runs):
+    with make_hostset(2) as hs:
+        a = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "a")), name="a.yaml")
+        b = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "b")), name="b.yaml")
+        for run_id in (a, b):
+            runs.wait_console(run_id, r"ready rank \d", count=4)
+        listed = {r["id"]: r["state"] for r in runs.ps(all_=False)}
+        assert listed == {a: "running", b: "running"}
+        table = runs.cli("ps").stdout
+        assert a in table and b in table
+        r = runs.cli("stop", a)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not local_pids(a)
+        assert len([p for p in local_pids(b)]) >= 4, "stopping one run touched the other"
+        assert {r["id"]: r["state"] for r in runs.ps()} == {a: "stopped", b: "running"}
+        assert runs.cli("stop", b).returncode == 0
+        assert all_gone(hs) == {h.name: set() for h in hs.hosts}
+
+
+@pytest.mark.multihost
+def test_attach_then_ctrl_c_leaves_the_run_running(make_hostset, tmp_path, runs):
+    with make_hostset(2) as hs:
+        run_id = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "out")))
+        runs.wait_console(run_id, r"ready rank \d", count=4)
+        att = runs.popen("attach", run_id)
+        first = att.stdout.readline()
+        assert "[node" in first or "[mlaunch]" in first, first
+        att.send_signal(signal.SIGINT)
+        rest, err = att.communicate(timeout=30)
+        assert att.returncode == 0, err
+        assert "Ctrl-C detaches, the run keeps running" in err
+        assert f"detached from run {run_id}; it keeps running" in err
+        time.sleep(1)
+        assert runs.run(run_id)["state"] == "running"
+        assert len(local_pids(run_id)) >= 4
+        assert runs.cli("stop", run_id).returncode == 0
+        assert all_gone(hs) == {h.name: set() for h in hs.hosts}
