@@ -36,6 +36,11 @@ CREATE TABLE IF NOT EXISTS attempts (
 """
 
 
+_COLUMNS = ("id name backend hosts spec state handle supervisor_pid supervisor_start detached attempts"
+            " exit_code log_dir output_dir resumed_from stop_requested created started ended").split()
+_LIST_COLUMNS = ", ".join("NULL" if c == "spec" else c for c in _COLUMNS)
+
+
 def home() -> str:
     """$MLAUNCH_HOME, default ~/.mlaunch."""
     return os.environ.get("MLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".mlaunch")
@@ -49,7 +54,7 @@ class Run:
     name: str
     backend: str
     hosts: list
-    spec: dict
+    spec: dict | None    # the spec snapshot; None in listings (Registry.runs)
     state: str
     handle: dict
     supervisor_pid: int | None
@@ -166,7 +171,8 @@ class Registry:
     def runs(self, include_final: bool = True, limit: int | None = None) -> list[Run]:
         """Newest first."""
         where = "" if include_final else f"WHERE state IN {ACTIVE + ('lost',)!r}"
-        sql = f"SELECT * FROM runs {where} ORDER BY created DESC"
+        # Without the spec snapshot (`ps` never shows it): a listing of 1,000 runs stays fast.
+        sql = f"SELECT {_LIST_COLUMNS} FROM runs {where} ORDER BY created DESC"
         rows = self._db.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
         return [self._run(r) for r in rows]
 
@@ -196,7 +202,8 @@ class Registry:
 
     def _run(self, row: tuple) -> Run:
         r = list(row)
-        r[3], r[4], r[6] = json.loads(r[3]), json.loads(r[4]), json.loads(r[6])
+        r[3], r[6] = json.loads(r[3]), json.loads(r[6])
+        r[4] = json.loads(r[4]) if r[4] is not None else None
         r[9], r[15] = bool(r[9]), bool(r[15])
         return Run(*r)
 
