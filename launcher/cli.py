@@ -45,9 +45,9 @@ def _run_submit(job: str, dry_run: bool, run_id, log_dir, resume, overwrite, max
     from .plan import build_plan
     spec = _load(job)
     if dry_run:
-        from .present import describe_plan
+        from .execute.backend import backend_for, backend_name
         plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite)
-        click.echo(describe_plan(plan), nl=False)
+        click.echo(backend_for(backend_name(plan)).dryrun(plan).text, nl=False)
         if resume:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return

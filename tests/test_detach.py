@@ -136,3 +136,24 @@ def test_attach_then_ctrl_c_leaves_the_run_running(make_hostset, tmp_path, runs)
         assert len(local_pids(run_id)) >= 4
         assert runs.cli("stop", run_id).returncode == 0
         assert all_gone(hs) == {h.name: set() for h in hs.hosts}
+
+
+@pytest.mark.multihost
+def test_stop_of_a_foreground_run_by_job_name(make_hostset, tmp_path, runs):
+    """A foreground run is registered too; `stop <job name>` from another terminal is its Ctrl-C."""
+    with make_hostset(2) as hs:
+        fg = runs.popen("submit", write_spec(tmp_path, sleepers(hs, str(tmp_path / "out"))),
+                        "--no-preflight")
+        ready = set()
+        for line in fg.stdout:
+            ready.update(re.findall(r"ready rank (\d+)", line))
+            if len(ready) == 4:
+                break
+        row = runs.ps(all_=False)[0]
+        assert row["state"] == "running" and not row["detached"], row
+        r = runs.cli("stop", "t")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rest, _ = fg.communicate(timeout=60)
+        assert fg.returncode == 130 and "interrupted: tearing down" in rest, rest[-2000:]
+        assert runs.run(row["id"])["state"] == "stopped"
+        assert all_gone(hs) == {h.name: set() for h in hs.hosts}

@@ -53,9 +53,12 @@ def _quiet_stdin() -> None:
 
 def _detach(rec: Recorder) -> None:
     """Tell `mlaunch submit` we are on our own; from now on nothing goes to its terminal."""
-    sys.stdout.write(DETACHED + "\n")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.write(DETACHED + "\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # `mlaunch submit` is gone already (its terminal closed): carry on
+        pass
     log_dir = os.path.dirname(rec.console._file.name) if rec.console else "."
     fd = os.open(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
