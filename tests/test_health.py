@@ -220,3 +220,60 @@ def test_wrong_world_size_on_one_node_stops_at_once(make_hostset, tmp_path):
     assert left == [set(), set()]
     assert f"node1 {ip1} joined a world of 2, the plan has 4" in r.stdout
     assert "step': 200" not in r.stdout   # stopped long before the end
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from .training import build_tiny, require_trainer
+    require_trainer()
+    return build_tiny(str(tmp_path_factory.mktemp("tiny")))
+
+
+def _stop_worker_when(pids, state_glob: str, done, stopped: list) -> None:
+    """Once state_glob exists, SIGSTOP the local-rank-1 LLaMA-Factory worker among pids()."""
+    import glob
+    while not done.is_set() and not glob.glob(state_glob):
+        time.sleep(0.05)
+    for pid in sorted(pids()):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"LOCAL_RANK=1" in env and b"llamafactory.launcher" in cmd:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            return
+
+
+@pytest.mark.training
+def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_path, tiny):
+    """A real LLaMA-Factory run (2 local ranks); rank 1 is SIGSTOPped after checkpoint-5."""
+    from .test_training import assert_trained
+    from .training import lf_spec, local_job_pids, submit_timed
+    out = str(tmp_path / "out")
+    spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=10, save_steps=5, max_restarts=1,
+                   restart_backoff_s=1, name="health-stop", health={"hang_after_s": 15})
+    done, stopped = threading.Event(), []
+    watcher = threading.Thread(target=_stop_worker_when, args=(
+        local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
+        done, stopped))
+    watcher.start()
+    r = submit_timed(tmp_path, spec)
+    done.set()
+    watcher.join()
+    assert stopped, "no worker was stopped"
+    assert_trained(r, out, 10)
+    assert "health: hang: no training step for" in r.stdout
+    assert f"restart 1/1: resuming from {out}/checkpoint-5" in r.stdout
+    assert not local_job_pids("health-stop")()
+    ev = _events(out)
+    names = [e["event"] for e in ev]
+    assert names[0] == "run_start" and names[-1] == "run_end" and ev[-1]["code"] == 0
+    assert names.index("first_step") < names.index("hang") < names.index("restart")
+    restart = next(e for e in ev if e["event"] == "restart")
+    assert restart["reason"] == "hang" and restart["resume_from"].endswith("checkpoint-5")
+    ckpts = [(e["attempt"], os.path.basename(e["path"])) for e in ev if e["event"] == "checkpoint"]
+    assert (0, "checkpoint-5") in ckpts and (1, "checkpoint-10") in ckpts
+    assert [e["attempt"] for e in ev] == sorted(e["attempt"] for e in ev)
+    assert sum(e["event"] == "node_start" for e in ev) == 2
