@@ -123,14 +123,14 @@ def test_megatron_argv_exact():
         "-m", "swift.cli._megatron.sft",
         "--model", "/data/models/Qwen2.5-14B-Instruct", "--model_type", "qwen2",
         "--dataset", "/data/work/data/alpaca_zh_demo.json", "--max_length", "4096",
-        "--tuner_type", "lora", "--lora_rank", "8", "--lora_alpha", "32", "--lora_dropout", "0.0",
+        "--tuner_type", "lora", "--lora_rank", "8", "--lora_alpha", "32", "--lora_dropout", "0.05",
         "--target_modules", "all-linear",
         "--torch_dtype", "bfloat16", "--bf16", "true", "--fp16", "false",
         "--tensor_model_parallel_size", "2", "--pipeline_model_parallel_size", "2",
         "--sequence_parallel", "true", "--micro_batch_size", "1", "--global_batch_size", "32",
         "--lr", "0.0001", "--lr_decay_style", "cosine", "--lr_warmup_fraction", "0.03",
         "--num_train_epochs", "1", "--clip_grad", "1.0",
-        "--recompute_granularity", "full", "--recompute_method", "uniform", "--recompute_num_layers", "1",
+        "--recompute_granularity", "selective",  # Megatron-SWIFT's default: the spec leaves it out
         "--save_steps", "100", "--logging_steps", "5", "--seed", "42",
         "--output_dir", "/data/work/output/qwen25-14b-swift-megatron", "--check_model", "false",
     ]
@@ -140,13 +140,16 @@ def test_resume_argv():
     run = RunContext(run_id="R", run_dir="/runs/R", resume_from="/o/v0-20260101-000000/checkpoint-5")
     f = flags(argv(swift_lora(), run))
     assert f["resume_from_checkpoint"] == ["/o/v0-20260101-000000/checkpoint-5"]
-    # Megatron resumes from a run dir (its tracker names the iteration), as discovery returns.
-    run = RunContext(run_id="R", run_dir="/runs/R", resume_from="/o/v0-20260101-000000")
+    # Megatron-SWIFT 4.x resumes from v<N>-*/checkpoint-<iter> (its tracker names the iteration),
+    # exactly the path discovery returns (tests/test_checkpoints.py plants that layout).
+    ckpt = "/o/v0-20260101-000000/checkpoint-200"
+    run = RunContext(run_id="R", run_dir="/runs/R", resume_from=ckpt)
     f = flags(argv(swift_megatron(), run))
-    assert f["mcore_adapter"] == ["/o/v0-20260101-000000"] and f["finetune"] == ["false"]
+    assert f["mcore_adapter"] == [ckpt] and f["finetune"] == ["false"] and "mcore_model" not in f
     data = swift_megatron()
     data["finetuning"] = {"type": "full"}
-    assert flags(argv(data, run))["mcore_model"] == ["/o/v0-20260101-000000"]
+    f = flags(argv(data, run))
+    assert f["mcore_model"] == [ckpt] and f["finetune"] == ["false"] and "mcore_adapter" not in f
     assert TRAINERS["swift"].discovery_args(validate(data)) == ["--megatron"]
 
 
@@ -213,13 +216,6 @@ def test_tp_must_divide_heads(tmp_path):
     lines = problems(mega(tmp_path, layers=48, heads=12, tp=8, pp=1))
     assert any(line.startswith("megatron.tp: the model has 12 attention heads") and
                "not divisible by tp 8; choose tp among 1, 2, 3, 4, 6, 12" in line for line in lines), lines
-
-
-def test_sequence_parallel_needs_tp():
-    data = mega(tp=1, pp=2, sequence_parallel=True)
-    data["batch"]["global"] = 64
-    assert problems(data) == ["megatron.sequence_parallel: needs tp > 1: sequence parallelism splits "
-                              "activations across the tensor-parallel group; set tp ≥ 2 or remove it"]
 
 
 def test_megatron_batch_uses_data_parallel_size():
