@@ -25,7 +25,7 @@ LORA_ARGV = [
     "--dataset", "/data/work/data/alpaca_zh_demo.json", "/data/work/data/identity.json",
     "--max_length", "2048", "--tuner_type", "lora", "--lora_rank", "8", "--lora_alpha", "32",
     "--lora_dropout", "0.05", "--target_modules", "all-linear",
-    "--torch_dtype", "bfloat16", "--bf16", "true", "--fp16", "false",
+    "--torch_dtype", "bfloat16",
     "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "8",
     "--learning_rate", "0.0001", "--lr_scheduler_type", "cosine", "--warmup_ratio", "0.03",
     "--num_train_epochs", "3.0", "--max_grad_norm", "1.0", "--gradient_checkpointing", "true",
@@ -95,7 +95,11 @@ def test_full_argv():
     f = flags(argv(data))
     assert f["tuner_type"] == ["full"]
     assert not {"lora_rank", "lora_alpha", "target_modules", "deepspeed"} & set(f)
-    assert (f["torch_dtype"], f["bf16"], f["fp16"]) == (["float16"], ["false"], ["true"])
+    # swift derives bf16/fp16 from torch_dtype; only fp32 states both off (it would pick fp16 AMP).
+    assert f["torch_dtype"] == ["float16"] and "bf16" not in f and "fp16" not in f
+    data["precision"] = "fp32"
+    f = flags(argv(data))
+    assert (f["torch_dtype"], f["bf16"], f["fp16"]) == (["float32"], ["false"], ["false"])
     assert (f["max_steps"], f["warmup_steps"], f["gradient_checkpointing"]) == (["200"], ["10"], ["false"])
     assert "num_train_epochs" not in f and "warmup_ratio" not in f
 
@@ -125,7 +129,7 @@ def test_megatron_argv_exact():
         "--dataset", "/data/work/data/alpaca_zh_demo.json", "--max_length", "4096",
         "--tuner_type", "lora", "--lora_rank", "8", "--lora_alpha", "32", "--lora_dropout", "0.05",
         "--target_modules", "all-linear",
-        "--torch_dtype", "bfloat16", "--bf16", "true", "--fp16", "false",
+        "--torch_dtype", "bfloat16",
         "--tensor_model_parallel_size", "2", "--pipeline_model_parallel_size", "2",
         "--sequence_parallel", "true", "--micro_batch_size", "1", "--global_batch_size", "32",
         "--lr", "0.0001", "--lr_decay_style", "cosine", "--lr_warmup_fraction", "0.03",
