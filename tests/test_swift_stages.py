@@ -297,3 +297,26 @@ def test_llamafactory_passthrough_names():
     data["passthrough"].pop("report_to")
     assert problems(data) == ["passthrough.save_total_limt: not an argument of LLaMA-Factory 0.9.5; "
                               "did you mean 'save_total_limit'?"]
+
+
+# --- Megatron-SWIFT 4.x: discovery on the planted save layout, then the resume arguments ------
+
+@pytest.mark.parametrize("lora,flag", [(True, "mcore_adapter"), (False, "mcore_model")])
+def test_megatron_discovery_to_resume_arguments(tmp_path, lora, flag):
+    from launcher.checkpoints import find_latest_complete
+    from .test_checkpoints import plant_megatron   # ms-swift 4.6's save layout, file:line named there
+    plant_megatron(tmp_path, "v0-20260101-000000", 100, lora=lora)
+    plant_megatron(tmp_path, "v1-20260102-000000", 200, lora=lora)
+    plant_megatron(tmp_path, "v1-20260102-000000", 300, lora=lora, done=False)   # killed mid-save
+    data = swift_megatron()
+    data["output_dir"] = str(tmp_path)
+    if not lora:
+        data["finetuning"] = {"type": "full"}
+    job = validate(data)
+    found = find_latest_complete(str(tmp_path), megatron=True)
+    assert found.latest == str(tmp_path / "v1-20260102-000000" / "checkpoint-200")
+    run = RunContext(run_id="R", run_dir="/runs/R", resume_from=found.latest)
+    f = flags(TRAINERS["swift"].entry(job, run))
+    # load_mcore_checkpoint reads <dir>/latest_checkpointed_iteration.txt and <dir>/iter_0000200/.
+    assert f[flag] == [found.latest] and f["finetune"] == ["false"]
+    assert (tmp_path / "v1-20260102-000000" / "checkpoint-200" / "iter_0000200" / "metadata.json").exists()
