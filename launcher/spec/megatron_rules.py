@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..errors import Problem
 from .models import SwiftJob
 from .rules import world
-from .swift_rules import MEGATRON_SCHEDULERS, _divisors, config_int, model_config
+from .swift_rules import MEGATRON_SCHEDULERS, divisors, config_int, model_config
 
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -58,12 +58,12 @@ def _check_layout(job: SwiftJob) -> list[Problem]:
         p.append(Problem("megatron", f"tp {m.tp} × pp {m.pp}{cp} = {model} does not divide the world "
                          f"size {size} ({nodes} nodes × {gpus} GPUs), so no whole number of "
                          f"data-parallel replicas fits; choose tp × pp{' × cp' if cp else ''} "
-                         f"among {_divisors(size)}"))
+                         f"among {divisors(size)}"))
     expert = m.etp * m.ep * m.pp
     if (m.ep > 1 or m.etp > 1) and size and size % expert:
         p.append(Problem("megatron.ep", f"etp {m.etp} × ep {m.ep} × pp {m.pp} = {expert} does not "
                          f"divide the world size {size}, so Megatron cannot lay out the expert "
-                         f"layers; choose etp × ep × pp among {_divisors(size)}"))
+                         f"layers; choose etp × ep × pp among {divisors(size)}"))
     return p
 
 
@@ -75,18 +75,18 @@ def _check_model_shape(job: SwiftJob) -> list[Problem]:
     layers = config_int(cfg, "num_hidden_layers")
     if layers and layers % m.pp:
         p.append(Problem("megatron.pp", f"the model has {layers} layers ({job.model}/config.json), "
-                         f"not divisible by pp {m.pp}; choose pp among {_divisors(layers)}"))
+                         f"not divisible by pp {m.pp}; choose pp among {divisors(layers)}"))
     heads = config_int(cfg, "num_attention_heads")
     if heads and heads % m.tp:
         p.append(Problem("megatron.tp", f"the model has {heads} attention heads ({job.model}/config.json), "
-                         f"not divisible by tp {m.tp}; choose tp among {_divisors(heads)}"))
+                         f"not divisible by tp {m.tp}; choose tp among {divisors(heads)}"))
     experts = next((config_int(cfg, k) for k in EXPERT_KEYS if config_int(cfg, k)), None)
     if m.ep > 1 and cfg is not None and experts is None:
         p.append(Problem("megatron.ep", f"{m.ep} needs a mixture-of-experts model, but "
                          f"{job.model}/config.json names no experts; set ep to 1"))
     elif experts and experts % m.ep:
         p.append(Problem("megatron.ep", f"the model has {experts} experts ({job.model}/config.json), "
-                         f"not divisible by ep {m.ep}; choose ep among {_divisors(experts)}"))
+                         f"not divisible by ep {m.ep}; choose ep among {divisors(experts)}"))
     return p
 
 

@@ -9,8 +9,7 @@ from ..errors import Problem
 from .models import SwiftJob
 from . import known_args
 from .models import MEGATRON_RLHF_TYPES, RLHF_TYPES
-from .rules import (USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning,
-                    check_training, world)
+from .rules import USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning, check_training
 
 # ms-swift arguments that mlaunch renders from the spec (HF-Trainer mode and Megatron-SWIFT
 # mode), with the field that owns each. A passthrough key may not collide with these.
@@ -74,7 +73,7 @@ def config_int(cfg: dict | None, key: str) -> int | None:
     return None
 
 
-def _divisors(n: int) -> str:
+def divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
