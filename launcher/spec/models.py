@@ -50,8 +50,10 @@ class Finetuning(Strict):
 
     type: Literal["lora", "freeze", "full"]
     lora_rank: int = Field(8, ge=1)
-    lora_alpha: int | None = Field(None, ge=1, description="defaults to 2 x lora_rank")
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_alpha: int | None = Field(None, ge=1, description=(
+        "default: the trainer's (LLaMA-Factory 2 x lora_rank, ms-swift 32)"))
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "default: the trainer's (LLaMA-Factory 0.0, ms-swift 0.05)"))
     lora_target: str | list[str] = "all"
     freeze_trainable_layers: int = Field(2, description="negative counts from the bottom")
     freeze_trainable_modules: str | list[str] = "all"
@@ -88,7 +90,8 @@ class Training(Strict):
     warmup_ratio: float | None = Field(None, ge=0, lt=1)
     warmup_steps: int | None = Field(None, ge=0)
     save_steps: int = Field(500, ge=1)
-    logging_steps: int = Field(10, ge=1)
+    logging_steps: int = Field(10, ge=1, description="default: the trainer's (10 for "
+                               "LLaMA-Factory, ms-swift 5)")
     max_grad_norm: float = Field(1.0, ge=0)
     gradient_checkpointing: bool = True
     seed: int = 42
