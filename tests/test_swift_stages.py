@@ -187,6 +187,12 @@ def test_expert_layout_rendered_and_checked(tmp_path):
         "lay out the expert layers; choose etp × ep × pp among 1, 2, 4, 8"]
 
 
+def test_ep_with_tp_needs_sequence_parallel(tmp_path):
+    assert problems(layout(tmp_path, experts=64, tp=2, ep=4)) == [
+        "megatron.sequence_parallel: ep 4 with tp 2 needs it: Megatron-Core runs expert parallelism "
+        "beside tensor parallelism only with sequence parallelism; set sequence_parallel: true"]
+
+
 def test_ep_must_divide_the_experts(tmp_path):
     assert problems(layout(tmp_path, experts=60, ep=8)) == [
         f"megatron.ep: the model has 60 experts ({tmp_path}/config.json), not divisible by ep 8; "

@@ -64,6 +64,11 @@ def _check_layout(job: SwiftJob) -> list[Problem]:
         p.append(Problem("megatron.ep", f"etp {m.etp} × ep {m.ep} × pp {m.pp} = {expert} does not "
                          f"divide the world size {size}, so Megatron cannot lay out the expert "
                          f"layers; choose etp × ep × pp among {divisors(size)}"))
+    if m.ep > 1 and m.tp > 1 and not m.sequence_parallel:
+        # Megatron-Core's ModelParallelConfig refuses this combination at start.
+        p.append(Problem("megatron.sequence_parallel", f"ep {m.ep} with tp {m.tp} needs it: "
+                         "Megatron-Core runs expert parallelism beside tensor parallelism only with "
+                         "sequence parallelism; set sequence_parallel: true"))
     return p
 
 
