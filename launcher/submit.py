@@ -42,6 +42,7 @@ def launch(job: JobBase, opts: SubmitOptions, detach: bool = False) -> int:
     from .execute.backend import backend_for, backend_name
     if opts.resume and opts.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
+    _check_resumable(job, opts)
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     backend = backend_for(backend_name(plan))
     request = backend.dryrun(plan)
@@ -92,6 +93,15 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
             master.unlock()
     finally:
         executor.close()
+
+
+def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
+    """--resume / --max-restarts N on a job whose checkpoints cannot be resumed: refused."""
+    why = getattr(TRAINERS[job.trainer], "not_resumable", lambda j: None)(job)
+    asked = "--resume" if opts.resume else (
+        f"--max-restarts {opts.max_restarts}" if opts.max_restarts else None)
+    if why and asked:
+        raise UserError(f"{asked}: nothing can be resumed: {why}; remove that key or drop {asked}")
 
 
 def _connect(plan: LaunchPlan):
