@@ -88,9 +88,11 @@ def check(job: str, as_json: bool, run_id: str | None) -> None:
 @click.argument("job", type=click.Path(dir_okay=False))
 def validate(job: str) -> None:
     """Validate JOB and exit 0, or print one line per problem and exit 2."""
+    from .spec import world
     spec = _load(job)
-    click.echo(f"{job}: ok ({spec.trainer}, {len(spec.cluster.hosts)} nodes × "
-               f"{spec.cluster.gpus_per_node} processes)")
+    nodes, gpus = world(spec)
+    via = ", slurm" if spec.cluster.scheduler == "slurm" else ""
+    click.echo(f"{job}: ok ({spec.trainer}, {nodes} nodes × {gpus} processes{via})")
 
 
 @cli.command("render")
@@ -98,7 +100,7 @@ def validate(job: str) -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
 @click.option("--run-id", help="Use this run id instead of a fresh one.")
 def render_cmd(job: str, out: str, run_id: str | None) -> None:
-    """Write the rendered files and one node<k>.sh per node into OUT."""
+    """Write the rendered files and one node<k>.sh per node (Slurm: job.sbatch, node.sh) into OUT."""
     from .plan import build_plan
     from .writeout import write_rendered
     plan = build_plan(_load(job), run_id=run_id)

@@ -20,7 +20,9 @@ DEFAULT_ENV = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
 MASK = "***"
-HANGUP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a node loses its launcher
+HANGUP_GRACE = 5.0
+ALLOCATED = "(allocated)"  # a Slurm node's host before the allocation exists
+SECRETS_FILE = "secrets/env.sh"  # under run_dir (0700 dir, 0600 file): Slurm runs only  # seconds between SIGTERM and SIGKILL when a node loses its launcher
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     """
     run_id = run_id or new_run_id(job.name)
     c = job.cluster
-    local = all(LOOPBACK.match(h) for h in c.hosts)
+    hosts = node_hosts(job)
+    local = c.scheduler == "ssh" and all(LOOPBACK.match(h) for h in hosts)
     run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
@@ -86,11 +89,19 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     argv_tail = tuple(trainer.entry(job, run))
     suffix = f".attempt{attempt}" if attempt else ""
     nodes = tuple(_node(job, rank, host, run, argv_tail, log_base, suffix)
-                  for rank, host in enumerate(c.hosts))
+                  for rank, host in enumerate(hosts))
     return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
                       resume_from=resume_from, attempt=attempt)
+
+
+def node_hosts(job: JobBase) -> list[str]:
+    """Each node rank's host; under Slurm a placeholder until the allocation names it."""
+    c = job.cluster
+    if c.scheduler == "slurm":
+        return [ALLOCATED] * (c.slurm.nodes if c.slurm else 0)
+    return list(c.hosts)
 
 
 def secret_values(job: JobBase) -> tuple[str, ...]:
@@ -111,26 +122,40 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
           log_base: str, suffix: str) -> NodePlan:
     c = job.cluster
     bindir = remote_bin(job)
+    slurm = c.scheduler == "slurm"
+    nnodes = c.slurm.nodes if slurm else len(c.hosts)
+    # Under Slurm one script serves every node: the rank and the master are the allocation's.
+    node_rank = render.ShellVar("SLURM_NODEID") if slurm else str(rank)
+    master = render.ShellVar("MLAUNCH_MASTER_ADDR") if slurm else c.master_addr or c.hosts[0]
     argv = (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
-            "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(c.gpus_per_node),
-            "--node-rank", str(rank), "--master-addr", c.master_addr or c.hosts[0],
+            "--nnodes", str(nnodes), "--nproc-per-node", str(c.gpus_per_node),
+            "--node-rank", node_rank, "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",
-            "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
+            "--tee", "3", "--log-dir", _per_node(posixpath.join(run.run_dir, "torchrun", "node"), rank, slurm),
             *tail)
-    node_id = f"{run.run_id}.node{rank}"
-    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
+    node_id = _per_node(f"{run.run_id}.node", rank, slurm)
+    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": node_rank,
            "MLAUNCH_NODE_ID": node_id}
     devices = node_devices(c, rank)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
     hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
-    ctx = dict(run_id=run.run_id, rank=rank, nnodes=len(c.hosts), host=host, bindir=bindir,
+    ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=nnodes, host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
-               hangup_after=f"{c.hangup_after_s:g}")
+               hangup_after=f"{c.hangup_after_s:g}", slurm=slurm,
+               secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None)
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
+    if slurm:  # Slurm keeps what it runs: secret values stay in a 0600 file the node sources
+        env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
+        masked = [(k, v) for k, v in masked if not SECRET_NAME.search(k)]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))
+
+
+def _per_node(prefix: str, rank: int, slurm: bool) -> str:
+    """prefix + the node rank; under Slurm the rank the task's shell reads from $SLURM_NODEID."""
+    return render.ShellVar("SLURM_NODEID", prefix) if slurm else f"{prefix}{rank}"

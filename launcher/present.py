@@ -6,8 +6,9 @@ from .spec import LlamaFactoryJob, SwiftJob, world
 from .trainers import TRAINERS, global_batch
 
 
-def describe_plan(plan: LaunchPlan) -> str:
-    """The dry-run view: header, then every node's exact script, then every file."""
+def describe_plan(plan: LaunchPlan, with_nodes: bool = True) -> str:
+    """The dry-run view: header, then every node's exact script, then every file
+    (with_nodes False: the header only, for the Slurm view of launcher/sbatch.py)."""
     job = plan.job
     nodes, gpus = world(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -30,6 +31,10 @@ def describe_plan(plan: LaunchPlan) -> str:
         lines.append(f"resume from: {plan.resume_from}")
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
+    if job.cluster.scheduler == "slurm":
+        lines.append(f"scheduler: slurm, {nodes} nodes from the allocation")
+    if not with_nodes:
+        return plan.mask("\n".join(lines) + "\n")
     for node in plan.nodes:
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
                   node.display.rstrip("\n")]

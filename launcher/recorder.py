@@ -76,15 +76,16 @@ class Recorder:
 
     def begin(self, plan: LaunchPlan, job: JobBase, out: TextIO) -> TextIO:
         """Register the run (state starting); return the stream the printer writes to."""
+        self.handle = {"backend": self.backend, "run_id": plan.run_id,
+                       "pid": self.supervisor[0], "start": self.supervisor[1]}
         try:
             self.reg = registry.Registry()
             self.run_id = plan.run_id
             self.reg.create(plan.run_id, name=job.name, backend=self.backend,
-                            hosts=list(job.cluster.hosts), spec=spec_snapshot(job),
+                            hosts=[n.host for n in plan.nodes], spec=spec_snapshot(job),
                             detached=self.detached, supervisor=self.supervisor,
                             log_dir=plan.log_dir, output_dir=job.output_dir,
-                            handle={"backend": self.backend, "run_id": plan.run_id,
-                                    "pid": self.supervisor[0], "start": self.supervisor[1]})
+                            handle=self.handle)
         except (OSError, registry.sqlite3.Error) as e:
             raise UserError(f"run registry {registry.home()}/runs.db: {e}; set MLAUNCH_HOME "
                             "to a writable directory") from None
@@ -97,12 +98,20 @@ class Recorder:
                             "pass --log-dir DIR") from None
         return self.console
 
-    def attempt_started(self, plan: LaunchPlan, attempt: int, resumed_from: str | None) -> None:
-        """Every node of this attempt has started."""
-        self.reg.attempt_started(self.run_id, attempt, plan.run_id,
-                                 [n.log_path for n in plan.nodes], resumed_from)
+    def attempt_started(self, plan: LaunchPlan, attempt: int, resumed_from: str | None,
+                        queued: bool = False, handle: dict | None = None) -> None:
+        """Every node of this attempt has started; or (queued) a scheduler holds the attempt
+        under handle, e.g. Slurm's job id: `submit -d` returns then."""
+        if handle:
+            self.handle.update(handle)
+            self.reg.set_handle(self.run_id, self.handle)
+        if not queued:
+            self.reg.set_hosts(self.run_id, [n.host for n in plan.nodes])
+            self.reg.attempt_started(self.run_id, attempt, plan.run_id,
+                                     [n.log_path for n in plan.nodes], resumed_from)
         if attempt == 0 and self.on_detach is not None:
-            self.on_detach()
+            detach, self.on_detach = self.on_detach, None   # once, at the first of the two
+            detach()
             if self.console is not None:
                 self.console.detach()
 
@@ -139,7 +148,7 @@ class NullRecorder(Recorder):
     def begin(self, plan, job, out):
         return out
 
-    def attempt_started(self, plan, attempt, resumed_from):
+    def attempt_started(self, plan, attempt, resumed_from, queued=False, handle=None):
         pass
 
     def attempt_ended(self, attempt, code, interrupted):

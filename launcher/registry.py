@@ -156,6 +156,10 @@ class Registry:
             f" WHERE id=? AND state IN ({marks})", (state, exit_code, ended, run_id, *only_from))
         return cur.rowcount == 1
 
+    def set_hosts(self, run_id: str, hosts: list) -> None:
+        """The run's hosts once known (a Slurm allocation names them only when it starts)."""
+        self._db.execute("UPDATE runs SET hosts=? WHERE id=?", (json.dumps(hosts), run_id))
+
     def set_handle(self, run_id: str, handle: dict) -> None:
         self._db.execute("UPDATE runs SET handle=? WHERE id=?", (json.dumps(handle), run_id))
 

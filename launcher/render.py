@@ -39,6 +39,24 @@ def csv(value: Any) -> Any:
     return ",".join(value) if isinstance(value, (list, tuple)) else value
 
 
+class ShellVar(str):
+    """A value the node's shell expands when it runs ("<prefix>${VAR}"), e.g. the node rank
+    that only Slurm knows ($SLURM_NODEID); the q filter renders it quoted but expanded."""
+
+    def __new__(cls, var: str, prefix: str = "") -> "ShellVar":
+        obj = super().__new__(cls, f"{prefix}${{{var}}}")
+        obj.var, obj.prefix = var, prefix
+        return obj
+
+    def shell(self) -> str:
+        return (shlex.quote(self.prefix) if self.prefix else "") + f'"${{{self.var}}}"'
+
+
+def quote(value: Any) -> str:
+    """One shell word: quoted literally, or a ShellVar's expansion."""
+    return value.shell() if isinstance(value, ShellVar) else shlex.quote(str(value))
+
+
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """One shared jinja2 environment: strict about undefined names, no autoescape."""
@@ -50,7 +68,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    env.filters.update(q=lambda v: shlex.quote(str(v)), yaml=yaml_scalar, csv=csv)
+    env.filters.update(q=quote, yaml=yaml_scalar, csv=csv)
     return env
 
 

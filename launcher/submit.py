@@ -79,7 +79,11 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
             rec: Recorder) -> int:
     executor = _connect(plan)
     try:
-        versions = _preflight(plan, executor, printer) if opts.preflight else {}
+        slurm = job.cluster.scheduler == "slurm"
+        if opts.preflight and slurm:  # no node is allocated before sbatch
+            printer.say("slurm: submit runs no preflight on nodes it does not have yet; "
+                        "`mlaunch check` runs it through srun")
+        versions = _preflight(plan, executor, printer) if opts.preflight and not slurm else {}
         master = _Master(plan, executor)
         resume_from, before = _starting_point(job, master, opts, printer)
         # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
@@ -162,7 +166,7 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     attempt, base_id = 0, plan.run_id
     events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id)
     events.emit("run_start", job=job.name, nodes=len(plan.nodes), world_size=world_size(plan),
-                resume_from=resume_from, backend="local" if plan.local else "ssh")
+                resume_from=resume_from, backend=job.cluster.scheduler if not plan.local else "local")
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,
@@ -170,7 +174,8 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
                           # itself (LLaMA-Factory would resume from the last, complete or not).
                           overwrite=opts.overwrite or bool(history) or bool(master.ignore),
                           attempt=attempt, transformers=transformers)
-        started = lambda p=plan, n=attempt, r=resume_from: rec.attempt_started(p, n, r)  # noqa: E731
+        # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
+        started = lambda p=plan, n=attempt, r=resume_from, **kw: rec.attempt_started(p, n, r, **kw)  # noqa: E731
         result = run_job(plan, executor, printer, connected=True, on_started=started)
         rec.attempt_ended(attempt, result.code, result.interrupted)
         for line in describe_result(plan, result).splitlines():
@@ -211,6 +216,8 @@ class _Master:
         self.output_dir = plan.job.output_dir
         bindir = remote_bin(plan.job)
         self.python = posixpath.join(bindir, "python") if bindir else "python3"
+        if plan.job.cluster.scheduler == "slurm":  # the helpers run on this login node
+            self.python = sys.executable
         self._beat: threading.Event | None = None
         self.ignore: tuple[str, ...] = ()   # checkpoint stamps a restart must not resume from
 

@@ -16,6 +16,11 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
     written = []
     for f in plan.files:
         written.append(_write(os.path.join(out, posixpath.basename(f.path)), plan.mask(f.content)))
+    if plan.job.cluster.scheduler == "slurm":
+        from .sbatch import request
+        written.append(_write(os.path.join(out, "job.sbatch"), request(plan).script))
+        written.append(_write(os.path.join(out, "node.sh"), "#!/bin/sh\n" + plan.nodes[0].display))
+        return written
     for node in plan.nodes:
         written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + node.display))
     return written

@@ -78,9 +78,14 @@ def backend_for(name: str) -> Backend:
     if name in ("ssh", "local"):
         from .process import ProcessBackend
         return ProcessBackend(name)
+    if name == "slurm":
+        from .slurm_backend import SlurmBackend
+        return SlurmBackend()
     raise ValueError(f"unknown backend {name!r}")
 
 
 def backend_name(plan: Any) -> str:
-    """The backend that runs plan: local when every host is this machine, else ssh."""
+    """The backend that runs plan: slurm, local when every host is this machine, else ssh."""
+    if plan.job.cluster.scheduler == "slurm":
+        return "slurm"
     return "local" if plan.local else "ssh"

@@ -63,7 +63,10 @@ class JobResult:
 
 
 def make_executor(plan: LaunchPlan) -> Executor:
-    """Local subprocesses when every host is this machine, else SSH through fabric."""
+    """Local subprocesses when every host is this machine, sbatch under Slurm, else SSH."""
+    if plan.job.cluster.scheduler == "slurm":
+        from .slurm import SlurmExecutor
+        return SlurmExecutor()
     if plan.local:
         from .local import LocalExecutor
         return LocalExecutor()
@@ -90,6 +93,8 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
         problems = [] if connected else executor.connect()
         if problems:
             raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
+        if hasattr(executor, "run_plan"):  # a scheduler runs the nodes (execute/slurm.py)
+            return executor.run_plan(plan, printer, on_started or (lambda *a, **k: None))
         executor.stage(plan)
         return _Session(plan, executor, printer, timeout, on_started).run()
     finally:

@@ -106,6 +106,9 @@ def _expand_hostfile(raw: dict, base: str) -> list[Problem]:
     cluster = raw.get("cluster")
     if not isinstance(cluster, dict) or "hostfile" not in cluster:
         return []
+    if cluster.get("scheduler") == "slurm":
+        return [Problem("cluster.hostfile", "with scheduler slurm the nodes come from the "
+                        "allocation; remove hostfile and set cluster.slurm.nodes")]
     if cluster.get("hosts"):
         return [Problem("cluster.hostfile", "give hosts or hostfile, not both")]
     path = os.path.join(base, os.path.expanduser(str(cluster["hostfile"])))

@@ -25,9 +25,28 @@ class SSH(Strict):
     connect_timeout: float = Field(10.0, gt=0, le=300)
 
 
+class Slurm(Strict):
+    """The allocation mlaunch asks Slurm for (cluster.scheduler: slurm); see slurm_rules.py."""
+
+    nodes: int | None = Field(None, ge=1, le=100000, description="nodes to allocate (sbatch --nodes)")
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = Field(None, description="time limit in Slurm's forms: MM, MM:SS, HH:MM:SS, "
+                             "D-HH, D-HH:MM, D-HH:MM:SS")
+    constraint: str | None = None
+    exclusive: bool = False
+    reservation: str | None = None
+    extra_sbatch: dict[str, str | int | bool] = Field(default_factory=dict, description=(
+        "further #SBATCH options, long names without dashes: {gres: 'gpu:8', mem: 0}"))
+
+
 class Cluster(Strict):
     """The machines, the processes per machine, the rendezvous and the remote environment."""
 
+    scheduler: Literal["ssh", "slurm"] = Field("ssh", description=(
+        "ssh: mlaunch starts every host over SSH; slurm: one sbatch job, nodes from the allocation"))
+    slurm: Slurm | None = None
     hosts: list[str] | None = Field(None, description="node 0 first; or use hostfile")
     hostfile: str | None = Field(None, description="DeepSpeed format: `host slots=N` per line")
     gpus_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node")

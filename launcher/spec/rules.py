@@ -64,7 +64,10 @@ def check_job(job: JobBase) -> list[Problem]:
 
 def check_cluster(c: Cluster) -> list[Problem]:
     """Hosts, rendezvous address, devices, env names and the remote interpreter."""
-    p: list[Problem] = []
+    from .slurm_rules import check_scheduler
+    p: list[Problem] = check_scheduler(c, "ssh" in c.model_fields_set)
+    if c.scheduler == "slurm":
+        return p + _check_env(c)
     if not c.hosts:
         p.append(Problem("cluster.hosts", "no hosts: give `hosts: [...]` or `hostfile: FILE`"))
         return p
@@ -75,6 +78,12 @@ def check_cluster(c: Cluster) -> list[Problem]:
         p.append(Problem("cluster.gpus_per_node", "required (or give slots=N in the hostfile)"))
     p += _check_devices(c)
     p += _check_master(c)
+    return p + _check_env(c)
+
+
+def _check_env(c: Cluster) -> list[Problem]:
+    """The remote interpreter and the env names, whatever starts the nodes."""
+    p: list[Problem] = []
     if c.python and c.venv:
         p.append(Problem("cluster.venv", "give either python or venv, not both"))
     for name in c.env:
@@ -157,7 +166,10 @@ def _check_master(c: Cluster) -> list[Problem]:
 
 def world(job: JobBase) -> tuple[int, int]:
     """(nodes, processes per node) of a job whose cluster validated."""
-    return len(job.cluster.hosts or []), job.cluster.gpus_per_node or 0
+    c = job.cluster
+    if c.scheduler == "slurm":
+        return (c.slurm.nodes or 0) if c.slurm else 0, c.gpus_per_node or 0
+    return len(c.hosts or []), c.gpus_per_node or 0
 
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:

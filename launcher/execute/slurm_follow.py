@@ -1,0 +1,175 @@
+"""Following one Slurm job: its state, its per-node log files, Ctrl-C, and its JobResult.
+
+Slurm (slurmstepd on each node) writes the node logs; mlaunch reads them from the shared
+storage and prints each line with the live stream's `[node<k> <host> local<r>]` prefix.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+from .base import LOST, Exit
+from .job import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
+from .slurm import POLL_S, cancel_and_wait, hostnames, is_gone, job_info, node_outcomes
+from .stream import LineSplitter, TorchrunRootCause
+
+
+class _Tail:
+    """One log file read as it grows, whole lines only."""
+
+    def __init__(self, path: str):
+        self.path, self.pos = path, 0
+        self.split = LineSplitter()
+        self.tail: collections.deque[str] = collections.deque(maxlen=12)
+        self.cause = TorchrunRootCause()
+
+    def read(self, final: bool = False) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.pos)
+                data = fh.read()
+        except OSError:
+            data = b""
+        self.pos += len(data)
+        lines = self.split.feed(data) + (self.split.flush() if final else [])
+        self.cause.see(lines)
+        self.tail.extend(lines)
+        return lines
+
+
+class Follow:
+    """One submitted attempt, from the allocation to the job's end."""
+
+    def __init__(self, plan, req, job_id: str, printer, on_started):
+        self.plan, self.req, self.job_id = plan, req, job_id
+        self.printer, self.on_started = printer, on_started
+        self.hosts: list[str] = []
+        self.tails: list[_Tail] = []
+        self.batch = _Tail(req.batch_log)
+        self.batch.pos = _size(req.batch_log)   # an earlier attempt appended to the same file
+        self.info: dict[str, str] = {}
+        self.interrupted = False
+        self.watch = None
+
+    def run(self) -> JobResult:
+        try:
+            self._loop()
+        except KeyboardInterrupt:
+            self._cancel()
+        self._pump(final=True)
+        return self._result()
+
+    def _loop(self) -> None:
+        while True:
+            self.info = job_info(self.job_id)
+            state = self.info.get("JobState", "")
+            if not self.hosts and state in ("RUNNING", "COMPLETING") or (not self.hosts and is_gone(self.info)):
+                self._allocated()
+            self._pump()
+            if is_gone(self.info):
+                return
+            if self.watch is not None and (verdict := self.watch.tick()) is not None:
+                self._health_stop(verdict)
+                return
+            time.sleep(POLL_S)
+
+    def _allocated(self) -> None:
+        """The job has its nodes: name them, record the attempt, start reading their logs."""
+        names = hostnames(self.info.get("NodeList", "")) or ["?"] * len(self.plan.nodes)
+        self.hosts = names[:len(self.plan.nodes)]
+        nodes = tuple(dataclasses.replace(n, host=h, log_path=self.req.node_log(n.rank, h))
+                      for n, h in zip(self.plan.nodes, self.hosts))
+        self.plan = dataclasses.replace(self.plan, nodes=nodes)
+        self.tails = [_Tail(n.log_path) for n in nodes]
+        self.printer.say(f"slurm job {self.job_id} running on {', '.join(self.hosts)}")
+        from .watch import Watch
+        self.watch = Watch(self.plan, None, self.printer.say, time.monotonic)
+        for n in nodes:
+            self.watch.events.emit("node_start", node=n.rank, host=n.host, slurm_job=self.job_id)
+        self.on_started(self.plan)
+
+    def _pump(self, final: bool = False) -> None:
+        for rank, t in enumerate(self.tails):
+            lines = t.read(final)
+            if lines:
+                self.printer.node_lines(rank, self.hosts[rank], lines)
+                verdict = self.watch.lines(rank, self.hosts[rank], lines) if self.watch else None
+                if verdict is not None and not final:
+                    self._health_stop(verdict)
+        for line in self.batch.read(final):
+            if line.strip():
+                self.printer.say(f"slurm: {line}")
+
+    def _health_stop(self, verdict) -> None:
+        self.verdict = verdict
+        self.printer.say(f"health: {verdict.event}: {verdict.message}; scancel {self.job_id}")
+        cancel_and_wait(self.job_id)
+        self.info = job_info(self.job_id)
+
+    def _cancel(self) -> None:
+        self.interrupted = True
+        self.printer.say(f"interrupted: scancel {self.job_id} (Ctrl-C again to SIGKILL at once)")
+        try:
+            gone = cancel_and_wait(self.job_id)
+        except KeyboardInterrupt:
+            self.printer.say(f"second interrupt: scancel --signal=KILL {self.job_id}")
+            gone = cancel_and_wait(self.job_id, kill=True)
+        self.info = job_info(self.job_id)
+        self.printer.say(f"slurm job {self.job_id} " + ("has left every node" if gone else
+                                                        "is still on its nodes (see squeue)"))
+
+    def _result(self) -> JobResult:
+        state = self.info.get("JobState", "GONE")
+        hosts = self.hosts or [n.host for n in self.plan.nodes]
+        exits, first = node_outcomes(list(self.batch.tail) + _all_lines(self.req.batch_log),
+                                     hosts, state)
+        outcomes = []
+        for n in self.plan.nodes:
+            tail = self.tails[n.rank] if self.tails else None
+            ex = exits.get(n.rank) or (Exit(0) if state == "COMPLETED" else Exit(143, detail="ended by Slurm"))
+            cause = tail.cause.code if tail else None
+            if ex.code == 1 and cause not in (None, 0, 1):
+                ex = Exit(cause, detail=f"torchrun: a worker exited {cause}")
+            outcomes.append(NodeOutcome(n.rank, hosts[n.rank], exit=ex, tail=list(tail.tail) if tail else [],
+                                        terminated=first is not None and n.rank != first and ex.code != 0))
+        result = JobResult(code=0, nodes=outcomes, interrupted=self.interrupted, first_failure=first,
+                           health=getattr(self, "verdict", None))
+        result.code = self._code(state, outcomes, first, result)
+        if self.watch is not None:
+            self.watch.finish(ok=result.code == 0)
+        return result
+
+    def _code(self, state: str, outcomes, first, result: JobResult) -> int:
+        from .watch import EXIT_CODES
+        if result.health is not None:
+            return EXIT_CODES[result.health.event]
+        if self.interrupted:
+            return SIGINT_EXIT
+        if state == "COMPLETED":
+            return 0
+        if state in ("TIMEOUT", "DEADLINE"):
+            result.timed_out = True
+            return TIMEOUT_EXIT
+        if state in ("NODE_FAIL", "BOOT_FAIL"):
+            return LOST
+        if first is not None:
+            return outcomes[first].exit.code or LOST
+        code = self.info.get("ExitCode", "1:0").split(":")
+        return int(code[0]) or (128 + int(code[1]) if len(code) > 1 and code[1] != "0" else 1)
+
+
+def _size(path: str) -> int:
+    try:
+        import os
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _all_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().splitlines()
+    except OSError:
+        return []

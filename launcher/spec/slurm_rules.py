@@ -1,0 +1,110 @@
+"""Rules of `cluster.scheduler: slurm`: the nodes come from the allocation, not from hosts.
+
+Each rule returns Problems (field path, what is wrong, the fix), one line each.
+"""
+from __future__ import annotations
+
+import re
+
+from ..errors import Problem
+from .models import Cluster
+
+# Slurm's --time forms (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
+# days-hours, days-hours:minutes, days-hours:minutes:seconds; plus its unlimited words.
+TIME_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|"
+                     r"\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE|unlimited|infinite)$")
+OPTION_RE = re.compile(r"^[a-z][a-z0-9-]+$")
+VALUE_RE = re.compile(r"^[^\s\"'\\]+$")   # one word: #SBATCH lines are not shell-quoted
+
+# sbatch options mlaunch writes itself, each with why a user value would break the run.
+OWNED_SBATCH = {
+    "nodes": "set cluster.slurm.nodes",
+    "ntasks": "mlaunch runs one task per node (torchrun starts the processes)",
+    "ntasks-per-node": "mlaunch runs one task per node (torchrun starts gpus_per_node processes)",
+    "output": "mlaunch writes the logs to output_dir/logs/<run-id>/, where `mlaunch logs` reads them",
+    "error": "mlaunch writes the logs to output_dir/logs/<run-id>/, where `mlaunch logs` reads them",
+    "input": "the job reads nothing from stdin",
+    "job-name": "mlaunch names the job after the spec's name",
+    "open-mode": "mlaunch appends to the per-attempt log files",
+    "parsable": "mlaunch passes --parsable on the sbatch command line to read the job id",
+    "requeue": "mlaunch restarts by submitting a new job that resumes from the latest complete "
+               "checkpoint; set max_restarts",
+    "no-requeue": "mlaunch sets it: restarts are new jobs (max_restarts)",
+    "array": "one mlaunch run is one job; submit the spec once per variant",
+    "wrap": "mlaunch renders the batch script",
+    "chdir": "set cluster.workdir (every rank cds there)",
+    "partition": "set cluster.slurm.partition",
+    "account": "set cluster.slurm.account",
+    "qos": "set cluster.slurm.qos",
+    "time": "set cluster.slurm.time",
+    "constraint": "set cluster.slurm.constraint",
+    "exclusive": "set cluster.slurm.exclusive",
+    "reservation": "set cluster.slurm.reservation",
+    "wait": "mlaunch follows the job itself (foreground) or returns at once (-d)",
+    "kill-on-invalid-dep": "mlaunch submits no dependent jobs",
+    "dependency": "mlaunch chains restarts itself",
+}
+
+
+def check_scheduler(c: Cluster, ssh_given: bool) -> list[Problem]:
+    """The scheduler's own fields: a slurm block only with scheduler slurm, and its rules."""
+    if c.scheduler != "slurm":
+        if c.slurm is not None:
+            return [Problem("cluster.slurm", "given but cluster.scheduler is ssh; set "
+                            "`scheduler: slurm`, or remove the slurm block")]
+        return []
+    p: list[Problem] = []
+    why = "with scheduler slurm the nodes come from the allocation"
+    if c.hosts:
+        p.append(Problem("cluster.hosts", f"{why}; remove hosts and set cluster.slurm.nodes"))
+    if c.master_addr:
+        p.append(Problem("cluster.master_addr", f"{why}: the master is its first node; remove it"))
+    if c.cuda_visible_devices and isinstance(c.cuda_visible_devices[0], list):
+        p.append(Problem("cluster.cuda_visible_devices", f"per-node lists need known nodes ({why}); "
+                         "give one list for every node, or leave GPUs to Slurm (extra_sbatch gres)"))
+    if ssh_given:
+        p.append(Problem("cluster.ssh", "mlaunch does not SSH to Slurm nodes (srun starts them); "
+                         "remove the ssh block"))
+    if c.gpus_per_node is None:
+        p.append(Problem("cluster.gpus_per_node", "required: the processes torchrun starts per node"))
+    if not c.shared_dir:
+        p.append(Problem("cluster.shared_dir", "required with scheduler slurm: the batch script, "
+                         "rendered files and logs go there, read by every node and by mlaunch"))
+    elif not VALUE_RE.match(c.shared_dir):
+        p.append(Problem("cluster.shared_dir", f"{c.shared_dir!r}: no spaces or quotes (it goes "
+                         "into #SBATCH lines)"))
+    return p + check_slurm_block(c)
+
+
+def check_slurm_block(c: Cluster) -> list[Problem]:
+    """nodes, time and every other option of the slurm block."""
+    s = c.slurm
+    if s is None or s.nodes is None:
+        return [Problem("cluster.slurm.nodes", "required with scheduler slurm: how many nodes to "
+                        "allocate, e.g. `slurm: {nodes: 2}`")]
+    p: list[Problem] = []
+    if s.time is not None and not TIME_RE.match(s.time):
+        p.append(Problem("cluster.slurm.time", f"{s.time!r} is not a Slurm time; use MM, MM:SS, "
+                         "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 2-00:00:00"))
+    for name in ("partition", "account", "qos", "constraint", "reservation"):
+        value = getattr(s, name)
+        if value is not None and not VALUE_RE.match(value):
+            p.append(Problem(f"cluster.slurm.{name}", f"{value!r}: one word, no spaces or quotes"))
+    for key, value in s.extra_sbatch.items():
+        p += _extra(key, value)
+    return p
+
+
+def _extra(key: str, value) -> list[Problem]:
+    where = f"cluster.slurm.extra_sbatch.{key}"
+    name = key.lstrip("-")
+    if name in OWNED_SBATCH:
+        return [Problem(where, f"mlaunch owns --{name}: {OWNED_SBATCH[name]}")]
+    if not OPTION_RE.match(name):
+        return [Problem(where, "not a long sbatch option name (e.g. gres, mem, cpus-per-task); "
+                        "short forms like -N are not accepted")]
+    if value is False:
+        return [Problem(where, "false: give true for a flag option, or remove the key")]
+    if value is not True and not VALUE_RE.match(str(value)):
+        return [Problem(where, f"{value!r}: one word, no spaces or quotes")]
+    return []
