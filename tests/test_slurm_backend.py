@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from .slurmjobs import baseline, leftovers, slurm_script_job, submit
+from .runs import Runs
+from .slurmjobs import baseline, leftovers, slurm_script_job, submit, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -27,3 +28,73 @@ def test_allreduce_2x2_through_sbatch(slurm2, tmp_path):
     for k, path in enumerate(logs):
         assert len(re.findall(rf"rank \d/4 node {k} sum 6", open(path).read())) == 2
     assert leftovers(slurm2, keep) == {n: set() for n in names}
+
+
+
+def test_one_rank_exits_3_the_job_ends_with_3_and_nothing_is_left(slurm2, tmp_path):
+    keep = baseline(slurm2)
+    spec = slurm_script_job(tmp_path, "fail_or_sleep.py", ["1", "3", "2"])
+    r = submit(slurm2, tmp_path, spec)
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr
+    assert "rank 1 exiting 3" in r.stdout
+    assert re.search(r"^\[mlaunch\] 0 +\S+ +exit 3$", r.stdout, re.M), r.stdout[-2000:]
+    assert "failed (exit 3)" in r.stdout
+    assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}
+    assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""
+
+
+@pytest.fixture
+def runs(tmp_path, slurm2) -> Runs:
+    runs = Runs(str(tmp_path / "home"))
+    runs.env["SLURM_CONF"] = slurm2.conf
+    return runs
+
+
+def test_detached_run_ps_and_logs_follow(slurm2, tmp_path, runs):
+    keep = baseline(slurm2)
+    spec = slurm_script_job(tmp_path, "ticker.py", ["30", "0.2", "0"])
+    run_id = runs.detach(tmp_path, spec)
+    row = runs.run(run_id)
+    assert row["backend"] == "slurm" and row["handle"]["job_id"], row
+    assert row["state"] in ("starting", "running"), row
+    runs.wait_console(run_id, r"tick rank \d node 1 i 3 ")
+    assert runs.run(run_id)["state"] == "running"
+    assert runs.run(run_id)["hosts"] == [h.name for h in slurm2.hs.hosts]
+    follower = runs.popen("logs", "-f", run_id)
+    followed, err = follower.communicate(timeout=180)
+    assert follower.returncode == 0, err
+    assert re.search(r"tick rank [0-3] node [01] i 29 ", followed), followed[-2000:]
+    row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"))
+    assert row["state"] == "succeeded" and row["exit_code"] == 0, row
+    node1 = runs.cli("logs", run_id, "--node", "1")
+    ticks = [ln for ln in node1.stdout.splitlines() if " tick rank " in ln]
+    name1 = slurm2.hs.hosts[1].name
+    assert len(ticks) == 60 and all(ln.startswith(f"[node1 {name1} local") for ln in ticks), ticks[:3]
+    assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}
+
+
+def test_stop_of_a_running_slurm_job(slurm2, tmp_path, runs):
+    keep = baseline(slurm2)
+    spec = slurm_script_job(tmp_path, "fail_or_sleep.py", ["-1", "0", "0"])
+    run_id = runs.detach(tmp_path, spec)
+    runs.wait_console(run_id, r"ready rank \d", count=4)
+    assert all(leftovers(slurm2, keep).values()), "the job's processes should be running"
+    r = runs.cli("stop", run_id)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}
+    row = runs.run(run_id)
+    assert row["state"] == "stopped" and row["exit_code"] == 130, row
+    assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""
+
+
+def test_unknown_partition_is_one_line_and_nothing_is_queued(slurm2, tmp_path):
+    spec = slurm_script_job(tmp_path, "allreduce.py", [])
+    spec["cluster"]["slurm"]["partition"] = "nosuch"
+    r = submit(slurm2, tmp_path, spec)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("mlaunch:")]
+    assert len(errors) == 1, r.stderr
+    assert errors[0].startswith("mlaunch: cluster.slurm.partition: sbatch refused the job: ")
+    assert "invalid partition" in errors[0].lower(), errors[0]
+    assert "Traceback" not in r.stderr
+    assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""
