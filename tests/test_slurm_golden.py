@@ -1,0 +1,70 @@
+"""Golden Slurm renderings: the batch script, the node script and the dry-run of each
+configs/slurm/ example, byte for byte (MLAUNCH_UPDATE_GOLDEN=1 regenerates; review the diff)."""
+from __future__ import annotations
+
+import glob
+import os
+import posixpath
+
+import pytest
+
+from launcher import sbatch
+from launcher.plan import build_plan
+from launcher.spec import load_spec
+
+from .helpers import CONFIGS, ROOT, mlaunch
+
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+EXAMPLES = sorted(glob.glob(f"{CONFIGS}/slurm/*.yaml"))
+
+
+def outputs(path: str) -> dict[str, str]:
+    plan = build_plan(load_spec(path), run_id="GOLDEN")
+    req = sbatch.request(plan)
+    out = {"job.sbatch": req.script, "node.sh": req.node_script.content,
+           "dry-run.txt": sbatch.describe(plan)}
+    out.update({posixpath.basename(f.path): f.content for f in plan.files})
+    return out
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])
+def test_golden(path):
+    folder = os.path.join(GOLDEN, "slurm-" + os.path.splitext(os.path.basename(path))[0])
+    got = outputs(path)
+    if os.environ.get("MLAUNCH_UPDATE_GOLDEN"):
+        os.makedirs(folder, exist_ok=True)
+        for name, text in got.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
+    assert sorted(os.listdir(folder)) == sorted(got)
+    for name, text in got.items():
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            assert text == fh.read(), f"{folder}/{name} differs from golden"
+
+
+def test_the_cli_dry_run_is_the_golden_one():
+    path = os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")
+    r = mlaunch("submit", path, "--dry-run", "--run-id", "GOLDEN")
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(GOLDEN, "slurm-qwen2-7b-lora", "dry-run.txt"), encoding="utf-8") as fh:
+        assert r.stdout == fh.read()
+
+
+def test_secrets_stay_out_of_what_slurm_stores():
+    plan = build_plan(load_spec(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")), run_id="G")
+    req = sbatch.request(plan)
+    secret = "hf_secret_value_123"
+    assert secret not in req.script and secret not in req.node_script.content
+    assert "HF_TOKEN" not in req.node_script.content
+    assert req.secrets.content == f"export HF_TOKEN={secret}\n"
+    assert f". {req.secrets.path}" in req.node_script.content
+    assert secret not in sbatch.describe(plan)
+
+
+def test_render_writes_job_sbatch(tmp_path):
+    path = os.path.join(CONFIGS, "slurm", "qwen2-7b-full-zero3.yaml")
+    r = mlaunch("render", path, "--out", str(tmp_path), "--run-id", "GOLDEN")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["ds_config.json", "job.sbatch", "llamafactory.yaml", "node.sh"]
+    with open(os.path.join(GOLDEN, "slurm-qwen2-7b-full-zero3", "job.sbatch")) as fh:
+        assert (tmp_path / "job.sbatch").read_text() == fh.read()
