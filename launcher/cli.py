@@ -118,6 +118,15 @@ def schema() -> None:
     click.echo(json.dumps(TypeAdapter(Job).json_schema(by_alias=True), indent=2))
 
 
+def _register() -> None:
+    """Commands that live in their own modules."""
+    from .cli_report import report
+    cli.add_command(report)
+
+
+_register()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line per problem and exit 2, no traceback."""
     try:

@@ -118,7 +118,10 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
                           resume_from=resume_from,
                           # A fresh start over left checkpoints: the trainer must not pick one
                           # itself (LLaMA-Factory would resume from the last, complete or not).
-                          overwrite=opts.overwrite or bool(history) or bool(master.ignore),
+                          # A resume names its checkpoint, and must not overwrite: LLaMA-Factory
+                          # would delete trainer_log.jsonl, the steps before the restart.
+                          overwrite=not resume_from and (opts.overwrite or bool(history)
+                                                         or bool(master.ignore)),
                           attempt=attempt, transformers=transformers)
         result = run_job(plan, executor, printer, connected=True)
         for line in describe_result(plan, result).splitlines():
