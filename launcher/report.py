@@ -117,8 +117,8 @@ def plot(data: list[dict], path: str) -> None:
             pts = d[key]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="." if len(pts) < 60 else None,
                     label=name if key == "loss" else None)
-        tp = d["throughput"]["points"]
-        axes[2].plot([p[0] for p in tp], [p[1] for p in tp], color=color, marker="o")
+        xs, ys = _broken(d["throughput"]["points"], [r["step"] for r in d["restarts"] if r["step"] is not None])
+        axes[2].plot(xs, ys, color=color, marker="o")
         for r in d["restarts"]:
             if r["step"] is None:
                 continue
@@ -159,11 +159,25 @@ def write_report(runs: list[Run], out_dir: str, window_s: float = MIN_WINDOW_S) 
     return text, png
 
 
+def _broken(points: list, cuts: list[int]) -> tuple[list[float], list[float]]:
+    """x and y of points, with a gap (NaN) where a restart lies between two neighbours."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, (x, y) in enumerate(points):
+        if i and any(points[i - 1][0] < c < x for c in cuts):
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs.append(x)
+        ys.append(y)
+    return xs, ys
+
+
 def _steady(run: Run, fig: Figures) -> str:
     if fig.steady is not None:
         n, skip = fig.steady_of, len(fig.windows) - fig.steady_of
         return (f"{fig.steady:.2f} (median of {n} window{'s' if n != 1 else ''} of ≥ {fig.window_s:g} s"
-                + (f"; each launch's first window left out" if skip else "") + ")")
+                + ("; each launch's first window left out" if skip else "; start-up windows included")
+                + ")")
     own = f"; the trainer's own figure for its last launch: {run.trainer_figure:.2f}" if run.trainer_figure else ""
     return f"n/a: no window of ≥ {fig.window_s:g} s in the step records{own}"
 

@@ -229,15 +229,12 @@ def _state_history(output_dir: str) -> list[dict]:
 
 
 def _total_steps(output_dir: str | None) -> int | None:
-    if not output_dir:
-        return None
-    for r in reversed(_jsonl(os.path.join(output_dir, "trainer_log.jsonl"))):
-        if "total_steps" in r:
-            return r["total_steps"]
-    for path in reversed(sorted(glob.glob(os.path.join(output_dir, "v*-*", "logging.jsonl")))):
-        for r in reversed(_jsonl(path)):
-            if "global_step/max_steps" in r:
-                return int(str(r["global_step/max_steps"]).split("/")[1])
+    """The planned step count the trainer's last record states."""
+    paths = [os.path.join(output_dir, "trainer_log.jsonl")] + \
+        sorted(glob.glob(os.path.join(output_dir, "v*-*", "logging.jsonl"))) if output_dir else []
+    for r in reversed([r for p in paths for r in _jsonl(p)]):
+        if "total_steps" in r or "global_step/max_steps" in r:
+            return int(r.get("total_steps") or str(r["global_step/max_steps"]).split("/")[1])
     return None
 
 
