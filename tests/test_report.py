@@ -50,6 +50,10 @@ def test_report_of_a_restarted_run(runs, tmp_path):
     state = trainer_state(out)
     want = losses(state)
     assert sorted(want) == list(range(1, STEPS + 1))
+    # The restart resumed without overwrite_output_dir, so LLaMA-Factory kept the first
+    # launch's records in trainer_log.jsonl: every step is there, none filled in from elsewhere.
+    logged = {json.loads(ln)["current_steps"] for ln in open(os.path.join(out, "trainer_log.jsonl"))}
+    assert logged == set(range(1, STEPS + 1))
     r = mlaunch("report", out, "--out", str(tmp_path / "rep"), "--window", "2")
     assert r.returncode == 0, r.stderr
     png = str(tmp_path / "rep" / "report.png")
@@ -78,6 +82,7 @@ def test_report_of_a_restarted_run(runs, tmp_path):
     assert "| global batch | 4 |" in md
     assert f"| steps | {STEPS} / {STEPS} |" in md
     assert "| restarts | 1 |" in md
+    assert f"- step records: {out}/trainer_log.jsonl\n" in md and "trainer_state.json" not in md
     assert f"| final loss | {want[STEPS]:.4f} (step {STEPS}) |" in md
     assert f"| 1 | {out}/checkpoint-{SAVE} | {SAVE} | node0: exit 137 (Signal 9 (SIGKILL)" in md
     for ckpt in (SAVE, STEPS):
