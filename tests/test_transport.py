@@ -126,3 +126,10 @@ def test_nccl_info_is_on_for_the_check_only():
     assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"], env["NCCL_IB_HCA"]) == ("INFO", "INIT,NET", "mlx5_0")
     assert "NCCL_DEBUG_FILE" not in env
     assert dict(user.nodes[1].env)["NCCL_DEBUG"] == "WARN"
+
+
+def test_mixed_nodes_name_both_channels_in_the_bandwidth_row():
+    ib = [ln for ln in log("ib").splitlines(keepends=True) if ln.startswith("[node0")]
+    sock = [ln for ln in log("socket").splitlines(keepends=True) if ln.startswith("[node1")]
+    coll = rows("".join(ib + sock) + RESULT)[0]
+    assert coll.detail.endswith("over NET/IB/GDRDMA and NET/Socket")

@@ -80,8 +80,10 @@ def rows(ctx: Ctx, plan: LaunchPlan, result: JobResult, text: str) -> list[Check
     if not per_node:
         return [row]
     if row.status == "pass" and "busbw" in row.detail:
-        names = sorted({"gloo/tcp" if t is None else (t.inter or (t.network,))[0] for t in per_node.values()})
-        row = CheckResult(row.check, None, None, "pass", f"{row.detail} over {'/'.join(names)}")
+        # Between nodes the NET channels carry it; on one node, P2P/SHM do.
+        names = sorted({"gloo/tcp" if t is None else (t.inter or t.intra or (t.network,))[0]
+                        for t in per_node.values()})
+        row = CheckResult(row.check, None, None, "pass", f"{row.detail} over {' and '.join(names)}")
     return [row, transport_row(per_node, ctx.pf.expect_transport)]
 
 
