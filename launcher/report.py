@@ -90,6 +90,9 @@ def markdown(run: Run, fig: Figures, png: str | None, series: str) -> str:
                   f"| {r.reason} |" for r in run.restarts]
     if run.checkpoints:
         lines += ["", "## Checkpoints", ""] + [f"- {c}" for c in run.checkpoints]
+    health = ["(no events.jsonl in the log dir)"] if run.health is None else \
+        [f"- {h}" for h in run.health] or ["none: no hang, NaN or world-size event"]
+    lines += ["", "## Health events", ""] + health
     lines += ["", "## Files", "", f"- plot: {png}" if png else "- plot: (not drawn)", f"- series: {series}",
               f"- logs: {run.paths.log_dir}"] + [f"- step records: {s}" for s in run.sources]
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from . import runevents
 from .errors import UserError
 
 RUN_ID = re.compile(r"^(?P<name>.+)-(?P<time>\d{8}-\d{6})-[0-9a-f]{4}$")
@@ -71,6 +72,7 @@ class Run:
     wall_s: float | None
     trainer_figure: float | None = None   # the trainer's own samples/s of its last attempt
     sources: list[str] = field(default_factory=list)
+    health: list[str] | None = None   # the launcher's health events, one line each; None: no events.jsonl
 
 
 def resolve_run(ref: str, output_dir: str | None = None) -> RunPaths:
@@ -95,7 +97,8 @@ def read_run(paths: RunPaths) -> Run:
     text = {k: _read(p) for k, p in logs.items()}
     attempts = sorted({a for a, _ in logs})
     out = paths.output_dir
-    restarts = [_restart(a, text) for a in attempts if a > 0]
+    events = runevents.read(paths.log_dir)
+    restarts = [_restart(a, text, runevents.restarts(events).get(a)) for a in attempts if a > 0]
     steps, sources = step_records(out, {r.step for r in restarts}) if out else ([], [])
     every = "\n".join(text.values())
     return Run(
@@ -103,8 +106,10 @@ def read_run(paths: RunPaths) -> Run:
         world=_first_int(WORLD, every), global_batch=_first_int(GLOBAL_BATCH, every),
         total_steps=_total_steps(out), steps=steps,
         restarts=restarts,
-        checkpoints=checkpoints(out) if out else [], wall_s=_wall(paths, logs, text),
-        trainer_figure=_trainer_figure(out), sources=sources)
+        checkpoints=checkpoints(out) if out else [],
+        wall_s=runevents.wall_s(events) or _wall(paths, text),
+        trainer_figure=_trainer_figure(out), sources=sources,
+        health=runevents.health_lines(events) if events else None)
 
 
 def step_records(output_dir: str, resumed_at: set[int] = frozenset()) -> tuple[list[Step], list[str]]:
@@ -151,14 +156,18 @@ def _record(r: dict) -> tuple | None:
     return None
 
 
-def _restart(attempt: int, text: dict) -> Restart:
-    """What attempt `attempt` resumed from (its own log says) and why the one before ended."""
+def _restart(attempt: int, text: dict, event: dict | None) -> Restart:
+    """What attempt `attempt` resumed from and why the one before ended: the launcher's
+    restart event when there is one, else the attempt's own log; torchrun's root cause."""
     mine = "\n".join(t for (a, _), t in sorted(text.items()) if a == attempt)
-    ckpt = next((m.group(1) for line in mine.splitlines() if (m := LOADED.search(line))
-                 and CHECKPOINT.search(m.group(1))), None)
-    step = int(CHECKPOINT.search(ckpt).group(1)) if ckpt else _first_int(CONTINUED, mine)
-    before = {r: t for (a, r), t in text.items() if a == attempt - 1}
-    return Restart(attempt, ckpt, step, _reason(before))
+    ckpt = (event or {}).get("resume_from") or next(
+        (m.group(1) for line in mine.splitlines() if (m := LOADED.search(line)) and CHECKPOINT.search(m.group(1))),
+        None)
+    step = int(CHECKPOINT.search(ckpt).group(1)) if ckpt and CHECKPOINT.search(ckpt) else \
+        _first_int(CONTINUED, mine)
+    cause = _reason({r: t for (a, r), t in text.items() if a == attempt - 1})
+    said = (event or {}).get("reason")
+    return Restart(attempt, ckpt, step, f"{said}: {cause}" if said and said not in cause else cause)
 
 
 def _reason(node_text: dict[int, str]) -> str:
@@ -179,16 +188,16 @@ def _reason(node_text: dict[int, str]) -> str:
     return causes[0][1] if causes else "no root cause in the logs (connection lost or launcher stopped?)"
 
 
-def _wall(paths: RunPaths, logs: dict, text: dict) -> float | None:
-    """From the run id's start time (or the first stamped log line) to the last stamped line."""
+def _wall(paths: RunPaths, text: dict) -> float | None:
+    """Without events.jsonl: from the run id's start (or the first stamped log line) to the
+    last stamped line."""
     stamps = [datetime.fromisoformat(s.replace(" ", "T")) for t in text.values() for s in STAMP.findall(t)]
     m = RUN_ID.match(paths.run_id)
     start = datetime.strptime(m.group("time"), "%Y%m%d-%H%M%S") if m else (min(stamps) if stamps else None)
     end = max(stamps) if stamps else None
     if start is None or end is None:
         return None
-    # Log stamps are the nodes' local time, the run id's is UTC: trust the id only if it fits.
-    if abs((min(stamps) - start).total_seconds()) > 3600:
+    if abs((min(stamps) - start).total_seconds()) > 3600:   # stamps are local time, the id UTC
         start = min(stamps)
     return max(0.0, (end - start).total_seconds())
 
@@ -265,13 +274,12 @@ def _jsonl(path: str) -> list[dict]:
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open(path, encoding="utf-8", errors="replace") as fh:   # a torn UTF-8 tail is no error
         return fh.read()
 
 
 def _first_int(pattern: re.Pattern, text: str) -> int | None:
-    m = pattern.search(text)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if (m := pattern.search(text)) else None
 
 
 def _job_name(run_id: str) -> str:

@@ -87,6 +87,7 @@ def test_report_of_a_restarted_run(runs, tmp_path):
     assert f"| 1 | {out}/checkpoint-{SAVE} | {SAVE} | node0: exit 137 (Signal 9 (SIGKILL)" in md
     for ckpt in (SAVE, STEPS):
         assert f"- {out}/checkpoint-{ckpt}\n" in md
+    assert "## Health events\n\nnone: no hang, NaN or world-size event\n" in md   # events.jsonl was read
     m = re.search(r"\| wall time \| (?:(\d+)m )?([\d.]+) ?s \|", md)
     assert m, md
     steady = re.search(r"\| samples/s \(steady state\) \| (.*) \|", md).group(1)
@@ -161,3 +162,19 @@ def test_steps_after_a_resumed_checkpoint_start_a_new_launch(tmp_path):
     (tmp_path / "trainer_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     steps, _ = step_records(str(tmp_path), resumed_at={3})
     assert [s.segment for s in steps] == [0, 0, 0, 1, 1, 1]
+
+
+def test_health_events_and_wall_time_from_events_jsonl(tmp_path):
+    from launcher import runevents
+    lines = [{"time": "2026-12-01T09:00:00.000Z", "run_id": "r", "attempt": 0, "event": "run_start"},
+             {"time": "2026-12-01T09:05:00.000Z", "run_id": "r", "attempt": 0, "event": "hang",
+              "phase": "training", "silent_s": 300, "limit_s": 300, "last_step": 40},
+             {"time": "2026-12-01T09:05:01.000Z", "run_id": "r", "attempt": 1, "event": "restart",
+              "reason": "hang", "resume_from": "/o/checkpoint-40"},
+             {"time": "2026-12-01T09:30:00.500Z", "run_id": "r", "attempt": 1, "event": "run_end", "code": 0}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"torn')
+    events = runevents.read(str(tmp_path))
+    assert runevents.wall_s(events) == 1800.5
+    assert runevents.restarts(events)[1]["resume_from"] == "/o/checkpoint-40"
+    assert runevents.health_lines(events) == [
+        "2026-12-01T09:05:00.000Z attempt 0: hang (phase training, silent_s 300, limit_s 300, last_step 40)"]
