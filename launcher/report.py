@@ -3,6 +3,7 @@ summary, the plotted series as JSON, and a PNG (loss, learning rate, samples/s p
 window; restarts as vertical lines). Two runs: their losses overlaid."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import statistics
@@ -32,7 +33,7 @@ class Figures:
 def require_matplotlib() -> None:
     """A one-line user error when the optional extra is missing."""
     try:
-        import matplotlib  # noqa: F401
+        importlib.import_module("matplotlib")
     except ImportError:
         raise UserError(MISSING) from None
 
