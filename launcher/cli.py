@@ -24,6 +24,7 @@ def cli() -> None:
 def _submit_options(f):
     for opt in reversed([
         click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere."),
+        click.option("--full", is_flag=True, help="With --dry-run: every node's exact script."),
         click.option("--run-id", help="Use this run id instead of a fresh one."),
         click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
         click.option("--resume", is_flag=False, flag_value="latest", default=None,
@@ -40,14 +41,16 @@ def _submit_options(f):
     return f
 
 
-def _run_submit(job: str, dry_run: bool, run_id, log_dir, resume, overwrite, max_restarts,
+def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
                 no_preflight, detach=False) -> None:
     from .plan import build_plan
+    if full and not dry_run:
+        raise UserError("--full only goes with --dry-run")
     spec = _load(job)
     if dry_run:
         from .execute.backend import backend_for, backend_name
         plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite)
-        click.echo(backend_for(backend_name(plan)).dryrun(plan).text, nl=False)
+        click.echo(backend_for(backend_name(plan)).dryrun(plan, full=full).text, nl=False)
         if resume:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
@@ -119,8 +122,15 @@ def schema() -> None:
     click.echo(json.dumps(TypeAdapter(Job).json_schema(by_alias=True), indent=2))
 
 
-from .cli_runs import register  # noqa: E402  (ps, logs, stop, attach)
-register(cli)
+def _register() -> None:
+    """Commands that live in their own modules."""
+    from .cli_report import report
+    from .cli_runs import register  # ps, logs, stop, attach
+    cli.add_command(report)
+    register(cli)
+
+
+_register()
 
 
 def main(argv: list[str] | None = None) -> None:

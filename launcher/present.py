@@ -6,9 +6,10 @@ from .spec import LlamaFactoryJob, SwiftJob, world
 from .trainers import TRAINERS, global_batch
 
 
-def describe_plan(plan: LaunchPlan, with_nodes: bool = True) -> str:
-    """The dry-run view: header, then every node's exact script, then every file
-    (with_nodes False: the header only, for the Slurm view of launcher/sbatch.py)."""
+def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True) -> str:
+    """The dry-run view: header, the nodes (a readable summary, or with full every node's
+    exact script), then every file (with_nodes False: the header only, for the Slurm view
+    of launcher/sbatch.py)."""
     job = plan.job
     nodes, gpus = world(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -35,7 +36,10 @@ def describe_plan(plan: LaunchPlan, with_nodes: bool = True) -> str:
         lines.append(f"scheduler: slurm, {nodes} nodes from the allocation")
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")
-    for node in plan.nodes:
+    if not full:
+        from .dryrun import node_lines
+        lines += node_lines(plan, lambda host: _how(plan, host))
+    for node in plan.nodes if full else ():
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:

@@ -172,7 +172,10 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
                           resume_from=resume_from,
                           # A fresh start over left checkpoints: the trainer must not pick one
                           # itself (LLaMA-Factory would resume from the last, complete or not).
-                          overwrite=opts.overwrite or bool(history) or bool(master.ignore),
+                          # A resume names its checkpoint, and must not overwrite: LLaMA-Factory
+                          # would delete trainer_log.jsonl, the steps before the restart.
+                          overwrite=not resume_from and (opts.overwrite or bool(history)
+                                                         or bool(master.ignore)),
                           attempt=attempt, transformers=transformers)
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, **kw: rec.attempt_started(p, n, r, **kw)  # noqa: E731

@@ -54,7 +54,7 @@ class Backend(Protocol):
 
     name: str
 
-    def dryrun(self, plan: Any) -> Request:
+    def dryrun(self, plan: Any, full: bool = False) -> Request:
         """The request that submit would send; nothing is contacted."""
 
     def submit(self, request: Request, opts: Any, job: Any) -> int:

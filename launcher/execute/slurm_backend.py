@@ -22,7 +22,8 @@ class SlurmBackend(ProcessBackend):
     def __init__(self) -> None:
         super().__init__("slurm")
 
-    def dryrun(self, plan) -> Request:
+    def dryrun(self, plan, full: bool = False) -> Request:
+        """The batch script and the node script are always shown in full."""
         from ..sbatch import describe
         return Request(self.name, plan, describe(plan))
 
