@@ -103,7 +103,9 @@ class Recorder:
         """Every node of this attempt has started; or (queued) a scheduler holds the attempt
         under handle, e.g. Slurm's job id: `submit -d` returns then."""
         if handle:
-            self.handle.update(handle)
+            # Lists accumulate across attempts (a chained restart's executor starts afresh).
+            for k, v in handle.items():
+                self.handle[k] = list(dict.fromkeys(self.handle.get(k, []) + v)) if isinstance(v, list) else v
             self.reg.set_handle(self.run_id, self.handle)
         if not queued:
             self.reg.set_hosts(self.run_id, [n.host for n in plan.nodes])
