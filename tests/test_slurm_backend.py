@@ -98,3 +98,18 @@ def test_unknown_partition_is_one_line_and_nothing_is_queued(slurm2, tmp_path):
     assert "invalid partition" in errors[0].lower(), errors[0]
     assert "Traceback" not in r.stderr
     assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""
+
+
+def test_check_runs_the_checklist_through_srun_in_an_allocation(slurm2, tmp_path):
+    from .helpers import mlaunch, write_spec
+    keep = baseline(slurm2)
+    spec = slurm_script_job(tmp_path, "allreduce.py", [])
+    spec["preflight"] = {"min_free_gb": 0.01, "collective_mb": 1}
+    r = mlaunch("check", write_spec(tmp_path, spec), env={"SLURM_CONF": slurm2.conf}, timeout=400)
+    print(r.stdout, r.stderr)
+    rows = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln.strip()}
+    assert "allocation" in rows and "ssh" not in rows, r.stdout
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"4 ranks \(gloo\): correct", r.stdout), r.stdout
+    assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""   # the allocation was given back
+    assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}

@@ -29,6 +29,8 @@ def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     cluster = ctx.job.cluster.model_dump(mode="json", exclude_unset=True, by_alias=True)
     cluster["hosts"] = [n.host for n in ctx.nodes]
     cluster.pop("hostfile", None)
+    for key in ("scheduler", "slurm"):   # under Slurm: the allocation's nodes, reached by srun
+        cluster.pop(key, None)
     env = {k: v for k, v in cluster.get("env", {}).items() if k != "NCCL_DEBUG_FILE"}
     cluster["env"] = {**env, **NCCL_INFO}   # the lines must reach stdout, not a file
     pf = ctx.pf

@@ -13,7 +13,7 @@ _ANSI = {"pass": "32", "fail": "31", "skip": "2"}
 # software right, are the devices there, can the nodes talk, is the disk there, then the
 # end-to-end proof.
 CHECKS = (
-    "ssh", "software/python", "software/versions", "software/jit-lock", "gpu",
+    "ssh", "allocation", "software/python", "software/versions", "software/jit-lock", "gpu",
     "network/port-free", "network/port-reachable", "network/hostname", "network/ifname",
     "storage/output", "storage/shared", "storage/inputs",
     "clock", "container/shm", "collective", "collective/transport",

@@ -119,10 +119,16 @@ def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) ->
     from ..plan import build_plan
     from ..spec import load_spec
     plan = build_plan(load_spec(job_path), run_id=run_id)
-    executor = make_executor(plan)
+    slurm = plan.job.cluster.scheduler == "slurm"
+    if slurm:  # the nodes exist inside an allocation only
+        from .slurm_check import allocated, relabel
+        plan, executor = allocated(plan)
+    else:
+        executor = make_executor(plan)
     try:
-        ctx = Ctx(plan, executor, unreachable_ranks(plan, executor.connect()))
+        ctx = Ctx(plan, executor, {} if slurm else unreachable_ranks(plan, executor.connect()))
         report = run_ctx(ctx)
+        report = relabel(report, executor.job_id) if slurm else report
     finally:
         executor.close()
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not as_json
