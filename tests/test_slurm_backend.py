@@ -106,10 +106,55 @@ def test_check_runs_the_checklist_through_srun_in_an_allocation(slurm2, tmp_path
     spec = slurm_script_job(tmp_path, "allreduce.py", [])
     spec["preflight"] = {"min_free_gb": 0.01, "collective_mb": 1}
     r = mlaunch("check", write_spec(tmp_path, spec), env={"SLURM_CONF": slurm2.conf}, timeout=400)
-    print(r.stdout, r.stderr)
     rows = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln.strip()}
     assert "allocation" in rows and "ssh" not in rows, r.stdout
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"4 ranks \(gloo\): correct", r.stdout), r.stdout
     assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""   # the allocation was given back
     assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}
+
+
+def test_ctrl_c_cancels_and_secrets_stay_out_of_slurm(slurm2, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from .helpers import ROOT, write_spec
+    keep = baseline(slurm2)
+    secret = "s3cr3t-value-42"
+    spec = slurm_script_job(tmp_path, "fail_or_sleep.py", ["-1", "0", "0"],
+                            env={"HF_TOKEN": secret})
+    env = {**os.environ, "SLURM_CONF": slurm2.conf}
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen, ready = [], 0
+    for line in proc.stdout:
+        seen.append(line)
+        ready += "ready rank" in line
+        if ready == 4:
+            break
+    job = re.search(r"slurm job (\d+):", "".join(seen)).group(1)
+    stored = slurm2.run(["scontrol", "write", "batch_script", job, "-"]).stdout
+    assert "#SBATCH --nodes=2" in stored and secret not in stored
+    secrets = glob.glob(str(tmp_path / "shared" / ".mlaunch" / "*" / "secrets" / "env.sh"))
+    assert len(secrets) == 1 and os.stat(secrets[0]).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(secrets[0])).st_mode & 0o777 == 0o700
+    node_sh = open(os.path.join(os.path.dirname(os.path.dirname(secrets[0])), "node.sh")).read()
+    assert secret not in node_sh
+    ranks = [p for h in slurm2.hs.hosts for p in h.pids() if _environ_has(p, b"RANK=")]
+    assert ranks and all(_environ_has(p, f"HF_TOKEN={secret}".encode()) for p in ranks)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert f"interrupted: scancel {job}" in rest and "has left every node" in rest, rest
+    assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}
+    assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""
+    assert not os.path.exists(secrets[0]), "the secrets file outlived the run"
+    assert secret not in "".join(seen) + rest
+
+
+def _environ_has(pid: int, entry: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return any(e.startswith(entry) for e in fh.read().split(b"\0"))
+    except OSError:
+        return False
