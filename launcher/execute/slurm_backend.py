@@ -29,10 +29,14 @@ class SlurmBackend(ProcessBackend):
 
     def cancel(self, run, force: bool = False) -> Cancel:
         from ..registry import Registry
-        from .slurm import cancel_and_wait, is_gone, job_info
+        from .slurm import cancel_and_wait, is_gone, job_info, slurm_cmd
         how = []
         if self.describe(run).state in ("starting", "running", "restarting"):
             Registry().request_stop(run.id)
+            # scancel at once (the supervisor's own scancel then finds it going), then let the
+            # supervisor wait for the job to leave, record the attempt and exit.
+            for job_id in _job_ids(run)[-1:]:
+                slurm_cmd(["scancel", *(["--signal=KILL", "--full"] if force else []), job_id])
             os.kill(run.supervisor_pid, signal.SIGTERM)
             if force:  # a second interrupt: scancel --signal=KILL
                 time.sleep(0.3)
@@ -42,7 +46,7 @@ class SlurmBackend(ProcessBackend):
                 time.sleep(0.1)
             how.append("mlaunch cancelled its job")
         run = Registry().get(run.id) or run
-        ids = run.handle.get("job_ids") or ([run.handle["job_id"]] if run.handle.get("job_id") else [])
+        ids = _job_ids(run)
         result = Cancel()
         for job_id in ids:
             if not is_gone(job_info(job_id)):
@@ -57,6 +61,12 @@ class SlurmBackend(ProcessBackend):
         Registry().set_state(run.id, "stopped", only_from=("starting", "running", "restarting", "lost"),
                              exit_code=130)
         return result
+
+
+def _job_ids(run) -> list[str]:
+    """Every sbatch job of the run (one per attempt), oldest first."""
+    h = run.handle
+    return h.get("job_ids") or ([h["job_id"]] if h.get("job_id") else [])
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -121,6 +121,10 @@ class Follow:
 
     def _result(self) -> JobResult:
         state = self.info.get("JobState", "GONE")
+        if state == "CANCELLED" and not self.interrupted:
+            # scancel from elsewhere (`mlaunch stop`, a user, an admin): a stop, never restarted.
+            self.printer.say(f"slurm job {self.job_id} was cancelled")
+            self.interrupted = True
         hosts = self.hosts or [n.host for n in self.plan.nodes]
         exits, first = node_outcomes(list(self.batch.tail) + _all_lines(self.req.batch_log),
                                      hosts, state)
