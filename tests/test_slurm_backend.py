@@ -4,6 +4,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 
 import pytest
 
@@ -79,6 +80,13 @@ def test_stop_of_a_running_slurm_job(slurm2, tmp_path, runs):
     run_id = runs.detach(tmp_path, spec)
     runs.wait_console(run_id, r"ready rank \d", count=4)
     assert all(leftovers(slurm2, keep).values()), "the job's processes should be running"
+    attach = runs.popen("attach", run_id)   # attach, then Ctrl-C: detaches, the job runs on
+    wait_until(lambda: "ready rank" in (attach.stdout.readline() or "ready rank"), 60)
+    attach.send_signal(signal.SIGINT)
+    _, err = attach.communicate(timeout=60)
+    assert attach.returncode == 0 and "it keeps running" in err, err
+    assert runs.run(run_id)["state"] == "running"
+    assert all(leftovers(slurm2, keep).values()), "attach's Ctrl-C stopped the job"
     r = runs.cli("stop", run_id)
     assert r.returncode == 0, r.stdout + r.stderr
     assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}

@@ -156,7 +156,7 @@ def _remove(path: str) -> None:
         pass
 
 
-def node_outcomes(batch_lines: list[str], hosts: list[str], state: str):
+def node_outcomes(batch_lines: list[str], state: str):
     """Each node's Exit from srun's messages in the batch log ("task K: Exited with exit
     code N", "task K: Killed"); (outcomes, first failing rank)."""
     exits: dict[int, Exit] = {}

@@ -14,6 +14,8 @@ from .job import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .slurm import POLL_S, cancel_and_wait, hostnames, is_gone, job_info, node_outcomes
 from .stream import LineSplitter, TorchrunRootCause
 
+STATE_POLL_MAX_S = 2.0
+
 
 class _Tail:
     """One log file read as it grows, whole lines only."""
@@ -47,10 +49,10 @@ class Follow:
         self.hosts: list[str] = []
         self.tails: list[_Tail] = []
         self.batch = _Tail(req.batch_log)
-        self.batch.pos = _size(req.batch_log)   # an earlier attempt appended to the same file
         self.info: dict[str, str] = {}
         self.interrupted = False
         self.watch = None
+        self.verdict = None
 
     def run(self) -> JobResult:
         try:
@@ -61,11 +63,17 @@ class Follow:
         return self._result()
 
     def _loop(self) -> None:
+        # Logs are read every POLL_S; slurmctld is asked less and less often (up to every
+        # STATE_POLL_MAX_S), so that a long queue wait or a long run costs it little.
+        start, next_state = time.monotonic(), 0.0
         while True:
-            self.info = job_info(self.job_id)
-            state = self.info.get("JobState", "")
-            if not self.hosts and state in ("RUNNING", "COMPLETING") or (not self.hosts and is_gone(self.info)):
-                self._allocated()
+            now = time.monotonic()
+            if now >= next_state:
+                self.info = job_info(self.job_id)
+                next_state = now + min(STATE_POLL_MAX_S, POLL_S + (now - start) / 30)
+                state = self.info.get("JobState", "")
+                if not self.hosts and (state in ("RUNNING", "COMPLETING") or is_gone(self.info)):
+                    self._allocated()
             self._pump()
             if is_gone(self.info):
                 return
@@ -126,8 +134,7 @@ class Follow:
             self.printer.say(f"slurm job {self.job_id} was cancelled")
             self.interrupted = True
         hosts = self.hosts or [n.host for n in self.plan.nodes]
-        exits, first = node_outcomes(list(self.batch.tail) + _all_lines(self.req.batch_log),
-                                     hosts, state)
+        exits, first = node_outcomes(_all_lines(self.req.batch_log), state)
         outcomes = []
         for n in self.plan.nodes:
             tail = self.tails[n.rank] if self.tails else None
@@ -138,7 +145,7 @@ class Follow:
             outcomes.append(NodeOutcome(n.rank, hosts[n.rank], exit=ex, tail=list(tail.tail) if tail else [],
                                         terminated=first is not None and n.rank != first and ex.code != 0))
         result = JobResult(code=0, nodes=outcomes, interrupted=self.interrupted, first_failure=first,
-                           health=getattr(self, "verdict", None))
+                           health=self.verdict)
         result.code = self._code(state, outcomes, first, result)
         if self.watch is not None:
             self.watch.finish(ok=result.code == 0)
@@ -161,14 +168,6 @@ class Follow:
             return outcomes[first].exit.code or LOST
         code = self.info.get("ExitCode", "1:0").split(":")
         return int(code[0]) or (128 + int(code[1]) if len(code) > 1 and code[1] != "0" else 1)
-
-
-def _size(path: str) -> int:
-    try:
-        import os
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def _all_lines(path: str) -> list[str]:
