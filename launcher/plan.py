@@ -67,7 +67,7 @@ def new_run_id(name: str) -> str:
 
 
 def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
-               resume_from: str | None = None, overwrite: bool = False,
+               resume_from: str | None = None, overwrite: bool | str | None = False,
                attempt: int = 0, transformers: str | None = None) -> LaunchPlan:
     """Turn a validated job into the per-node commands and the files they read.
 

@@ -89,7 +89,7 @@ def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: boo
 
 
 def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None,
-                      overwrite: bool = False, warmup: Any = None) -> str:
+                      overwrite: bool | str | None = False, warmup: Any = None) -> str:
     """LLaMA-Factory's training YAML for job (warmup: trainers.Warmup or None)."""
     return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
                   run_id=run_id, ds_path=ds_path, resume_from=resume_from, overwrite=overwrite,

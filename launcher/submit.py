@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import checkpoints, outdir, render
+from . import checkpoints, finished, outdir, render
 from .errors import UserError
 from .execute.job import JobResult, make_executor, run_job
 from .execute.stream import Printer
@@ -44,6 +44,9 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
         versions = _preflight(plan, executor, printer) if opts.preflight else {}
         master = _Master(plan, executor)
         resume_from, before = _starting_point(job, master, opts, printer)
+        if resume_from and (done := finished.complete_line(job, master.last)):
+            printer.say(done)
+            return 0
         # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
         # from checkpoints this launch wrote, never from an older run's left in output_dir.
         master.ignore = () if resume_from else before
@@ -112,13 +115,11 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     """The first launch and up to max_restarts relaunches, each resuming from a checkpoint."""
     limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
     history: list[tuple[int, JobResult, str | None]] = []
-    attempt, base_id = 0, plan.run_id
+    attempt, base_id, done = 0, plan.run_id, None
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,
-                          # A fresh start over left checkpoints: the trainer must not pick one
-                          # itself (LLaMA-Factory would resume from the last, complete or not).
-                          overwrite=opts.overwrite or bool(history) or bool(master.ignore),
+                          overwrite=_overwrite_why(opts, attempt, resume_from, master),
                           attempt=attempt, transformers=transformers)
         result = run_job(plan, executor, printer, connected=True)
         for line in describe_result(plan, result).splitlines():
@@ -129,13 +130,31 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
         attempt += 1
         executor = _restart_wait(job, plan, executor, printer, attempt, limit)
         master.executor = executor
-        resume_from = master.discover().latest if TRAINERS[job.trainer].resumable else None
+        found = master.discover() if TRAINERS[job.trainer].resumable else None
+        resume_from = found.latest if found else None
+        if found and (done := finished.complete_line(job, found)):
+            printer.say(f"restart {attempt}/{limit} not needed: {done}")
+            break
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
     if len(history) > 1:
         for n, res, start in history:
             printer.say(f"attempt {n}: exit {res.code}" + (f", resumed from {start}" if start else ""))
-    return history[-1][1].code
+    return 0 if done else history[-1][1].code
+
+
+def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,
+                   master: "_Master") -> str | None:
+    """Why the trainer gets overwrite_output_dir (templates/ says it in the file), or None.
+
+    Whenever output_dir may hold checkpoints mlaunch did not choose, the trainer must not
+    pick one itself: LLaMA-Factory would resume from the last one, complete or not.
+    """
+    if attempt:
+        return "restart_resume" if resume_from else "restart_fresh"
+    if opts.overwrite:
+        return "flag"
+    return "fresh_over_left" if master.ignore else None
 
 
 def _restart_wait(job, plan, executor, printer, attempt, limit):
@@ -155,6 +174,7 @@ class _Master:
         bindir = remote_bin(plan.job)
         self.python = posixpath.join(bindir, "python") if bindir else "python3"
         self._beat: threading.Event | None = None
+        self.last: checkpoints.Discovery | None = None   # the latest discover()
         self.ignore: tuple[str, ...] = ()   # checkpoint stamps a restart must not resume from
 
     def discover(self) -> checkpoints.Discovery:
@@ -162,7 +182,8 @@ class _Master:
         args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
         if self.ignore:
             args += ["--ignore-json", json.dumps(list(self.ignore))]
-        return checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
+        self.last = checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
+        return self.last
 
     def lock(self, printer: Printer) -> None:
         if not self.output_dir:

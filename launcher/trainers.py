@@ -29,7 +29,7 @@ class RunContext:
     run_id: str
     run_dir: str
     resume_from: str | None = None
-    overwrite: bool = False
+    overwrite: bool | str | None = False  # why overwrite_output_dir (submit._overwrite_why)
     transformers: str | None = None   # the nodes' version, when preflight probed it
 
 
