@@ -52,6 +52,7 @@ class Ctx:
     executor: Executor
     unreachable: dict[int, str] = field(default_factory=dict)   # rank -> why SSH failed
     nonce: str = field(default_factory=lambda: secrets.token_hex(4))
+    fast_only: bool = False   # submit's fast checks: no probe may import torch (seconds a node)
 
     @property
     def job(self):
@@ -125,7 +126,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
         "master_port": ctx.master_port if rank == 0 else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
-        "budget": max(1.0, ctx.pf.check_timeout_s - 2.0),
+        "budget": max(1.0, ctx.pf.check_timeout_s - 2.0), "import_torch": not ctx.fast_only,
     }
 
 
