@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from . import render
 from .spec import SECRET_NAME, JobBase
-from .spec.rules import LOOPBACK, node_devices
+from .spec.rules import LOOPBACK, node_devices, world
 from .trainers import TRAINERS, RenderedFile, RunContext
 
 # Defaults learned the hard way; a user's cluster.env overrides them.
@@ -85,7 +85,8 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
     argv_tail = tuple(trainer.entry(job, run))
     suffix = f".attempt{attempt}" if attempt else ""
-    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base, suffix)
+    solo = in_process(job)
+    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base, suffix, solo)
                   for rank, host in enumerate(c.hosts))
     return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
@@ -107,16 +108,35 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
-def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, ...],
-          log_base: str, suffix: str) -> NodePlan:
-    c = job.cluster
-    bindir = remote_bin(job)
-    argv = (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
+def _torchrun_argv(job: JobBase, rank: int, run: RunContext, tail: tuple[str, ...]) -> tuple[str, ...]:
+    """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
+    c, bindir = job.cluster, remote_bin(job)
+    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
             "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(c.gpus_per_node),
             "--node-rank", str(rank), "--master-addr", c.master_addr or c.hosts[0],
             "--master-port", str(c.master_port), "--max-restarts", "0",
             "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
             *tail)
+
+
+def remote_python(job: JobBase) -> str:
+    """The interpreter the nodes run: cluster.python, the venv's, else python3 on PATH."""
+    c = job.cluster
+    return c.python or (posixpath.join(c.venv, "bin", "python") if c.venv else "python3")
+
+
+def in_process(job: JobBase) -> bool:
+    """The whole job is one process and its trainer runs that without torchrun."""
+    nodes, gpus = world(job)
+    return (job.cluster.torchrun == "auto" and nodes * gpus == 1
+            and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None))
+
+
+def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, ...],
+          log_base: str, suffix: str, solo: bool = False) -> NodePlan:
+    c = job.cluster
+    bindir = remote_bin(job)
+    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, run, tail)
     node_id = f"{run.run_id}.node{rank}"
     env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
            "MLAUNCH_NODE_ID": node_id}
@@ -127,7 +147,7 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
     hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
     ctx = dict(run_id=run.run_id, rank=rank, nnodes=len(c.hosts), host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
-               hangup_after=f"{c.hangup_after_s:g}")
+               hangup_after=f"{c.hangup_after_s:g}", solo=solo)
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,

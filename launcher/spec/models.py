@@ -43,6 +43,9 @@ class Cluster(Strict):
     shared_dir: str | None = Field(None, description="storage every node sees at the same path")
     hangup_after_s: float = Field(30.0, ge=5, le=3600, description=(
         "a node whose launcher is silent this long (no heartbeat) ends its own processes"))
+    torchrun: Literal["auto", "always"] = Field("auto", description=(
+        "auto: a job of one process (1 node x 1 GPU) of LLaMA-Factory without DeepSpeed runs "
+        "in-process, without torchrun, as llamafactory-cli does; always: torchrun even then"))
 
 
 class Finetuning(Strict):

@@ -1,0 +1,149 @@
+"""A job of one process runs the trainer as llamafactory-cli does: in-process, no torchrun.
+
+Teardown, logs, exit codes and restarts must work the same for that form.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from launcher.plan import build_plan
+from launcher.spec import validate
+
+from .helpers import ROOT, write_spec
+from .procs import job_pids
+from .training import build_tiny, lf_spec, losses, require_trainer, submit_timed, trainer_state
+
+pytestmark = pytest.mark.training
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    require_trainer()
+    return build_tiny(str(tmp_path_factory.mktemp("tiny")))
+
+
+class JobWatch:
+    """Samples the job's processes (by MLAUNCH_RUN_ID) every 100 ms; kills the trainer once
+    `kill_when` exists."""
+
+    def __init__(self, name: str, kill_when: str | None = None):
+        self.name, self.kill_when = name, kill_when
+        self.seen: dict[int, tuple[bytes, bytes]] = {}   # pid -> (cmdline, environ)
+        self.killed: list[int] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            for pid in job_pids(f"{self.name}-"):
+                try:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                    env = open(f"/proc/{pid}/environ", "rb").read()
+                except OSError:
+                    continue
+                self.seen.setdefault(pid, (cmd, env))
+                if (self.kill_when and not self.killed and os.path.exists(self.kill_when)
+                        and b"llamafactory.launcher" in cmd):
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed.append(pid)
+            self.done.wait(0.1)
+
+    def trainers(self) -> list[tuple[bytes, bytes]]:
+        return [v for v in self.seen.values() if b"llamafactory.launcher" in v[0]]
+
+
+def test_world_of_one_trains_without_torchrun_and_restarts(tmp_path, tiny):
+    name = "world1-" + secrets.token_hex(3)
+    out = str(tmp_path / "out")
+    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=6, save_steps=3, max_restarts=1,
+                   restart_backoff_s=1, name=name)
+    watch = JobWatch(name, kill_when=os.path.join(out, "checkpoint-3", "trainer_state.json"))
+    watch.thread.start()
+    try:
+        r = submit_timed(tmp_path, spec)
+    finally:
+        watch.done.set()
+        watch.thread.join()
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert watch.killed, "the trainer was never killed"
+    assert "attempt 0: exit 137" in r.stdout and f"attempt 1: exit 0, resumed from {out}/checkpoint-3" in r.stdout
+    state = trainer_state(out)
+    assert state["global_step"] == 6 and sorted(losses(state)) == list(range(1, 7))
+    assert os.path.exists(os.path.join(out, "adapter_model.safetensors"))
+    # In-process: no torchrun anywhere in the job, and no process-group environment.
+    assert len(watch.trainers()) >= 2, "both attempts' trainers should have been seen"
+    assert not [c for c, _ in watch.seen.values() if b"torchrun" in c], "torchrun ran"
+    for _, env in watch.trainers():
+        assert b"\0WORLD_SIZE=" not in b"\0" + env and b"\0LOCAL_RANK=" not in b"\0" + env
+    logs = os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
+    assert sorted(logs) == ["node0-localhost.attempt1.log", "node0-localhost.log"]
+    assert job_pids(f"{name}-") == set()
+
+
+def test_world_of_one_ctrl_c_tears_down_exit_130(tmp_path, tiny):
+    name = "world1int-" + secrets.token_hex(3)
+    spec = lf_spec(tiny, ["localhost"], 1, str(tmp_path / "out"), max_steps=10000, save_steps=10000,
+                   name=name)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec),
+                             "--no-preflight"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:   # the trainer is stepping: LLaMA-Factory logs each step's loss
+        if "'loss'" in line or '"loss"' in line or "{'loss" in line:
+            break
+    assert job_pids(f"{name}-"), "no job process"
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, rest
+    deadline = time.monotonic() + 10
+    while job_pids(f"{name}-") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_pids(f"{name}-") == set()
+
+
+def base(tmp_path, **over) -> dict:
+    spec = {"name": "w", "trainer": "llamafactory",
+            "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": "/venv/bin/python3"},
+            "model": "/m", "template": "qwen", "dataset": "d", "finetuning": {"type": "lora"},
+            "batch": {"per_device": 1}, "training": {"learning_rate": 1e-4, "max_steps": 2},
+            "output_dir": str(tmp_path / "o")}
+    for key, value in over.items():
+        if key in ("gpus_per_node", "torchrun", "hosts"):
+            spec["cluster"][key] = value
+        else:
+            spec[key] = value
+    return spec
+
+
+@pytest.mark.parametrize("over, solo", [
+    ({}, True),
+    ({"torchrun": "always"}, False),
+    ({"gpus_per_node": 2}, False),
+    ({"hosts": ["localhost", "127.0.0.1"], "cuda_visible_devices": [[0], [1]]}, False),
+    ({"deepspeed": {"stage": 2}}, False),
+])
+def test_which_jobs_run_in_process(tmp_path, over, solo):
+    cvd = over.pop("cuda_visible_devices", None)
+    spec = base(tmp_path, **over)
+    if cvd:
+        spec["cluster"]["cuda_visible_devices"] = cvd
+    plan = build_plan(validate(spec), run_id="W")
+    argv = plan.nodes[0].argv
+    if solo:
+        assert argv == ("/venv/bin/python3", "-m", "llamafactory.launcher", f"{plan.run_dir}/llamafactory.yaml")
+        assert "without torchrun, as\n# llamafactory-cli does" in plan.nodes[0].script
+    else:
+        assert argv[0] == "/venv/bin/torchrun" and "llamafactory.launcher" in argv
+
+
+def test_script_jobs_keep_torchrun(tmp_path):
+    spec = {"name": "s", "trainer": "script", "cluster": {"hosts": ["localhost"], "gpus_per_node": 1},
+            "script": {"path": "/x.py"}}
+    assert build_plan(validate(spec), run_id="S").nodes[0].argv[0] == "torchrun"
