@@ -36,6 +36,7 @@ from gpu_proof_report import load
 KINDS = ("mlaunch", "mlaunch-torchrun", "torchrun", "lf-cli")
 # The trainer's first own line: LLaMA-Factory's logger ("[INFO|2026-12-01 ...] llamafactory...").
 FIRST = re.compile(r"\[(INFO|WARNING)\|[^\]]*\] llamafactory\.")
+STARTED = re.compile(r"^\[mlaunch\] run \S+: \d+ nodes")   # preflight and checks done, nodes start
 
 
 def commands(s: gp.Setup, steps: int) -> dict[str, list[str]]:
@@ -52,35 +53,39 @@ def commands(s: gp.Setup, steps: int) -> dict[str, list[str]]:
             "torchrun": hand, "lf-cli": [s.python, "-m", "llamafactory.cli", "train", yaml_path]}
 
 
-def timed_run(cmd: list[str], log: str, s: gp.Setup, timeout: float = 540) -> tuple[int, float, float | None]:
-    """(exit code, wall s, s to the first trainer line): output read as it arrives."""
+def timed_run(cmd: list[str], log: str, s: gp.Setup, timeout: float = 540) -> dict:
+    """Exit code, wall s, s to the first trainer line and (mlaunch) s to the nodes' start."""
     env = {**os.environ, **s.env}
     if s.cpu or not os.environ.get("CUDA_VISIBLE_DEVICES"):
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")   # llamafactory-cli: one device, in-process
-    t0, first = time.monotonic(), None
+    t0, first, started = time.monotonic(), None, None
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=gp.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
         for line in proc.stdout:
             if first is None and FIRST.search(line):
                 first = time.monotonic() - t0
+            if started is None and STARTED.search(line):
+                started = time.monotonic() - t0
             fh.write(line)
             if time.monotonic() - t0 > timeout:
                 proc.kill()
         rc = proc.wait()
-    return rc, round(time.monotonic() - t0, 2), (round(first, 2) if first is not None else None)
+    r2 = lambda x: round(x, 2) if x is not None else None   # noqa: E731
+    return {"rc": rc, "wall_s": r2(time.monotonic() - t0), "first_line_s": r2(first),
+            "nodes_started_s": r2(started)}
 
 
 def one_run(s: gp.Setup, out: str, kind: str, i: int, cmd: list[str]) -> dict:
     out_dir = f"{gp.W}/out-w1"
     shutil.rmtree(out_dir, ignore_errors=True)
     with Observer(s.cpu, out_dir) as obs:
-        rc, wall, first = timed_run(cmd, f"{out}/w1-{kind}-{i}.log", s)
+        t = timed_run(cmd, f"{out}/w1-{kind}-{i}.log", s)
     res = {}
     if os.path.exists(f"{out_dir}/all_results.json"):
         res = json.load(open(f"{out_dir}/all_results.json"))
-    return gp.record(out, {"part": "world1", "kind": kind, "i": i, "rc": rc, "wall_s": wall,
-                           "first_line_s": first, "samples_per_s": res.get("train_samples_per_second"),
+    return gp.record(out, {"part": "world1", "kind": kind, "i": i, **t,
+                           "samples_per_s": res.get("train_samples_per_second"),
                            "steady_samples_per_s": obs.steady(s.per_device), "peak_mib": obs.peak})
 
 
@@ -91,13 +96,13 @@ def med(recs: list[dict], kind: str, key: str):
 
 def table(files: list[str]) -> str:
     recs = [r for f in files for r in load([f]) if r.get("part") == "world1"]
-    rows = ["| way | n ok | wall s | first line s | samples/s | steady samples/s | peak MiB |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| way | n ok | wall s | first line s | nodes started s | samples/s | steady samples/s | peak MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for k in KINDS:
         n = sum(1 for r in recs if r["kind"] == k and r.get("rc") == 0)
         peaks = [max(r["peak_mib"].values()) for r in recs if r["kind"] == k and r.get("peak_mib")]
         rows.append(f"| {k} | {n} | {_f(med(recs, k, 'wall_s'))} | {_f(med(recs, k, 'first_line_s'))} | "
-                    f"{_f(med(recs, k, 'samples_per_s'))} | {_f(med(recs, k, 'steady_samples_per_s'))} | "
+                    f"{_f(med(recs, k, 'nodes_started_s'))} | {_f(med(recs, k, 'samples_per_s'))} | {_f(med(recs, k, 'steady_samples_per_s'))} | "
                     f"{max(peaks) if peaks else '–'} |")
     for ref in ("torchrun", "lf-cli"):
         for k in ("mlaunch", "mlaunch-torchrun"):
@@ -144,8 +149,10 @@ def main() -> None:
         s.python = os.path.join(os.environ["MLAUNCH_TRAINER_VENV"], "bin", "python")
         s.bin = os.path.dirname(s.python)
     cmds = commands(s, 6 if a.cpu else a.steps)
+    kinds = a.kinds.split(",")
     for i in range(a.runs):
-        for kind in a.kinds.split(","):
+        # Each round starts with another way: none always pays for a cold page cache.
+        for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
             one_run(s, a.out, kind, i, cmds[kind])
     print(table([f"{a.out}/results.jsonl"]))
 

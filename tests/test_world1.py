@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,3 +148,23 @@ def test_script_jobs_keep_torchrun(tmp_path):
     spec = {"name": "s", "trainer": "script", "cluster": {"hosts": ["localhost"], "gpus_per_node": 1},
             "script": {"path": "/x.py"}}
     assert build_plan(validate(spec), run_id="S").nodes[0].argv[0] == "torchrun"
+
+
+def test_resume_of_a_real_finished_checkpoint_trains_nothing(tmp_path, tiny):
+    """A real run's checkpoint-3 of max_steps 3, its final export removed (a rank killed
+    after the last save): resume must not train step 4 (LLaMA-Factory 0.9.5 would)."""
+    out = tmp_path / "out"
+    spec = lf_spec(tiny, ["localhost"], 1, str(out), max_steps=3, save_steps=3, name="finished")
+    r = submit_timed(tmp_path, spec)
+    assert r.returncode == 0, r.stdout[-3000:]
+    for entry in os.listdir(out):   # keep only what a killed run leaves: checkpoint-3 (and logs)
+        if entry not in ("checkpoint-3", "logs"):
+            path = out / entry
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    state = (out / "checkpoint-3" / "trainer_state.json").read_bytes()
+    r = submit_timed(tmp_path, spec, "--resume", preflight=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert ("training already complete at checkpoint-3 (global_step 3 of max_steps 3): not training "
+            f"again; the final weights are in {out}/checkpoint-3") in r.stdout
+    assert sorted(os.listdir(out)) == ["checkpoint-3", "logs"], "something was trained or written"
+    assert (out / "checkpoint-3" / "trainer_state.json").read_bytes() == state
