@@ -140,6 +140,8 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
     node_id = f"{run.run_id}.node{rank}"
     env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
            "MLAUNCH_NODE_ID": node_id}
+    if solo:   # what tells the stack dump (templates/stacks.sh.j2) which process is the rank
+        env["MLAUNCH_IN_PROCESS"] = "1"
     devices = node_devices(c, rank)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
