@@ -168,3 +168,25 @@ def test_resume_of_a_real_finished_checkpoint_trains_nothing(tmp_path, tiny):
             f"again; the final weights are in {out}/checkpoint-3") in r.stdout
     assert sorted(os.listdir(out)) == ["checkpoint-3", "logs"], "something was trained or written"
     assert (out / "checkpoint-3" / "trainer_state.json").read_bytes() == state
+
+
+def test_stack_dump_finds_the_in_process_rank(tmp_path):
+    """Without torchrun there is no RANK: MLAUNCH_IN_PROCESS=1 marks the rank for py-spy."""
+    from launcher import render
+    from launcher.execute.local import LocalExecutor
+    from launcher.stacks import split_dump
+    run_id = "w1stack-" + secrets.token_hex(3)
+    env = {**os.environ, "MLAUNCH_RUN_ID": run_id, "MLAUNCH_IN_PROCESS": "1", "MLAUNCH_NODE_RANK": "0"}
+    env.pop("RANK", None)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    try:
+        time.sleep(0.5)
+        pyspy = shutil.which("py-spy") or "py-spy"
+        code, out = LocalExecutor().run("localhost", render.stack_dump_script(
+            f"MLAUNCH_RUN_ID={run_id}", pyspy, native=False), 60)
+    finally:
+        proc.kill()
+        proc.wait()
+    ranks = split_dump(out)
+    assert [(r.pid, r.node, r.rank) for r in ranks] == [(proc.pid, 0, 0)], out[-2000:]
+    assert ranks[0].ok and "<module>" in ranks[0].top, ranks[0].text
