@@ -190,3 +190,31 @@ def test_stack_dump_finds_the_in_process_rank(tmp_path):
     ranks = split_dump(out)
     assert [(r.pid, r.node, r.rank) for r in ranks] == [(proc.pid, 0, 0)], out[-2000:]
     assert ranks[0].ok and "<module>" in ranks[0].top, ranks[0].text
+
+
+@pytest.mark.parametrize("torchrun", ["auto", "always"])
+def test_busy_master_port_matters_only_with_torchrun(tmp_path, torchrun):
+    """In-process, nothing binds master_port: someone else's process on it is no failure."""
+    import socket
+
+    from launcher.execute.job import make_executor
+    from launcher.preflight import run_checks
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    spec = base(tmp_path, torchrun=torchrun)
+    spec["cluster"].update(master_port=holder.getsockname()[1], python=sys.executable)
+    plan = build_plan(validate(spec))
+    ex = make_executor(plan)
+    try:
+        ex.connect()
+        report = run_checks(plan, ex, fast_only=True)
+    finally:
+        ex.close()
+        holder.close()
+    free, reach = report.get("network/port-free", 0), report.get("network/port-reachable", 0)
+    if torchrun == "auto":
+        assert (free.status, reach.status) == ("skip", "skip"), (free, reach)
+        assert free.detail == "not needed: one process without torchrun binds no master_port"
+    else:
+        assert free.status == "fail" and "is in use by" in free.detail, free

@@ -11,7 +11,7 @@ from typing import Callable
 
 from .. import render
 from ..execute.base import Executor
-from ..plan import LaunchPlan, NodePlan, remote_bin
+from ..plan import LaunchPlan, NodePlan, in_process, remote_bin
 from ..spec import LlamaFactoryJob, ScriptJob
 
 MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
@@ -78,6 +78,11 @@ class Ctx:
         return posixpath.join(bindir, "python") if bindir else "python3"
 
     @property
+    def rendezvous(self) -> bool:
+        """torchrun's store binds master_port; a job of one in-process rank binds none."""
+        return not in_process(self.job)
+
+    @property
     def master_addr(self) -> str:
         return self.job.cluster.master_addr or self.nodes[0].host
 
@@ -123,7 +128,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
     return {
         "rank": rank, "nonce": ctx.nonce, "bindir": remote_bin(job), "workdir": c.workdir,
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
-        "master_port": ctx.master_port if rank == 0 else None,
+        "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
         "budget": max(1.0, ctx.pf.check_timeout_s - 2.0), "import_torch": not ctx.fast_only,
