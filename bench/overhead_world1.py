@@ -12,9 +12,10 @@ samples/s (all_results.json, and steady-state from trainer_log.jsonl), peak GPU 
 medians and ratios against `torchrun` and `lf-cli`.
 
 GPU (one H200; model and data built locally by bench/gpu_model.py, nothing downloaded):
-    python3 bench/overhead_world1.py OUTDIR --wheels .whl [--runs 1] [--steps 150]
+    python3 bench/overhead_world1.py OUTDIR --wheels .whl [--runs 1] [--steps 150] [--per-device 8]
 Calls into the same OUTDIR continue the rounds (and rotate which way goes first), so n = 3
-can be three calls of --runs 1, each under the device's 10-minute limit.
+can be three calls of --runs 1, each under the device's 10-minute limit. The issue's
+samples/s and memory comparison was per-device 64 (global batch 64): --per-device 64 --steps 30.
 CPU rehearsal (tiny test model, trainer venv; checks this script, not the figures):
     python3 bench/overhead_world1.py OUTDIR --cpu --runs 1
 --summarize FILE... prints the tables of earlier results.jsonl files.
