@@ -73,6 +73,8 @@ def run_with_canary(tmp_path, hosts: list[str], nproc: int, hs=None) -> None:
     with CmdlineSampler(canary) as sampler:
         rendered = mlaunch("render", path, "--out", str(tmp_path / "rendered"))
         dry = mlaunch("submit", path, "--dry-run")
+        # The full checklist too: its probes and its all-reduce job carry cluster.env.
+        checked = mlaunch("check", path, timeout=300)
         r = mlaunch("submit", path, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
@@ -84,6 +86,8 @@ def run_with_canary(tmp_path, hosts: list[str], nproc: int, hs=None) -> None:
     assert sampler.rounds > 10
     assert sampler.hits == [], f"secret on a command line: {sampler.hits[:3]}"
     assert canary not in out and canary not in dry.stdout
+    assert checked.returncode in (0, 1) and "collective" in checked.stdout, checked.stdout + checked.stderr
+    assert canary not in checked.stdout + checked.stderr
     # No file holds it: run directory (workdir/.mlaunch), logs, rendered output. Only the
     # user's own spec file does.
     assert glob.glob(str(work / ".mlaunch" / "*")), "no run directory was written"
