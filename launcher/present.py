@@ -6,8 +6,9 @@ from .spec import LlamaFactoryJob, SwiftJob, world
 from .trainers import TRAINERS, global_batch
 
 
-def describe_plan(plan: LaunchPlan) -> str:
-    """The dry-run view: header, then every node's exact script, then every file."""
+def describe_plan(plan: LaunchPlan, full: bool = False) -> str:
+    """The dry-run view: header, the nodes (a readable summary, or with full every node's
+    exact script), then every file."""
     job = plan.job
     nodes, gpus = world(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -30,7 +31,10 @@ def describe_plan(plan: LaunchPlan) -> str:
         lines.append(f"resume from: {plan.resume_from}")
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
-    for node in plan.nodes:
+    if not full:
+        from .dryrun import node_lines
+        lines += node_lines(plan, lambda host: _how(plan, host))
+    for node in plan.nodes if full else ():
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:

@@ -169,8 +169,10 @@ def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,
     Whenever output_dir may hold checkpoints mlaunch did not choose, the trainer must not
     pick one itself: LLaMA-Factory would resume from the last one, complete or not.
     """
+    if resume_from:   # named below it; overwrite would make LLaMA-Factory delete trainer_log.jsonl
+        return None
     if attempt:
-        return "restart_resume" if resume_from else "restart_fresh"
+        return "restart_fresh"
     if opts.overwrite:
         return "flag"
     return "fresh_over_left" if master.ignore else None

@@ -92,7 +92,6 @@ def test_restart_after_the_final_checkpoint_exits_0(tmp_path):
 
 @pytest.mark.parametrize("why, comment", [
     ("flag", "# mlaunch submit --overwrite: start fresh although output_dir holds checkpoints."),
-    ("restart_resume", "# An automatic restart: it resumes from resume_from_checkpoint below"),
     ("restart_fresh", "# An automatic restart with no complete checkpoint to resume: a fresh start"),
     ("fresh_over_left", "# --resume=auto found no complete checkpoint: a fresh start"),
     (None, "# Deliberately false: a re-launch resumes from a complete checkpoint"),

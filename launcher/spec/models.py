@@ -117,6 +117,8 @@ class Preflight(Strict):
     check_timeout_s: float = Field(30.0, gt=0, description="per check and node")
     collective_timeout_s: float = Field(180.0, gt=0)
     collective_mb: int = Field(64, ge=1, le=8192, description="all-reduce size for the bandwidth figure")
+    expect_transport: Literal["ib", "roce", "socket", "any"] = Field("any", description=(
+        "the network the all-reduce must use (NCCL's choice; gloo counts as socket); else ✗"))
 
 
 class Health(Strict):
