@@ -160,17 +160,42 @@ def world(job: JobBase) -> tuple[int, int]:
 
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
-    """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch."""
+    """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch.
+
+    Omitted (or auto) values are derived or chosen later (launcher/batchplan.py); here only
+    what the given ones already fix is checked.
+    """
     b = job.batch
     nodes, gpus = world(job)
-    if b.global_ is None or not nodes or not gpus:
+    if not nodes or not gpus:
         return []
-    want = nodes * gpus * b.per_device * b.grad_accum
+    size = nodes * gpus
+    pd = b.per_device if isinstance(b.per_device, int) else None
+    ga = b.grad_accum if isinstance(b.grad_accum, int) else None
+    if pd is None:
+        if b.global_ is None:
+            return [Problem("batch.global", "required when mlaunch chooses per_device (omitted or "
+                            "auto): give the global batch, e.g. global: 64, or give per_device")]
+        unit = size * (ga or 1)
+        if b.global_ % unit:
+            what = f"{nodes} nodes × {gpus} GPUs" + (f" × {ga} accumulation" if ga else "")
+            return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
+                            f"set global to a multiple of {unit}")]
+        return []
+    if b.global_ is None:
+        return []
+    if ga is None:
+        if b.global_ % (size * pd) == 0:
+            return []   # grad_accum = global / (world × per_device)
+        return [Problem("batch.global", f"{b.global_} is not a multiple of {nodes} nodes × {gpus} "
+                        f"GPUs × {pd} per device = {size * pd}; set global to a multiple of "
+                        f"{size * pd}, or change per_device")]
+    want = size * pd * ga
     if b.global_ == want:
         return []
     return [Problem("batch.global",
-                    f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {b.per_device} per device × "
-                    f"{b.grad_accum} accumulation = {want}; set global to {want}, change "
+                    f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {pd} per device × "
+                    f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
 
 
