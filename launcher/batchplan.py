@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from . import memory
 from .errors import Problem
 from .spec import JobBase, LlamaFactoryJob, SwiftJob, world
+from .spec.rules import auto_batch
 
 CKPT_COST = 1.37
 T0_TOKENS, T0_PARAMS = 8000.0, 0.39e9
@@ -71,14 +72,10 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
     inputs = inputs or MemoryInputs()
     b, tr = job.batch, job.training
     size = _size(job)
-    pd = b.per_device if isinstance(b.per_device, int) else None
-    ga = b.grad_accum if isinstance(b.grad_accum, int) else None
+    pd, ga = auto_batch(b)
     ck = tr.gradient_checkpointing if isinstance(tr.gradient_checkpointing, bool) else None
-    auto_ck = tr.gradient_checkpointing == "auto" or (tr.gradient_checkpointing is None and pd is None)
-    if ck is None and not auto_ck:
-        ck = True                                   # today's default with an explicit batch
-    if pd is not None and ga is None:
-        ga = b.global_ // (size * pd) if b.global_ else 1
+    if pd is None and "gradient_checkpointing" not in tr.model_fields_set:
+        ck = None                        # omitted while mlaunch picks the batch: picked too
     chosen = tuple(n for n, v in (("per_device", pd), ("grad_accum", ga),
                                   ("gradient_checkpointing", ck)) if v is None)
     shape = memory.shape_from_config(inputs.model_config)
@@ -94,6 +91,9 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
     acc = ga or per_rank // pick.micro_batch
     est = memory.estimate(shape, setting(job, shape, pick.micro_batch, pick.checkpointing))
     why, problems = _explain(job, shape, inputs, cands, pick, chosen, budget, gpu)
+    if inputs.gpu_gib is None and problems:   # an assumed size refuses nothing: say it instead
+        why += [f"would not fit the assumed {ASSUMED_GIB:g} GiB: {p.message}" for p in problems]
+        problems = []
     return Decision(_concrete(job, pick.micro_batch, acc, pick.checkpointing), pick.micro_batch, acc,
                     pick.checkpointing, chosen, inputs, est, budget, tuple(why), tuple(problems),
                     tuple(cands))

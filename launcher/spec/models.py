@@ -74,7 +74,7 @@ class Batch(Strict):
     """
 
     per_device: PositiveInt | Auto | None = Field(None, description="omit or auto: mlaunch chooses (needs global)")
-    grad_accum: PositiveInt | Auto | None = Field(None, description="omit: global / (world x per_device), else 1")
+    grad_accum: PositiveInt | Auto = Field(1, description="1 when per_device is given; chosen when it is not")
     global_: int | None = Field(None, alias="global", ge=1)
     memory_margin: float = Field(0.1, ge=0, lt=1, description=(
         "fraction of each GPU's memory the estimate must leave free"))
@@ -104,8 +104,8 @@ class Training(Strict):
     save_steps: int = Field(500, ge=1)
     logging_steps: int = Field(10, ge=1)
     max_grad_norm: float = Field(1.0, ge=0)
-    gradient_checkpointing: bool | Auto | None = Field(None, description=(
-        "omit: auto when mlaunch chooses the batch, else true"))
+    gradient_checkpointing: bool | Auto = Field(True, description=(
+        "auto, or omitted while mlaunch chooses per_device: chosen from the memory estimate"))
     seed: int = 42
 
 

@@ -162,34 +162,28 @@ def world(job: JobBase) -> tuple[int, int]:
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
     """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch.
 
-    Omitted (or auto) values are derived or chosen later (launcher/batchplan.py); here only
-    what the given ones already fix is checked.
+    Fields left to mlaunch (per_device omitted or auto; grad_accum auto) are chosen later
+    (launcher/batchplan.py); here only what the given ones already fix is checked.
     """
     b = job.batch
     nodes, gpus = world(job)
     if not nodes or not gpus:
         return []
     size = nodes * gpus
-    pd = b.per_device if isinstance(b.per_device, int) else None
-    ga = b.grad_accum if isinstance(b.grad_accum, int) else None
-    if pd is None:
+    pd, ga = auto_batch(b)
+    if pd is None or ga is None:
         if b.global_ is None:
-            return [Problem("batch.global", "required when mlaunch chooses per_device (omitted or "
-                            "auto): give the global batch, e.g. global: 64, or give per_device")]
-        unit = size * (ga or 1)
+            return [Problem("batch.global", "required when mlaunch chooses per_device or grad_accum "
+                            "(omitted or auto): give the global batch, e.g. global: 64")]
+        unit = size * (pd or 1) * (ga or 1)
         if b.global_ % unit:
-            what = f"{nodes} nodes × {gpus} GPUs" + (f" × {ga} accumulation" if ga else "")
+            what = " × ".join([f"{nodes} nodes", f"{gpus} GPUs"] + ([f"{pd} per device"] if pd else [])
+                              + ([f"{ga} accumulation"] if ga else []))
             return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
                             f"set global to a multiple of {unit}")]
         return []
     if b.global_ is None:
         return []
-    if ga is None:
-        if b.global_ % (size * pd) == 0:
-            return []   # grad_accum = global / (world × per_device)
-        return [Problem("batch.global", f"{b.global_} is not a multiple of {nodes} nodes × {gpus} "
-                        f"GPUs × {pd} per device = {size * pd}; set global to a multiple of "
-                        f"{size * pd}, or change per_device")]
     want = size * pd * ga
     if b.global_ == want:
         return []
@@ -197,6 +191,15 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
                     f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {pd} per device × "
                     f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
+
+
+def auto_batch(b) -> tuple[int | None, int | None]:
+    """(per_device, grad_accum) as given; None where mlaunch chooses. grad_accum's default 1
+    holds when per_device is given (today's meaning), and is chosen when it is not."""
+    pd = b.per_device if isinstance(b.per_device, int) else None
+    given = "grad_accum" in b.model_fields_set or pd is not None
+    ga = b.grad_accum if isinstance(b.grad_accum, int) and given else None
+    return pd, ga
 
 
 def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:

@@ -128,16 +128,16 @@ def check_megatron(job: SwiftJob) -> list[Problem]:
         p.append(Problem("megatron.tp", f"the model has {heads} attention heads ({job.model}/config.json), "
                          f"not divisible by tp {m.tp}; choose tp among {_divisors(heads)}"))
     b = job.batch
-    if not isinstance(b.per_device, int) or not isinstance(b.grad_accum, (int, type(None))) or \
+    if not isinstance(b.per_device, int) or not isinstance(b.grad_accum, int) or \
             job.training.gradient_checkpointing == "auto":
         p.append(Problem("batch.per_device", "mlaunch's batch planning does not cover Megatron-SWIFT: "
                          "give per_device (and grad_accum), and gradient_checkpointing true or false"))
     elif b.global_ is not None and size and size % model_par == 0:
         dp = size // model_par
-        want = dp * b.per_device * (b.grad_accum or 1)
+        want = dp * b.per_device * b.grad_accum
         if b.global_ != want:
             p.append(Problem("batch.global", f"{b.global_} ≠ dp {dp} × {b.per_device} per device × "
-                             f"{b.grad_accum or 1} accumulation = {want} (dp = {size} GPUs / (tp {m.tp} × "
+                             f"{b.grad_accum} accumulation = {want} (dp = {size} GPUs / (tp {m.tp} × "
                              f"pp {m.pp})); set global to {want}, change per_device/grad_accum, or omit global"))
     f, t = job.finetuning, job.training
     if f.type == "freeze":
