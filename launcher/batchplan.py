@@ -76,6 +76,8 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
     ck = tr.gradient_checkpointing if isinstance(tr.gradient_checkpointing, bool) else None
     if pd is None and "gradient_checkpointing" not in tr.model_fields_set:
         ck = None                        # omitted while mlaunch picks the batch: picked too
+    if pd is not None and ga is None:
+        ga = b.global_ // (size * pd)    # arithmetic, not a choice (validation checked it divides)
     chosen = tuple(n for n, v in (("per_device", pd), ("grad_accum", ga),
                                   ("gradient_checkpointing", ck)) if v is None)
     shape = memory.shape_from_config(inputs.model_config)

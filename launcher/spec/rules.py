@@ -194,10 +194,10 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
 
 
 def auto_batch(b) -> tuple[int | None, int | None]:
-    """(per_device, grad_accum) as given; None where mlaunch chooses. grad_accum's default 1
-    holds when per_device is given (today's meaning), and is chosen when it is not."""
+    """(per_device, grad_accum) as given; None where mlaunch chooses or derives. An omitted
+    grad_accum is global / (world × per_device) when both are given, else 1 (its default)."""
     pd = b.per_device if isinstance(b.per_device, int) else None
-    given = "grad_accum" in b.model_fields_set or pd is not None
+    given = "grad_accum" in b.model_fields_set or (pd is not None and b.global_ is None)
     ga = b.grad_accum if isinstance(b.grad_accum, int) and given else None
     return pd, ga
 
