@@ -245,3 +245,49 @@ def test_preflight_memory_facts_take_the_smallest_used_gpu_and_node0s_config():
     from launcher.meminputs import inputs as mem_inputs
     m = mem_inputs(j.model_copy(update={"cluster": j.cluster.model_copy(update={"gpu_memory_gb": 70})}), got)
     assert m.gpu_gib == 70 and m.model_config == QWEN_039 and m.config_source.endswith("read on node 0")
+
+
+@pytest.mark.multihost
+def test_preflight_brings_back_node0s_model_config(make_hostset, tmp_path):
+    """The facts probe reads config.json on node 0 over SSH; no GPU here, so no memory figure."""
+    import sys
+
+    from launcher.execute.job import make_executor
+    from launcher.preflight import run_checks
+    with make_hostset(2) as hs:
+        data = job(2, 1, batch={"global": 64})
+        data["cluster"] = {"hosts": [h.ip for h in hs.hosts], "gpus_per_node": 1, "python": sys.executable,
+                           "env": {"GLOO_SOCKET_IFNAME": "eth0"},
+                           "ssh": {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts}}
+        data["model"], data["output_dir"] = model_dir(tmp_path, QWEN_15), str(tmp_path / "out")
+        data["preflight"] = {"min_free_gb": 0.5, "min_shm_mb": 16, "check_timeout_s": 10}
+        plan = build_plan(validate(data))
+        ex = make_executor(plan)
+        assert ex.connect() == []
+        try:
+            report = run_checks(plan, ex, fast_only=True)
+        finally:
+            ex.close()
+    assert report.memory == {"gpu_mib": None, "model_config": QWEN_15}
+
+
+def test_swift_jobs_are_planned_too_and_megatron_is_refused():
+    from launcher.trainers import TRAINERS, RunContext
+    from .test_swift import swift_lora, swift_megatron
+    data = swift_lora()
+    data["batch"] = {"global": 64}
+    data["training"].pop("gradient_checkpointing", None)
+    plan = build_plan(validate(data), run_id="R", memory=inputs("1.5b-150k", 80))
+    d = plan.batch
+    assert d.chosen and d.per_device * d.grad_accum * 8 == 64
+    args = TRAINERS["swift"].entry(plan.job, RunContext("R", "/tmp/r"))
+    i = args.index("--per_device_train_batch_size")
+    assert args[i + 1] == str(d.per_device) and args[args.index("--gradient_accumulation_steps") + 1] == str(d.grad_accum)
+    assert args[args.index("--gradient_checkpointing") + 1] == str(d.checkpointing).lower()
+    mega = swift_megatron()
+    mega["batch"] = {"global": 64}
+    from launcher.errors import SpecError
+    with pytest.raises(SpecError) as e:
+        validate(mega)
+    assert "batch.per_device: mlaunch's batch planning does not cover Megatron-SWIFT: give per_device " \
+           "(and grad_accum), and gradient_checkpointing true or false" in [str(p) for p in e.value.problems]
