@@ -73,6 +73,18 @@ if os.environ.get("MLAUNCH_MEMPROBE_DIR"):
 '''
 
 
+def install_deepspeed(wheels: list[str]) -> None:
+    """The carried DeepSpeed sdist, built without ops into /tmp/site (FACTS.md: 16 s), once."""
+    import glob
+    sdists = sorted(p for d in wheels for p in glob.glob(f"{d}/deepspeed-*.tar.gz"))
+    if not sdists or os.path.exists("/tmp/site/.deepspeed-done"):
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--no-build-isolation", "--no-cache-dir", "--target", "/tmp/site", sdists[-1]],
+                   env={**os.environ, "DS_BUILD_OPS": "0"}, check=True)
+    open("/tmp/site/.deepspeed-done", "w").close()
+
+
 def build(dest: str, shape: str, cpu: bool) -> None:
     """(run with the trainer's python) The tiny tokenizer and long examples of gpu_model.py,
     and a random Qwen2 of `shape`; prints the info JSON."""
@@ -279,6 +291,7 @@ def main() -> None:
     os.makedirs(W, exist_ok=True)
     if a.wheels:
         install(a.wheels)
+        install_deepspeed(a.wheels)
     os.environ.update(NO_MULTICAST)
     os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     sys.path.insert(0, ROOT)
