@@ -55,8 +55,16 @@ ESTIMATE = [
     ("1.5b-150k", FULL, 3, True, 4), ("1.5b-150k", FULL, 0, False, 4),
 ]
 SWEEP = [(False, 16, 4), (False, 32, 2), (False, 64, 1), (True, 64, 1)]
-# Written next to the job as sitecustomize.py: each rank's allocator peak at exit.
-PROBE = '''import atexit, json, os, sys
+# Written next to the job as sitecustomize.py: each rank's allocator peak at exit. It shadows
+# any other sitecustomize (the trainer venv's sets TORCH_EXTENSIONS_DIR), so it runs that one too.
+PROBE = '''import atexit, importlib.util, json, os, sys
+_here = os.path.dirname(os.path.abspath(__file__))
+for _d in sys.path:
+    _p = os.path.join(_d or ".", "sitecustomize.py")
+    if os.path.abspath(_d or ".") != _here and os.path.isfile(_p):
+        _spec = importlib.util.spec_from_file_location("_next_sitecustomize", _p)
+        _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+        break
 def _mlaunch_memprobe():
     torch = sys.modules.get("torch")
     try:

@@ -136,12 +136,14 @@ def _explain(job, shape, inputs, cands, pick, chosen, budget, gpu) -> tuple[list
     """The why lines and, when the pick does not fit, the refusal with its fix."""
     margin = job.batch.memory_margin
     room = f"{gpu:.1f} GiB per GPU ({budget / memory.GIB:.1f} usable with {margin:.0%} kept free)"
-    why = [f"GPU memory: {gpu:.1f} GiB ({inputs.gpu_source})",
-           f"model shape: {shape.params() / 1e9:.2f} B parameters, {shape.layers} layers, hidden "
-           f"{shape.hidden}, vocab {shape.vocab} ({inputs.config_source})"]
     if inputs.gpu_gib is None:
-        why.append(f"GPU memory not known here: assumed {ASSUMED_GIB:g} GiB; set cluster.gpu_memory_gb, "
-                   "or submit (preflight reads nvidia-smi)")
+        hint = ", or submit (preflight reads nvidia-smi)" if "without preflight" in inputs.gpu_source else ""
+        why = [f"GPU memory: assumed {ASSUMED_GIB:g} GiB ({inputs.gpu_source}); set "
+               f"cluster.gpu_memory_gb{hint}"]
+    else:
+        why = [f"GPU memory: {gpu:.1f} GiB ({inputs.gpu_source})"]
+    why.append(f"model shape: {_count(shape.params())} parameters, {shape.layers} layers, hidden "
+               f"{shape.hidden}, vocab {shape.vocab} ({inputs.config_source})")
     est = pick.total / memory.GIB
     if pick.fits:
         if chosen:
@@ -230,6 +232,10 @@ def _size(job) -> int:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 def _onoff(v: bool) -> str:

@@ -154,7 +154,7 @@ def test_assumed_gpu_memory_refuses_nothing_and_says_so():
     j = validate(job(batch={"global": 64, "per_device": 64}, training={"gradient_checkpointing": False}))
     d = resolve(j, MemoryInputs(model_config=QWEN_039, config_source="test"))
     assert d.problems == ()
-    assert any(w.startswith("GPU memory not known here: assumed 80 GiB; set cluster.gpu_memory_gb") for w in d.why)
+    assert d.why[0] == "GPU memory: assumed 80 GiB (unknown); set cluster.gpu_memory_gb"
     assert any(w.startswith("would not fit the assumed 80 GiB: estimated 123.6 GiB") for w in d.why)
 
 
@@ -226,8 +226,8 @@ def test_unfit_batch_is_refused_by_plan_and_dry_run_unless_forced(tmp_path):
 def test_dry_run_without_gpu_memory_says_what_it_assumed(tmp_path):
     r = mlaunch("submit", "--dry-run", cli_spec(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert ("GPU memory not known here: assumed 80 GiB; set cluster.gpu_memory_gb, or submit "
-            "(preflight reads nvidia-smi)") in r.stdout
+    assert ("  GPU memory: assumed 80 GiB (not known without preflight); set cluster.gpu_memory_gb, "
+            "or submit (preflight reads nvidia-smi)\n") in r.stdout
     assert "per_device_train_batch_size: 32\n" in r.stdout
 
 
