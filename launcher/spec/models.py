@@ -74,7 +74,8 @@ class Batch(Strict):
     """
 
     per_device: PositiveInt | Auto | None = Field(None, description="omit or auto: mlaunch chooses (needs global)")
-    grad_accum: PositiveInt | Auto = Field(1, description="1 when per_device is given; chosen when it is not")
+    grad_accum: PositiveInt | Auto = Field(1, description=(
+        "omitted: global / (world x per_device) when both are given, else 1; chosen with per_device"))
     global_: int | None = Field(None, alias="global", ge=1)
     memory_margin: float = Field(0.1, ge=0, lt=1, description=(
         "fraction of each GPU's memory the estimate must leave free"))
