@@ -91,12 +91,13 @@ def report(rows: list[dict], fitted: dict) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
-def write(fitted: dict, sources: list[str]) -> None:
+def write(fitted: dict, sources: list[str], params: tuple[str, ...]) -> None:
     """Rewrite the FIT block of launcher/memory.py."""
     path = os.path.join(ROOT, "launcher", "memory.py")
     text = open(path, encoding="utf-8").read()
-    body = {k: v for k, v in fitted.items() if k != "source"}
+    body = {k: v for k, v in fitted.items() if k not in ("source", "params")}
     lines = [f'    "{k}": {v!r},' for k, v in body.items()]
+    lines.append(f'    "params": {",".join(params)!r},')
     lines.append(f'    "source": {", ".join(os.path.relpath(s, ROOT) for s in sources)!r},')
     block = "FIT = {\n" + "\n".join(lines) + "\n}\n"
     new = re.sub(r"(# BEGIN FIT[^\n]*\n)FIT = \{.*?\n\}\n", lambda m: m.group(1) + block, text, flags=re.S)
@@ -115,12 +116,12 @@ def main() -> None:
     if any(r["setting"].get("finetuning") == "full" for r in rows) and "state_scale" not in params:
         print("note: full fine-tuning rows present; consider --params ...,state_scale")
     fitted = fit(rows, params)
-    print(json.dumps({k: v for k, v in fitted.items() if k != "source"}))
+    print(json.dumps({k: v for k, v in fitted.items() if k not in ("source", "params")}))
     text, ok = report(rows, fitted)
     print(text)
     print(f"{len(rows)} rows; goals (-5% .. +15%) {'met' if ok else 'NOT met'}")
     if a.write:
-        write(fitted, a.files)
+        write(fitted, a.files, params)
         print("wrote launcher/memory.py FIT")
 
 

@@ -54,6 +54,7 @@ FIT = {
     "act_scale": 1.0336,
     "logit_bytes": 13.595,
     "state_scale": 1.0,
+    "params": 'overhead_mib,act_scale,logit_bytes',
     "source": 'bench/results/memory/h200-2026-12-01.jsonl',
 }
 # END FIT
