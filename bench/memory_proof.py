@@ -252,7 +252,7 @@ def summarize(paths: list[str]) -> str:
         ratio = f"{est / peak:.3f}" if peak and est else "–"
         failed = "" if r["rc"] == 0 else f" (exit {r['rc']})"
         out.append(f"| {r['name']} | {st['finetuning']} | {st['zero_stage'] if st['zero_stage'] is not None else '–'} | "
-                   f"{'on' if st['checkpointing'] else 'off'} | {st['micro_batch']} | {est} | {peak} | "
+                   f"{'on' if st['checkpointing'] else 'off'} | {st['micro_batch']} | {est} | {peak or '–'} | "
                    f"{round(r['max_reserved_mib']) if r.get('max_reserved_mib') else '–'} | {ratio}"
                    f"{failed} |")
     runs = [r for r in rows if r["part"] in ("choice", "sweep")]
