@@ -221,13 +221,18 @@ def part_sweep(s: Setup, out: str, steps: int) -> None:
                 hand=[ckpt, micro, accum])
 
 
+def speed_of(r: dict) -> float | None:
+    """Steady-state samples/s (second logged step to the last), else the trainer's own figure."""
+    return r.get("steady_samples_per_s") or r.get("samples_per_s")
+
+
 def best_hand(default: str) -> tuple[bool, int, int]:
     """The fastest sweep setting recorded on this machine, else --hand."""
     path = os.path.join(W, "memory.jsonl")
     rows = [json.loads(x) for x in open(path)] if os.path.exists(path) else []
-    done = [r for r in rows if r["part"] == "sweep" and r["rc"] == 0 and r.get("steady_samples_per_s")]
+    done = [r for r in rows if r["part"] == "sweep" and r["rc"] == 0 and speed_of(r)]
     if done:
-        return tuple(max(done, key=lambda r: r["steady_samples_per_s"])["hand"])
+        return tuple(max(done, key=speed_of)["hand"])
     ck, micro, accum = default.split(",")
     return ck == "on", int(micro), int(accum)
 
@@ -257,13 +262,13 @@ def summarize(paths: list[str]) -> str:
                    f"{failed} |")
     runs = [r for r in rows if r["part"] in ("choice", "sweep")]
     if runs:
-        out += ["", "| part | setting | runs | samples/s (mean) | steady samples/s (mean) | peak MiB | OOM |",
+        out += ["", "| part | setting | runs | samples/s (mean) | steady samples/s (mean; else samples/s) | peak MiB | OOM |",
                 "|---|---|---|---|---|---|---|"]
         means = {}
         for (part, kind) in dict.fromkeys((r["part"], r["kind"]) for r in runs):
             rs = [r for r in runs if (r["part"], r["kind"]) == (part, kind)]
             sps = [r["samples_per_s"] for r in rs if r.get("samples_per_s")]
-            steady = [r["steady_samples_per_s"] for r in rs if r.get("steady_samples_per_s")]
+            steady = [speed_of(r) for r in rs if speed_of(r)]
             means[(part, kind)] = sum(steady) / len(steady) if steady else None
             b = rs[-1].get("batch")
             label = kind + (f" ({b['per_device']}×{b['grad_accum']}, ckpt {'on' if b['checkpointing'] else 'off'})" if b else "")
@@ -272,8 +277,8 @@ def summarize(paths: list[str]) -> str:
                        f"{sum(1 for r in rs if r.get('oom') or r['rc'])} |")
         a, h, b = (means.get(("choice", k)) for k in ("auto", "lf-habit", "hand-best"))
         if a and h and b:
-            out.append(f"\nauto / LLaMA-Factory habits: {a / h:.2f}× (goal ≥ 2.5×); auto / best hand: "
-                       f"{a / b:.3f} (goal ≥ 0.95)")
+            out.append(f"\nsteady samples/s: auto / LLaMA-Factory habits {a / h:.2f}× (goal ≥ 2.5×); "
+                       f"auto / best hand {a / b:.3f} (goal ≥ 0.95)")
     return "\n".join(out)
 
 
