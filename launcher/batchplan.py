@@ -172,10 +172,11 @@ def _fix(job, shape, pick: Candidate, budget: float) -> str:
     out = []
     if not pick.checkpointing and memory.estimate(shape, setting(job, shape, pick.micro_batch, True)).total <= budget:
         out.append("set training.gradient_checkpointing: true")
-    small = [m for m in range(pick.micro_batch - 1, 0, -1)
-             if memory.estimate(shape, setting(job, shape, m, pick.checkpointing)).total <= budget]
-    if small:
-        out.append(f"per_device ≤ {small[0]}")
+    per_rank = job.batch.global_ // _size(job) if job.batch.global_ else None
+    small = next((m for m in range(pick.micro_batch - 1, 0, -1) if (not per_rank or per_rank % m == 0)
+                  and memory.estimate(shape, setting(job, shape, m, pick.checkpointing)).total <= budget), None)
+    if small:   # with a global batch, a per_device that divides it, and the accumulation to match
+        out.append(f"per_device {small} with grad_accum {per_rank // small}" if per_rank else f"per_device ≤ {small}")
     return ", or ".join(out) if out else "use " + fixes(job)
 
 

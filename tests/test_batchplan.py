@@ -135,7 +135,7 @@ def test_refusal_explicit_setting_that_does_not_fit():
     (p,) = resolve(j, inputs("0.39b", 100)).problems
     assert str(p) == ("batch: estimated 123.6 GiB per GPU of 100.0 (90.0 usable) with per_device 64, "
                       "gradient checkpointing off: set training.gradient_checkpointing: true, or "
-                      "per_device ≤ 46 (or --force)")
+                      "per_device 32 with grad_accum 2 (or --force)")
 
 
 def test_refusal_nothing_fits_names_the_levers():
@@ -213,8 +213,8 @@ def test_unfit_batch_is_refused_by_plan_and_dry_run_unless_forced(tmp_path):
     path = cli_spec(tmp_path, gpu_memory_gb=100, batch={"global": 64, "per_device": 64},
                     training={"gradient_checkpointing": False})
     line = ("mlaunch: batch: estimated 123.6 GiB per GPU of 100.0 (90.0 usable) with per_device 64, "
-            "gradient checkpointing off: set training.gradient_checkpointing: true, or per_device ≤ 46 "
-            "(or --force)\n")
+            "gradient checkpointing off: set training.gradient_checkpointing: true, or per_device 32 "
+            "with grad_accum 2 (or --force)\n")
     for args in (("plan", path), ("submit", "--dry-run", path)):
         r = mlaunch(*args)
         assert r.returncode == 2 and r.stderr.endswith(line), r.stderr
@@ -291,3 +291,17 @@ def test_swift_jobs_are_planned_too_and_megatron_is_refused():
         validate(mega)
     assert "batch.per_device: mlaunch's batch planning does not cover Megatron-SWIFT: give per_device " \
            "(and grad_accum), and gradient_checkpointing true or false" in [str(p) for p in e.value.problems]
+
+
+def test_refusal_without_global_suggests_a_bound():
+    """No global batch: the bound is the largest per_device that fits, by the estimate."""
+    import re
+    j = validate(job(batch={"per_device": 64}, training={"gradient_checkpointing": True}))
+    d = resolve(j, inputs("0.39b", 24))
+    (p,) = d.problems
+    m = re.fullmatch(r"batch: estimated ([\d.]+) GiB per GPU of 24\.0 \(21\.6 usable\) with per_device 64, "
+                     r"gradient checkpointing on: per_device ≤ (\d+) \(or --force\)", str(p))
+    assert m, str(p)
+    assert float(m[1]) == round(d.estimate.total / memory.GIB, 1)
+    n = int(m[2])
+    assert fits(j, "0.39b", n, True, d.budget) and not fits(j, "0.39b", n + 1, True, d.budget)
