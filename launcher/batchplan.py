@@ -73,6 +73,8 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
     b, tr = job.batch, job.training
     size = _size(job)
     pd, ga = auto_batch(b)
+    if not plannable(job):               # Megatron: the batch is explicit (megatron_rules)
+        ga = b.grad_accum if isinstance(b.grad_accum, int) else ga
     ck = tr.gradient_checkpointing if isinstance(tr.gradient_checkpointing, bool) else None
     if pd is None and "gradient_checkpointing" not in tr.model_fields_set:
         ck = None                        # omitted while mlaunch picks the batch: picked too
@@ -219,16 +221,22 @@ def _blind(job, inputs, pd, ga, ck, chosen, size) -> Decision:
 
 
 def _concrete(job, pd: int, ga: int, ck: bool):
-    """job with the numbers filled in (what every template and ds_config reads)."""
-    return job.model_copy(update={
-        "batch": job.batch.model_copy(update={"per_device": pd, "grad_accum": ga}),
-        "training": job.training.model_copy(update={"gradient_checkpointing": ck})})
+    """job with the numbers filled in (what every template and ds_config reads). Fields that
+    already hold the value stay untouched, so "given in the spec" (model_fields_set) still
+    tells what the user wrote (Megatron's recompute default reads it)."""
+    b, tr = job.batch, job.training
+    batch = {k: v for k, v in (("per_device", pd), ("grad_accum", ga)) if getattr(b, k) != v}
+    train = {"gradient_checkpointing": ck} if tr.gradient_checkpointing is not ck else {}
+    if not batch and not train:
+        return job
+    return job.model_copy(update={"batch": b.model_copy(update=batch) if batch else b,
+                                  "training": tr.model_copy(update=train) if train else tr})
 
 
 def _size(job) -> int:
+    """Data-parallel ranks (Megatron jobs are never planned, only filled in)."""
     nodes, gpus = world(job)
-    m = getattr(job, "megatron", None)
-    return nodes * gpus // (m.tp * m.pp if m else 1)
+    return nodes * gpus
 
 
 def _divisors(n: int) -> list[int]:
