@@ -11,8 +11,9 @@ LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimize
 
 def lines(d: Decision) -> list[str]:
     """The human view: estimate table (when there is one), the numbers, who chose them, why."""
-    out = ["memory plan (per GPU):"]
+    out = []
     if d.estimate is not None:
+        out.append("memory plan (per GPU):")
         width = max(len(v) for v in LABELS.values()) + 2
         out += [f"  {'term':<{width}}{'GiB':>8}"]
         out += [f"  {LABELS[k]:<{width}}{v / GIB:>8.2f}" for k, v in d.estimate.terms]
