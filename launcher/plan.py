@@ -8,7 +8,7 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass
 
-from . import render
+from . import batchplan, render
 from .spec import SECRET_NAME, JobBase
 from .spec.rules import LOOPBACK, node_devices, world
 from .trainers import TRAINERS, RenderedFile, RunContext
@@ -53,6 +53,7 @@ class LaunchPlan:
     secrets: tuple[str, ...]
     resume_from: str | None = None
     attempt: int = 0          # 0 for the first launch, n for the n-th automatic restart
+    batch: batchplan.Decision | None = None   # the batch numbers rendered, and why
 
     def mask(self, text: str) -> str:
         """text with every secret value replaced, for anything printed or logged."""
@@ -68,12 +69,17 @@ def new_run_id(name: str) -> str:
 
 def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
                resume_from: str | None = None, overwrite: bool | str | None = False,
-               attempt: int = 0, transformers: str | None = None) -> LaunchPlan:
+               attempt: int = 0, transformers: str | None = None,
+               memory: batchplan.MemoryInputs | None = None) -> LaunchPlan:
     """Turn a validated job into the per-node commands and the files they read.
 
     Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
-    that teardown and logs of one attempt never mix with another's.
+    that teardown and logs of one attempt never mix with another's. Batch fields left to
+    mlaunch are filled in first (batchplan, from `memory`), so every file renders the same
+    numbers; refusing an unfit batch is the caller's (batchplan.Decision.problems).
     """
+    decision = batchplan.resolve(job, memory)
+    job = decision.job if decision else job
     run_id = run_id or new_run_id(job.name)
     c = job.cluster
     local = all(LOOPBACK.match(h) for h in c.hosts)
@@ -91,7 +97,7 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
-                      resume_from=resume_from, attempt=attempt)
+                      resume_from=resume_from, attempt=attempt, batch=decision)
 
 
 def secret_values(job: JobBase) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ class SubmitOptions:
     overwrite: bool = False
     max_restarts: int | None = None  # overrides the spec's max_restarts
     preflight: bool = True
+    force: bool = False              # launch although the memory estimate says it will not fit
 
 
 def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
@@ -44,7 +45,9 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
     printer = Printer(plan.mask, out or sys.stdout)
     executor = _connect(plan)
     try:
-        versions = _preflight(plan, executor, printer) if opts.preflight else {}
+        report = _preflight(plan, executor, printer) if opts.preflight else None
+        versions = report.stack if report else {}
+        job = _plan_batch(job, report, opts, printer)
         master = _Master(plan, executor)
         resume_from, before = _starting_point(job, master, opts, printer)
         if resume_from and (done := finished.complete_line(job, master.last)):
@@ -81,10 +84,26 @@ def _connect(plan: LaunchPlan):
     return executor
 
 
-def _preflight(plan: LaunchPlan, executor, printer: Printer) -> dict[str, str]:
+def _plan_batch(job: JobBase, report, opts: SubmitOptions, printer: Printer) -> JobBase:
+    """The batch numbers from the nodes' GPU memory and model config (refused when they will
+    not fit, unless --force): the job with them filled in, for every attempt."""
+    from . import batchplan, meminputs, memview
+    from .plancli import refuse_unfit
+    decision = batchplan.resolve(job, meminputs.inputs(job, report.memory if report else None))
+    if decision is None:
+        return job
+    if decision.chosen or decision.problems or decision.estimate:
+        for line in memview.lines(decision):
+            printer.say(line)
+    refuse_unfit(decision, opts.force)
+    return decision.job
+
+
+def _preflight(plan: LaunchPlan, executor, printer: Printer):
     """The fast checks; a failure stops the launch before anything starts.
 
-    Returns the versions the nodes run, which decide some rendered trainer arguments.
+    Returns the Report: the versions the nodes run (which decide some rendered trainer
+    arguments) and their GPU memory and model config (which decide the batch).
     """
     from .preflight import run_checks
     report = run_checks(plan, executor, fast_only=True, printer=printer)
@@ -92,7 +111,7 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer) -> dict[str, str]:
         for line in report.table(color=printer.color).splitlines():
             printer.say(line)
         raise UserError("preflight failed (table above); fix it, or skip with --no-preflight")
-    return report.stack
+    return report
 
 
 def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,

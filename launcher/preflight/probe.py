@@ -131,6 +131,8 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
         "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
+        # node 0 sends the model's config.json back for batch planning (launcher/batchplan.py)
+        "model_config": job.model if rank == 0 and isinstance(getattr(job, "model", None), str) else None,
         "budget": max(1.0, ctx.pf.check_timeout_s - 2.0), "import_torch": not ctx.fast_only,
     }
 

@@ -45,7 +45,8 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
     if not fast_only:
         results += _collective(ctx, results, printer)
     return Report(sort_results(results), time.monotonic() - t0,
-                  stack=software.majority_stack(ctx, facts) if ctx.live else {})
+                  stack=software.majority_stack(ctx, facts) if ctx.live else {},
+                  memory=gpu.memory_facts(ctx, facts))
 
 
 def judge(ctx: Ctx, facts: dict, mesh: dict, samples: dict) -> list[CheckResult]:
