@@ -36,27 +36,32 @@ def _submit_options(f):
         click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
         click.option("-d", "--detach", is_flag=True,
                      help="Once every node has started, hand the run to a supervisor and return."),
+        click.option("--force", is_flag=True, help="Launch although the memory estimate says the batch will not fit."),
     ]):
         f = opt(f)
     return f
 
 
 def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
-                no_preflight, detach=False) -> None:
+                no_preflight, detach=False, force=False) -> None:
     from .plan import build_plan
     if full and not dry_run:
         raise UserError("--full only goes with --dry-run")
     spec = _load(job)
     if dry_run:
         from .execute.backend import backend_for, backend_name
-        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite)
+        from .meminputs import inputs
+        from .plancli import refuse_unfit
+        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite,
+                          memory=inputs(spec))
+        refuse_unfit(plan.batch, force)
         click.echo(backend_for(backend_name(plan)).dryrun(plan, full=full).text, nl=False)
         if resume:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
     from .submit import SubmitOptions, launch
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
-                         max_restarts=max_restarts, preflight=not no_preflight)
+                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
     sys.exit(launch(spec, opts, detach=detach))
 
 
@@ -126,7 +131,9 @@ def _register() -> None:
     """Commands that live in their own modules."""
     from .cli_report import report
     from .cli_runs import register  # ps, logs, stop, attach
+    from .plancli import plan_cmd
     cli.add_command(report)
+    cli.add_command(plan_cmd)
     register(cli)
 
 

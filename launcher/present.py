@@ -1,6 +1,7 @@
 """Human-readable views of a plan and of a finished job. Everything printed is masked."""
 from __future__ import annotations
 
+from . import memview
 from .plan import LaunchPlan
 from .spec import LlamaFactoryJob, SwiftJob, world
 from .trainers import TRAINERS, global_batch
@@ -25,6 +26,8 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
         b = job.batch
         lines.append(f"global batch: {global_batch(job, nodes, gpus)} = {nodes} nodes × {gpus} GPUs × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
+    if plan.batch is not None:
+        lines += memview.lines(plan.batch)
     where = "shared storage" if plan.shared else "uploaded to each node"
     lines.append(f"files: {plan.run_dir} ({where})")
     lines.append(f"logs: {plan.log_dir}")

@@ -19,7 +19,9 @@ EXAMPLES = sorted(glob.glob(f"{CONFIGS}/slurm/*.yaml"))
 
 
 def outputs(path: str) -> dict[str, str]:
-    plan = build_plan(load_spec(path), run_id="GOLDEN")
+    from launcher.meminputs import inputs
+    job = load_spec(path)
+    plan = build_plan(job, run_id="GOLDEN", memory=inputs(job))   # as the CLI's dry run
     req = sbatch.request(plan)
     out = {"job.sbatch": req.script, "node.sh": req.node_script.content,
            "dry-run.txt": sbatch.describe(plan)}
