@@ -5,12 +5,11 @@ log gets the live stream's `[node<k> <host> local<r>]` prefixes added.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 from .execute.stream import Printer
-from .registry import CONSOLE
+from .registry import console_path
 
 FOLLOW_POLL_S = 0.1   # how often a follower looks for new bytes
 STATE_POLL_S = 0.5    # ... and asks the registry whether the run has ended
@@ -65,7 +64,7 @@ class View:
 
     def _tails(self) -> list[_Tail]:
         if self.node is None and self.attempt is None:
-            return [_Tail(os.path.join(self.run.log_dir, CONSOLE), self._raw)]
+            return [_Tail(console_path(self.run.id), self._raw)]
         attempts = self.reg.attempts(self.run.id)
         if not attempts:
             return []

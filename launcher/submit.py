@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import checkpoints, outdir, render
+from . import nodeprog
+from .nodeprog import checkpoints, outdir
 from .errors import UserError
 from .execute.job import JobResult, make_executor, run_job
 from .events import EventLog
@@ -209,12 +210,12 @@ class _Master:
         args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
         if self.ignore:
             args += ["--ignore-json", json.dumps(list(self.ignore))]
-        return checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
+        return checkpoints.Discovery.from_json(self._run("checkpoints", args))
 
     def lock(self, printer: Printer) -> None:
         if not self.output_dir:
             return
-        got = json.loads(self._run(outdir.__file__, ["lock", self.output_dir, socket.gethostname(),
+        got = json.loads(self._run("outdir", ["lock", self.output_dir, socket.gethostname(),
                                                      str(os.getpid()), self.plan.run_id]))
         if not got["ok"]:
             h = got["holder"]
@@ -228,15 +229,14 @@ class _Master:
     def unlock(self) -> None:
         if self._beat is not None:
             self._beat.set()
-            self._run(outdir.__file__, ["unlock", self.output_dir, self.plan.run_id], check=False)
+            self._run("outdir", ["unlock", self.output_dir, self.plan.run_id], check=False)
 
     def _heartbeat(self) -> None:
         while not self._beat.wait(outdir.HEARTBEAT_S):
-            self._run(outdir.__file__, ["touch", self.output_dir, self.plan.run_id], check=False)
+            self._run("outdir", ["touch", self.output_dir, self.plan.run_id], check=False)
 
-    def _run(self, module_file: str, args: list[str], check: bool = True) -> str:
-        with open(module_file, encoding="utf-8") as fh:
-            script = render.python_script(self.python, fh.read(), args)
+    def _run(self, program: str, args: list[str], check: bool = True) -> str:
+        script = nodeprog.script(self.python, program, args)
         code, output = self.executor.run(self.plan.nodes[0].host, script, timeout=60)
         if code != 0 and check:
             raise UserError(f"on {self.plan.nodes[0].host}: output_dir helper failed "

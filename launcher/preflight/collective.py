@@ -8,7 +8,7 @@ import re
 import shutil
 import tempfile
 
-from .. import render
+from .. import nodeprog
 from ..execute.job import JobResult, run_job
 from ..execute.stream import Printer
 from ..plan import LaunchPlan, build_plan, new_run_id
@@ -38,7 +38,7 @@ def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:
     """Write the program on every node itself, not only on node 0 (shared_dir may be exactly
     what is broken); None when every node has it, else why not."""
     path = plan.job.script.path
-    text = render.render("preflight/collective.py.j2").rstrip("\n")
+    text = nodeprog.source("collective")
     outs = on_nodes(ctx, lambda r: sh_script("stage", dir=plan.run_dir, path=path, content=text),
                     ctx.pf.check_timeout_s)
     bad = [f"node{r}: {o.why()}" for r, o in sorted(outs.items()) if o.code != 0]

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import render
+from .. import nodeprog, render
 from ..execute.base import Executor
 from ..plan import LaunchPlan, NodePlan, remote_bin
 from ..spec import LlamaFactoryJob, ScriptJob
@@ -108,11 +108,11 @@ def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
 
 
 def py_script(ctx: Ctx, rank: int, program: str, params: dict) -> str:
-    """Shell text that runs a templates/preflight/<program>.py.j2 with the job's interpreter
+    """Shell text that runs node program launcher/nodeprog/<program>.py with the job's interpreter
     and environment (so LD_LIBRARY_PATH, PYTHONPATH, ... are those the job will see)."""
     node = ctx.nodes[rank]
     return render.render("preflight/pyprobe.sh.j2", env=list(node.env), bindir=remote_bin(ctx.job),
-                         python=ctx.python, program=f"preflight/{program}.py.j2",
+                         python=ctx.python, program=program, source=nodeprog.source(program),
                          params=json.dumps({**params, "marker": MARKER.strip()}), marker=MARKER.strip())
 
 

@@ -1,4 +1,3 @@
-{% raw %}
 # mlaunch preflight facts: everything cheap about this node, printed as one JSON line.
 # Each fact runs in its own thread under one deadline: a hung NFS mount or GPU driver
 # costs its own fact, never the whole probe. Standard library only; Python >= 3.6.
@@ -319,4 +318,3 @@ def main():
 
 
 main()
-{% endraw %}
