@@ -24,6 +24,7 @@ def cli() -> None:
 def _submit_options(f):
     for opt in reversed([
         click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere."),
+        click.option("--full", is_flag=True, help="With --dry-run: every node's exact script."),
         click.option("--run-id", help="Use this run id instead of a fresh one."),
         click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
         click.option("--resume", is_flag=False, flag_value="latest", default=None,
@@ -33,6 +34,7 @@ def _submit_options(f):
         click.option("--max-restarts", type=click.IntRange(0, 100),
                      help="After a node failure, relaunch from the latest checkpoint up to N times."),
         click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
+        click.option("--force", is_flag=True, help="Launch although the memory estimate says the batch will not fit."),
         click.option("-d", "--detach", is_flag=True,
                      help="Once every node has started, hand the run to a supervisor and return."),
     ]):
@@ -40,20 +42,26 @@ def _submit_options(f):
     return f
 
 
-def _run_submit(job: str, dry_run: bool, run_id, log_dir, resume, overwrite, max_restarts,
-                no_preflight, detach=False) -> None:
+def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
+                no_preflight, force=False, detach=False) -> None:
     from .plan import build_plan
+    if full and not dry_run:
+        raise UserError("--full only goes with --dry-run")
     spec = _load(job)
     if dry_run:
         from .execute.backend import backend_for, backend_name
-        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite)
-        click.echo(backend_for(backend_name(plan)).dryrun(plan).text, nl=False)
+        from .meminputs import inputs
+        from .plancli import refuse_unfit
+        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite,
+                          memory=inputs(spec))
+        refuse_unfit(plan.batch, force)
+        click.echo(backend_for(backend_name(plan)).dryrun(plan, full=full).text, nl=False)
         if resume:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
     from .submit import SubmitOptions, launch
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
-                         max_restarts=max_restarts, preflight=not no_preflight)
+                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
     sys.exit(launch(spec, opts, detach=detach))
 
 
@@ -117,8 +125,17 @@ def schema() -> None:
     click.echo(json.dumps(TypeAdapter(Job).json_schema(by_alias=True), indent=2))
 
 
-from .cli_runs import register  # noqa: E402  (ps, logs, stop, attach)
-register(cli)
+def _register() -> None:
+    """Commands that live in their own modules."""
+    from .cli_report import report
+    from .cli_runs import register
+    from .plancli import plan_cmd
+    cli.add_command(report)
+    cli.add_command(plan_cmd)
+    register(cli)  # ps, logs, stop, attach
+
+
+_register()
 
 
 def main(argv: list[str] | None = None) -> None:

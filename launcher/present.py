@@ -1,33 +1,43 @@
 """Human-readable views of a plan and of a finished job. Everything printed is masked."""
 from __future__ import annotations
 
+from . import memview
 from .plan import LaunchPlan
 from .spec import LlamaFactoryJob, SwiftJob, world
-from .trainers import global_batch
+from .trainers import TRAINERS, global_batch
 
 
-def describe_plan(plan: LaunchPlan) -> str:
-    """The dry-run view: header, then every node's exact script, then every file."""
+def describe_plan(plan: LaunchPlan, full: bool = False) -> str:
+    """The dry-run view: header, the nodes (a readable summary, or with full every node's
+    exact script), then every file."""
     job = plan.job
     nodes, gpus = world(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
              f"world: {nodes} nodes × {gpus} processes = {nodes * gpus}"]
     if isinstance(job, SwiftJob) and job.megatron:
         b, m = job.batch, job.megatron
-        dp = nodes * gpus // (m.tp * m.pp)
-        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × dp {dp} = {nodes * gpus}")
+        dp = nodes * gpus // (m.tp * m.pp * m.cp)
+        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {dp} = {nodes * gpus}"
+                     + (f"; experts: ep {m.ep} × etp {m.etp}" if m.ep * m.etp > 1 else ""))
         lines.append(f"global batch: {dp * b.per_device * b.grad_accum} = dp {dp} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
         b = job.batch
         lines.append(f"global batch: {global_batch(job, nodes, gpus)} = {nodes} nodes × {gpus} GPUs × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
+    if plan.batch is not None:
+        lines += memview.lines(plan.batch)
     where = "shared storage" if plan.shared else "uploaded to each node"
     lines.append(f"files: {plan.run_dir} ({where})")
     lines.append(f"logs: {plan.log_dir}")
     if plan.resume_from:
         lines.append(f"resume from: {plan.resume_from}")
-    for node in plan.nodes:
+    notes = getattr(TRAINERS[job.trainer], "notes", None)
+    lines += [f"note: {n}" for n in (notes(job) if notes else [])]
+    if not full:
+        from .dryrun import node_lines
+        lines += node_lines(plan, lambda host: _how(plan, host))
+    for node in plan.nodes if full else ():
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:

@@ -52,9 +52,9 @@ class ProcessBackend:
     def __init__(self, name: str = "ssh"):
         self.name = name
 
-    def dryrun(self, plan) -> Request:
+    def dryrun(self, plan, full: bool = False) -> Request:
         from ..present import describe_plan
-        return Request(self.name, plan, describe_plan(plan))
+        return Request(self.name, plan, describe_plan(plan, full=full))
 
     def run(self, request: Request, opts, job) -> int:
         """Foreground: this process is the supervisor; SIGTERM (mlaunch stop) acts as Ctrl-C."""

@@ -8,9 +8,10 @@ modified; the scan only lists directories and reads small JSON/text files.
 
 Layouts: HF Trainer / LLaMA-Factory ``output_dir/checkpoint-<N>``, ms-swift
 ``output_dir/v<M>-<timestamp>/checkpoint-<N>``, and with ``--megatron``
-Megatron-SWIFT's ``v<M>-<timestamp>/{latest_checkpointed_iteration.txt,
-iter_<NNNNNNN>/}``, where the resumable unit is the version dir (Megatron loads
-the iteration its tracker names).
+Megatron-SWIFT 4.x's ``v<M>-<timestamp>/checkpoint-<N>/{latest_checkpointed_iteration.txt,
+iter_<NNNNNNN>/}`` (ms-swift 4.6 swift/megatron/trainers/base.py save_checkpoint and
+swift/megatron/utils/megatron_lm_utils.py save_mcore_checkpoint): the resumable unit is
+the checkpoint-<N> dir, which --mcore_model/--mcore_adapter load through its tracker.
 
 Symlinks: a candidate (checkpoint or version dir) that resolves outside
 output_dir is reported as skipped and never used, because resuming from it
@@ -57,11 +58,15 @@ class Discovery:
     # "name@mtime" of every candidate seen: a restart of a fresh (--overwrite) launch
     # passes them back as `ignore`, so it never resumes from an older run's checkpoint.
     stamps: tuple[str, ...] = field(default=(), compare=False)
+    # The chosen checkpoint's trainer_state.json numbers (global_step, epoch, max_steps,
+    # num_train_epochs): whether training had already finished when it was written.
+    progress: dict = field(default_factory=dict, compare=False)
 
     def to_json(self) -> str:
         """Serialise to the JSON object the script mode prints."""
         return json.dumps({
             "latest": self.latest, "step": self.step, "found_any": self.found_any,
+            "progress": self.progress,
             "skipped": [{"path": s.path, "name": s.name, "reason": s.reason}
                         for s in self.skipped], "stamps": list(self.stamps)})
 
@@ -72,7 +77,7 @@ class Discovery:
         skipped = tuple(Skipped(s["path"], s["name"], s["reason"])
                         for s in d.get("skipped", []))
         return cls(d.get("latest"), d.get("step"), skipped, bool(d.get("found_any")),
-                   tuple(d.get("stamps", ())))
+                   tuple(d.get("stamps", ())), dict(d.get("progress") or {}))
 
     def explain(self) -> list[str]:
         """One human line per skipped checkpoint, saying what is used instead."""
@@ -116,33 +121,35 @@ def _candidates(output_dir: str) -> list[tuple[int, int, str]]:
 
 
 def _megatron_candidates(output_dir: str) -> list[tuple[int, int, str]]:
-    """(iteration, version, version dir) of every Megatron-SWIFT run dir, newest first."""
-    found = []
-    for name in _list_dir(output_dir):
-        v = VERSION_RE.match(name)
-        full = os.path.join(output_dir, name)
-        if not (v and os.path.isdir(full)):
-            continue
-        iters = [int(i[5:]) for i in _list_dir(full) if re.match(r"^iter_\d+$", i)]
-        if iters or os.path.exists(os.path.join(full, TRACKER)):
-            found.append((_tracked_iteration(full) or max(iters or [0]), int(v.group(1)), name))
-    return sorted(found, reverse=True)
+    """(iteration, version, v<M>-*/checkpoint-<N>) of every Megatron-SWIFT save, newest first.
+
+    The same dirs as HF mode; only the completeness check differs (check_megatron)."""
+    return [c for c in _candidates(output_dir) if c[1] >= 0]
 
 
-def _tracked_iteration(vdir: str) -> int | None:
+def _tracked_iteration(ckpt: str) -> int | None:
     try:
-        with open(os.path.join(vdir, TRACKER)) as fh:
+        with open(os.path.join(ckpt, TRACKER)) as fh:
             return int(fh.read().strip())
     except (OSError, ValueError):
         return None
 
 
-def check_megatron(vdir: str, step: int) -> str | None:
-    """Why Megatron-SWIFT run dir ``vdir`` cannot be resumed at ``step``, or None."""
-    if _tracked_iteration(vdir) != step:
-        return "no readable %s (interrupted save?)" % TRACKER
-    it = os.path.join(vdir, "iter_%07d" % step)
-    missing = [f for f in MEGATRON_FILES if not os.path.isfile(os.path.join(it, f))]
+def check_megatron(ckpt: str, step: int) -> str | None:
+    """Why Megatron-SWIFT's ``checkpoint-<step>`` dir cannot be resumed, or None.
+
+    The master writes the tracker after every rank passed the save barrier, and
+    dist_checkpointing's metadata.json marks a finished sharded save. With
+    ``no_save_optim`` (and safetensors on) only common.pt is written: no weights or
+    optimizer in Megatron's format, so nothing to resume from."""
+    if _tracked_iteration(ckpt) != step:
+        return "no readable %s naming %d (interrupted save?)" % (TRACKER, step)
+    it = os.path.join(ckpt, "iter_%07d" % step)
+    names = set(_list_dir(it))
+    if names and names <= {"common.pt"}:
+        return ("iter_%07d/ holds only common.pt: saved with no_save_optim, "
+                "not resumable" % step)
+    missing = [f for f in MEGATRON_FILES if f not in names]
     if missing:
         return "iter_%07d/ lacks %s (interrupted save?)" % (step, ", ".join(missing))
     return None
@@ -254,6 +261,17 @@ def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
     return weights
 
 
+def _progress(path: str) -> dict:
+    """The schedule numbers of a (complete) checkpoint's trainer_state.json; {} if none."""
+    try:
+        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    keys = ("global_step", "epoch", "max_steps", "num_train_epochs")
+    return {k: state[k] for k in keys if isinstance(state, dict) and isinstance(state.get(k), (int, float))}
+
+
 def _stamp(output_dir: str, name: str) -> str:
     """name@mtime of the checkpoint's trainer_state.json (else of its dir): changes on re-save."""
     path = os.path.join(output_dir, *name.split("/"))
@@ -286,7 +304,7 @@ def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
         else:
             reason = check_checkpoint(path, step, deepspeed=deepspeed, dp_size=dp_size)
         if reason is None:
-            return Discovery(path, step, tuple(skipped), True, stamps)
+            return Discovery(path, step, tuple(skipped), True, stamps, _progress(path))
         skipped.append(Skipped(path, name, reason))
     return Discovery(None, None, tuple(skipped), bool(cands), stamps)
 

@@ -36,15 +36,48 @@ def torch_facts():
         return {"error": "torch is not installed"}
     ns = {}
     # torch/version.py is where torch.__version__ comes from; running it alone is
-    # instant, importing torch takes seconds (only CUDA builds need that, for NCCL).
-    with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as fh:
+    # instant, while importing torch takes seconds on a CUDA node: never import it here.
+    torch_dir = os.path.dirname(spec.origin)
+    with open(os.path.join(torch_dir, "version.py")) as fh:
         exec(compile(fh.read(), "torch/version.py", "exec"), ns)
     out = {"version": ns.get("__version__"), "cuda": ns.get("cuda"), "nccl": "none"}
     if out["cuda"]:
+        out["nccl"], out["nccl_from"] = nccl_version(torch_dir)
+    return out
+
+
+def nccl_version(torch_dir):
+    """(version, where it was read) of the NCCL torch loads, without importing torch.
+
+    pip's CUDA torch loads the nvidia-nccl-cu* wheel's library: its metadata is the version.
+    Otherwise the library's own ncclGetVersion() answers (a dlopen, no GPU work). Only a
+    torch with NCCL linked in statically needs `import torch`: `mlaunch check` does that,
+    the fast checks before submit say so instead of paying seconds per node.
+    """
+    from importlib import metadata
+    for dist in metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
+        if re.match(r"^nvidia-nccl-cu\d+$", name):
+            return dist.version, name
+    import ctypes
+    import ctypes.util
+    site = os.path.dirname(torch_dir)
+    libs = glob.glob(os.path.join(torch_dir, "lib", "libnccl.so*"))
+    libs += glob.glob(os.path.join(site, "nvidia", "nccl", "lib", "libnccl.so*"))
+    libs += [ctypes.util.find_library("nccl") or "libnccl.so.2"]
+    for lib in libs:
+        try:
+            code = ctypes.c_int()
+            if ctypes.CDLL(lib).ncclGetVersion(ctypes.byref(code)) == 0:
+                v = code.value   # 2.9+: major*10000 + minor*100 + patch
+                return "%d.%d.%d" % (v // 10000, v // 100 % 100, v % 100), lib
+        except (OSError, AttributeError):
+            continue
+    if P.get("import_torch"):
         import torch
         v = torch.cuda.nccl.version()
-        out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    return out
+        return (".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)), "torch"
+    return "not read (linked into torch; `mlaunch check` reads it)", "fast check"
 
 
 def trainer_facts():
@@ -281,12 +314,20 @@ def gpu_facts():
     return out
 
 
+def model_config_facts():
+    # The model's config.json, for mlaunch's memory estimate (batch planning).
+    with open(os.path.join(full(P["model_config"]), "config.json")) as fh:
+        return {"config": json.load(fh)}
+
+
 FACTS = {"python": python_facts, "torch": torch_facts, "trainer": trainer_facts,
          "torchrun": torchrun_facts, "host": host_facts, "mesh_port": mesh_port_facts,
          "out": out_facts, "shared": shared_facts, "inputs": input_facts, "shm": shm_facts,
          "gpu": gpu_facts, "ext_locks": ext_lock_facts}
 if P["master_port"] is not None:
     FACTS["port"] = port_facts
+if P.get("model_config"):
+    FACTS["model_config"] = model_config_facts
 
 
 def run(key, fn, box):
