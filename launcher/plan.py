@@ -118,7 +118,7 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
             "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
             *tail)
     node_id = f"{run.run_id}.node{rank}"
-    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
+    env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
            "MLAUNCH_NODE_ID": node_id}
     devices = node_devices(c, rank)
     if devices is not None:

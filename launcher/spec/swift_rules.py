@@ -81,7 +81,22 @@ def check_swift(job: SwiftJob) -> list[Problem]:
         p += check_megatron(job)
     else:
         p += check_batch(job)
-    p += _check_swift_freeze(job) + check_swift_passthrough(job)
+    p += _check_swift_freeze(job) + _check_lf_only(job) + check_swift_passthrough(job)
+    return p
+
+
+# Finetuning knobs mlaunch renders for LLaMA-Factory only.
+LF_ONLY = ("use_dora", "use_rslora", "pissa_init", "additional_target", "oft_rank", "oft_block_size",
+           "oft_target", "quantization_method")
+
+
+def _check_lf_only(job: SwiftJob) -> list[Problem]:
+    """OFT and the LoRA variants are rendered for LLaMA-Factory; refuse them here, not drop them."""
+    f = job.finetuning
+    p = [Problem("finetuning.type", "oft is rendered for trainer llamafactory only; use lora, "
+                 "freeze or full")] if f.type == "oft" else []
+    p += [Problem(f"finetuning.{name}", "rendered for trainer llamafactory only; remove it (or give "
+                  "the ms-swift argument in passthrough)") for name in LF_ONLY if name in f.model_fields_set]
     return p
 
 
