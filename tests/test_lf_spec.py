@@ -73,8 +73,6 @@ REFUSALS = [
      "preference.label_smoothing: only valid with loss sigmoid (loss is ipo)"),
     (dict(stage="dpo", preference={"loss": "orpo", "ref_model": "/m"}),
      "preference.ref_model: loss orpo uses no reference model; remove ref_model"),
-    (dict(stage="kto", batch={"per_device": 1, "grad_accum": 16}),
-     "batch.per_device: KTO needs at least 2 per device"),
     (dict(stage="rm", finetuning={"type": "full"}, max_restarts=2),
      "max_restarts: LLaMA-Factory cannot resume stage rm with type full"),
     (dict(stage="ppo"), "stage: 'ppo' is not one of sft, pt, dpo, kto, rm"),

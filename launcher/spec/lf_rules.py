@@ -66,9 +66,6 @@ def _check_stage(job: LlamaFactoryJob) -> list[Problem]:
     if f.pissa_init and (job.stage == "kto" or ref):
         p.append(Problem("finetuning.pissa_init", f"LLaMA-Factory cannot use PiSSA with stage "
                          f"{job.stage} (it needs the unmodified base as reference); remove it"))
-    if job.stage == "kto" and job.batch.per_device < 2:
-        p.append(Problem("batch.per_device", "KTO needs at least 2 per device: trl estimates its KL "
-                         "term by pairing examples within one device's batch; set per_device ≥ 2"))
     if job.stage == "rm" and f.type in ("full", "freeze") and job.max_restarts:
         p.append(Problem("max_restarts", f"LLaMA-Factory cannot resume stage rm with type {f.type} "
                          "(it drops resume_from_checkpoint), so a restart would start over; set "
