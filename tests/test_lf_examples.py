@@ -125,3 +125,34 @@ def test_example_and_spec_parse_to_the_same_arguments(parsed, name):
     assert ex["training.overwrite_output_dir"] is True and ml["training.overwrite_output_dir"] is False
     if "deepspeed" in example(name):
         assert re.search(r"/\.mlaunch/lf-[\w-]+/ds_config\.json$", ml["training.deepspeed"])
+
+
+def test_fsdp_section_parses_as_the_trainers_fsdp_arguments(tmp_path):
+    """FSDP at the parser level: accelerate builds its FSDP plugin only on an accelerator, so
+    no CPU run. The rendered keys must mean to LLaMA-Factory's parser what a user's own do."""
+    python = require_trainer()
+    spec = load_yaml(os.path.join(CORPUS, "qwen3_lora_sft.yaml"))
+    spec["cluster"] = {"hosts": ["localhost"], "gpus_per_node": 2, "workdir": str(tmp_path)}
+    spec["fsdp"] = {"sharding": "full_shard", "offload": True, "layer_cls": ["Qwen3DecoderLayer"]}
+    plan = build_plan(validate(spec), run_id="lf-fsdp", transformers="4.57.6")
+    (f,) = plan.files
+    os.makedirs(os.path.dirname(f.path))
+    open(f.path, "w").write(f.content)
+    by_hand = {**example("qwen3_lora_sft"), "fsdp": "full_shard auto_wrap offload",
+               "fsdp_config": {"transformer_layer_cls_to_wrap": ["Qwen3DecoderLayer"], "use_orig_params": True}}
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps([{"name": "fsdp", "cwd": str(tmp_path), "example": by_hand, "mlaunch": f.path}]))
+    torchrun = os.path.join(os.path.dirname(python), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "LLAMAFACTORY_VERBOSITY": "WARN"}
+    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
+                        os.path.join(ROOT, "tests", "scripts", "lf_parse_pairs.py"), str(pairs),
+                        str(tmp_path / "out.json")], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.load(open(tmp_path / "out.json"))["fsdp"]
+    ex, ml = got["example"], got["mlaunch"]
+    assert "error" not in ml, ml
+    assert ml["training.fsdp"] == ["full_shard", "auto_wrap", "offload"]
+    assert ml["training.fsdp_config"]["transformer_layer_cls_to_wrap"] == ["Qwen3DecoderLayer"]
+    assert ml["training.fsdp_config"]["use_orig_params"] is True
+    differ = sorted(k for k in set(ex) | set(ml) if ex.get(k) != ml.get(k))
+    assert not [k for k in differ if k not in OWNED], {k: (ex.get(k), ml.get(k)) for k in differ}
