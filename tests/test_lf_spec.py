@@ -169,6 +169,13 @@ def test_swift_refuses_what_only_llamafactory_renders():
     assert "finetuning.type: oft is rendered for trainer llamafactory only; use lora, freeze or full" in problems(data)
     data["finetuning"] = {"type": "lora", "use_dora": True}
     assert any(p.startswith("finetuning.use_dora: rendered for trainer llamafactory only") for p in problems(data))
+    # training.ddp_timeout reaches ms-swift's HF Trainer when given; Megatron-SWIFT refuses it.
+    data["finetuning"], data["training"]["ddp_timeout"] = {"type": "lora"}, 600
+    argv = build_plan(validate(data)).nodes[0].argv
+    assert argv[argv.index("--ddp_timeout") + 1] == "600"
+    data["megatron"] = {"tp": 1}
+    assert problems(data) == ["training.ddp_timeout: not rendered for Megatron-SWIFT; give its "
+                              "distributed_timeout_minutes in passthrough instead"]
 
 
 # ---- --resume PATH and render --resume/--overwrite (fake torchrun records the YAML) ----

@@ -37,6 +37,7 @@ SWIFT_OWNED = {
     "recompute_granularity": "training.gradient_checkpointing",
     "recompute_method": "training.gradient_checkpointing",
     "recompute_num_layers": "training.gradient_checkpointing", "seed": "training.seed",
+    "ddp_timeout": "training.ddp_timeout",
     "tensor_model_parallel_size": "megatron.tp", "pipeline_model_parallel_size": "megatron.pp",
     "sequence_parallel": "megatron.sequence_parallel",
 }
@@ -151,6 +152,9 @@ def check_megatron(job: SwiftJob) -> list[Problem]:
                              f"{b.grad_accum} accumulation = {want} (dp = {size} GPUs / (tp {m.tp} × "
                              f"pp {m.pp})); set global to {want}, change per_device/grad_accum, or omit global"))
     f, t = job.finetuning, job.training
+    if "ddp_timeout" in t.model_fields_set:
+        p.append(Problem("training.ddp_timeout", "not rendered for Megatron-SWIFT; give its "
+                         "distributed_timeout_minutes in passthrough instead"))
     if f.type == "freeze":
         p.append(Problem("finetuning.type", "freeze is not supported by mlaunch's Megatron-SWIFT mode "
                          "(mcore parameter names differ); use lora or full"))
