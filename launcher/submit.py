@@ -91,6 +91,9 @@ def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
             raise UserError(f"--resume needs a trainer that writes checkpoints; trainer "
                             f"{job.trainer} does not")
         return None, ()
+    from .spec.lf_rules import resume_refusal
+    if opts.resume and resume_refusal(job):
+        raise UserError(resume_refusal(job))
     found = master.discover()
     for line in found.explain():
         printer.say(line)

@@ -200,6 +200,16 @@ def test_resume_path_is_checked_then_used(tmp_path):
     assert seen["resume_from_checkpoint"] == f"{other}/checkpoint-3" and seen["overwrite_output_dir"] is False
 
 
+def test_resume_refused_where_llamafactory_ignores_it(tmp_path):
+    out = tmp_path / "out"
+    checkpoint(out, 5)
+    job = dict(lf_job(tmp_path, str(out)), stage="rm", finetuning={"type": "full"})
+    r = mlaunch("submit", write_spec(tmp_path, job), "--resume", "--no-preflight")
+    assert r.returncode == 2 and not (tmp_path / "seen.yaml").exists()
+    assert ("mlaunch: --resume: LLaMA-Factory cannot resume stage rm with type full (it drops "
+            "resume_from_checkpoint and starts over); use --overwrite to start fresh") in r.stderr
+
+
 def test_render_resume_and_overwrite(tmp_path):
     out = tmp_path / "out"
     checkpoint(out, 5)

@@ -80,6 +80,14 @@ def _check_stage(job: LlamaFactoryJob) -> list[Problem]:
     return p
 
 
+def resume_refusal(job) -> str | None:
+    """Why --resume cannot work for this job (LLaMA-Factory ignores the checkpoint), or None."""
+    if isinstance(job, LlamaFactoryJob) and job.stage == "rm" and job.finetuning.type in ("full", "freeze"):
+        return (f"--resume: LLaMA-Factory cannot resume stage rm with type {job.finetuning.type} (it "
+                "drops resume_from_checkpoint and starts over); use --overwrite to start fresh")
+    return None
+
+
 def _check_fsdp(job: LlamaFactoryJob) -> list[Problem]:
     if job.fsdp is None:
         return []
