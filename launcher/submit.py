@@ -39,6 +39,7 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
     """Run job to completion (with restarts); return its exit code."""
     if opts.resume and opts.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
+    _check_resumable(job, opts)
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     printer = Printer(plan.mask, out or sys.stdout)
     executor = _connect(plan)
@@ -57,6 +58,15 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
             master.unlock()
     finally:
         executor.close()
+
+
+def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
+    """--resume / --max-restarts N on a job whose checkpoints cannot be resumed: refused."""
+    why = getattr(TRAINERS[job.trainer], "not_resumable", lambda j: None)(job)
+    asked = "--resume" if opts.resume else (
+        f"--max-restarts {opts.max_restarts}" if opts.max_restarts else None)
+    if why and asked:
+        raise UserError(f"{asked}: nothing can be resumed: {why}; remove that key or drop {asked}")
 
 
 def _connect(plan: LaunchPlan):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import Problem
+from . import known_args
 from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
 
 LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1)$")
@@ -292,6 +293,7 @@ def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
     p: list[Problem] = []
     if job.cluster.env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         p.append(Problem("cluster.env.ACCELERATE_USE_CPU", USE_CPU_WHY))
+    before = len(p)
     for key in job.passthrough:
         owner = LLAMAFACTORY_OWNED.get(key)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
@@ -305,7 +307,10 @@ def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
                              "(as seed 003's DDP example does) runs DeepSpeed, not DDP"))
         elif owner:
             p.append(Problem(f"passthrough.{key}", f"mlaunch owns this key; set {owner} instead"))
-    return p
+    flagged = {q.path for q in p[before:]}
+    free = [k for k in job.passthrough if f"passthrough.{k}" not in flagged]
+    return p + known_args.check("llamafactory", "llamafactory", free,
+                                f"LLaMA-Factory {known_args.version('llamafactory')}")
 
 
 def check_script(job: ScriptJob) -> list[Problem]:
