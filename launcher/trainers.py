@@ -30,13 +30,15 @@ class RunContext:
     run_id: str
     run_dir: str
     resume_from: str | None = None
-    overwrite: bool = False
+    overwrite: bool | str | None = False  # why overwrite_output_dir (submit._overwrite_why)
     transformers: str | None = None   # the nodes' version, when preflight probed it
 
 
 class Trainer(Protocol):
     resumable: bool  # writes checkpoints that `--resume` and restarts can continue from
     env: dict[str, str]  # defaults for every rank (cluster.env overrides them)
+    # A world of one may run entry() with plain python, no torchrun (cluster.torchrun auto).
+    in_process: bool
 
     def files(self, job: JobBase, run: RunContext) -> list[RenderedFile]:
         """Config files every node must be able to read."""
@@ -55,6 +57,9 @@ class LlamaFactory:
     # What llamafactory-cli (launcher.py, OPTIM_TORCH on by default) sets for every rank
     # before its own torchrun; mlaunch starts the launcher module directly, so it sets them.
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
+    # llamafactory-cli runs one device in-process (no process group, no NCCL buffers);
+    # DeepSpeed keeps torchrun: a single-process engine wants the launcher's environment.
+    in_process = True
 
     def discovery_args(self, job: LlamaFactoryJob) -> list[str]:
         return deepspeed_discovery_args(job)
@@ -82,6 +87,7 @@ class Script:
 
     resumable = False
     env: dict[str, str] = {}
+    in_process = False   # a user's script may read RANK or init a process group from env://
 
     def discovery_args(self, job: ScriptJob) -> list[str]:
         return []
@@ -108,6 +114,7 @@ class Swift:
 
     resumable = True
     env: dict[str, str] = {}
+    in_process = False   # not tested without torchrun here
 
     def discovery_args(self, job: SwiftJob) -> list[str]:
         return ["--megatron"] if job.megatron else deepspeed_discovery_args(job)
