@@ -144,7 +144,7 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
     bindir = remote_bin(job)
     argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, run, tail)
     node_id = f"{run.run_id}.node{rank}"
-    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
+    env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
            "MLAUNCH_NODE_ID": node_id}
     if solo:   # what tells the stack dump (templates/stacks.sh.j2) which process is the rank
         env["MLAUNCH_IN_PROCESS"] = "1"

@@ -97,9 +97,22 @@ def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: floa
 def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None,
                       overwrite: bool | str | None = False, warmup: Any = None) -> str:
     """LLaMA-Factory's training YAML for job (warmup: trainers.Warmup or None)."""
+    from .spec.models import Preference
+    pref = job.preference or (Preference() if job.stage in ("dpo", "kto") else None)
     return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
                   run_id=run_id, ds_path=ds_path, resume_from=resume_from, overwrite=overwrite,
-                  warmup=warmup)
+                  warmup=warmup, pref=pref, fsdp=fsdp_args(job.fsdp) if job.fsdp else None)
+
+
+def fsdp_args(fsdp: Any) -> dict:
+    """The HF Trainer's `fsdp` option string and `fsdp_config` for a spec's fsdp section."""
+    options = [fsdp.sharding] + (["auto_wrap"] if fsdp.auto_wrap else []) + (["offload"] if fsdp.offload else [])
+    # use_orig_params: LoRA mixes frozen and trainable weights in one wrapped module, which
+    # FSDP's flat parameters accept only with it.
+    config: dict = {"use_orig_params": True}
+    if fsdp.auto_wrap and fsdp.layer_cls:
+        config["transformer_layer_cls_to_wrap"] = list(fsdp.layer_cls)
+    return {"options": " ".join(options), "config": config}
 
 
 def ds_config(job: Any, global_size: int) -> str:

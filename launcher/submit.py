@@ -32,7 +32,7 @@ class SubmitOptions:
 
     run_id: str | None = None
     log_dir: str | None = None
-    resume: str | None = None        # None, "latest" (must exist) or "auto" (fresh if none)
+    resume: str | None = None        # None, "latest" (must exist), "auto" (fresh if none) or a path
     overwrite: bool = False
     max_restarts: int | None = None  # overrides the spec's max_restarts
     preflight: bool = True
@@ -160,9 +160,14 @@ def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
             raise UserError(f"--resume needs a trainer that writes checkpoints; trainer "
                             f"{job.trainer} does not")
         return None, ()
+    from .spec.lf_rules import resume_refusal
+    if opts.resume and resume_refusal(job):
+        raise UserError(resume_refusal(job))
     found = master.discover()
     for line in found.explain():
         printer.say(line)
+    if opts.resume not in (None, "latest", "auto"):
+        return _explicit(job, master, opts.resume, printer), found.stamps
     if opts.resume:
         if found.latest:
             printer.say(f"resuming from {found.latest}")
@@ -177,6 +182,17 @@ def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
         raise UserError(f"{job.output_dir} already holds checkpoints{latest}; continue with "
                         "--resume, or start over with --overwrite")
     return None, found.stamps
+
+
+def _explicit(job: JobBase, master: "_Master", path: str, printer: Printer) -> str:
+    """--resume PATH: that checkpoint, checked on node 0 like the automatic choice."""
+    named = master.discover(checkpoint=path)
+    if not named.latest:
+        why = named.skipped[0].reason if named.skipped else "not usable"
+        raise UserError(f"--resume {path}: {why}; give a complete checkpoint, or --resume to take "
+                        f"the latest complete one in {job.output_dir}")
+    printer.say(f"resuming from {named.latest} (--resume PATH)")
+    return named.latest
 
 
 def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers, rec) -> int:
@@ -257,9 +273,10 @@ class _Master:
         self.last: checkpoints.Discovery | None = None   # the latest discover()
         self.ignore: tuple[str, ...] = ()   # checkpoint stamps a restart must not resume from
 
-    def discover(self) -> checkpoints.Discovery:
+    def discover(self, checkpoint: str | None = None) -> checkpoints.Discovery:
         job = self.plan.job
         args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
+        args += ["--checkpoint", checkpoint] if checkpoint else []
         if self.ignore:
             args += ["--ignore-json", json.dumps(list(self.ignore))]
         self.last = checkpoints.Discovery.from_json(self._run("checkpoints", args))

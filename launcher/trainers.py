@@ -36,6 +36,7 @@ class RunContext:
 
 class Trainer(Protocol):
     resumable: bool  # writes checkpoints that `--resume` and restarts can continue from
+    env: dict[str, str]  # defaults for every rank (cluster.env overrides them)
     # A world of one may run entry() with plain python, no torchrun (cluster.torchrun auto).
     in_process: bool
 
@@ -53,6 +54,9 @@ class LlamaFactory:
     """LLaMA-Factory via its launcher module, fed one rendered YAML (+ ds_config.json)."""
 
     resumable = True
+    # What llamafactory-cli (launcher.py, OPTIM_TORCH on by default) sets for every rank
+    # before its own torchrun; mlaunch starts the launcher module directly, so it sets them.
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
     # llamafactory-cli runs one device in-process (no process group, no NCCL buffers);
     # DeepSpeed keeps torchrun: a single-process engine wants the launcher's environment.
     in_process = True
@@ -82,6 +86,7 @@ class Script:
     """Any script or module, exactly as a user would hand it to torchrun."""
 
     resumable = False
+    env: dict[str, str] = {}
     in_process = False   # a user's script may read RANK or init a process group from env://
 
     def discovery_args(self, job: ScriptJob) -> list[str]:
@@ -108,6 +113,7 @@ class Swift:
     """
 
     resumable = True
+    env: dict[str, str] = {}
     in_process = False   # not tested without torchrun here
 
     def discovery_args(self, job: SwiftJob) -> list[str]:
@@ -168,10 +174,12 @@ class Warmup:
 def warmup_arg(tr, transformers: str | None) -> Warmup | None:
     """warmup_ratio / warmup_steps in the form the installed transformers accepts.
 
-    transformers 5 deprecated warmup_ratio (removed in 5.2) and reads a warmup_steps
-    below 1 as a ratio; 4.x has no such reading. With max_steps the ratio becomes the
-    step count both compute from it (ceil), so the key is the same everywhere; with
-    epochs only the nodes' version decides, which preflight reports before launch.
+    TrainingArguments declares warmup_ratio up to transformers 5.14 (deprecated from 5.0,
+    whose warning wrongly announces removal in 5.2) and not from 5.15 on, where the parser
+    rejects it; every 5.x reads a warmup_steps below 1 as a ratio, 4.x does not (its
+    warmup_steps is an int). With max_steps the ratio becomes the step count all versions
+    compute from it (ceil), so the key is the same everywhere; with epochs the nodes'
+    version decides, which preflight reports before launch.
     """
     if tr.warmup_steps is not None:
         return Warmup("warmup_steps", tr.warmup_steps)
@@ -181,14 +189,18 @@ def warmup_arg(tr, transformers: str | None) -> Warmup | None:
         return Warmup("warmup_steps", math.ceil(tr.warmup_ratio * tr.max_steps), "of_max_steps")
     if transformers is None:
         return Warmup("warmup_ratio", tr.warmup_ratio, "unprobed")
-    if _major(transformers) >= 5:
+    if _release(transformers) >= NO_WARMUP_RATIO:
         return Warmup("warmup_steps", tr.warmup_ratio, "ratio_as_steps", transformers)
     return Warmup("warmup_ratio", tr.warmup_ratio)
 
 
-def _major(version: str) -> int:
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
+NO_WARMUP_RATIO = (5, 15)   # the first transformers release without TrainingArguments.warmup_ratio
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as 5.14.1 or 5.15.0.dev0."""
+    parts = [int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2]]
+    return parts[0], parts[1]
 
 
 def _names(value: str | list[str]) -> list[str]:

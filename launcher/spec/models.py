@@ -53,18 +53,27 @@ class Cluster(Strict):
 
 
 class Finetuning(Strict):
-    """LoRA, freeze or full fine-tuning, with their knobs."""
+    """LoRA, OFT, freeze or full fine-tuning, with their knobs."""
 
-    type: Literal["lora", "freeze", "full"]
+    type: Literal["lora", "oft", "freeze", "full"]
     lora_rank: int = Field(8, ge=1)
     lora_alpha: int | None = Field(None, ge=1, description=(
         "default: the trainer's (LLaMA-Factory 2 x lora_rank, ms-swift 32)"))
     lora_dropout: float = Field(0.0, ge=0, lt=1, description=(
         "default: the trainer's (LLaMA-Factory 0.0, ms-swift 0.05)"))
     lora_target: str | list[str] = "all"
+    use_dora: bool = Field(False, description="weight-decomposed LoRA (DoRA)")
+    use_rslora: bool = Field(False, description="rank-stabilised LoRA scaling")
+    pissa_init: bool = Field(False, description="initialise the adapter with PiSSA")
+    additional_target: str | list[str] | None = Field(None, description=(
+        "LoRA/OFT: modules trained in full beside the adapter, e.g. embed_tokens,lm_head"))
+    oft_rank: int = Field(0, ge=0, description="OFT: rank (0: use oft_block_size)")
+    oft_block_size: int = Field(32, ge=1, description="OFT: block size")
+    oft_target: str | list[str] = "all"
     freeze_trainable_layers: int = Field(2, description="negative counts from the bottom")
     freeze_trainable_modules: str | list[str] = "all"
-    quantization_bit: Literal[4, 8] | None = Field(None, description="QLoRA")
+    quantization_bit: int | None = Field(None, description="QLoRA/QOFT: bnb 4|8, hqq 1-6|8, eetq 8")
+    quantization_method: Literal["bnb", "hqq", "eetq"] = "bnb"
 
 
 Auto = Literal["auto"]
@@ -114,6 +123,35 @@ class Training(Strict):
     gradient_checkpointing: bool | Auto = Field(True, description=(
         "auto, or omitted while mlaunch chooses per_device: chosen from the memory estimate"))
     seed: int = 42
+    ddp_timeout: int = Field(7200, ge=1, description=(
+        "seconds a collective may wait for a peer before the job fails"))
+
+
+class Fsdp(Strict):
+    """PyTorch FSDP through the HF Trainer (`fsdp` / `fsdp_config`): the third strategy."""
+
+    sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2",
+                      "no_shard"] = "full_shard"
+    auto_wrap: bool = Field(True, description="wrap each decoder layer (transformer_based_wrap)")
+    offload: bool = Field(False, description="parameters and gradients on the CPU")
+    layer_cls: list[str] | None = Field(None, description=(
+        "decoder layer classes to wrap; default: the model's _no_split_modules"))
+
+
+class Preference(Strict):
+    """DPO / KTO knobs (LLaMA-Factory's pref_* and ref_model keys)."""
+
+    beta: float = Field(0.1, gt=0, description="pref_beta")
+    loss: Literal["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"] = Field(
+        "sigmoid", description="DPO only: pref_loss")
+    ftx: float = Field(0.0, ge=0, description="pref_ftx: SFT loss weight")
+    label_smoothing: float = Field(0.0, ge=0, le=0.5, description="DPO sigmoid only")
+    simpo_gamma: float = Field(0.5, description="simpo only")
+    kto_chosen_weight: float = Field(1.0, gt=0)
+    kto_rejected_weight: float = Field(1.0, gt=0)
+    ref_model: str | None = Field(None, description="default: the policy's own base")
+    ref_model_adapters: str | None = None
+    ref_model_quantization_bit: Literal[4, 8] | None = None
 
 
 class Script(Strict):
@@ -169,9 +207,9 @@ class LlamaFactoryJob(JobBase):
     """A LLaMA-Factory fine-tuning job."""
 
     trainer: Literal["llamafactory"]
-    stage: Literal["sft", "pt"] = "sft"
+    stage: Literal["sft", "pt", "dpo", "kto", "rm"] = "sft"
     model: str
-    template: str
+    template: str | None = Field(None, description="required except for stage pt")
     dataset: str | list[str]
     dataset_dir: str | None = None
     cutoff_len: int = Field(2048, ge=1)
@@ -179,7 +217,11 @@ class LlamaFactoryJob(JobBase):
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     deepspeed: DeepSpeed | None = None
+    fsdp: Fsdp | None = None
+    preference: Preference | None = Field(None, description="stage dpo or kto")
     training: Training
+    report_to: Literal["none", "tensorboard", "wandb", "mlflow", "swanlab"] = Field(
+        "none", description="experiment tracker; rank 0 reports, run name = run id")
     output_dir: str
     passthrough: dict[str, Any] = Field(default_factory=dict)
 

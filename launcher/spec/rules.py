@@ -24,6 +24,21 @@ OWNED_ENV = {
     "WORLD_SIZE": "torchrun", "NNODES": "cluster.hosts", "NPROC_PER_NODE": "cluster.gpus_per_node",
     "CUDA_VISIBLE_DEVICES": "cluster.cuda_visible_devices",
 }
+RENDEZVOUS_WHY = "every node must share one master address and port"
+# Variables that make a trainer's own launcher start processes or a cluster beside mlaunch's
+# torchrun (llamafactory-cli and `swift sft` read them): each rank would launch again.
+LAUNCHER_ENV = {
+    "USE_RAY": "LLaMA-Factory would start Ray on every rank instead of training under mlaunch's "
+               "torchrun; mlaunch does not run Ray jobs",
+    "RDZV_ID": "it switches llamafactory-cli to an elastic torchrun of its own; mlaunch runs one "
+               "static rendezvous (use max_restarts for fault tolerance)",
+    "MIN_NNODES": "elastic node counts belong to llamafactory-cli's own torchrun; mlaunch starts "
+                  "exactly the nodes in cluster.hosts",
+    "MAX_NNODES": "elastic node counts belong to llamafactory-cli's own torchrun; mlaunch starts "
+                  "exactly the nodes in cluster.hosts",
+    "FORCE_TORCHRUN": "it makes llamafactory-cli start a torchrun of its own; mlaunch already "
+                      "runs torchrun on every node",
+}
 
 # LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
 LLAMAFACTORY_OWNED = {
@@ -44,7 +59,19 @@ LLAMAFACTORY_OWNED = {
     "warmup_steps": "training.warmup_steps", "save_steps": "training.save_steps",
     "logging_steps": "training.logging_steps", "max_grad_norm": "training.max_grad_norm",
     "disable_gradient_checkpointing": "training.gradient_checkpointing", "seed": "training.seed",
-    "ddp_timeout": "mlaunch (a generous default)", "report_to": "mlaunch",
+    "ddp_timeout": "training.ddp_timeout", "report_to": "report_to", "run_name": "the run id",
+    "use_dora": "finetuning.use_dora", "use_rslora": "finetuning.use_rslora",
+    "pissa_init": "finetuning.pissa_init", "additional_target": "finetuning.additional_target",
+    "oft_rank": "finetuning.oft_rank", "oft_block_size": "finetuning.oft_block_size",
+    "oft_target": "finetuning.oft_target", "quantization_method": "finetuning.quantization_method",
+    "fsdp": "fsdp", "fsdp_config": "fsdp", "pref_beta": "preference.beta",
+    "pref_loss": "preference.loss", "pref_ftx": "preference.ftx",
+    "dpo_label_smoothing": "preference.label_smoothing", "simpo_gamma": "preference.simpo_gamma",
+    "kto_chosen_weight": "preference.kto_chosen_weight",
+    "kto_rejected_weight": "preference.kto_rejected_weight", "ref_model": "preference.ref_model",
+    "ref_model_adapters": "preference.ref_model_adapters",
+    "ref_model_quantization_bit": "preference.ref_model_quantization_bit",
+    "master_addr": "cluster.master_addr", "master_port": "cluster.master_port",
 }
 
 
@@ -54,6 +81,8 @@ def check_job(job: JobBase) -> list[Problem]:
     if isinstance(job, LlamaFactoryJob):
         problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
         problems += check_training(job) + check_passthrough(job)
+        from .lf_rules import check_llamafactory   # LLaMA-Factory's own rules live beside it
+        problems += check_llamafactory(job)
     elif isinstance(job, ScriptJob):
         problems += check_script(job)
     else:  # ms-swift's rules live beside it; imported here to keep one entry point
@@ -81,8 +110,13 @@ def check_cluster(c: Cluster) -> list[Problem]:
         if not ENV_NAME.match(name):
             p.append(Problem(f"cluster.env.{name}", "not a valid environment variable name"))
         elif name in OWNED_ENV:
+            why = ("mlaunch's torchrun sets it per node; a trainer's own launcher reading it would "
+                   "start torchrun again" if name in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")
+                   else RENDEZVOUS_WHY)
             p.append(Problem(f"cluster.env.{name}", f"set by mlaunch from {OWNED_ENV[name]}; "
-                             "remove it (every node must share one master address and port)"))
+                             f"remove it ({why})"))
+        elif name in LAUNCHER_ENV:
+            p.append(Problem(f"cluster.env.{name}", f"{LAUNCHER_ENV[name]}; remove it"))
     return p
 
 
@@ -207,17 +241,37 @@ def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:
     """Knobs of one method set while another method is chosen are mistakes, not no-ops."""
     f = job.finetuning
     p: list[Problem] = []
-    groups = {"lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit"),
-              "freeze": ("freeze_trainable_layers", "freeze_trainable_modules")}
-    for method, names in groups.items():
+    groups = {("lora",): ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_dora",
+                          "use_rslora", "pissa_init"),
+              ("lora", "oft"): ("quantization_bit", "quantization_method", "additional_target"),
+              ("oft",): ("oft_rank", "oft_block_size", "oft_target"),
+              ("freeze",): ("freeze_trainable_layers", "freeze_trainable_modules")}
+    for methods, names in groups.items():
         for name in sorted(set(names) & f.model_fields_set):
-            if f.type != method:
-                p.append(Problem(f"finetuning.{name}",
-                                 f"only applies to type {method}, but type is {f.type}; remove it"))
+            if f.type not in methods:
+                p.append(Problem(f"finetuning.{name}", f"only applies to type {' or '.join(methods)}, "
+                                 f"but type is {f.type}; remove it"))
+    p += _check_quantization(f)
     if f.quantization_bit and job.deepspeed and job.deepspeed.stage == 3:
         p.append(Problem("finetuning.quantization_bit",
                          "QLoRA cannot be combined with ZeRO-3; use deepspeed stage 0-2 or no quantization"))
     return p
+
+
+# On-the-fly quantization widths LLaMA-Factory 0.9.5 accepts per method (model/model_utils/quantization.py).
+QUANT_BITS = {"bnb": (4, 8), "hqq": (1, 2, 3, 4, 5, 6, 8), "eetq": (8,)}
+
+
+def _check_quantization(f) -> list[Problem]:
+    """quantization_bit must be a width the chosen quantization_method implements."""
+    bits = QUANT_BITS[f.quantization_method]
+    if f.quantization_bit is None or f.quantization_bit in bits:
+        return []
+    others = "; ".join(f"{m}: {', '.join(map(str, b))}" for m, b in QUANT_BITS.items()
+                       if m != f.quantization_method)
+    return [Problem("finetuning.quantization_bit",
+                    f"{f.quantization_bit} is not one of {', '.join(map(str, bits))} for "
+                    f"quantization_method {f.quantization_method} ({others})")]
 
 
 def check_deepspeed(job: LlamaFactoryJob) -> list[Problem]:

@@ -1,6 +1,8 @@
 # mlaunch run GOLDEN: node 3 of 4 on 192.168.1.13
 export PYTHONUNBUFFERED=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export NCCL_SOCKET_IFNAME=eth0
 export NCCL_DEBUG=WARN
 export HF_TOKEN=hf_secret_value_123
