@@ -185,7 +185,7 @@ def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:
             if f.type != method:
                 p.append(Problem(f"finetuning.{name}",
                                  f"only applies to type {method}, but type is {f.type}; remove it"))
-    if f.quantization_bit and job.deepspeed and job.deepspeed.stage == 3:
+    if f.quantization_bit and job.deepspeed and _ds_stage(job) == 3:
         p.append(Problem("finetuning.quantization_bit",
                          "QLoRA cannot be combined with ZeRO-3; use deepspeed stage 0-2 or no quantization"))
     return p
@@ -200,17 +200,46 @@ def check_deepspeed(job: LlamaFactoryJob) -> list[Problem]:
     ds = job.deepspeed
     if ds is None:
         return []
+    forms = [k for k in ("stage", "config", "name") if getattr(ds, k) is not None]
+    if len(forms) != 1:
+        return [Problem("deepspeed", "give exactly one of stage (0-3), config (your "
+                        "ds_config.json) or name (ms-swift's zero2, zero3, ...)"
+                        + (f"; got {' and '.join(forms)}" if forms else ""))]
     p: list[Problem] = []
-    if ds.offload_optimizer != "none" and ds.stage < 1:
+    if ds.stage is not None and ds.offload_optimizer != "none" and ds.stage < 1:
         p.append(Problem("deepspeed.offload_optimizer",
                          f"{ds.offload_optimizer} offload needs ZeRO stage 1, 2 or 3 (stage is 0)"))
-    if ds.offload_param != "none" and ds.stage != 3:
+    if ds.stage is not None and ds.offload_param != "none" and ds.stage != 3:
         p.append(Problem("deepspeed.offload_param",
                          f"parameter offload exists only in ZeRO-3 (stage is {ds.stage}); "
                          "use offload_optimizer, or stage 3"))
     if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
         p.append(Problem("deepspeed.nvme_path", "required when offloading to nvme"))
-    return p
+    if ds.name is not None:
+        p += [Problem(f"deepspeed.{k}", f"not beside name {ds.name}: give stage "
+                      f"{_NAME_STAGE[ds.name]} with tuning fields instead, or the name alone")
+              for k in sorted(ds.model_fields_set - {"name"})]
+        if job.trainer != "swift":
+            p.append(Problem("deepspeed.name", f"{ds.name} is ms-swift's config name; use "
+                             f"{{stage: {_NAME_STAGE[ds.name]}}} or config: FILE"))
+    return p or _ds_problems(job)
+
+
+_NAME_STAGE = {"zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "zero3_offload": 3}
+
+
+def _ds_problems(job) -> list[Problem]:
+    from .deepspeed import build_for
+    return build_for(job).problems
+
+
+def _ds_stage(job) -> int | None:
+    """The ZeRO stage the job runs: the spec's, the name's, or the user file's."""
+    ds = job.deepspeed
+    if ds.stage is not None or ds.name is not None:
+        return ds.stage if ds.stage is not None else _NAME_STAGE[ds.name]
+    from .deepspeed import build_for
+    return build_for(job).stage()
 
 
 def check_training(job: LlamaFactoryJob) -> list[Problem]:
