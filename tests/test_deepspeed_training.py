@@ -30,16 +30,17 @@ def tiny(tmp_path_factory):
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
-def group_lrs(ckpt: str, python: str = TRAINER_PYTHON) -> list[float]:
-    """The learning rate of each parameter group of the optimizer DeepSpeed stepped, read
-    back from rank 0's ZeRO optimizer shard of a checkpoint."""
+def optimizer_groups(ckpt: str, python: str = TRAINER_PYTHON) -> list[dict]:
+    """lr, weight_decay and betas of each parameter group of the optimizer DeepSpeed stepped,
+    read back from rank 0's ZeRO optimizer shard of a checkpoint."""
     shard = glob.glob(os.path.join(ckpt, "global_step*", "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
     assert len(shard) == 1, os.listdir(ckpt)
     code = (
         "import json, sys, torch\n"
         "sd = torch.load(sys.argv[1], map_location='cpu', weights_only=False)['optimizer_state_dict']\n"
         "base = sd.get('base_optimizer_state', sd.get('optimizer_state_dict', sd))\n"
-        "print(json.dumps([g['lr'] for g in base['param_groups']]))\n")
+        "keys = ('lr', 'weight_decay', 'betas')\n"
+        "print(json.dumps([{k: g[k] for k in keys} for g in base['param_groups']]))\n")
     r = subprocess.run([python, "-c", code, shard[0]], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -60,8 +61,9 @@ def test_loraplus_zero2_keeps_two_learning_rates(make_hostset, tmp_path, tiny):
     assert "Using LoRA+ optimizer with loraplus lr ratio 16.00." in r.stdout
     assert "mlaunch: optimizer AdamW: 2 parameter groups (lr 0.001 × " in r.stdout
     assert "lr 0.016 × " in r.stdout and "2 empty removed" in r.stdout
-    lrs = group_lrs(os.path.join(out, "checkpoint-6"))   # constant schedule: the groups' own lrs
-    assert lrs == pytest.approx([1.0e-3, 1.6e-2]), lrs
+    groups = optimizer_groups(os.path.join(out, "checkpoint-6"))
+    lrs = [g["lr"] for g in groups]   # constant schedule: the groups' own learning rates
+    assert lrs == pytest.approx([1.0e-3, 1.6e-2]), groups
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -69,10 +71,11 @@ def test_weight_decay_and_beta2_train_under_zero(make_hostset, tmp_path, tiny, s
     r, out = run_lf(make_hostset, tmp_path, tiny, deepspeed={"stage": stage},
                     finetuning={"type": "full"} if stage == 3 else None,
                     passthrough={"weight_decay": 0.1, "adam_beta2": 0.95})
-    state = assert_trained(r, out, 6)
-    assert "mismatch" not in r.stdout
-    args = json.load(open(os.path.join(out, "checkpoint-6", "trainer_state.json")))
-    assert args["global_step"] == state["global_step"] == 6
+    assert_trained(r, out, 6)
+    groups = optimizer_groups(os.path.join(out, "checkpoint-6"))
+    # LoRA: one group (LoRA weights all decay); full: decay and no-decay (norms) groups.
+    assert [g["weight_decay"] for g in groups] == ([0.1] if stage == 2 else [0.1, 0.0]), groups
+    assert all(g["betas"] == [0.9, 0.95] for g in groups), groups
 
 
 def write_user_config(tmp_path) -> str:
@@ -136,4 +139,6 @@ def test_swift_deepspeed_trains_with_swift_defaults(make_hostset, tmp_path, tiny
     ckpt = swift_checkpoint(out, 3)
     shards = glob.glob(os.path.join(ckpt, "global_step3", "*optim_states.pt"))
     assert len(shards) == 4, os.listdir(ckpt)
-    assert group_lrs(ckpt, SWIFT_PYTHON)
+    groups = optimizer_groups(ckpt, SWIFT_PYTHON)   # ms-swift's defaults reached the optimizer
+    assert groups and all(g["betas"] == [0.9, 0.95] for g in groups), groups
+    assert 0.1 in [g["weight_decay"] for g in groups], groups

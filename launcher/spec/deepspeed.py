@@ -108,7 +108,7 @@ def build(job: Any, base: dict | None = None) -> DsConfig:
             return DsConfig({}, problems=[Problem("deepspeed.config", why)])
         _start(out, data, f"your file {ds.config}")
         out.problems += [Problem(f"deepspeed.{k}", f"set it in {ds.config}, or drop deepspeed.config")
-                         for k in sorted(ds.model_fields_set - {"config"})]
+                         for k in sorted(ds.model_fields_set - {"config", "zero3_init_flag"})]
     elif ds.name is not None:
         _start(out, {"zero_optimization": copy.deepcopy(SWIFT_ZERO[ds.name])},
                f"ms-swift 4.6 {ds.name}.json")
@@ -184,6 +184,7 @@ def _optimizer(out: DsConfig, job: Any) -> None:
     if "optimizer" not in out.config:
         return
     src = out.sources.get(next((k for k in out.sources if k.startswith("optimizer.")), ""), "the config")
+    out.sources["optimizer"] = "refused"  # its "auto" values are not reported once more
     if job.trainer == "swift":
         out.problems.append(Problem("deepspeed.config", f"optimizer block in {src}: ms-swift builds its "
                                     "own optimizer and stops with \"'DummyOptim' object has no attribute "
@@ -199,6 +200,7 @@ def _optimizer(out: DsConfig, job: Any) -> None:
                                     "DeepSpeed a placeholder, LLaMA-Factory's custom optimizer never runs); "
                                     "remove the block"))
         return
+    del out.sources["optimizer"]
     hp = {k: job.passthrough.get(k, v) for k, v in HF_ADAM.items()}
     fix = 'set it to "auto" (transformers stops at start on a mismatch)'
     where = lambda k: f"passthrough.{k}" if k in job.passthrough else f"{k} (transformers default)"
@@ -241,7 +243,8 @@ def _hidden(out: DsConfig, hidden: int | None, model: str) -> None:
 def _leftover_auto(out: DsConfig, job: Any) -> None:
     """An "auto" that neither mlaunch nor transformers resolves would reach DeepSpeed as text."""
     for key, value in _leaves(out.config).items():
-        if value != AUTO or key in HIDDEN_RULES:
+        refused = key.startswith("optimizer.") and out.sources.get("optimizer") == "refused"
+        if value != AUTO or key in HIDDEN_RULES or refused:
             continue
         if key.startswith("scheduler.params.") and not job.training.max_steps:
             out.sources[key] = "kept \"auto\": transformers sets it at start (steps of the epochs)"

@@ -93,6 +93,8 @@ class DeepSpeed(Strict):
     stage3_max_live_parameters: int | None = Field(None, ge=0)
     stage3_max_reuse_distance: int | None = Field(None, ge=0)
     sub_group_size: int | None = Field(None, ge=1)
+    zero3_init_flag: bool | None = Field(None, description=(
+        "ZeRO-3 builds the model under deepspeed.zero.Init (always, with the HF Trainer)"))
 
 
 def _deepspeed_name(value: Any) -> Any:
@@ -188,7 +190,8 @@ class SwiftJob(JobBase):
     finetuning: Finetuning
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    deepspeed: Annotated[DeepSpeed | None, BeforeValidator(_deepspeed_name)] = None
+    deepspeed: Annotated[DeepSpeed | None, BeforeValidator(
+        _deepspeed_name, json_schema_input_type=DeepSpeed | Literal[SWIFT_DS_NAMES] | None)] = None
     megatron: Megatron | None = None
     training: Training
     output_dir: str

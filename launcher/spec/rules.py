@@ -215,14 +215,29 @@ def check_deepspeed(job: LlamaFactoryJob) -> list[Problem]:
                          "use offload_optimizer, or stage 3"))
     if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
         p.append(Problem("deepspeed.nvme_path", "required when offloading to nvme"))
+    p += _check_zero3_init(job)
     if ds.name is not None:
         p += [Problem(f"deepspeed.{k}", f"not beside name {ds.name}: give stage "
                       f"{_NAME_STAGE[ds.name]} with tuning fields instead, or the name alone")
-              for k in sorted(ds.model_fields_set - {"name"})]
+              for k in sorted(ds.model_fields_set - {"name", "zero3_init_flag"})]
         if job.trainer != "swift":
             p.append(Problem("deepspeed.name", f"{ds.name} is ms-swift's config name; use "
                              f"{{stage: {_NAME_STAGE[ds.name]}}} or config: FILE"))
     return p or _ds_problems(job)
+
+
+def _check_zero3_init(job) -> list[Problem]:
+    """zero3_init_flag: what the HF Trainer does anyway (true under ZeRO-3), or refused."""
+    flag = job.deepspeed.zero3_init_flag
+    if flag is None or flag == (_ds_stage(job) == 3):
+        return []
+    if flag:
+        return [Problem("deepspeed.zero3_init_flag", "only applies to ZeRO-3 (give stage 3, a "
+                        "ZeRO-3 config or name, or remove it)")]
+    return [Problem("deepspeed.zero3_init_flag", "false cannot be honoured: under ZeRO-3 the HF "
+                    "Trainer (LLaMA-Factory, ms-swift) always loads the model inside "
+                    "deepspeed.zero.Init (transformers' is_deepspeed_zero3_enabled reads the stage; "
+                    "accelerate's flag is not consulted); remove it, or use ZeRO-2")]
 
 
 _NAME_STAGE = {"zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "zero3_offload": 3}
