@@ -254,6 +254,17 @@ def test_literal_errors_list_their_choices(model):
     assert problems(lf_job(model, {"stage": 5})) == ["deepspeed.stage: 5 is not one of 0, 1, 2, 3"]
 
 
+def test_odd_allgather_bucket_refused(tmp_path, model):
+    """DeepSpeed's ZeRO-1/2 asserts it on every rank at start (seen in a real run)."""
+    assert problems(lf_job(model, {"stage": 2, "allgather_bucket_size": 123456789})) == [
+        "deepspeed.allgather_bucket_size: zero_optimization.allgather_bucket_size 123456789 is odd; "
+        "ZeRO-1/2 asserts it is a multiple of 2 (deepspeed/runtime/zero/stage_1_and_2.py)"]
+    f = user_file(tmp_path, {**SEED_FILE, "zero_optimization": {"stage": 1, "allgather_bucket_size": 3}})
+    assert problems(lf_job(model, {"config": f})) == [
+        "deepspeed.config: zero_optimization.allgather_bucket_size 3 is odd; "
+        "ZeRO-1/2 asserts it is a multiple of 2 (deepspeed/runtime/zero/stage_1_and_2.py)"]
+
+
 def test_zero3_init_flag(tmp_path, model):
     assert validate(lf_job(model, {"stage": 3, "zero3_init_flag": True}))
     assert validate(lf_job(model, {"config": user_file(tmp_path, SEED_FILE), "zero3_init_flag": True}))

@@ -87,7 +87,7 @@ def write_user_config(tmp_path) -> str:
         "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
         "steps_per_print": 7, "wall_clock_breakdown": False,
         "zero_optimization": {"stage": 2, "overlap_comm": False, "contiguous_gradients": True,
-                              "allgather_bucket_size": 123456789, "reduce_bucket_size": "auto",
+                              "allgather_bucket_size": 123456788, "reduce_bucket_size": "auto",
                               "round_robin_gradients": True}}))
     return str(path)
 
@@ -110,7 +110,7 @@ def test_user_ds_config_with_auto_and_tuning_trains(make_hostset, tmp_path, tiny
     assert rendered["steps_per_print"] == 7 and rendered["wall_clock_breakdown"] is False
     assert rendered["zero_optimization"] == {
         "stage": 2, "overlap_comm": False, "contiguous_gradients": True,
-        "allgather_bucket_size": 123456789, "reduce_bucket_size": hidden * hidden,
+        "allgather_bucket_size": 123456788, "reduce_bucket_size": hidden * hidden,
         "round_robin_gradients": True}
     assert "optimizer" not in rendered
     assert (f"# zero_optimization.reduce_bucket_size" in text

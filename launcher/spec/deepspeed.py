@@ -264,6 +264,12 @@ def _zero_rules(out: DsConfig) -> None:
     if dev("offload_param") != "none" and stage != 3:
         out.problems.append(Problem("deepspeed.config", f"zero_optimization.offload_param exists only in "
                                     f"ZeRO-3 (stage is {stage}); use offload_optimizer, or stage 3"))
+    bucket = zero.get("allgather_bucket_size")
+    if stage in (1, 2) and isinstance(bucket, (int, float)) and bucket % 2:
+        out.problems.append(Problem("deepspeed.config" if out.sources.get(
+            "zero_optimization.allgather_bucket_size", "").startswith("your") else
+            "deepspeed.allgather_bucket_size", f"zero_optimization.allgather_bucket_size {json.dumps(bucket)} is odd; "
+            "ZeRO-1/2 asserts it is a multiple of 2 (deepspeed/runtime/zero/stage_1_and_2.py)"))
     if dev("offload_optimizer") != "none" and stage < 1:
         out.problems.append(Problem("deepspeed.config", "zero_optimization.offload_optimizer needs ZeRO "
                                     "stage 1, 2 or 3 (stage is 0)"))
