@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .plan import LaunchPlan
 from .spec import LlamaFactoryJob, SwiftJob, world
-from .trainers import global_batch
+from .trainers import TRAINERS, global_batch
 
 
 def describe_plan(plan: LaunchPlan) -> str:
@@ -14,8 +14,9 @@ def describe_plan(plan: LaunchPlan) -> str:
              f"world: {nodes} nodes × {gpus} processes = {nodes * gpus}"]
     if isinstance(job, SwiftJob) and job.megatron:
         b, m = job.batch, job.megatron
-        dp = nodes * gpus // (m.tp * m.pp)
-        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × dp {dp} = {nodes * gpus}")
+        dp = nodes * gpus // (m.tp * m.pp * m.cp)
+        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {dp} = {nodes * gpus}"
+                     + (f"; experts: ep {m.ep} × etp {m.etp}" if m.ep * m.etp > 1 else ""))
         lines.append(f"global batch: {dp * b.per_device * b.grad_accum} = dp {dp} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
@@ -27,6 +28,8 @@ def describe_plan(plan: LaunchPlan) -> str:
     lines.append(f"logs: {plan.log_dir}")
     if plan.resume_from:
         lines.append(f"resume from: {plan.resume_from}")
+    notes = getattr(TRAINERS[job.trainer], "notes", None)
+    lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     for node in plan.nodes:
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
                   node.display.rstrip("\n")]

@@ -50,8 +50,10 @@ class Finetuning(Strict):
 
     type: Literal["lora", "freeze", "full"]
     lora_rank: int = Field(8, ge=1)
-    lora_alpha: int | None = Field(None, ge=1, description="defaults to 2 x lora_rank")
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_alpha: int | None = Field(None, ge=1, description=(
+        "default: the trainer's (LLaMA-Factory 2 x lora_rank, ms-swift 32)"))
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "default: the trainer's (LLaMA-Factory 0.0, ms-swift 0.05)"))
     lora_target: str | list[str] = "all"
     freeze_trainable_layers: int = Field(2, description="negative counts from the bottom")
     freeze_trainable_modules: str | list[str] = "all"
@@ -115,7 +117,8 @@ class Training(Strict):
     warmup_ratio: float | None = Field(None, ge=0, lt=1)
     warmup_steps: int | None = Field(None, ge=0)
     save_steps: int = Field(500, ge=1)
-    logging_steps: int = Field(10, ge=1)
+    logging_steps: int = Field(10, ge=1, description="default: the trainer's (10 for "
+                               "LLaMA-Factory, ms-swift 5)")
     max_grad_norm: float = Field(1.0, ge=0)
     gradient_checkpointing: bool = True
     seed: int = 42
@@ -140,6 +143,22 @@ class Preflight(Strict):
     collective_mb: int = Field(64, ge=1, le=8192, description="all-reduce size for the bandwidth figure")
 
 
+class Health(Strict):
+    """Run health: the hang watchdog, the NaN stop and the world-size check (on by default)."""
+
+    enabled: bool = True
+    hang_after_s: float | None = Field(None, ge=10, description=(
+        "no new step for this long after the first step is a hang; default "
+        "max(600 s, 20 x the median step time)"))
+    startup_after_s: float = Field(3600.0, ge=10, description=(
+        "limit before the first step (model loading, rank 0's data preprocessing)"))
+    nan_patience: int = Field(3, ge=1, description="NaN/inf loss or grad_norm logs in a row that stop the run")
+    zero_loss_patience: int = Field(0, ge=0, description="stop after this many logs of loss 0.0 in a row; 0: off")
+    world_size_check: bool = True
+    stack_dumps: bool = Field(True, description="py-spy dump of every rank on a hang")
+    log_every: int = Field(10, ge=1, description="a step event in events.jsonl every N logged steps")
+
+
 class JobBase(Strict):
     """Fields every trainer shares."""
 
@@ -149,6 +168,7 @@ class JobBase(Strict):
     max_restarts: int = Field(0, ge=0, le=100)
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
+    health: Health = Health()
 
 
 class LlamaFactoryJob(JobBase):
@@ -171,22 +191,43 @@ class LlamaFactoryJob(JobBase):
 
 
 class Megatron(Strict):
-    """Megatron-SWIFT parallelism; world = tp x pp x data-parallel size."""
+    """Megatron-SWIFT parallelism; world = tp x pp x cp x data-parallel size."""
 
     tp: int = Field(1, ge=1, description="tensor parallel size (--tensor_model_parallel_size)")
     pp: int = Field(1, ge=1, description="pipeline parallel size (--pipeline_model_parallel_size)")
-    sequence_parallel: bool = Field(False, description="split activations across the tp group; needs tp > 1")
+    cp: int = Field(1, ge=1, description="context parallel size (--context_parallel_size): each "
+                    "sequence split across cp ranks; dp = world / (tp x pp x cp)")
+    ep: int = Field(1, ge=1, description="expert parallel size (--expert_model_parallel_size), MoE "
+                    "models; ep x etp x pp must divide the world")
+    etp: int = Field(1, ge=1, description="expert tensor parallel size (--expert_tensor_parallel_size)")
+    sequence_parallel: bool = Field(False, description=(
+        "split activations across the tp group; with tp 1 ms-swift turns it off"))
+    recompute: Literal["selective", "full", "none"] | None = Field(None, description=(
+        "--recompute_granularity; default selective (Megatron-SWIFT's), or full / none when "
+        "training.gradient_checkpointing is given"))
+
+
+# ms-swift 4.6's rlhf_type values (swift/arguments/rlhf_args.py); Megatron-SWIFT takes fewer.
+RLHF_TYPES = ("dpo", "orpo", "simpo", "kto", "cpo", "rm", "ppo", "grpo", "gkd")
+MEGATRON_RLHF_TYPES = ("dpo", "kto", "grpo", "gkd", "rm")
 
 
 class SwiftJob(JobBase):
-    """An ms-swift (4.x) fine-tuning job; with `megatron:` it runs Megatron-SWIFT instead of HF Trainer."""
+    """An ms-swift (4.x) job; with `megatron:` it runs Megatron-SWIFT instead of HF Trainer.
+
+    Fields left out train as ms-swift's own CLI would (launcher/defaults.py)."""
 
     trainer: Literal["swift"]
+    stage: Literal["sft", "pt", "rlhf"] = Field("sft", description="swift sft | pt | rlhf "
+                                                "(megatron sft | pt | rlhf with a megatron section)")
+    rlhf_type: Literal[RLHF_TYPES] | None = Field(None, description="with stage rlhf: dpo, kto, grpo, "
+                                                  "gkd, rm, orpo, simpo, cpo, ppo")
     model: str
     model_type: str | None = Field(None, description="ms-swift model type; inferred from the model when omitted")
     template: str | None = Field(None, description="ms-swift template; the model type's default when omitted")
     dataset: str | list[str]
-    max_length: int = Field(2048, ge=1, description="LLaMA-Factory's cutoff_len")
+    max_length: int | None = Field(None, ge=1, description="tokens per sample (LLaMA-Factory's "
+                                   "cutoff_len); default: the model's maximum, as ms-swift")
     finetuning: Finetuning
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"

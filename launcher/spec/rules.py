@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import Problem
+from . import known_args
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
 from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
 
@@ -217,6 +218,7 @@ def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
     p: list[Problem] = []
     if job.cluster.env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         p.append(Problem("cluster.env.ACCELERATE_USE_CPU", USE_CPU_WHY))
+    before = len(p)
     for key in job.passthrough:
         owner = LLAMAFACTORY_OWNED.get(key)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
@@ -230,7 +232,10 @@ def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
                              "(as seed 003's DDP example does) runs DeepSpeed, not DDP"))
         elif owner:
             p.append(Problem(f"passthrough.{key}", f"mlaunch owns this key; set {owner} instead"))
-    return p
+    flagged = {q.path for q in p[before:]}
+    free = [k for k in job.passthrough if f"passthrough.{k}" not in flagged]
+    return p + known_args.check("llamafactory", "llamafactory", free,
+                                f"LLaMA-Factory {known_args.version('llamafactory')}")
 
 
 def check_script(job: ScriptJob) -> list[Problem]:
