@@ -113,6 +113,8 @@ def test_spec_tuning_fields_override_defaults(model):
     assert {k: z[k] for k in ds if k != "stage"} == {**{k: v for k, v in ds.items() if k != "stage"},
                                                      "reduce_bucket_size": 500000000}
     assert built.sources["zero_optimization.overlap_comm"] == "spec: deepspeed.overlap_comm"
+    assert built.sources["zero_optimization.stage"] == "spec: deepspeed.stage"
+    assert built.sources["zero_optimization.stage3_max_reuse_distance"] == "mlaunch default"
 
 
 def test_model_not_readable_keeps_auto_for_bucket_keys_only():

@@ -135,6 +135,10 @@ def _start(out: DsConfig, data: dict, source: str) -> None:
 def _spec_tuning(out: DsConfig, ds: Any) -> None:
     """`deepspeed: {overlap_comm: ..., reduce_bucket_size: ...}` over mlaunch's defaults."""
     zero = out.config.setdefault("zero_optimization", {})
+    for key in list(out.sources):   # the template's values that the spec's fields decide
+        part = key.split(".")
+        if key == "zero_optimization.stage" or part[-1] in ("device", "nvme_path"):
+            out.sources[key] = f"spec: deepspeed.{part[1] if part[-1] == 'device' else part[-1]}"
     for key in SPEC_TUNING:
         value = getattr(ds, key)
         if value is None:
