@@ -113,7 +113,7 @@ def test_user_ds_config_with_auto_and_tuning_trains(make_hostset, tmp_path, tiny
         "allgather_bucket_size": 123456788, "reduce_bucket_size": hidden * hidden,
         "round_robin_gradients": True}
     assert "optimizer" not in rendered
-    assert (f"# zero_optimization.reduce_bucket_size" in text
+    assert ("# zero_optimization.reduce_bucket_size" in text
             and f"auto -> transformers' rule h², h = {hidden}" in text)
     assert "# train_batch_size" in text and "auto -> 2 nodes × 2 GPUs × 2 per device × 1 accumulation" in text
     assert_trained(r, out, 6)
