@@ -1,13 +1,15 @@
 """Human-readable views of a plan and of a finished job. Everything printed is masked."""
 from __future__ import annotations
 
+from . import memview
 from .plan import LaunchPlan
 from .spec import LlamaFactoryJob, SwiftJob, world
 from .trainers import TRAINERS, global_batch
 
 
-def describe_plan(plan: LaunchPlan) -> str:
-    """The dry-run view: header, then every node's exact script, then every file."""
+def describe_plan(plan: LaunchPlan, full: bool = False) -> str:
+    """The dry-run view: header, the nodes (a readable summary, or with full every node's
+    exact script), then every file."""
     job = plan.job
     nodes, gpus = world(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -23,6 +25,8 @@ def describe_plan(plan: LaunchPlan) -> str:
         b = job.batch
         lines.append(f"global batch: {global_batch(job, nodes, gpus)} = {nodes} nodes × {gpus} GPUs × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
+    if plan.batch is not None:
+        lines += memview.lines(plan.batch)
     where = "shared storage" if plan.shared else "uploaded to each node"
     lines.append(f"files: {plan.run_dir} ({where})")
     lines.append(f"logs: {plan.log_dir}")
@@ -30,7 +34,10 @@ def describe_plan(plan: LaunchPlan) -> str:
         lines.append(f"resume from: {plan.resume_from}")
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
-    for node in plan.nodes:
+    if not full:
+        from .dryrun import node_lines
+        lines += node_lines(plan, lambda host: _how(plan, host))
+    for node in plan.nodes if full else ():
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:

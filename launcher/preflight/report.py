@@ -16,7 +16,7 @@ CHECKS = (
     "ssh", "software/python", "software/versions", "software/jit-lock", "gpu",
     "network/port-free", "network/port-reachable", "network/hostname", "network/ifname",
     "storage/output", "storage/shared", "storage/inputs",
-    "clock", "container/shm", "collective",
+    "clock", "container/shm", "collective", "collective/transport",
 )
 
 
@@ -39,6 +39,7 @@ class Report:
     results: tuple[CheckResult, ...]
     seconds: float
     stack: dict = field(default_factory=dict)   # majority versions: torch, transformers, ...
+    memory: dict = field(default_factory=dict)  # gpu_mib, model_config: for batch planning
 
     @property
     def ok(self) -> bool:

@@ -26,7 +26,7 @@ def run_checks(plan: LaunchPlan, executor: Executor, *, fast_only: bool = False,
     fast_only: everything but the all-reduce (what `submit` runs before it starts).
     printer: a launcher Printer for progress lines, or None for silence.
     """
-    return run_ctx(Ctx(plan, executor), fast_only=fast_only, printer=printer)
+    return run_ctx(Ctx(plan, executor, fast_only=fast_only), fast_only=fast_only, printer=printer)
 
 
 def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
@@ -43,9 +43,10 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
     cleanup(ctx)
     results += judge(ctx, facts, mesh, samples)
     if not fast_only:
-        results.append(_collective(ctx, results, printer))
+        results += _collective(ctx, results, printer)
     return Report(sort_results(results), time.monotonic() - t0,
-                  stack=software.majority_stack(ctx, facts) if ctx.live else {})
+                  stack=software.majority_stack(ctx, facts) if ctx.live else {},
+                  memory=gpu.memory_facts(ctx, facts))
 
 
 def judge(ctx: Ctx, facts: dict, mesh: dict, samples: dict) -> list[CheckResult]:
@@ -94,14 +95,14 @@ def ssh_fix(host: str, message: str, port: int) -> tuple[str, str]:
     return message.split(": is ")[0], fix
 
 
-def _collective(ctx: Ctx, results: list[CheckResult], printer) -> CheckResult:
-    """The all-reduce, unless a fast check already shows it cannot start."""
+def _collective(ctx: Ctx, results: list[CheckResult], printer) -> list[CheckResult]:
+    """The all-reduce (and the transport it used), unless a fast check shows it cannot start."""
     def failed(check: str) -> list[str]:
         return [f"node{r.node}" for r in results if r.check == check and r.status == "fail"]
     blocked = ("ssh", "software/python", "network/port-free")
     why = next((f"{c} failed on {', '.join(failed(c))}" for c in blocked if failed(c)), None)
     if why:
-        return CheckResult("collective", None, None, "skip", f"not run: {why}")
+        return [CheckResult("collective", None, None, "skip", f"not run: {why}")]
     world = len(ctx.nodes) * (ctx.job.cluster.gpus_per_node or 1)
     _say(printer, f"preflight: all-reduce across {world} ranks (limit {ctx.pf.collective_timeout_s:g}s)")
     return collective.run(ctx)

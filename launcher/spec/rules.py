@@ -162,18 +162,46 @@ def world(job: JobBase) -> tuple[int, int]:
 
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
-    """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch."""
+    """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch.
+
+    Fields left to mlaunch (per_device omitted or auto; grad_accum auto) are chosen later
+    (launcher/batchplan.py); here only what the given ones already fix is checked.
+    """
     b = job.batch
     nodes, gpus = world(job)
-    if b.global_ is None or not nodes or not gpus:
+    if not nodes or not gpus:
         return []
-    want = nodes * gpus * b.per_device * b.grad_accum
+    size = nodes * gpus
+    pd, ga = auto_batch(b)
+    if pd is None or ga is None:
+        if b.global_ is None:
+            return [Problem("batch.global", "required when mlaunch chooses per_device or grad_accum "
+                            "(omitted or auto): give the global batch, e.g. global: 64")]
+        unit = size * (pd or 1) * (ga or 1)
+        if b.global_ % unit:
+            what = " × ".join([f"{nodes} nodes", f"{gpus} GPUs"] + ([f"{pd} per device"] if pd else [])
+                              + ([f"{ga} accumulation"] if ga else []))
+            return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
+                            f"set global to a multiple of {unit}")]
+        return []
+    if b.global_ is None:
+        return []
+    want = size * pd * ga
     if b.global_ == want:
         return []
     return [Problem("batch.global",
-                    f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {b.per_device} per device × "
-                    f"{b.grad_accum} accumulation = {want}; set global to {want}, change "
+                    f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {pd} per device × "
+                    f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
+
+
+def auto_batch(b) -> tuple[int | None, int | None]:
+    """(per_device, grad_accum) as given; None where mlaunch chooses or derives. An omitted
+    grad_accum is global / (world × per_device) when both are given, else 1 (its default)."""
+    pd = b.per_device if isinstance(b.per_device, int) else None
+    given = "grad_accum" in b.model_fields_set or (pd is not None and b.global_ is None)
+    ga = b.grad_accum if isinstance(b.grad_accum, int) and given else None
+    return pd, ga
 
 
 def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:
