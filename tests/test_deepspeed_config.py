@@ -278,3 +278,31 @@ def test_zero3_init_flag(tmp_path, model):
         "(LLaMA-Factory, ms-swift) always loads the model inside deepspeed.zero.Init (transformers' "
         "is_deepspeed_zero3_enabled reads the stage; accelerate's flag is not consulted); remove "
         "it, or use ZeRO-2"]
+
+
+def test_batch_left_to_mlaunch(tmp_path, model):
+    """per_device omitted (mlaunch chooses it later): train_batch_size is checked against
+    global; a file that fixes the micro-batch itself is refused."""
+    data = lf_job(model, {"config": user_file(tmp_path, {**SEED_FILE, "train_batch_size": 128})})
+    data["batch"] = {"global": 256}
+    assert problems(data) == [
+        f"deepspeed.config: train_batch_size 128 in your file {tmp_path / 'ds.json'} ≠ batch.global = "
+        "256; set it to \"auto\" or change the spec's batch"]
+    data["deepspeed"] = {"config": user_file(tmp_path, {**SEED_FILE, "train_micro_batch_size_per_gpu": 4})}
+    assert problems(data) == [
+        f"deepspeed.config: train_micro_batch_size_per_gpu 4 in your file {tmp_path / 'ds.json'} but "
+        "batch.per_device is left to mlaunch; set it to \"auto\" or give batch.per_device"]
+    data["deepspeed"] = {"config": user_file(tmp_path, SEED_FILE)}
+    cfg = build_for(build_plan(validate(data), run_id="R").job).config
+    assert cfg["train_batch_size"] == 256
+    assert cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 16 == 256
+
+
+def test_zero_of_reads_every_form(tmp_path, model):
+    """The memory estimate sees the ZeRO stage of a user file and of an ms-swift name too."""
+    from launcher.spec.ds_rules import zero_of
+    assert zero_of(validate(lf_job(model, {"config": user_file(tmp_path, SEED_FILE)}))) == (3, False, False)
+    data = copy.deepcopy(load_yaml(SWIFT_LORA))
+    data["model"], data["deepspeed"] = model, "zero3_offload"
+    assert zero_of(validate(data)) == (3, True, True)
+    assert zero_of(validate(lf_job(model, {"stage": 2, "offload_optimizer": "cpu"}))) == (2, True, False)

@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import Problem
 
 AUTO = "auto"
+PLANNED = "chosen by mlaunch's batch planning"
 SPEC_TUNING = ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
                "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size")
@@ -168,13 +169,26 @@ def _set(out: DsConfig, key: str, want: Any, why: str, fix: str) -> None:
 
 def _spec_owned(out: DsConfig, job: Any, size: int) -> None:
     """Batch sizes, clipping and precision, exactly as the YAML/arguments give them."""
+    from .rules import auto_batch
+
     b, fix = job.batch, 'set it to "auto" or change the spec\'s batch'
-    nodes = len(job.cluster.hosts or [])
-    _set(out, "train_micro_batch_size_per_gpu", b.per_device, "batch.per_device", fix)
-    _set(out, "gradient_accumulation_steps", b.grad_accum, "batch.grad_accum", fix)
-    _set(out, "train_batch_size", size * b.per_device * b.grad_accum,
-         f"{nodes} nodes × {job.cluster.gpus_per_node} GPUs × {b.per_device} per device × "
-         f"{b.grad_accum} accumulation", fix)
+    pd, ga = auto_batch(b)   # None: mlaunch chooses it later (launcher/batchplan.py)
+    for key, value, name in (("train_micro_batch_size_per_gpu", pd, "per_device"),
+                             ("gradient_accumulation_steps", ga, "grad_accum")):
+        if value is not None:
+            _set(out, key, value, f"batch.{name}", fix)
+        elif _get(out.config, key) in (None, AUTO):
+            out.sources[key] = PLANNED   # validation only: the plan's job has the number
+        else:
+            out.problems.append(Problem("deepspeed.config", f"{key} {json.dumps(_get(out.config, key))} "
+                                        f"in {out.sources[key]} but batch.{name} is left to mlaunch; "
+                                        f'set it to "auto" or give batch.{name}'))
+    if pd is not None and ga is not None:
+        nodes = len(job.cluster.hosts or [])
+        _set(out, "train_batch_size", size * pd * ga, f"{nodes} nodes × {job.cluster.gpus_per_node} "
+             f"GPUs × {pd} per device × {ga} accumulation", fix)
+    elif b.global_ is not None:
+        _set(out, "train_batch_size", b.global_, "batch.global", fix)
     _set(out, "gradient_clipping", job.training.max_grad_norm, "training.max_grad_norm",
          'set it to "auto" or change training.max_grad_norm')
     for kind in ("bf16", "fp16"):
@@ -248,7 +262,7 @@ def _leftover_auto(out: DsConfig, job: Any) -> None:
     """An "auto" that neither mlaunch nor transformers resolves would reach DeepSpeed as text."""
     for key, value in _leaves(out.config).items():
         refused = key.startswith("optimizer.") and out.sources.get("optimizer") == "refused"
-        if value != AUTO or key in HIDDEN_RULES or refused:
+        if value != AUTO or key in HIDDEN_RULES or refused or out.sources.get(key) == PLANNED:
             continue
         if key.startswith("scheduler.params.") and not job.training.max_steps:
             out.sources[key] = "kept \"auto\": transformers sets it at start (steps of the epochs)"

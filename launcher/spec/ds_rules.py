@@ -69,3 +69,18 @@ def _ds_stage(job) -> int | None:
         return ds.stage if ds.stage is not None else _NAME_STAGE[ds.name]
     from .deepspeed import build_for
     return build_for(job).stage()
+
+
+def zero_of(job) -> tuple[int | None, bool, bool]:
+    """(ZeRO stage, optimizer offloaded, parameters offloaded) the job runs, whatever form its
+    deepspeed section has (stage, ms-swift name or the user's file); (None, False, False) without."""
+    ds = getattr(job, "deepspeed", None)
+    if ds is None:
+        return None, False, False
+    if ds.stage is not None:
+        return ds.stage, ds.offload_optimizer != "none", ds.offload_param != "none"
+    from .deepspeed import build_for
+    zero = build_for(job).config.get("zero_optimization", {})
+    dev = lambda k: isinstance(zero.get(k), dict) and zero[k].get("device", "none") != "none"
+    stage = zero.get("stage", 0)
+    return (stage if isinstance(stage, int) else None), dev("offload_optimizer"), dev("offload_param")
