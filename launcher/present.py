@@ -41,7 +41,9 @@ def describe_plan(plan: LaunchPlan, full: bool = False) -> str:
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:
-        lines += ["", f"=== file {f.path} ===", f.content.rstrip("\n")]
+        lines += ["", f"=== file {f.path} ==="]
+        lines += [f"# {line}" for line in (f.note or "").splitlines()]
+        lines.append(f.content.rstrip("\n"))
     return plan.mask("\n".join(lines) + "\n")
 
 

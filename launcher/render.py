@@ -115,17 +115,20 @@ def fsdp_args(fsdp: Any) -> dict:
     return {"options": " ".join(options), "config": config}
 
 
-def ds_config(job: Any, global_size: int) -> str:
-    """DeepSpeed JSON with concrete batch numbers that match the YAML and the world size."""
-    batch = {"global_size": global_size, "per_device": job.batch.per_device,
-             "grad_accum": job.batch.grad_accum}
-    # The optimizer is stated explicitly: with LoRA the no-decay parameter group is empty,
-    # DeepSpeed drops it, and a scheduler built for two groups then fails ("zip() argument
-    # 2 is longer than argument 1"). Its numbers are the ones the YAML gives the Trainer.
-    text = render("ds_config.json.j2", batch=batch, ds=job.deepspeed, precision=job.precision,
-                  max_grad_norm=job.training.max_grad_norm,
-                  learning_rate=job.training.learning_rate)
-    return json.dumps(json.loads(text), indent=2) + "\n"
+def ds_default(ds: Any) -> dict:
+    """mlaunch's default DeepSpeed config for a `deepspeed: {stage: N}` section, with "auto"
+    where the spec or the model decides (launcher/spec/deepspeed.py fills them)."""
+    return json.loads(render("ds_config.json.j2", ds=ds))
+
+
+def ds_config(config: dict) -> str:
+    """The resolved DeepSpeed config as the JSON file the nodes read."""
+    return json.dumps(config, indent=2) + "\n"
+
+
+def llamafactory_entry() -> str:
+    """mlaunch's entry script for LLaMA-Factory under DeepSpeed (empty parameter groups removed)."""
+    return render("llamafactory_entry.py.j2")
 
 
 def python_script(python: str, source: str, args: list[str]) -> str:

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from . import defaults, render
 from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world
+from .spec.deepspeed import build_for
 from .spec.swift_rules import (MEGATRON_SCHEDULERS, config_int, not_resumable,
                                rendered_passthrough, swift_notes)
 
@@ -21,6 +22,7 @@ class RenderedFile:
 
     path: str
     content: str
+    note: str | None = None   # shown above the file in a dry run, never written into it
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,20 @@ class LlamaFactory:
             job, run.run_id, ds_path, run.resume_from, run.overwrite,
             warmup=warmup_arg(job.training, run.transformers)))]
         if ds_path:
-            nodes, gpus = world(job)
-            out.append(RenderedFile(ds_path, render.ds_config(job, global_batch(job, nodes, gpus))))
+            out.append(ds_file(job, ds_path))
+            out.append(RenderedFile(self._entry_path(run), render.llamafactory_entry()))
         return out
 
     def entry(self, job: LlamaFactoryJob, run: RunContext) -> list[str]:
+        # Under DeepSpeed, mlaunch's entry script runs llamafactory.launcher after removing
+        # empty optimizer parameter groups (templates/llamafactory_entry.py.j2 says why).
+        if job.deepspeed:
+            return [self._entry_path(run), self._yaml_path(run)]
         return ["-m", "llamafactory.launcher", self._yaml_path(run)]
+
+    @staticmethod
+    def _entry_path(run: RunContext) -> str:
+        return posixpath.join(run.run_dir, "llamafactory_entry.py")
 
     @staticmethod
     def _yaml_path(run: RunContext) -> str:
@@ -122,8 +132,7 @@ class Swift:
     def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
         if not job.deepspeed or job.megatron:
             return []
-        nodes, gpus = world(job)
-        return [RenderedFile(self._ds_path(run), render.ds_config(job, global_batch(job, nodes, gpus)))]
+        return [ds_file(job, self._ds_path(run))]
 
     def entry(self, job: SwiftJob, run: RunContext) -> list[str]:
         module = ("swift.cli._megatron." if job.megatron else "swift.cli.") + job.stage
@@ -232,6 +241,15 @@ def deepspeed_discovery_args(job) -> list[str]:
         return []
     nodes, gpus = world(job)
     return ["--deepspeed", "--dp-size", str(nodes * gpus)]
+
+
+def ds_file(job, path: str) -> RenderedFile:
+    """The resolved ds_config.json, with where each value came from as its dry-run note."""
+    built = build_for(job)
+    if built.problems:  # validation reports these; a plan is never built from such a job
+        raise ValueError("; ".join(map(str, built.problems)))
+    note = "where each value comes from (not part of the file):\n" + built.note()
+    return RenderedFile(path, render.ds_config(built.config), note)
 
 
 def global_batch(job: LlamaFactoryJob, nodes: int, gpus: int) -> int:

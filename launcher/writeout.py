@@ -19,6 +19,9 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
     written = []
     for f in plan.files:
         written.append(_write(os.path.join(out, posixpath.basename(f.path)), plan.mask(f.content)))
+        if f.note:  # JSON has no comments: where each value came from goes beside the file
+            written.append(_write(os.path.join(out, posixpath.basename(f.path) + ".sources.txt"),
+                                  plan.mask(f.note) + "\n"))
     for node in plan.nodes:
         written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + node.display))
     return written

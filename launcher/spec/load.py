@@ -59,6 +59,7 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
         raise SpecError(f"{source}: expected a mapping of fields at the top level")
     base = os.path.dirname(os.path.abspath(source)) if source != "<spec>" else os.getcwd()
     problems = _expand_hostfile(raw, base)
+    _absolute_ds_config(raw, base)
     if problems:
         raise SpecError(problems, header=f"{source}: invalid job spec")
     return validate(raw, source)
@@ -129,6 +130,13 @@ def _expand_hostfile(raw: dict, base: str) -> list[Problem]:
     return problems
 
 
+def _absolute_ds_config(raw: dict, base: str) -> None:
+    """deepspeed.config names a file relative to the spec, like cluster.hostfile."""
+    ds = raw.get("deepspeed")
+    if isinstance(ds, dict) and isinstance(ds.get("config"), str) and ds["config"]:
+        ds["config"] = os.path.join(base, os.path.expanduser(ds["config"]))
+
+
 def parse_hostfile(text: str, name: str) -> tuple[list[str], list[int | None], list[Problem]]:
     """DeepSpeed hostfile lines: `host [slots=N]`, with # comments and blank lines."""
     hosts, slots, problems = [], [], []
@@ -170,10 +178,7 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
     if kind == "missing":
         return "required field missing"
     if kind in ("literal_error", "union_tag_invalid"):
-        choices = re.findall(r"'([^']+)'", e["msg"].split("one of", 1)[-1]) or \
-            re.findall(r"'([^']+)'", e["msg"])
-        if kind == "union_tag_invalid":
-            choices = list(TRAINER_MODELS)
+        choices = list(TRAINER_MODELS) if kind == "union_tag_invalid" else _choices(e)
         return (f"{shown} is not one of {', '.join(choices)}"
                 + _did_you_mean(str(given), choices))
     if kind == "union_tag_not_found":
@@ -181,6 +186,12 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
     if kind == "string_pattern_mismatch":
         return f"{shown} must be letters, digits, '.', '_' or '-' (at most 64)"
     return f"{e['msg'].rstrip('.')} (got {shown})"
+
+
+def _choices(e: dict) -> list[str]:
+    """The allowed values of a literal error, from pydantic's "'a', 'b' or 'c'" / "4 or 8"."""
+    expected = (e.get("ctx") or {}).get("expected") or e["msg"].removeprefix("Input should be ")
+    return [c.strip().strip("'\"") for c in re.split(r",\s*|\s+or\s+", expected) if c.strip()]
 
 
 def _did_you_mean(word: Any, choices: list[str]) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class Strict(BaseModel):
@@ -95,13 +95,40 @@ class Batch(Strict):
         "fraction of each GPU's memory the estimate must leave free"))
 
 
-class DeepSpeed(Strict):
-    """ZeRO stage and offload. Offload is optional at every stage; see DeepSpeed's docs."""
+SWIFT_DS_NAMES = ("zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
 
-    stage: Literal[0, 1, 2, 3]
+
+class DeepSpeed(Strict):
+    """ZeRO: a stage with optional tuning, or the user's own ds_config.json (launcher/spec/deepspeed.py).
+
+    Offload is optional at every stage; see DeepSpeed's docs. Tuning fields left out follow
+    transformers' "auto" rules (buckets sized from the model's hidden size) or mlaunch's defaults.
+    """
+
+    stage: Literal[0, 1, 2, 3] | None = None
+    config: str | None = Field(None, description=(
+        "your ds_config.json: every \"auto\" resolved, batch checked against the spec, tuning kept"))
+    name: Literal[SWIFT_DS_NAMES] | None = Field(None, description=(  # type: ignore[valid-type]
+        "ms-swift's config name (zero2, zero3_offload, ...); `deepspeed: zero3` is the short form"))
     offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
     offload_param: Literal["none", "cpu", "nvme"] = "none"
     nvme_path: str | None = None
+    overlap_comm: bool | None = None
+    contiguous_gradients: bool | None = None
+    reduce_bucket_size: int | None = Field(None, ge=1, description="default: hidden_size²")
+    allgather_bucket_size: int | None = Field(None, ge=1)
+    stage3_prefetch_bucket_size: int | None = Field(None, ge=0, description="default: 0.9 × hidden_size²")
+    stage3_param_persistence_threshold: int | None = Field(None, ge=0, description="default: 10 × hidden_size")
+    stage3_max_live_parameters: int | None = Field(None, ge=0)
+    stage3_max_reuse_distance: int | None = Field(None, ge=0)
+    sub_group_size: int | None = Field(None, ge=1)
+    zero3_init_flag: bool | None = Field(None, description=(
+        "ZeRO-3 builds the model under deepspeed.zero.Init (always, with the HF Trainer)"))
+
+
+def _deepspeed_name(value: Any) -> Any:
+    """ms-swift's `--deepspeed zero3` form: a bare name stands for {name: zero3}."""
+    return {"name": value} if isinstance(value, str) else value
 
 
 class Training(Strict):
@@ -267,7 +294,8 @@ class SwiftJob(JobBase):
     finetuning: Finetuning
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    deepspeed: DeepSpeed | None = None
+    deepspeed: Annotated[DeepSpeed | None, BeforeValidator(
+        _deepspeed_name, json_schema_input_type=DeepSpeed | Literal[SWIFT_DS_NAMES] | None)] = None
     megatron: Megatron | None = None
     training: Training
     output_dir: str

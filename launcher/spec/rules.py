@@ -9,6 +9,7 @@ import re
 
 from ..errors import Problem
 from . import known_args
+from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
 from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
 
 LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1)$")
@@ -252,7 +253,7 @@ def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:
                 p.append(Problem(f"finetuning.{name}", f"only applies to type {' or '.join(methods)}, "
                                  f"but type is {f.type}; remove it"))
     p += _check_quantization(f)
-    if f.quantization_bit and job.deepspeed and job.deepspeed.stage == 3:
+    if f.quantization_bit and job.deepspeed and _ds_stage(job) == 3:
         p.append(Problem("finetuning.quantization_bit",
                          "QLoRA cannot be combined with ZeRO-3; use deepspeed stage 0-2 or no quantization"))
     return p
@@ -272,28 +273,6 @@ def _check_quantization(f) -> list[Problem]:
     return [Problem("finetuning.quantization_bit",
                     f"{f.quantization_bit} is not one of {', '.join(map(str, bits))} for "
                     f"quantization_method {f.quantization_method} ({others})")]
-
-
-def check_deepspeed(job: LlamaFactoryJob) -> list[Problem]:
-    """DeepSpeed's own rules: optimizer offload needs ZeRO >= 1, parameter offload needs ZeRO-3.
-
-    Offload is optional at every stage: ZeRO-2 without offload is valid and the fastest
-    ZeRO-2 (seed 000's claim that ZeRO-2 must offload to CPU is wrong).
-    """
-    ds = job.deepspeed
-    if ds is None:
-        return []
-    p: list[Problem] = []
-    if ds.offload_optimizer != "none" and ds.stage < 1:
-        p.append(Problem("deepspeed.offload_optimizer",
-                         f"{ds.offload_optimizer} offload needs ZeRO stage 1, 2 or 3 (stage is 0)"))
-    if ds.offload_param != "none" and ds.stage != 3:
-        p.append(Problem("deepspeed.offload_param",
-                         f"parameter offload exists only in ZeRO-3 (stage is {ds.stage}); "
-                         "use offload_optimizer, or stage 3"))
-    if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
-        p.append(Problem("deepspeed.nvme_path", "required when offloading to nvme"))
-    return p
 
 
 def check_training(job: LlamaFactoryJob) -> list[Problem]:

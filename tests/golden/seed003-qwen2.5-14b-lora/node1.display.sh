@@ -38,4 +38,4 @@ exec 3<&0 </dev/null
 (while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
  exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
-exec /opt/venvs/train/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 -m llamafactory.launcher /data/work/.mlaunch/GOLDEN/llamafactory.yaml
+exec /opt/venvs/train/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 /data/work/.mlaunch/GOLDEN/llamafactory_entry.py /data/work/.mlaunch/GOLDEN/llamafactory.yaml
