@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from . import render
 from .spec import SECRET_NAME, JobBase
-from .spec.rules import LOOPBACK, node_devices
+from .spec.hosts import LOOPBACK, HostAddr, host_addrs
+from .spec.rules import node_devices
+from .spec.select import procs_of
 from .trainers import TRAINERS, RenderedFile, RunContext
 
 # Defaults learned the hard way; a user's cluster.env overrides them.
@@ -28,7 +30,8 @@ class NodePlan:
     """One node rank: where it runs, what it runs, and where its log goes."""
 
     rank: int
-    host: str
+    host: str            # the host name alone: torchrun, preflight and logs see this
+    login: str           # the SSH destination, [user@]host[:port]: the executor's key
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     workdir: str | None
@@ -76,7 +79,9 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     """
     run_id = run_id or new_run_id(job.name)
     c = job.cluster
-    local = all(LOOPBACK.match(h) for h in c.hosts)
+    addrs = host_addrs(c.hosts)
+    # A loopback host with its own user or port is an sshd to log in to (e.g. a container).
+    local = all(LOOPBACK.match(a.name) and a.login == a.name for a in addrs)
     run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
@@ -85,8 +90,9 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
     argv_tail = tuple(trainer.entry(job, run))
     suffix = f".attempt{attempt}" if attempt else ""
-    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base, suffix)
-                  for rank, host in enumerate(c.hosts))
+    master = c.master_addr or addrs[0].name
+    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix)
+                  for rank, addr in enumerate(addrs))
     return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
@@ -107,13 +113,13 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
-def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, ...],
-          log_base: str, suffix: str) -> NodePlan:
-    c = job.cluster
+def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
+          tail: tuple[str, ...], log_base: str, suffix: str) -> NodePlan:
+    c, host = job.cluster, addr.name
     bindir = remote_bin(job)
     argv = (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
-            "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(c.gpus_per_node),
-            "--node-rank", str(rank), "--master-addr", c.master_addr or c.hosts[0],
+            "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(procs_of(c, rank)),
+            "--node-rank", str(rank), "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",
             "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
             *tail)
@@ -130,7 +136,7 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
                hangup_after=f"{c.hangup_after_s:g}")
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,
+    return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()), workdir=c.workdir,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))

@@ -2,25 +2,26 @@
 from __future__ import annotations
 
 from .plan import LaunchPlan
-from .spec import LlamaFactoryJob, SwiftJob, world
+from .spec import LlamaFactoryJob, SwiftJob, world_size, world_text
 from .trainers import global_batch
 
 
 def describe_plan(plan: LaunchPlan) -> str:
     """The dry-run view: header, then every node's exact script, then every file."""
     job = plan.job
-    nodes, gpus = world(job)
+    size = world_size(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
-             f"world: {nodes} nodes × {gpus} processes = {nodes * gpus}"]
+             f"world: {world_text(job.cluster, 'processes')} = {size}"]
+    lines += [f"note: {n}" for n in job._notes]
     if isinstance(job, SwiftJob) and job.megatron:
         b, m = job.batch, job.megatron
-        dp = nodes * gpus // (m.tp * m.pp)
-        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × dp {dp} = {nodes * gpus}")
+        dp = size // (m.tp * m.pp)
+        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × dp {dp} = {size}")
         lines.append(f"global batch: {dp * b.per_device * b.grad_accum} = dp {dp} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
         b = job.batch
-        lines.append(f"global batch: {global_batch(job, nodes, gpus)} = {nodes} nodes × {gpus} GPUs × "
+        lines.append(f"global batch: {global_batch(job)} = {world_text(job.cluster)} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     where = "shared storage" if plan.shared else "uploaded to each node"
     lines.append(f"files: {plan.run_dir} ({where})")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import render
-from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world
+from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world_size
 from .spec.swift_rules import MEGATRON_SCHEDULERS, config_int
 
 
@@ -60,8 +60,7 @@ class LlamaFactory:
             job, run.run_id, ds_path, run.resume_from, run.overwrite,
             warmup=warmup_arg(job.training, run.transformers)))]
         if ds_path:
-            nodes, gpus = world(job)
-            out.append(RenderedFile(ds_path, render.ds_config(job, global_batch(job, nodes, gpus))))
+            out.append(RenderedFile(ds_path, render.ds_config(job, global_batch(job))))
         return out
 
     def entry(self, job: LlamaFactoryJob, run: RunContext) -> list[str]:
@@ -109,8 +108,7 @@ class Swift:
     def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
         if not job.deepspeed or job.megatron:
             return []
-        nodes, gpus = world(job)
-        return [RenderedFile(self._ds_path(run), render.ds_config(job, global_batch(job, nodes, gpus)))]
+        return [RenderedFile(self._ds_path(run), render.ds_config(job, global_batch(job)))]
 
     def entry(self, job: SwiftJob, run: RunContext) -> list[str]:
         return ["-m", self.MEGATRON_ENTRY if job.megatron else self.ENTRY, *self.args(job, run)]
@@ -118,13 +116,12 @@ class Swift:
     def args(self, job: SwiftJob, run: RunContext) -> list[str]:
         """The rendered argument lines, each one argv element."""
         ft = job.finetuning
-        nodes, gpus = world(job)
         text = render.render(
             "swift_args.j2", job=job, ft=ft, tr=job.training, resume_from=run.resume_from,
             ds_path=self._ds_path(run) if job.deepspeed and not job.megatron else None,
             lora_targets=_names(ft.lora_target), freeze_layers=_freeze_layers(job),
             freeze_modules=[m for m in _names(ft.freeze_trainable_modules) if m != "all"],
-            global_size=global_batch(job, nodes, gpus) // _model_parallel(job),
+            global_size=global_batch(job) // _model_parallel(job),
             decay_style=MEGATRON_SCHEDULERS.get(job.training.lr_scheduler))
         return [line for line in text.split("\n") if line]
 
@@ -195,13 +192,12 @@ def deepspeed_discovery_args(job) -> list[str]:
     """With DeepSpeed a checkpoint is complete only with one optimizer shard per rank."""
     if not getattr(job, "deepspeed", None):
         return []
-    nodes, gpus = world(job)
-    return ["--deepspeed", "--dp-size", str(nodes * gpus)]
+    return ["--deepspeed", "--dp-size", str(world_size(job))]
 
 
-def global_batch(job: LlamaFactoryJob, nodes: int, gpus: int) -> int:
-    """nodes x gpus_per_node x per_device x grad_accum (validation already matched `global`)."""
-    return nodes * gpus * job.batch.per_device * job.batch.grad_accum
+def global_batch(job: LlamaFactoryJob) -> int:
+    """All processes (Σ per node) x per_device x grad_accum (validation matched `global`)."""
+    return world_size(job) * job.batch.per_device * job.batch.grad_accum
 
 
 TRAINERS: dict[str, Trainer] = {"llamafactory": LlamaFactory(), "swift": Swift(), "script": Script()}

@@ -23,7 +23,7 @@ PROGRESS = re.compile(r"^\[node(\d+) [^\]]*\] mlaunch-collective: rank \d+/\d+ (
 def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     """A `trainer: script` job over the user's own cluster block that runs the all-reduce."""
     cluster = ctx.job.cluster.model_dump(mode="json", exclude_unset=True, by_alias=True)
-    cluster["hosts"] = [n.host for n in ctx.nodes]
+    cluster["hosts"] = list(ctx.job.cluster.hosts)
     cluster.pop("hostfile", None)
     pf = ctx.pf
     spec = {"name": "preflight", "trainer": "script", "cluster": cluster,

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+
+Procs = Annotated[int, Field(ge=1, le=1024)]
 
 
 class Strict(BaseModel):
@@ -28,9 +31,16 @@ class SSH(Strict):
 class Cluster(Strict):
     """The machines, the processes per machine, the rendezvous and the remote environment."""
 
-    hosts: list[str] | None = Field(None, description="node 0 first; or use hostfile")
+    hosts: list[str] | None = Field(None, description=(
+        "node 0 first: host, user@host, host:port or [v6addr]:port; or use hostfile"))
     hostfile: str | None = Field(None, description="DeepSpeed format: `host slots=N` per line")
-    gpus_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node")
+    gpus_per_node: Procs | list[Procs] | None = Field(None, description=(
+        "processes per node: one count for every node, or one per host (default: hostfile slots)"))
+    include: str | None = Field(None, description=(
+        "deepspeed -i syntax: `worker-0:0,2@worker-1` keeps only these hosts (and slots)"))
+    exclude: str | None = Field(None, description="deepspeed -e syntax: drop these hosts or slots")
+    first_nodes: int | None = Field(None, ge=1, description=(
+        "use only the first N hosts (deepspeed --num_nodes)"))
     cuda_visible_devices: list[int] | list[list[int]] | None = Field(None, description=(
         "GPU indices every node uses, or one list per node: [[0], [1]] runs two nodes on one host"))
     master_addr: str | None = Field(None, description="defaults to the first host")
@@ -59,7 +69,7 @@ class Finetuning(Strict):
 
 
 class Batch(Strict):
-    """Batch sizes; global must equal nodes x gpus_per_node x per_device x grad_accum."""
+    """Batch sizes; global must equal all processes (Σ per node) x per_device x grad_accum."""
 
     per_device: int = Field(ge=1)
     grad_accum: int = Field(1, ge=1)
@@ -122,6 +132,8 @@ class JobBase(Strict):
     max_restarts: int = Field(0, ge=0, le=100)
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
+    # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
+    _notes: tuple[str, ...] = PrivateAttr(default=())
 
 
 class LlamaFactoryJob(JobBase):

@@ -6,12 +6,12 @@ spec with several mistakes reports them all at once.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from ..errors import Problem
+from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
 from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
-
-LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1)$")
-HOST_RE = re.compile(r"^[A-Za-z0-9_.:@\[\]-]+$")
+from .select import node_procs
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Variables the launcher sets per node. A user value would silently break the rendezvous:
@@ -49,7 +49,7 @@ LLAMAFACTORY_OWNED = {
 
 def check_job(job: JobBase) -> list[Problem]:
     """All cross-field problems of a validated job, in field order."""
-    problems = check_cluster(job.cluster)
+    problems = check_cluster(job.cluster) + check_output_dir(job)
     if isinstance(job, LlamaFactoryJob):
         problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
         problems += check_training(job) + check_passthrough(job)
@@ -62,16 +62,18 @@ def check_job(job: JobBase) -> list[Problem]:
 
 
 def check_cluster(c: Cluster) -> list[Problem]:
-    """Hosts, rendezvous address, devices, env names and the remote interpreter."""
+    """Hosts, processes per node, rendezvous address, devices, env names and the interpreter."""
     p: list[Problem] = []
     if not c.hosts:
         p.append(Problem("cluster.hosts", "no hosts: give `hosts: [...]` or `hostfile: FILE`"))
         return p
-    for i, h in enumerate(c.hosts):
-        if not HOST_RE.match(h):
-            p.append(Problem(f"cluster.hosts[{i}]", f"{h!r} is not a host name or address"))
+    ssh = c.ssh
+    p += check_hosts(c.hosts, ssh.user, ssh.port if "port" in ssh.model_fields_set else None)
     if c.gpus_per_node is None:
         p.append(Problem("cluster.gpus_per_node", "required (or give slots=N in the hostfile)"))
+    elif isinstance(c.gpus_per_node, list) and len(c.gpus_per_node) != len(c.hosts):
+        p.append(Problem("cluster.gpus_per_node", f"{len(c.gpus_per_node)} counts for "
+                         f"{len(c.hosts)} hosts; give one count, or one per host in host order"))
     p += _check_devices(c)
     p += _check_master(c)
     if c.python and c.venv:
@@ -85,17 +87,30 @@ def check_cluster(c: Cluster) -> list[Problem]:
     return p
 
 
+def machines(c: Cluster) -> int:
+    """Distinct machines among the nodes (a host name, case ignored, and its SSH port)."""
+    return len({a.key(c.ssh.port) for a in host_addrs(c.hosts or [])})
+
+
+def check_output_dir(job: JobBase) -> list[Problem]:
+    """A relative output_dir resolves against each machine's own directory: refuse it there."""
+    out, c = job.output_dir, job.cluster
+    n = machines(c) if out and not out.startswith("/") and c.hosts else 0
+    if n < 2:
+        return []
+    base = c.workdir or "the ssh user's home"
+    example = f"{c.workdir.rstrip('/')}/{out}" if c.workdir else f"/mnt/shared/{out}"
+    return [Problem("output_dir", f"{out!r} is relative: each of the {n} machines would "
+                    f"resolve it against its own working directory ({base}), scattering the "
+                    f"checkpoints; give an absolute path on storage every node sees, e.g. {example}")]
+
+
 def node_devices(c: Cluster, rank: int) -> list[int] | None:
     """The GPU indices node `rank` uses (its CUDA_VISIBLE_DEVICES), None for all of them."""
     devs = c.cuda_visible_devices
     if devs is None or not devs:
         return list(devs) if devs is not None else None
     return list(devs[rank]) if isinstance(devs[0], list) else list(devs)
-
-
-def machine_key(host: str) -> str:
-    """Hosts that are surely one machine share a key: every loopback name is this machine."""
-    return "localhost" if LOOPBACK.match(host) else host
 
 
 def _check_devices(c: Cluster) -> list[Problem]:
@@ -106,24 +121,44 @@ def _check_devices(c: Cluster) -> list[Problem]:
     if per_node and len(devs) != len(hosts):
         return [Problem("cluster.cuda_visible_devices",
                         f"{len(devs)} device lists for {len(hosts)} hosts; give one list per node")]
+    procs = node_procs(c) if c.gpus_per_node is not None else None
+    if devs is not None and not per_node and procs and len(set(procs)) > 1:
+        return [Problem("cluster.cuda_visible_devices", "one list for nodes that run different "
+                        "numbers of processes; give one list per node, e.g. [[0, 1], [0]]")]
     for rank in range(len(hosts) if per_node else 1) if devs is not None else ():
         mine = node_devices(c, rank)
         where = f"cluster.cuda_visible_devices[{rank}]" if per_node else "cluster.cuda_visible_devices"
+        want = procs[rank] if procs and rank < len(procs) else None
         if any(d < 0 for d in mine):
             p.append(Problem(where, f"{mine}: GPU indices start at 0 (see nvidia-smi -L)"))
         elif len(set(mine)) != len(mine):
             p.append(Problem(where, f"{mine} lists a GPU twice; give each process its own GPU"))
-        elif c.gpus_per_node is not None and len(mine) != c.gpus_per_node:
+        elif want is not None and len(mine) != want:
             p.append(Problem(where, f"{len(mine)} devices listed but gpus_per_node is "
-                             f"{c.gpus_per_node}; list exactly one device per process"))
-    keys = [machine_key(h) for h in hosts]
-    for key in sorted({k for k in keys if keys.count(k) > 1}):
-        ranks = [r for r, k in enumerate(keys) if k == key]
+                             f"{want}; list exactly one device per process"))
+    return p + _check_shared_hosts(c, per_node)
+
+
+def _check_shared_hosts(c: Cluster, per_node: bool) -> list[Problem]:
+    """Nodes on one machine (same name, case ignored, same SSH port) need disjoint GPUs."""
+    hosts = c.hosts or []
+    keys = [a.key(c.ssh.port) for a in host_addrs(hosts)]
+    p: list[Problem] = []
+    counts = Counter(keys)
+    dup = {k for k, n in counts.items() if n > 1}
+    if not dup:
+        return p
+    ranks_of: dict[tuple, list[int]] = {}
+    for r, k in enumerate(keys):
+        if k in dup:
+            ranks_of.setdefault(k, []).append(r)
+    for key in sorted(dup):
+        ranks = ranks_of[key]
         host = " / ".join(dict.fromkeys(hosts[r] for r in ranks))
         if not per_node:
-            p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on one host "
-                             "need their own GPUs; give cuda_visible_devices one list per node, "
-                             "e.g. [[0], [1]]"))
+            p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on "
+                             "one host need their own GPUs; give "
+                             "cuda_visible_devices one list per node, e.g. [[0], [1]]"))
             continue
         seen: dict[int, int] = {}
         for r in ranks:
@@ -138,15 +173,20 @@ def _check_devices(c: Cluster) -> list[Problem]:
 
 def _check_master(c: Cluster) -> list[Problem]:
     """Node rank 0 hosts the rendezvous store, so master_addr must be it and be reachable."""
-    hosts = c.hosts or []
     m = c.master_addr
     if m is None:
         return []
-    if m != hosts[0] and m in hosts[1:]:
+    if not is_address(m):
+        return [Problem("cluster.master_addr", f"{m!r} is not a host name or IP address; give "
+                        "node 0's address only (no user@ or :port; the port is cluster.master_port)")]
+    names = [a.name for a in host_addrs(c.hosts or [])]
+    key = machine_key(m)
+    later = next((i for i, n in enumerate(names[1:], 1) if machine_key(n) == key), None)
+    if machine_key(names[0]) != key and later is not None:
         return [Problem("cluster.master_addr",
-                        f"{m} is hosts[{hosts.index(m)}], but node rank 0 ({hosts[0]}) runs the "
+                        f"{m} is hosts[{later}], but node rank 0 ({names[0]}) runs the "
                         "rendezvous; list the master first or omit master_addr")]
-    remote = [h for h in hosts if not LOOPBACK.match(h)]
+    remote = [n for n in names if not LOOPBACK.match(n)]
     if LOOPBACK.match(m) and remote:
         return [Problem("cluster.master_addr",
                         f"{m} is loopback, which {remote[0]} cannot reach; use the master's "
@@ -154,22 +194,31 @@ def _check_master(c: Cluster) -> list[Problem]:
     return []
 
 
-def world(job: JobBase) -> tuple[int, int]:
-    """(nodes, processes per node) of a job whose cluster validated."""
-    return len(job.cluster.hosts or []), job.cluster.gpus_per_node or 0
+def world_size(job: JobBase) -> int:
+    """All processes of a job whose cluster validated: Σ over nodes of their process counts."""
+    return sum(node_procs(job.cluster))
+
+
+def world_text(c: Cluster, unit: str = "GPUs") -> str:
+    """`4 nodes × 4 GPUs`, or `2 nodes × (2+1) GPUs` when the counts differ."""
+    procs = node_procs(c)
+    if len(set(procs)) <= 1:
+        return f"{len(procs)} nodes × {procs[0] if procs else 0} {unit}"
+    shown = "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
+    return f"{len(procs)} nodes × ({shown}) {unit}"
 
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
-    """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch."""
+    """global = all processes x per_device x grad_accum, checked before any launch."""
     b = job.batch
-    nodes, gpus = world(job)
-    if b.global_ is None or not nodes or not gpus:
+    size = world_size(job)
+    if b.global_ is None or not size:
         return []
-    want = nodes * gpus * b.per_device * b.grad_accum
+    want = size * b.per_device * b.grad_accum
     if b.global_ == want:
         return []
     return [Problem("batch.global",
-                    f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {b.per_device} per device × "
+                    f"{b.global_} ≠ {world_text(job.cluster)} × {b.per_device} per device × "
                     f"{b.grad_accum} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
 

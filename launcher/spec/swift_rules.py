@@ -8,7 +8,7 @@ import re
 from ..errors import Problem
 from .models import SwiftJob
 from .rules import (USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning,
-                    check_training, world)
+                    check_training, world_size, world_text)
 
 # ms-swift arguments that mlaunch renders from the spec (HF-Trainer mode and Megatron-SWIFT
 # mode), with the field that owns each. A passthrough key may not collide with these.
@@ -105,15 +105,14 @@ def check_megatron(job: SwiftJob) -> list[Problem]:
     """Megatron-SWIFT: tp x pp divides the world, pp divides the layers, sp needs tp, dp batch."""
     m = job.megatron
     p: list[Problem] = []
-    nodes, gpus = world(job)
-    size = nodes * gpus
+    size = world_size(job)
     model_par = m.tp * m.pp
     if job.deepspeed:
         p.append(Problem("deepspeed", "Megatron-SWIFT does its own parallelism and optimizer "
                          "sharding; DeepSpeed cannot be combined with megatron: remove one"))
     if size and size % model_par:
         p.append(Problem("megatron", f"tp {m.tp} × pp {m.pp} = {model_par} does not divide the world "
-                         f"size {size} ({nodes} nodes × {gpus} GPUs), so no whole number of "
+                         f"size {size} ({world_text(job.cluster)}), so no whole number of "
                          f"data-parallel replicas fits; choose tp × pp among {_divisors(size)}"))
     if m.sequence_parallel and m.tp == 1:
         p.append(Problem("megatron.sequence_parallel", "needs tp > 1: sequence parallelism splits "
