@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .plan import LaunchPlan
+from .spec.hosts import HostAddr, parse_host
 from .spec import LlamaFactoryJob, SwiftJob, world_size, world_text
 from .trainers import global_batch
 
@@ -29,20 +30,22 @@ def describe_plan(plan: LaunchPlan) -> str:
     if plan.resume_from:
         lines.append(f"resume from: {plan.resume_from}")
     for node in plan.nodes:
-        lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
+        lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.login)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:
         lines += ["", f"=== file {f.path} ===", f.content.rstrip("\n")]
     return plan.mask("\n".join(lines) + "\n")
 
 
-def _how(plan: LaunchPlan, host: str) -> str:
+def _how(plan: LaunchPlan, login: str) -> str:
     if plan.local:
         return "local, no ssh"
     ssh = plan.job.cluster.ssh
-    user = f"{ssh.user}@" if ssh.user else ""
+    a = parse_host(login)
+    a = a if isinstance(a, HostAddr) else HostAddr(login)
+    user = a.user or ssh.user
     via = f" via {ssh.jump_host}" if ssh.jump_host else ""
-    return f"ssh {user}{host}:{ssh.port}{via}"
+    return f"ssh {HostAddr(a.name, user, a.port or ssh.port).login}{via}"
 
 
 def describe_result(plan: LaunchPlan, result) -> str:

@@ -15,6 +15,8 @@ from ..errors import Problem
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1)$", re.I)
+_EQ = re.compile(r"\s*=\s*")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 FORMS = "give host, user@host, host:port, user@host:port or [v6addr]:port"
 
 
@@ -113,7 +115,7 @@ def parse_hostfile(text: str, name: str) -> tuple[list[str], list[int | None], l
     hosts, slots, problems = [], [], []
     ignored: dict[str, list[int]] = {}
     for n, line in enumerate(text.splitlines(), 1):
-        line = re.sub(r"\s*=\s*", "=", line.split("#", 1)[0].strip())
+        line = _EQ.sub("=", line.split("#", 1)[0].strip())
         if not line:
             continue
         host, *rest = line.split()
@@ -122,7 +124,7 @@ def parse_hostfile(text: str, name: str) -> tuple[list[str], list[int | None], l
             key, eq, value = token.partition("=")
             if key == "slots" and value.isdigit():
                 count = int(value)
-            elif not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) or key == "slots":
+            elif not eq or not _KEY.fullmatch(key) or key == "slots":
                 bad = token
             else:
                 ignored.setdefault(key, []).append(n)
