@@ -66,7 +66,11 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         raise SpecError(f"{where}: YAML syntax: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:  # e.g. ReaderError: a control character such as NUL
+    except yaml.reader.ReaderError as e:  # a control character such as NUL: binary?
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        raise SpecError(f"{source}: character U+{code:04X} at character offset {e.position} is "
+                        "not allowed in YAML; is this a binary file? give the spec as text") from None
+    except yaml.YAMLError as e:
         raise SpecError(f"{source}: not YAML text: {' '.join(str(e).split())}") from None
     except RecursionError:
         raise SpecError(f"{source}: YAML nested too deeply to be a job spec") from None
