@@ -419,3 +419,63 @@ def test_validation_work_is_linear_in_hosts(tmp_path, monkeypatch):
                          "GPUs; give cuda_visible_devices one list per node, e.g. [[0], [1]]"]
         counts.append(len(calls))
     assert counts[1] == 4 * counts[0]
+
+
+# --- on real hosts: 2 processes on one node, 1 on the other, through SSH ---------------------
+
+@pytest.mark.multihost
+def test_mixed_slots_allreduce_on_hosts(make_hostset, tmp_path):
+    """A DeepSpeed hostfile with slots 2 and 1, one host as user@ip, the other as ip:port."""
+    import re
+
+    from .test_fanout import check_allreduce, submit
+    from .helpers import script_job
+    with make_hostset(2) as hs:
+        a, b = hs.hosts
+        (tmp_path / "hosts").write_text(f"root@{a.ip} slots=2 max_slots=2\n{b.ip}:22 slots=1\n")
+        out = str(tmp_path / "out")
+        spec = script_job([], 1, "allreduce.py", [], out,
+                          ssh={"key_file": hs.key_file, "known_hosts": hs.known_hosts, "connect_timeout": 3})
+        c = spec["cluster"]
+        c.pop("hosts"), c.pop("gpus_per_node")
+        c["hostfile"] = str(tmp_path / "hosts")
+        r = submit(tmp_path, spec, timeout=240)
+        check_allreduce(r, 3, 2, out)
+        ranks = {(int(k), int(n)) for k, n in re.findall(r"rank (\d+)/3 node (\d+) sum 3", r.stdout)}
+        assert ranks == {(0, 0), (1, 0), (2, 1)}  # contiguous: node 0 holds ranks 0-1
+        assert re.search(rf"^\[node0 {a.ip} local1\] rank 1/3 node 0", r.stdout, re.M)
+        assert f"@{a.ip}" not in r.stdout and f"{b.ip}:22" not in r.stdout  # host names only
+
+        # exclude slot 0 of the first host: it runs 1 process on CUDA_VISIBLE_DEVICES=1.
+        c["exclude"] = f"{a.ip}:0"
+        out2 = str(tmp_path / "out2")
+        spec["output_dir"] = out2
+        r = submit(tmp_path, spec, timeout=240)
+        check_allreduce(r, 2, 2, out2)
+        assert re.search(r"rank 0/2 node 0 sum 1 expected 1 devices 1$", r.stdout, re.M)
+        assert re.search(r"rank 1/2 node 1 sum 1 expected 1 devices 0$", r.stdout, re.M)
+
+
+@pytest.mark.multihost
+@pytest.mark.training
+def test_llamafactory_zero2_on_2_plus_1_processes(make_hostset, tmp_path):
+    """Real LLaMA-Factory + DeepSpeed ZeRO-2 over a hostfile with slots 2 and 1: DeepSpeed
+    accepts the rendered train_batch_size (it checks micro × accumulation × world), the
+    trainer reports the global batch 3 × 2 = 6, and each of the 3 ranks saves its shard."""
+    from .training import build_tiny, lf_spec, submit_timed, trainer_state
+    tiny = build_tiny(str(tmp_path / "tiny"))
+    out = str(tmp_path / "out")
+    with make_hostset(2) as hs:
+        a, b = hs.hosts
+        (tmp_path / "hosts").write_text(f"{a.ip} slots=2\n{b.ip} slots=1\n")
+        spec = lf_spec(tiny, [], 1, out, hs=hs, deepspeed={"stage": 2}, max_steps=4, save_steps=2)
+        c = spec["cluster"]
+        c.pop("hosts"), c.pop("gpus_per_node")
+        c["hostfile"] = str(tmp_path / "hosts")
+        spec["batch"]["global"] = 6
+        r = submit_timed(tmp_path, spec)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 6" in r.stdout
+    assert trainer_state(out)["global_step"] == 4
+    shards = os.listdir(os.path.join(out, "checkpoint-2", "global_step2"))
+    assert len([s for s in shards if s.endswith("optim_states.pt")]) == 3, shards
