@@ -445,6 +445,12 @@ def test_mixed_slots_allreduce_on_hosts(make_hostset, tmp_path):
         assert ranks == {(0, 0), (1, 0), (2, 1)}  # contiguous: node 0 holds ranks 0-1
         assert re.search(rf"^\[node0 {a.ip} local1\] rank 1/3 node 0", r.stdout, re.M)
         assert f"@{a.ip}" not in r.stdout and f"{b.ip}:22" not in r.stdout  # host names only
+        # The preflight all-reduce covers the same 3 ranks through the same fan-out.
+        chk = mlaunch("check", write_spec(tmp_path, spec), "--json", timeout=240)
+        assert chk.returncode == 0, chk.stdout[-3000:] + chk.stderr
+        rows = {(x["check"], x["node"]): x for x in json.loads(chk.stdout)["results"]}
+        assert rows[("collective", None)]["status"] == "pass"
+        assert "3 ranks" in rows[("collective", None)]["detail"]
 
         # exclude slot 0 of the first host: it runs 1 process on CUDA_VISIBLE_DEVICES=1.
         c["exclude"] = f"{a.ip}:0"
