@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from .plan import LaunchPlan
-from .spec.hosts import HostAddr, parse_host
 from .spec import LlamaFactoryJob, SwiftJob, world_size, world_text
+from .spec.hosts import HostAddr, parse_host
 from .trainers import global_batch
 
 

@@ -281,6 +281,20 @@ def test_gpus_per_node_as_a_list():
         "device per process"]
 
 
+def test_preflight_gpu_check_per_node_counts():
+    """Each node's GPU check wants its own count: 8 on node 0 (which sees 4), 2 on node 1."""
+    from launcher.preflight import gpu
+
+    from .test_preflight import ctx_for, gpu_facts
+    ctx = ctx_for(["a", "b"], gpus_per_node=[8, 2])
+    assert (gpu.wanted(ctx, 0), gpu.wanted(ctx, 1)) == (list(range(8)), [0, 1])
+    rows = {r.node: r for r in gpu.check(ctx, {0: gpu_facts(), 1: gpu_facts()})}
+    assert rows[0].detail == "sees 4 GPU(s), the job uses 8 (missing index 4, 5, 6, 7)"
+    assert rows[0].fix == ("run at most 4 processes on a (cluster.gpus_per_node or its hostfile slots=), "
+                           "or set cluster.cuda_visible_devices to GPUs that exist")
+    assert rows[1].status == "pass"
+
+
 def test_hostfile_slots_against_gpus_per_node(tmp_path):
     assert load_problems(hostfile_job(tmp_path, "a slots=2\nb slots=1\n", gpus_per_node=2)) == [
         "cluster.gpus_per_node: 2 but the hostfile says slots=1; remove gpus_per_node (the slots "

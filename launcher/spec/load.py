@@ -11,8 +11,8 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import Problem, SpecError
-from .models import TRAINER_MODELS, Job, JobBase
 from .hosts import parse_hostfile
+from .models import TRAINER_MODELS, Job, JobBase
 from .rules import check_job
 from .select import select
 

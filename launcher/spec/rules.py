@@ -11,7 +11,7 @@ from collections import Counter
 from ..errors import Problem
 from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
 from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
-from .select import node_procs
+from .select import node_procs, world_size, world_text
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Variables the launcher sets per node. A user value would silently break the rendezvous:
@@ -192,20 +192,6 @@ def _check_master(c: Cluster) -> list[Problem]:
                         f"{m} is loopback, which {remote[0]} cannot reach; use the master's "
                         "cluster-network address")]
     return []
-
-
-def world_size(job: JobBase) -> int:
-    """All processes of a job whose cluster validated: Σ over nodes of their process counts."""
-    return sum(node_procs(job.cluster))
-
-
-def world_text(c: Cluster, unit: str = "GPUs") -> str:
-    """`4 nodes × 4 GPUs`, or `2 nodes × (2+1) GPUs` when the counts differ."""
-    procs = node_procs(c)
-    if len(set(procs)) <= 1:
-        return f"{len(procs)} nodes × {procs[0] if procs else 0} {unit}"
-    shown = "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
-    return f"{len(procs)} nodes × ({shown}) {unit}"
 
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:

@@ -1,4 +1,5 @@
-"""Selecting part of the hosts as `deepspeed -i/-e/--num_nodes` do: cluster.include,
+"""Nodes and their process counts (gpus_per_node: one count, or one per host), and
+selecting part of the hosts as `deepspeed -i/-e/--num_nodes` do: cluster.include,
 cluster.exclude (`worker-0:0,2@worker-1`) and cluster.first_nodes.
 
 DeepSpeed's rules (deepspeed/launcher/runner.py): include and exclude cannot be combined,
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from ..errors import Problem
 from .hosts import host_addrs, machine_key
-from .models import Cluster
+from .models import Cluster, JobBase
 
 
 def node_procs(c: Cluster) -> list[int]:
@@ -23,6 +24,20 @@ def procs_of(c: Cluster, rank: int) -> int:
     """Processes of node `rank` (its torchrun --nproc-per-node)."""
     g = c.gpus_per_node
     return g[rank] if isinstance(g, list) else g or 0
+
+
+def world_size(job: JobBase) -> int:
+    """All processes of a job whose cluster validated: Σ over nodes of their process counts."""
+    return sum(node_procs(job.cluster))
+
+
+def world_text(c: Cluster, unit: str = "GPUs") -> str:
+    """`4 nodes × 4 GPUs`, or `2 nodes × (2+1) GPUs` when the counts differ."""
+    procs = node_procs(c)
+    if len(set(procs)) <= 1:
+        return f"{len(procs)} nodes × {procs[0] if procs else 0} {unit}"
+    shown = "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
+    return f"{len(procs)} nodes × ({shown}) {unit}"
 
 
 def select(c: Cluster) -> tuple[dict | None, list[Problem], list[str]]:
