@@ -129,8 +129,8 @@ def _bad_strings(value: Any, path: str) -> list[Problem]:
 def _expand_hostfile(raw: dict, base: str) -> tuple[list[Problem], list[str]]:
     """Replace cluster.hostfile by the hosts it lists, taking gpus_per_node from slots."""
     cluster = raw.get("cluster")
-    if not isinstance(cluster, dict) or "hostfile" not in cluster:
-        return [], []
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("hostfile"), str):
+        return [], []  # no hostfile, or not a path: pydantic names the type
     if cluster.get("hosts"):
         return [Problem("cluster.hostfile", "give hosts or hostfile, not both")], []
     path = os.path.join(base, os.path.expanduser(str(cluster["hostfile"])))
