@@ -136,7 +136,8 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                hangup_after=f"{c.hangup_after_s:g}")
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()), workdir=c.workdir,
+    return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()),
+                    workdir=c.workdir,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))

@@ -499,3 +499,14 @@ def test_llamafactory_zero2_on_2_plus_1_processes(make_hostset, tmp_path):
     assert trainer_state(out)["global_step"] == 4
     shards = os.listdir(os.path.join(out, "checkpoint-2", "global_step2"))
     assert len([s for s in shards if s.endswith("optim_states.pt")]) == 3, shards
+
+
+def test_yaml_alias_bomb_is_one_line_per_key(tmp_path):
+    """Nine nine-fold nested aliases ("billion laughs"): reported, not walked 9^9 times."""
+    lines = ["name: t", "cluster: {hosts: [a], gpus_per_node: 1}", "trainer: script",
+             "script: {path: /x}", 'a0: &a0 ["lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    p = tmp_path / "job.yaml"
+    p.write_text("\n".join(lines) + "\n")
+    assert cli_error(tmp_path, str(p)) == [f"mlaunch: {p}: invalid job spec"] + [
+        f"mlaunch: a{i}: unknown key" for i in range(10)]

@@ -71,7 +71,8 @@ def ssh_rows(ctx: Ctx) -> list[CheckResult]:
     out = []
     for n in ctx.nodes:
         if n.rank in ctx.unreachable:
-            detail, fix = ssh_fix(n.host, ctx.unreachable[n.rank], _port(n.login, ctx.job.cluster.ssh.port))
+            port = _port(n.login, ctx.job.cluster.ssh.port)
+            detail, fix = ssh_fix(n.host, ctx.unreachable[n.rank], port)
             out.append(CheckResult("ssh", n.rank, n.host, "fail", detail, fix))
         else:
             how = "local: no SSH needed" if ctx.plan.local else "connected and authenticated"
@@ -81,7 +82,7 @@ def ssh_rows(ctx: Ctx) -> list[CheckResult]:
 
 def _port(login: str, default: int) -> int:
     a = parse_host(login)
-    return a.port or default if isinstance(a, HostAddr) else default
+    return (a.port or default) if isinstance(a, HostAddr) else default
 
 
 def ssh_fix(host: str, message: str, port: int) -> tuple[str, str]:

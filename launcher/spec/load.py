@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import reprlib
 import typing
 from typing import Any
 
@@ -18,6 +19,9 @@ from .select import select
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
 _ADAPTER: TypeAdapter | None = None
+# A value shown in an error stays one readable line, however large (YAML aliases can nest).
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 160, 160
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -113,17 +117,25 @@ def _adapter() -> TypeAdapter:
     return _ADAPTER
 
 
-def _bad_strings(value: Any, path: str) -> list[Problem]:
-    """Newlines and NUL can never be quoted safely into a one-line command: reject them."""
+def _bad_strings(value: Any, path: str, seen: set[int] | None = None) -> list[Problem]:
+    """Newlines and NUL can never be quoted safely into a one-line command: reject them.
+
+    A YAML alias repeats one object, not a copy: each container is visited once, or nine
+    nested nine-fold aliases (a "billion laughs") would take 9^9 steps.
+    """
     if isinstance(value, str):
         if "\n" in value or "\r" in value or "\0" in value:
             return [Problem(path, "contains a newline or NUL character; use a single-line value")]
         return []
+    if not isinstance(value, (dict, list)):
+        return []
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
     if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _bad_strings(v, _join(path, k))]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in _bad_strings(v, f"{path}[{i}]")]
-    return []
+        return [p for k, v in value.items() for p in _bad_strings(v, _join(path, k), seen)]
+    return [p for i, v in enumerate(value) for p in _bad_strings(v, f"{path}[{i}]", seen)]
 
 
 def _expand_hostfile(raw: dict, base: str) -> tuple[list[Problem], list[str]]:
@@ -195,7 +207,7 @@ def _translate(err: ValidationError, raw: dict) -> list[Problem]:
 def _describe(e: dict, loc: list, trainer: Any) -> str:
     """Human text for one pydantic error."""
     kind, given = e["type"], e.get("input")
-    shown = "***" if any(SECRET_NAME.search(str(x)) for x in loc) else repr(given)
+    shown = "***" if any(SECRET_NAME.search(str(x)) for x in loc) else _REPR.repr(given)
     if kind == "extra_forbidden":
         return "unknown key" + _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1]))
     if kind == "missing":

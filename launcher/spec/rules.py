@@ -6,7 +6,6 @@ spec with several mistakes reports them all at once.
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 from ..errors import Problem
 from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
@@ -142,23 +141,17 @@ def _check_devices(c: Cluster) -> list[Problem]:
 def _check_shared_hosts(c: Cluster, per_node: bool) -> list[Problem]:
     """Nodes on one machine (same name, case ignored, same SSH port) need disjoint GPUs."""
     hosts = c.hosts or []
-    keys = [a.key(c.ssh.port) for a in host_addrs(hosts)]
+    ranks_of: dict[tuple[str, int], list[int]] = {}
+    for r, a in enumerate(host_addrs(hosts)):  # one pass: 10,000 hosts cost 10,000 steps
+        ranks_of.setdefault(a.key(c.ssh.port), []).append(r)
     p: list[Problem] = []
-    counts = Counter(keys)
-    dup = {k for k, n in counts.items() if n > 1}
-    if not dup:
-        return p
-    ranks_of: dict[tuple, list[int]] = {}
-    for r, k in enumerate(keys):
-        if k in dup:
-            ranks_of.setdefault(k, []).append(r)
-    for key in sorted(dup):
+    for key in sorted(k for k, ranks in ranks_of.items() if len(ranks) > 1):
         ranks = ranks_of[key]
         host = " / ".join(dict.fromkeys(hosts[r] for r in ranks))
         if not per_node:
-            p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on "
-                             "one host need their own GPUs; give "
-                             "cuda_visible_devices one list per node, e.g. [[0], [1]]"))
+            p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on one host "
+                             "need their own GPUs; give cuda_visible_devices one list per node, "
+                             "e.g. [[0], [1]]"))
             continue
         seen: dict[int, int] = {}
         for r in ranks:
