@@ -5,8 +5,9 @@ Usage: python bench/validate_scale.py [--sizes 1000,10000] [--runs N]
 For each size it writes a hostfile (`node<i> slots=4`, and one with mixed slots and
 OpenMPI's max_slots) under a LLaMA-Factory spec, then reports the median in-process
 load_spec time, the time per host, the ratio to the smallest size (linear: ratio ≈ size
-ratio), and the wall time of `mlaunch validate` as a subprocess. Last, a hostfile of
-10,000 bad lines: how many lines of errors mlaunch prints (capped) and its exit code.
+ratio), and the wall time of `mlaunch validate` as a subprocess. Then the duplicate-host
+scan against the one it replaced (`keys.count(k)` per host, quadratic), in the same run.
+Last, a hostfile of 10,000 bad lines: how many lines of errors mlaunch prints (capped).
 """
 from __future__ import annotations
 
@@ -24,6 +25,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from launcher.spec import load_spec  # noqa: E402
+from launcher.spec.rules import _check_shared_hosts  # noqa: E402
+
+
+def quadratic_scan(hosts: list[str]) -> list[str]:
+    """The duplicate scan before issue 11: list.count per host."""
+    keys = [h.lower() for h in hosts]
+    return sorted({k for k in keys if keys.count(k) > 1})
+
+
+def timed(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def write_case(tmp: str, n: int, mixed: bool) -> str:
@@ -83,6 +100,12 @@ def main() -> None:
                 print(f"{n:>6} hosts ({kind:23s}): load_spec {t * 1e3:7.1f} ms "
                       f"({t / n * 1e6:5.1f} µs/host, ×{t / base[1]:.1f} for ×{n / base[0]:g} hosts); "
                       f"mlaunch validate {wall:.2f} s")
+        for n in sizes:
+            job = load_spec(write_case(tmp, n, False))
+            new = timed(lambda: _check_shared_hosts(job.cluster, False), args.runs)
+            old = timed(lambda: quadratic_scan(job.cluster.hosts), 1 if n > 2000 else args.runs)
+            print(f"{n:>6} hosts: duplicate-host scan {new * 1e3:.1f} ms; the quadratic one it "
+                  f"replaced {old * 1e3:.1f} ms (×{old / new:.0f})")
         bad = os.path.join(tmp, "bad")
         with open(bad, "w") as fh:
             fh.write("".join(f"node{i} slots=x\n" for i in range(10000)))
