@@ -71,6 +71,12 @@ def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: boo
                   grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM")
 
 
+def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: float = 20) -> str:
+    """Shell text that prints a py-spy dump of every rank process whose environment holds
+    `match` (NAME=value), each behind a header line (launcher/stacks.py reads it)."""
+    return render("stacks.sh.j2", match=match, pyspy=pyspy, native=native, timeout=f"{timeout:g}")
+
+
 def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None,
                       overwrite: bool = False, warmup: Any = None) -> str:
     """LLaMA-Factory's training YAML for job (warmup: trainers.Warmup or None)."""

@@ -14,7 +14,9 @@ from typing import TextIO
 from . import checkpoints, outdir, render
 from .errors import UserError
 from .execute.job import JobResult, make_executor, run_job
+from .events import EventLog
 from .execute.stream import Printer
+from .execute.watch import world_size
 from .plan import LaunchPlan, build_plan, remote_bin
 from .present import describe_result
 from .spec import JobBase
@@ -113,6 +115,9 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
     history: list[tuple[int, JobResult, str | None]] = []
     attempt, base_id = 0, plan.run_id
+    events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id)
+    events.emit("run_start", job=job.name, nodes=len(plan.nodes), world_size=world_size(plan),
+                resume_from=resume_from, backend="local" if plan.local else "ssh")
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,
@@ -124,14 +129,18 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
         for line in describe_result(plan, result).splitlines():
             printer.say(line)
         history.append((attempt, result, resume_from))
-        if result.code == 0 or result.interrupted or attempt >= limit:
+        if result.code == 0 or result.interrupted or attempt >= limit or not result.restartable:
             break
         attempt += 1
+        events.attempt = attempt
+        reason = getattr(result.health, "event", None) or f"exit {result.code}"
         executor = _restart_wait(job, plan, executor, printer, attempt, limit)
         master.executor = executor
         resume_from = master.discover().latest if TRAINERS[job.trainer].resumable else None
+        events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
+    events.emit("run_end", code=history[-1][1].code, attempts=len(history))
     if len(history) > 1:
         for n, res, start in history:
             printer.say(f"attempt {n}: exit {res.code}" + (f", resumed from {start}" if start else ""))

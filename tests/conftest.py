@@ -60,3 +60,18 @@ def hosts2(make_hostset) -> Iterator[_hosts.HostSet]:
     may stop sshd or pull links, so it is deliberately function-scoped)."""
     with make_hostset(2) as hs:
         yield hs
+
+
+@pytest.fixture
+def slurm2(make_hostset):
+    """A real 2-node Slurm cluster (slurmctld + a slurmd per namespace host); skips with the
+    reason where it cannot run. Yields the SlurmCluster; its HostSet is `.hs`."""
+    try:
+        from .hostkit import slurm as _slurm
+    except ImportError:
+        from hostkit import slurm as _slurm
+    reason = _slurm.skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with make_hostset(2) as hs, _slurm.make_slurm(hs) as cluster:
+        yield cluster

@@ -13,6 +13,7 @@ from ..errors import UserError
 from ..plan import LaunchPlan, NodePlan
 from .base import HEARTBEAT_S, LOST, TEARDOWN_GRACE, Executor, Exit, Running
 from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
+from .watch import EXIT_CODES, Watch
 
 SIGINT_EXIT = 130
 TIMEOUT_EXIT = 124
@@ -52,6 +53,12 @@ class JobResult:
     teardown: dict[str, str] = field(default_factory=dict)
     failed_at: float | None = None      # monotonic time the first failure was seen
     torn_down_at: float | None = None   # monotonic time teardown finished on every host
+    health: object | None = None        # the health verdict that stopped the job, if any
+
+    @property
+    def restartable(self) -> bool:
+        """A restart may help: not a NaN or a wrong world, which would only happen again."""
+        return self.health is None or bool(getattr(self.health, "restartable", False))
 
 
 def make_executor(plan: LaunchPlan) -> Executor:
@@ -99,6 +106,7 @@ class _Session:
         self.running: dict[int, Running] = {}
         self.result = JobResult(code=0, nodes=self.outcomes)
         self._teardown: threading.Thread | None = None
+        self.watch = Watch(plan, executor, printer.say, time.monotonic)
 
     def run(self) -> JobResult:
         try:
@@ -134,6 +142,7 @@ class _Session:
             self.events.put((node.rank, Exit(LOST, lost=True, detail=f"could not start: {e}")))
             return False
         self.running[node.rank] = running
+        self.watch.events.emit("node_start", node=node.rank, host=node.host)
         threading.Thread(target=self._pump, args=(node, running, log), daemon=True).start()
         return True
 
@@ -159,6 +168,9 @@ class _Session:
             cause.see(lines)
             log.write(lines)
             self.printer.node_lines(node.rank, node.host, lines)
+            verdict = self.watch.lines(node.rank, node.host, lines)
+            if verdict is not None:
+                self._health_stop(verdict)
 
     def _wait_all(self) -> None:
         pending = {n.rank for n in self.plan.nodes}
@@ -169,6 +181,9 @@ class _Session:
             except queue.Empty:
                 deadline = self._settle(deadline)
                 self._check_deadline()
+                verdict = self.watch.tick() if self._teardown is None else None
+                if verdict is not None:
+                    self._health_stop(verdict)
                 continue
             pending.discard(rank)
             self._record(rank, outcome)
@@ -176,6 +191,8 @@ class _Session:
     def _record(self, rank: int, outcome: Exit) -> None:
         node = self.outcomes[rank]
         node.exit = outcome
+        self.watch.events.emit("node_exit", node=rank, host=node.host, code=outcome.code,
+                               lost=outcome.lost or None)
         node.terminated = self._teardown is not None and rank != self.result.first_failure
         if (outcome.code != 0 or outcome.lost) and self._teardown is None:
             self.result.first_failure = rank
@@ -200,6 +217,17 @@ class _Session:
             self.result.timed_out = True
             self.printer.say("time limit reached: tearing down the job on every host")
             self._begin_teardown()
+
+    def _health_stop(self, verdict) -> None:
+        # The first health verdict stops the job; a hang first records where every rank is.
+        if self._teardown is not None or self.result.health is not None:
+            return
+        self.result.health = verdict
+        self.printer.say(f"health: {verdict.event}: {verdict.message}")
+        if verdict.event == "hang" and self.plan.job.health.stack_dumps:
+            self.printer.say(f"hang: {self.watch.dump_stacks()}")
+        self.printer.say("tearing down the job on every host")
+        self._begin_teardown()
 
     def _interrupt(self) -> None:
         self.result.interrupted = True
@@ -237,6 +265,7 @@ class _Session:
             outs = pool.map(lambda h: self._teardown_host(h, kill_now), hosts)
             self.result.teardown.update(zip(hosts, outs))
         self.result.torn_down_at = time.monotonic()
+        self.watch.events.emit("teardown", hosts=self.result.teardown, kill_now=kill_now or None)
 
     def _teardown_host(self, host: str, kill_now: bool) -> str:
         pidfiles = [n.pidfile for n in self.plan.nodes if n.login == host]
@@ -251,7 +280,10 @@ class _Session:
         if self._teardown is not None:
             self._teardown.join()
         r = self.result
-        if r.interrupted:
+        self.watch.finish(ok=all(o.exit is not None and o.exit.code == 0 for o in self.outcomes))
+        if r.health is not None:
+            r.code = EXIT_CODES[r.health.event]
+        elif r.interrupted:
             r.code = SIGINT_EXIT
         elif r.timed_out:
             r.code = TIMEOUT_EXIT

@@ -123,6 +123,22 @@ class Preflight(Strict):
     collective_mb: int = Field(64, ge=1, le=8192, description="all-reduce size for the bandwidth figure")
 
 
+class Health(Strict):
+    """Run health: the hang watchdog, the NaN stop and the world-size check (on by default)."""
+
+    enabled: bool = True
+    hang_after_s: float | None = Field(None, ge=10, description=(
+        "no new step for this long after the first step is a hang; default "
+        "max(600 s, 20 x the median step time)"))
+    startup_after_s: float = Field(3600.0, ge=10, description=(
+        "limit before the first step (model loading, rank 0's data preprocessing)"))
+    nan_patience: int = Field(3, ge=1, description="NaN/inf loss or grad_norm logs in a row that stop the run")
+    zero_loss_patience: int = Field(0, ge=0, description="stop after this many logs of loss 0.0 in a row; 0: off")
+    world_size_check: bool = True
+    stack_dumps: bool = Field(True, description="py-spy dump of every rank on a hang")
+    log_every: int = Field(10, ge=1, description="a step event in events.jsonl every N logged steps")
+
+
 class JobBase(Strict):
     """Fields every trainer shares."""
 
@@ -132,6 +148,7 @@ class JobBase(Strict):
     max_restarts: int = Field(0, ge=0, le=100)
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
+    health: Health = Health()
     # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
     _notes: tuple[str, ...] = PrivateAttr(default=())
 

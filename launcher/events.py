@@ -1,0 +1,56 @@
+"""The run's event log: logs/<run>/events.jsonl, one JSON object per line.
+
+Every line has ``time`` (UTC, ISO 8601 with milliseconds), ``run_id``, ``attempt`` and
+``event``, then the event's own fields. Lines are written whole and flushed at once, so
+``tail -f | jq`` and log shippers (Fluentd, Vector) can read it while the run goes on.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from typing import Any
+
+EVENTS = ("run_start", "node_start", "first_step", "step", "checkpoint", "hang", "stacks", "nan",
+          "world_size_mismatch", "node_exit", "teardown", "restart", "run_end", "gpu_sample")
+
+
+def utc_now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+class EventLog:
+    """Appends events of one run to its events.jsonl; safe to call from any thread."""
+
+    def __init__(self, path: str, run_id: str, attempt: int = 0):
+        self.path, self.run_id, self.attempt = path, run_id, attempt
+        self._lock = threading.Lock()
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Write one event line."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown event {event!r}")
+        record = {"time": utc_now(), "run_id": self.run_id, "attempt": self.attempt,
+                  "event": event, **{k: _plain(v) for k, v in fields.items() if v is not None}}
+        line = json.dumps(record, default=str, allow_nan=False) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+
+
+def _plain(value: Any) -> Any:
+    # JSON has no NaN or Infinity: a diverged loss is recorded as the string "nan"/"inf".
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def read_events(path: str) -> list[dict]:
+    """Every event of an events.jsonl file, in order."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,110 @@
+"""The running job's health watch: feeds the monitor, writes events.jsonl, dumps stacks.
+
+It sits beside the session (job.py) and acts only through the executor: a hang gets every
+rank's Python stack from py-spy on every host before the job is torn down.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import render, stacks
+from ..events import EventLog
+from ..health import HealthConfig, Monitor, Verdict
+from ..plan import LaunchPlan, remote_bin
+from .base import Executor
+
+HANG_EXIT = 124       # as GNU timeout: the job made no progress in time
+NAN_EXIT = 65         # EX_DATAERR: the numbers diverged
+WORLD_EXIT = 78       # EX_CONFIG: a node joined a world of the wrong size
+EXIT_CODES = {"hang": HANG_EXIT, "nan": NAN_EXIT, "world_size_mismatch": WORLD_EXIT}
+
+
+def world_size(plan: LaunchPlan) -> int:
+    """Processes in the plan: the sum of each node's --nproc-per-node (1 without torchrun)."""
+    total = 0
+    for node in plan.nodes:
+        argv = list(node.argv)
+        total += int(argv[argv.index("--nproc-per-node") + 1]) if "--nproc-per-node" in argv else 1
+    return total
+
+
+def config_of(plan: LaunchPlan) -> HealthConfig:
+    h = plan.job.health
+    return HealthConfig(hang_after_s=h.hang_after_s, startup_after_s=h.startup_after_s,
+                        nan_patience=h.nan_patience, zero_loss_patience=h.zero_loss_patience,
+                        check_world_size=h.world_size_check, log_every=h.log_every)
+
+
+class Watch:
+    """One attempt's health watch and event log."""
+
+    def __init__(self, plan: LaunchPlan, executor: Executor, say, clock):
+        self.plan, self.executor, self.say = plan, executor, say
+        self.enabled = plan.job.health.enabled
+        self.monitor = Monitor(config_of(plan), world_size(plan), clock)
+        base_id = plan.run_id.split(".a")[0]
+        self.events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id, plan.attempt)
+        self.verdict: Verdict | None = None   # the first verdict that stopped the run
+        self._lock = threading.Lock()
+        self._logged = 0
+
+    def lines(self, rank: int, host: str, lines: list[str]) -> Verdict | None:
+        """Feed one node's lines; the stopping verdict, if these lines caused one."""
+        with self._lock:
+            verdicts = self.monitor.lines(rank, host, lines)
+            return self._take(verdicts)
+
+    def tick(self) -> Verdict | None:
+        """Periodic check for a hang; the stopping verdict if one fired now."""
+        if not self.enabled:
+            return None
+        with self._lock:
+            return self._take(self.monitor.tick())
+
+    def finish(self, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self._take(self.monitor.finish())
+
+    def _take(self, verdicts: list[Verdict]) -> Verdict | None:
+        stop = None
+        for v in verdicts:
+            if v.event == "step":
+                self._logged += 1
+                if (self._logged - 1) % self.plan.job.health.log_every:
+                    continue
+            self.events.emit(v.event, **v.fields)
+            if v.stop and self.enabled and self.verdict is None:
+                self.verdict = stop = v
+        return stop
+
+    def dump_stacks(self) -> str:
+        """py-spy dumps of every rank into logs/<run>/stacks/attempt<N>/; the one-line summary."""
+        out_dir = os.path.join(self.plan.log_dir, "stacks", f"attempt{self.plan.attempt}")
+        os.makedirs(out_dir, exist_ok=True)
+        bindir = remote_bin(self.plan.job)
+        pyspy = posixpath.join(bindir, "py-spy") if bindir else "py-spy"
+        # Per node, by its own id: a host may run several nodes, and hosts may share /proc.
+        def dump(node) -> str:
+            env = dict(node.env)
+            script = render.stack_dump_script(f"MLAUNCH_NODE_ID={env['MLAUNCH_NODE_ID']}", pyspy)
+            return self.executor.run(node.login, script, 60)[1]
+        with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
+            outputs = list(pool.map(dump, self.plan.nodes))
+        found: list[stacks.RankStack] = []
+        for output in outputs:
+            found += stacks.split_dump(output)
+        for s in found:
+            with open(os.path.join(out_dir, f"node{s.node}-rank{s.rank}.txt"), "w") as f:
+                f.write(s.text)
+        line = stacks.summary(found)
+        if stacks.denied(found):
+            line += ("; py-spy was refused ptrace: run as the ranks' user with "
+                     "kernel.yama.ptrace_scope=0, or give py-spy CAP_SYS_PTRACE")
+        elif found and not any(s.ok for s in found):
+            line += f"; py-spy failed (is it installed beside the node's python? pip install py-spy)"
+        self.events.emit("stacks", summary=line, dir=out_dir, ranks=len(found))
+        return line

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The test command: installs everything the suite needs on a fresh machine (as root on Linux),
+# then runs the whole suite. Safe to run again: installed pieces are kept, venvs are rebuilt
+# only when their pinned inputs changed. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")"
+start=$(date +%s)
+export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Test hosts are network namespaces with their own sshd; pdsh is a benchmark baseline; the
+# Slurm tests run Debian's slurmctld/slurmd (22.05) with munge over those hosts.
+need_apt=0
+for bin in sshd ssh ip nft iptables pkill pdsh slurmctld slurmd sbatch munged; do
+  command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_apt=1
+done
+if [ "$need_apt" = 1 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    apt-get install -y -qq openssh-server openssh-client iproute2 nftables iptables procps pdsh \
+      slurmctld slurmd slurm-client munge >/dev/null
+  else
+    echo "run-tests: not root or no apt-get: multi-host tests will be skipped" >&2
+  fi
+fi
+
+# The launcher and its test tools. torch is pinned to the CPU wheel on local disk.
+python -m pip install -q -e '.[test]'
+
+# The "remote" trainer interpreters for the training tests: LLaMA-Factory and ms-swift on CPU.
+bash tests/env/make_trainer_venv.sh .venvs/trainer
+bash tests/env/make_swift_venv.sh .venvs/swift
+
+echo "run-tests: setup took $(( $(date +%s) - start ))s"
+set +e
+python -m pytest -q "$@"
+rc=$?
+set -e
+# Exit code 5 means pytest collected no tests: that is a failure, not a pass.
+if [ "$rc" -eq 5 ]; then
+  echo "run-tests: pytest collected no tests; failing" >&2
+  rc=1
+fi
+echo "run-tests: total $(( $(date +%s) - start ))s, exit $rc"
+exit "$rc"

@@ -1,0 +1,279 @@
+"""Run health: step detection, the hang watchdog with stack dumps, NaN stop, world-size check,
+and the events.jsonl log, on recorded trainer output and on real runs."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from launcher import stacks
+from launcher.events import read_events
+from launcher.health import HealthConfig, Monitor, read_step, read_world_size
+
+from .helpers import ROOT, mlaunch, script_job, write_spec
+from .test_fanout import job_pids
+
+DATA = os.path.join(ROOT, "tests", "data")
+
+
+def _lines(name: str) -> list[str]:
+    with open(os.path.join(DATA, name), encoding="utf-8") as f:
+        return [re.sub(r"^\[node\d+ \S+ local\d+\] ", "", line.rstrip("\n")) for line in f]
+
+
+def test_steps_of_a_recorded_llamafactory_run():
+    """The quickstart's real output (2 ranks, max_steps 8, logging_steps 1)."""
+    steps = [s for s in map(read_step, _lines("lf-quickstart-run.log")) if s is not None]
+    logged = [s.loss for s in steps if s.loss is not None]
+    assert logged[:2] == [5.99, 5.9574] and len(logged) == 8
+    assert max(s.step for s in steps if s.step is not None) == 8
+    assert [read_world_size(x) for x in _lines("lf-quickstart-run.log") if "world size" in x] == [2, 2]
+
+
+def test_steps_of_recorded_swift_lines():
+    """ms-swift's logging dict carries the step as 'global_step/max_steps'."""
+    path = os.path.join(DATA, "swift-run.log")
+    if not os.path.exists(path):
+        pytest.skip("no recorded ms-swift output")
+    steps = [s for s in map(read_step, _lines("swift-run.log")) if s is not None and s.loss is not None]
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5, 6] and steps[0].loss == 5.974
+    assert all(s.total == 6 for s in steps)
+    assert [read_world_size(x) for x in _lines("swift-run.log") if "world_size" in x][:1] == [4]
+
+
+def test_nan_written_by_python_repr_is_read():
+    step = read_step("{'step': 5, 'loss': nan, 'grad_norm': inf}")
+    assert step.step == 5 and step.loss != step.loss and step.grad_norm == float("inf")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _monitor(**kw) -> tuple[Monitor, Clock]:
+    clock = Clock()
+    return Monitor(HealthConfig(**kw), expected_world=4, clock=clock), clock
+
+
+def test_hang_limit_follows_the_step_time_and_startup_has_its_own():
+    m, c = _monitor(min_hang_s=60, hang_step_factor=20, startup_after_s=300)
+    c.t = 299
+    assert m.tick() == []
+    for step in range(1, 6):          # a step every 10 s: limit max(60, 20 x 10) = 200
+        c.t += 10
+        m.lines(0, "h", [f"{{'step': {step}, 'loss': 1.0}}"])
+    assert m.hang_limit() == 200
+    c.t += 199
+    assert m.tick() == []
+    c.t += 2
+    (v,) = m.tick()
+    assert v.event == "hang" and v.stop and v.restartable and v.fields["last_step"] == 5
+    assert "after step 5" in v.message and m.tick() == []   # once
+
+
+def test_startup_limit_fires_before_the_first_step():
+    m, c = _monitor(startup_after_s=100)
+    m.lines(0, "h", ["  0%|          | 0/8 [00:00<?, ?it/s]"])   # the bar before step 1
+    c.t = 101
+    (v,) = m.tick()
+    assert v.fields["phase"] == "startup" and "before the first step" in v.message
+
+
+def test_nan_patience_names_the_first_bad_step():
+    m, _ = _monitor(nan_patience=3)
+    verdicts = []
+    for step, loss in [(4, "1.0"), (5, "nan"), (6, "nan"), (7, "nan")]:
+        verdicts += m.lines(0, "h", [f"{{'step': {step}, 'loss': {loss}}}"])
+    stop = [v for v in verdicts if v.stop]
+    assert len(stop) == 1 and stop[0].event == "nan" and not stop[0].restartable
+    assert "at step 5" in stop[0].message and stop[0].fields["last_step"] == 7
+
+
+def test_nan_streak_broken_by_a_good_loss_does_not_stop():
+    m, _ = _monitor(nan_patience=2)
+    out = []
+    for step, loss in [(1, "nan"), (2, "1.0"), (3, "nan"), (4, "1.0")]:
+        out += m.lines(0, "h", [f"{{'step': {step}, 'loss': {loss}}}"])
+    assert not any(v.stop for v in out)
+
+
+def test_zero_loss_is_off_by_default_and_stops_when_asked():
+    lines = [f"{{'step': {i}, 'loss': 0.0}}" for i in range(1, 6)]
+    m, _ = _monitor()
+    assert not any(v.stop for v in m.lines(0, "h", lines))
+    m, _ = _monitor(zero_loss_patience=3)
+    assert any(v.stop and "exactly 0.0" in v.message for v in m.lines(0, "h", lines))
+
+
+def test_world_size_mismatch_names_the_node():
+    m, _ = _monitor()
+    assert m.lines(0, "a", ["Process rank: 0, world size: 4, device: cpu"]) == []
+    (v,) = m.lines(1, "10.0.0.2", ["Process rank: 2, world size: 2, device: cpu"])
+    assert v.event == "world_size_mismatch" and v.stop
+    assert "node1 10.0.0.2 joined a world of 2, the plan has 4" in v.message
+
+
+def test_checkpoint_event_once_training_moved_past_the_save():
+    m, _ = _monitor()
+    out = m.lines(0, "h", ["{'step': 5, 'loss': 1.0}",
+                           "[INFO|trainer.py:4309] >> Saving model checkpoint to /o/checkpoint-5"])
+    assert not [v for v in out if v.event == "checkpoint"]
+    out = m.lines(0, "h", ["{'step': 6, 'loss': 1.0}"])
+    assert [v.fields["path"] for v in out if v.event == "checkpoint"] == ["/o/checkpoint-5"]
+
+
+def test_stack_summary_of_a_recorded_pyspy_dump():
+    """Real `py-spy dump --native` output of a 2-rank gloo job whose rank 1 slept."""
+    found = stacks.split_dump(open(os.path.join(DATA, "pyspy-allreduce-hang.txt")).read())
+    assert [s.rank for s in found] == [0, 1]
+    assert found[0].top == "all_reduce (distributed_c10d.py)"
+    assert stacks.summary(found) == ("rank 0 in all_reduce (distributed_c10d.py); "
+                                     "rank 1 in <module> (hang.py)")
+
+
+def test_summary_groups_ranks_into_ranges():
+    def rs(rank, frame):
+        text = f'Thread 1 (idle): "MainThread"\n    {frame} (x/{frame}.py:1)\n'
+        return stacks.RankStack(1, 0, rank, rank, text, True)
+    found = [rs(r, "save") for r in (0, 1, 2, 3, 4, 6, 7)] + [rs(5, "all_reduce")]
+    assert stacks.summary(found) == "rank 5 in all_reduce (all_reduce.py); ranks 0-4,6-7 in save (save.py)"
+
+
+# --- real runs on the namespace hosts ---------------------------------------------------
+
+def _health_job(hs, out, args, **health):
+    spec = script_job([h.ip for h in hs.hosts], 2, "health_job.py", args, out, hs=hs)
+    spec["health"] = health
+    return spec
+
+
+def _events(out: str) -> list[dict]:
+    (run,) = os.listdir(os.path.join(out, "logs"))
+    return read_events(os.path.join(out, "logs", run, "events.jsonl"))
+
+
+@pytest.mark.multihost
+def test_hang_dumps_every_rank_and_tears_down(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = _health_job(hs, out, ["--steps", "30", "--hang-rank", "3", "--hang-step", "4"],
+                           hang_after_s=10)
+        r = mlaunch("submit", write_spec(tmp_path, spec), timeout=240)
+        left = [job_pids(h, set()) for h in hs.hosts]
+    assert r.returncode == 124, r.stdout[-3000:]
+    assert left == [set(), set()]
+    summary = re.search(r"^\[mlaunch\] hang: (.*)$", r.stdout, re.M).group(1)
+    assert summary.startswith("rank 3 in <module> (health_job.py); ranks 0-2 in all_reduce ("), summary
+    (run,) = os.listdir(os.path.join(out, "logs"))
+    sdir = os.path.join(out, "logs", run, "stacks", "attempt0")
+    files = sorted(os.listdir(sdir))
+    assert files == ["node0-rank0.txt", "node0-rank1.txt", "node1-rank2.txt", "node1-rank3.txt"]
+    for name in files[:3]:
+        assert "all_reduce" in open(os.path.join(sdir, name)).read(), name
+    ev = _events(out)
+    names = [e["event"] for e in ev]
+    assert names.index("first_step") < names.index("hang") < names.index("stacks") < names.index("teardown")
+    last_step = max(time_of(e) for e in ev if e["event"] == "step" or e["event"] == "first_step")
+    assert time_of(next(e for e in ev if e["event"] == "teardown")) - last_step <= 10 + 15
+
+
+def time_of(event: dict) -> float:
+    import calendar
+    stamp, ms = event["time"].rstrip("Z").split(".")
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")) + int(ms) / 1000
+
+
+@pytest.mark.multihost
+def test_nan_loss_stops_the_run_and_names_the_step(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = _health_job(hs, out, ["--steps", "40", "--nan-step", "5"])
+        spec["max_restarts"] = 2   # a NaN would come back: no restart
+        r = mlaunch("submit", write_spec(tmp_path, spec), timeout=240)
+        left = [job_pids(h, set()) for h in hs.hosts]
+    assert r.returncode == 65, r.stdout[-3000:]
+    assert left == [set(), set()]
+    assert re.search(r"health: nan: loss is nan at step 5 \(3 logs in a row, up to step 7\)", r.stdout)
+    assert "restart 1/" not in r.stdout
+    nan = [e for e in _events(out) if e["event"] == "nan"]
+    assert nan and nan[0]["step"] == 5
+
+
+@pytest.mark.multihost
+def test_wrong_world_size_on_one_node_stops_at_once(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = _health_job(hs, out, ["--steps", "200", "--lie-world", "2", "--lie-node", "1"])
+        r = mlaunch("submit", write_spec(tmp_path, spec), timeout=240)
+        left = [job_pids(h, set()) for h in hs.hosts]
+        ip1 = hs.hosts[1].ip
+    assert r.returncode == 78, r.stdout[-3000:]
+    assert left == [set(), set()]
+    assert f"node1 {ip1} joined a world of 2, the plan has 4" in r.stdout
+    assert "step': 200" not in r.stdout   # stopped long before the end
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from .training import build_tiny, require_trainer
+    require_trainer()
+    return build_tiny(str(tmp_path_factory.mktemp("tiny")))
+
+
+def _stop_worker_when(pids, state_glob: str, done, stopped: list) -> None:
+    """Once state_glob exists, SIGSTOP the local-rank-1 LLaMA-Factory worker among pids()."""
+    import glob
+    while not done.is_set() and not glob.glob(state_glob):
+        time.sleep(0.05)
+    for pid in sorted(pids()):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"LOCAL_RANK=1" in env and b"llamafactory.launcher" in cmd:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            return
+
+
+@pytest.mark.training
+def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_path, tiny):
+    """A real LLaMA-Factory run (2 local ranks); rank 1 is SIGSTOPped after checkpoint-5."""
+    from .test_training import assert_trained
+    from .training import lf_spec, local_job_pids, submit_timed
+    out = str(tmp_path / "out")
+    spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=10, save_steps=5, max_restarts=1,
+                   restart_backoff_s=1, name="health-stop", health={"hang_after_s": 15})
+    done, stopped = threading.Event(), []
+    watcher = threading.Thread(target=_stop_worker_when, args=(
+        local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
+        done, stopped))
+    watcher.start()
+    r = submit_timed(tmp_path, spec)
+    done.set()
+    watcher.join()
+    assert stopped, "no worker was stopped"
+    assert_trained(r, out, 10)
+    assert "health: hang: no training step for" in r.stdout
+    assert f"restart 1/1: resuming from {out}/checkpoint-5" in r.stdout
+    assert not local_job_pids("health-stop")()
+    ev = _events(out)
+    names = [e["event"] for e in ev]
+    assert names[0] == "run_start" and names[-1] == "run_end" and ev[-1]["code"] == 0
+    assert names.index("first_step") < names.index("hang") < names.index("restart")
+    restart = next(e for e in ev if e["event"] == "restart")
+    assert restart["reason"] == "hang" and restart["resume_from"].endswith("checkpoint-5")
+    ckpts = [(e["attempt"], os.path.basename(e["path"])) for e in ev if e["event"] == "checkpoint"]
+    assert (0, "checkpoint-5") in ckpts and (1, "checkpoint-10") in ckpts
+    assert [e["attempt"] for e in ev] == sorted(e["attempt"] for e in ev)
+    assert sum(e["event"] == "node_start" for e in ev) == 2
