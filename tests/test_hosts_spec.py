@@ -510,3 +510,12 @@ def test_yaml_alias_bomb_is_one_line_per_key(tmp_path):
     p.write_text("\n".join(lines) + "\n")
     assert cli_error(tmp_path, str(p)) == [f"mlaunch: {p}: invalid job spec"] + [
         f"mlaunch: a{i}: unknown key" for i in range(10)]
+
+
+def test_render_into_an_unwritable_place_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    spec = write_spec(tmp_path, script_spec(["localhost"]))
+    r = mlaunch("render", spec, "--out", str(tmp_path / "afile" / "x"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr == (f"mlaunch: --out {tmp_path / 'afile' / 'x'}: cannot write "
+                        f"{tmp_path / 'afile' / 'x'}: Not a directory; give a directory you can write\n")

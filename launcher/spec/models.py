@@ -33,7 +33,8 @@ class Cluster(Strict):
 
     hosts: list[str] | None = Field(None, description=(
         "node 0 first: host, user@host, host:port or [v6addr]:port; or use hostfile"))
-    hostfile: str | None = Field(None, description="DeepSpeed format: `host slots=N` per line")
+    hostfile: str | None = Field(None, description=(
+        "DeepSpeed format: `host slots=N` per line; other key=value (max_slots) read past"))
     gpus_per_node: Procs | list[Procs] | None = Field(None, description=(
         "processes per node: one count for every node, or one per host (default: hostfile slots)"))
     include: str | None = Field(None, description=(
