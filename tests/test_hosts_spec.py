@@ -387,9 +387,7 @@ def test_selection_errors(tmp_path, cluster, error):
 
 
 def test_include_of_a_host_listed_twice(tmp_path):
-    data = script_spec(["a", "a", "b"], 1, cuda_visible_devices=[[0], [1], [0]], include="a")
-    data["cluster"].pop("cuda_visible_devices")
-    data["cluster"]["hosts"] = ["a:22", "a:2222", "b"]
+    data = script_spec(["a:22", "a:2222", "b"], 1, include="a")  # two sshds on one name
     assert problems(data) == ["cluster.include: a is listed 2 times (nodes 0, 1); include/exclude "
                               "pick hosts by name, so list each host once"]
 
