@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 
 import pytest
 import yaml
@@ -438,8 +439,6 @@ def test_validation_work_is_linear_in_hosts(tmp_path, monkeypatch):
 @pytest.mark.multihost
 def test_mixed_slots_allreduce_on_hosts(make_hostset, tmp_path):
     """A DeepSpeed hostfile with slots 2 and 1, one host as user@ip, the other as ip:port."""
-    import re
-
     from .test_fanout import check_allreduce, submit
     from .helpers import script_job
     with make_hostset(2) as hs:
@@ -517,3 +516,21 @@ def test_render_into_an_unwritable_place_is_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr == (f"mlaunch: --out {tmp_path / 'afile' / 'x'}: cannot write "
                         f"{tmp_path / 'afile' / 'x'}: Not a directory; give a directory you can write\n")
+
+
+def test_dry_run_of_the_mixed_hostfile_example():
+    from .helpers import CONFIGS
+    r = mlaunch("submit", os.path.join(CONFIGS, "hostfile-mixed-lora.yaml"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.splitlines()[1:5]
+    assert head == [
+        "world: 3 nodes × (4+1+2) processes = 7",
+        f"note: {os.path.join(CONFIGS, 'hosts-mixed.txt')}: max_slots= ignored on line 2; mlaunch "
+        "reads only slots=",
+        "note: exclude 'gpu-b:1': 3 of 3 hosts, 7 slots; kept slots become CUDA_VISIBLE_DEVICES",
+        "global batch: 56 = 3 nodes × (4+1+2) GPUs × 2 per device × 4 accumulation"]
+    for title in ("=== node 0: gpu-a (ssh train@gpu-a:22) ===", "=== node 1: gpu-b (ssh train@gpu-b:22) ===",
+                  "=== node 2: gpu-c (ssh train@gpu-c:2222) ==="):
+        assert title in r.stdout
+    assert r.stdout.count("--master-addr gpu-a ") == 3
+    assert [int(x) for x in re.findall(r"--nproc-per-node (\d+)", r.stdout)] == [4, 1, 2]
