@@ -8,9 +8,10 @@ modified; the scan only lists directories and reads small JSON/text files.
 
 Layouts: HF Trainer / LLaMA-Factory ``output_dir/checkpoint-<N>``, ms-swift
 ``output_dir/v<M>-<timestamp>/checkpoint-<N>``, and with ``--megatron``
-Megatron-SWIFT's ``v<M>-<timestamp>/{latest_checkpointed_iteration.txt,
-iter_<NNNNNNN>/}``, where the resumable unit is the version dir (Megatron loads
-the iteration its tracker names).
+Megatron-SWIFT 4.x's ``v<M>-<timestamp>/checkpoint-<N>/{latest_checkpointed_iteration.txt,
+iter_<NNNNNNN>/}`` (ms-swift 4.6 swift/megatron/trainers/base.py save_checkpoint and
+swift/megatron/utils/megatron_lm_utils.py save_mcore_checkpoint): the resumable unit is
+the checkpoint-<N> dir, which --mcore_model/--mcore_adapter load through its tracker.
 
 Symlinks: a candidate (checkpoint or version dir) that resolves outside
 output_dir is reported as skipped and never used, because resuming from it
@@ -116,33 +117,35 @@ def _candidates(output_dir: str) -> list[tuple[int, int, str]]:
 
 
 def _megatron_candidates(output_dir: str) -> list[tuple[int, int, str]]:
-    """(iteration, version, version dir) of every Megatron-SWIFT run dir, newest first."""
-    found = []
-    for name in _list_dir(output_dir):
-        v = VERSION_RE.match(name)
-        full = os.path.join(output_dir, name)
-        if not (v and os.path.isdir(full)):
-            continue
-        iters = [int(i[5:]) for i in _list_dir(full) if re.match(r"^iter_\d+$", i)]
-        if iters or os.path.exists(os.path.join(full, TRACKER)):
-            found.append((_tracked_iteration(full) or max(iters or [0]), int(v.group(1)), name))
-    return sorted(found, reverse=True)
+    """(iteration, version, v<M>-*/checkpoint-<N>) of every Megatron-SWIFT save, newest first.
+
+    The same dirs as HF mode; only the completeness check differs (check_megatron)."""
+    return [c for c in _candidates(output_dir) if c[1] >= 0]
 
 
-def _tracked_iteration(vdir: str) -> int | None:
+def _tracked_iteration(ckpt: str) -> int | None:
     try:
-        with open(os.path.join(vdir, TRACKER)) as fh:
+        with open(os.path.join(ckpt, TRACKER)) as fh:
             return int(fh.read().strip())
     except (OSError, ValueError):
         return None
 
 
-def check_megatron(vdir: str, step: int) -> str | None:
-    """Why Megatron-SWIFT run dir ``vdir`` cannot be resumed at ``step``, or None."""
-    if _tracked_iteration(vdir) != step:
-        return "no readable %s (interrupted save?)" % TRACKER
-    it = os.path.join(vdir, "iter_%07d" % step)
-    missing = [f for f in MEGATRON_FILES if not os.path.isfile(os.path.join(it, f))]
+def check_megatron(ckpt: str, step: int) -> str | None:
+    """Why Megatron-SWIFT's ``checkpoint-<step>`` dir cannot be resumed, or None.
+
+    The master writes the tracker after every rank passed the save barrier, and
+    dist_checkpointing's metadata.json marks a finished sharded save. With
+    ``no_save_optim`` (and safetensors on) only common.pt is written: no weights or
+    optimizer in Megatron's format, so nothing to resume from."""
+    if _tracked_iteration(ckpt) != step:
+        return "no readable %s naming %d (interrupted save?)" % (TRACKER, step)
+    it = os.path.join(ckpt, "iter_%07d" % step)
+    names = set(_list_dir(it))
+    if names and names <= {"common.pt"}:
+        return ("iter_%07d/ holds only common.pt: saved with no_save_optim, "
+                "not resumable" % step)
+    missing = [f for f in MEGATRON_FILES if f not in names]
     if missing:
         return "iter_%07d/ lacks %s (interrupted save?)" % (step, ", ".join(missing))
     return None

@@ -24,6 +24,7 @@ def cli() -> None:
 def _submit_options(f):
     for opt in reversed([
         click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere."),
+        click.option("--full", is_flag=True, help="With --dry-run: every node's exact script."),
         click.option("--run-id", help="Use this run id instead of a fresh one."),
         click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
         click.option("--resume", is_flag=False, flag_value="latest", default=None,
@@ -38,14 +39,16 @@ def _submit_options(f):
     return f
 
 
-def _run_submit(job: str, dry_run: bool, run_id, log_dir, resume, overwrite, max_restarts,
+def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
                 no_preflight) -> None:
     from .plan import build_plan
+    if full and not dry_run:
+        raise UserError("--full only goes with --dry-run")
     spec = _load(job)
     if dry_run:
         from .present import describe_plan
         plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite)
-        click.echo(describe_plan(plan), nl=False)
+        click.echo(describe_plan(plan, full=full), nl=False)
         if resume:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
@@ -117,6 +120,15 @@ def schema() -> None:
 
     from .spec import Job
     click.echo(json.dumps(TypeAdapter(Job).json_schema(by_alias=True), indent=2))
+
+
+def _register() -> None:
+    """Commands that live in their own modules."""
+    from .cli_report import report
+    cli.add_command(report)
+
+
+_register()
 
 
 def main(argv: list[str] | None = None) -> None:

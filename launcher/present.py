@@ -4,11 +4,12 @@ from __future__ import annotations
 from .plan import LaunchPlan
 from .spec import LlamaFactoryJob, SwiftJob, world_size, world_text
 from .spec.hosts import HostAddr, parse_host
-from .trainers import global_batch
+from .trainers import TRAINERS, global_batch
 
 
-def describe_plan(plan: LaunchPlan) -> str:
-    """The dry-run view: header, then every node's exact script, then every file."""
+def describe_plan(plan: LaunchPlan, full: bool = False) -> str:
+    """The dry-run view: header, the nodes (a readable summary, or with full every node's
+    exact script), then every file."""
     job = plan.job
     size = world_size(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -16,8 +17,9 @@ def describe_plan(plan: LaunchPlan) -> str:
     lines += [f"note: {n}" for n in job._notes]
     if isinstance(job, SwiftJob) and job.megatron:
         b, m = job.batch, job.megatron
-        dp = size // (m.tp * m.pp)
-        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × dp {dp} = {size}")
+        dp = size // (m.tp * m.pp * m.cp)
+        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {dp} = {size}"
+                     + (f"; experts: ep {m.ep} × etp {m.etp}" if m.ep * m.etp > 1 else ""))
         lines.append(f"global batch: {dp * b.per_device * b.grad_accum} = dp {dp} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
@@ -29,7 +31,12 @@ def describe_plan(plan: LaunchPlan) -> str:
     lines.append(f"logs: {plan.log_dir}")
     if plan.resume_from:
         lines.append(f"resume from: {plan.resume_from}")
-    for node in plan.nodes:
+    notes = getattr(TRAINERS[job.trainer], "notes", None)
+    lines += [f"note: {n}" for n in (notes(job) if notes else [])]
+    if not full:
+        from .dryrun import node_lines
+        lines += node_lines(plan, lambda node: _how(plan, node.login))
+    for node in plan.nodes if full else ():
         lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.login)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:

@@ -103,3 +103,8 @@ def python_script(python: str, source: str, args: list[str]) -> str:
     if "\nMLAUNCH_PY_EOF\n" in source:
         raise ValueError("source contains the heredoc terminator")
     return render("pyrun.sh.j2", python=python, source=source.rstrip("\n"), args=args)
+
+
+def command_line(argv: Any) -> str:
+    """argv as one shell-quoted line, exactly as a node script execs it (for display)."""
+    return " ".join(shlex.quote(str(a)) for a in argv)

@@ -39,6 +39,7 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
     """Run job to completion (with restarts); return its exit code."""
     if opts.resume and opts.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
+    _check_resumable(job, opts)
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     printer = Printer(plan.mask, out or sys.stdout)
     executor = _connect(plan)
@@ -57,6 +58,15 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
             master.unlock()
     finally:
         executor.close()
+
+
+def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
+    """--resume / --max-restarts N on a job whose checkpoints cannot be resumed: refused."""
+    why = getattr(TRAINERS[job.trainer], "not_resumable", lambda j: None)(job)
+    asked = "--resume" if opts.resume else (
+        f"--max-restarts {opts.max_restarts}" if opts.max_restarts else None)
+    if why and asked:
+        raise UserError(f"{asked}: nothing can be resumed: {why}; remove that key or drop {asked}")
 
 
 def _connect(plan: LaunchPlan):
@@ -123,7 +133,10 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
                           resume_from=resume_from,
                           # A fresh start over left checkpoints: the trainer must not pick one
                           # itself (LLaMA-Factory would resume from the last, complete or not).
-                          overwrite=opts.overwrite or bool(history) or bool(master.ignore),
+                          # A resume names its checkpoint, and must not overwrite: LLaMA-Factory
+                          # would delete trainer_log.jsonl, the steps before the restart.
+                          overwrite=not resume_from and (opts.overwrite or bool(history)
+                                                         or bool(master.ignore)),
                           attempt=attempt, transformers=transformers)
         result = run_job(plan, executor, printer, connected=True)
         for line in describe_result(plan, result).splitlines():

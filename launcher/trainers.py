@@ -9,9 +9,10 @@ import posixpath
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import render
+from . import defaults, render
 from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world_size
-from .spec.swift_rules import MEGATRON_SCHEDULERS, config_int
+from .spec.swift_rules import (MEGATRON_SCHEDULERS, config_int, not_resumable,
+                               rendered_passthrough, swift_notes)
 
 
 @dataclass(frozen=True)
@@ -89,18 +90,17 @@ class Script:
 
 
 class Swift:
-    """ms-swift 4.x, its sft entry module started directly by mlaunch's torchrun.
+    """ms-swift 4.x, its stage's entry module started directly by mlaunch's torchrun.
 
-    `swift sft` / `megatron sft` would re-launch themselves under torchrun from NNODES,
-    NODE_RANK, ... in the environment; mlaunch owns that command line, so the modules they
-    exec are started directly: swift.cli.sft (HF Trainer) or swift.cli._megatron.sft.
-    The arguments come from templates/swift_args.j2, one per line. Unlike LLaMA-Factory,
-    ms-swift declares warmup_ratio itself and maps it onto any transformers version.
+    `swift sft|pt|rlhf` / `megatron sft|pt|rlhf` would re-launch themselves under torchrun
+    from NNODES, NODE_RANK, ... in the environment; mlaunch owns that command line, so the
+    modules they exec are started directly: swift.cli.<stage> (HF Trainer) or
+    swift.cli._megatron.<stage>. The arguments come from templates/swift_args.j2, one per
+    line; fields the spec leaves out take ms-swift's defaults (launcher/defaults.py). Unlike
+    LLaMA-Factory, ms-swift declares warmup_ratio itself and maps it onto any transformers.
     """
 
     resumable = True
-    ENTRY = "swift.cli.sft"
-    MEGATRON_ENTRY = "swift.cli._megatron.sft"
 
     def discovery_args(self, job: SwiftJob) -> list[str]:
         return ["--megatron"] if job.megatron else deepspeed_discovery_args(job)
@@ -111,18 +111,33 @@ class Swift:
         return [RenderedFile(self._ds_path(run), render.ds_config(job, global_batch(job)))]
 
     def entry(self, job: SwiftJob, run: RunContext) -> list[str]:
-        return ["-m", self.MEGATRON_ENTRY if job.megatron else self.ENTRY, *self.args(job, run)]
+        module = ("swift.cli._megatron." if job.megatron else "swift.cli.") + job.stage
+        return ["-m", module, *self.args(job, run)]
+
+    def not_resumable(self, job: SwiftJob) -> str | None:
+        """Why no checkpoint of this job can be resumed (submit refuses --resume then)."""
+        return not_resumable(job)
+
+    def notes(self, job: SwiftJob) -> list[str]:
+        """Dry-run lines: ms-swift defaults in use, and what swift does with accepted no-ops."""
+        return [f"default {line}" for line in defaults.defaults_in_use(job)] + swift_notes(job)
 
     def args(self, job: SwiftJob, run: RunContext) -> list[str]:
         """The rendered argument lines, each one argv element."""
         ft = job.finetuning
+        d = {"lora_alpha": defaults.value(job, "finetuning.lora_alpha"),
+             "lora_dropout": defaults.value(job, "finetuning.lora_dropout"),
+             "logging_steps": defaults.value(job, "training.logging_steps"),
+             "max_length": job.max_length,
+             "recompute": defaults.recompute(job) if job.megatron else None}
         text = render.render(
-            "swift_args.j2", job=job, ft=ft, tr=job.training, resume_from=run.resume_from,
+            "swift_args.j2", job=job, ft=ft, tr=job.training, resume_from=run.resume_from, d=d,
             ds_path=self._ds_path(run) if job.deepspeed and not job.megatron else None,
             lora_targets=_names(ft.lora_target), freeze_layers=_freeze_layers(job),
             freeze_modules=[m for m in _names(ft.freeze_trainable_modules) if m != "all"],
             global_size=global_batch(job) // _model_parallel(job),
-            decay_style=MEGATRON_SCHEDULERS.get(job.training.lr_scheduler))
+            decay_style=MEGATRON_SCHEDULERS.get(job.training.lr_scheduler),
+            passthrough=rendered_passthrough(job))
         return [line for line in text.split("\n") if line]
 
     @staticmethod
@@ -184,8 +199,9 @@ def _freeze_layers(job: SwiftJob) -> list[int]:
 
 
 def _model_parallel(job) -> int:
+    """tp x pp x cp: the ranks that share one data-parallel replica (Megatron's dp divisor)."""
     m = getattr(job, "megatron", None)
-    return m.tp * m.pp if m else 1
+    return m.tp * m.pp * m.cp if m else 1
 
 
 def deepspeed_discovery_args(job) -> list[str]:

@@ -306,45 +306,88 @@ def test_ignore_json_through_the_script_mode(tmp_path):
     assert got.step == 5 and len(got.stamps) == 2
 
 
-def make_megatron(root, vdir, iters, tracker=None, complete=True):
-    """A Megatron-SWIFT run dir: iter_NNNNNNN/ dirs and the tracker naming the last save."""
-    d = Path(root) / vdir
-    for it in iters:
-        i = d / ("iter_%07d" % it)
-        i.mkdir(parents=True)
-        names = ("common.pt", "metadata.json") if complete or it != max(iters) else ("common.pt",)
-        for f in names:
-            (i / f).write_bytes(b"x")
-    if tracker is not None:
-        (d / "latest_checkpointed_iteration.txt").write_text(str(tracker))
-    return d
+# Megatron-SWIFT's save, as ms-swift 4.6.0 writes it (installed swift venv, site-packages):
+#   swift/megatron/trainers/base.py:833       output_dir = <args.output_dir = v<N>-<ts>>/checkpoint-<iteration>
+#   swift/megatron/trainers/base.py:836       args.json copied into it
+#   swift/megatron/trainers/base.py:837-840   save_safetensors and no_save_optim -> no models given to the mcore save
+#   swift/megatron/utils/megatron_lm_utils.py:318      iter_<iteration:07d>/ inside checkpoint-<iteration>
+#   swift/megatron/utils/megatron_lm_utils.py:339-345  no models: common.pt only (torch.save)
+#   swift/megatron/utils/megatron_lm_utils.py:360      else dist_checkpointing.save: shards, common.pt, metadata.json
+#   swift/megatron/utils/megatron_lm_utils.py:372-382  barrier, then the master writes
+#                                                      checkpoint-<iteration>/latest_checkpointed_iteration.txt
+#   swift/megatron/trainers/base.py:860-873   HF safetensors (adapter or full weights) beside iter_*/
+#   swift/megatron/trainers/base.py:875-888   merge_lora: checkpoint-<iteration>-merged/ with tracker and common.pt
+#   swift/megatron/trainers/base.py:902       v<N>-<ts>/last-checkpoint symlink to the finished checkpoint
+def plant_megatron(root, vdir, iteration, *, lora=True, no_save_optim=False, done=True,
+                   merged=False):
+    """One Megatron-SWIFT save laid out exactly as the code above writes it (done=False: killed
+    after the shards, before metadata.json and the tracker)."""
+    ckpt = Path(root) / vdir / f"checkpoint-{iteration}"
+    it = ckpt / ("iter_%07d" % iteration)
+    it.mkdir(parents=True)
+    (ckpt / "args.json").write_text("{}")
+    (it / "common.pt").write_bytes(b"x")
+    if not no_save_optim:
+        for shard in ("__0_0.distcp", "__1_0.distcp", ".metadata"):
+            (it / shard).write_bytes(b"x")
+        if done:
+            (it / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    if not done:
+        return ckpt
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    for f in (("adapter_model.safetensors", "adapter_config.json") if lora
+              else ("model.safetensors", "config.json")):
+        (ckpt / f).write_bytes(b"x")
+    if merged:
+        m = Path(root) / vdir / f"checkpoint-{iteration}-merged"
+        (m / ("iter_%07d" % iteration)).mkdir(parents=True)
+        (m / ("iter_%07d" % iteration) / "common.pt").write_bytes(b"x")
+        (m / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    link = Path(root) / vdir / "last-checkpoint"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(ckpt.name)
+    return ckpt
 
 
-def test_megatron_run_dir_is_the_resume_point(tmp_path):
-    make_megatron(tmp_path, "v0-20260101-000000", [100, 200], tracker=200)
+def test_megatron_checkpoint_dir_is_the_resume_point(tmp_path):
+    v0 = "v0-20260101-000000"
+    plant_megatron(tmp_path, v0, 100)
+    plant_megatron(tmp_path, v0, 200, merged=True)
     got = find_latest_complete(str(tmp_path), megatron=True)
-    assert (got.latest, got.step) == (str(tmp_path / "v0-20260101-000000"), 200)
+    assert (got.latest, got.step) == (str(tmp_path / v0 / "checkpoint-200"), 200)
+    assert got.skipped == () and has_checkpoints(str(tmp_path))
 
 
 def test_megatron_interrupted_save_falls_back_to_older_run(tmp_path):
-    make_megatron(tmp_path, "v0-20260101-000000", [100], tracker=100)
-    # The resumed run's save of 300 never finished: metadata.json missing.
-    make_megatron(tmp_path, "v1-20260102-000000", [300], tracker=300, complete=False)
+    plant_megatron(tmp_path, "v0-20260101-000000", 100, lora=False)
+    # The resumed run was killed while saving 300: shards written, no metadata.json, no tracker.
+    plant_megatron(tmp_path, "v1-20260102-000000", 300, lora=False, done=False)
     got = find_latest_complete(str(tmp_path), megatron=True)
-    assert got.step == 100 and got.latest.endswith("v0-20260101-000000")
-    assert got.explain() == ["v1-20260102-000000: iter_0000300/ lacks metadata.json (interrupted "
-                             "save?) — using v0-20260101-000000"]
+    assert got.step == 100 and got.latest == str(tmp_path / "v0-20260101-000000" / "checkpoint-100")
+    assert got.explain() == ["v1-20260102-000000/checkpoint-300: no readable "
+                             "latest_checkpointed_iteration.txt naming 300 (interrupted save?) — "
+                             "using v0-20260101-000000/checkpoint-100"]
 
 
-def test_megatron_without_tracker_is_skipped(tmp_path):
-    make_megatron(tmp_path, "v0-20260101-000000", [50])
+def test_megatron_no_save_optim_is_not_resumable(tmp_path):
+    plant_megatron(tmp_path, "v0-20260101-000000", 50, no_save_optim=True)
     got = find_latest_complete(str(tmp_path), megatron=True)
     assert got.latest is None and got.found_any
-    assert "no readable latest_checkpointed_iteration.txt" in got.skipped[0].reason
+    assert got.explain() == ["v0-20260101-000000/checkpoint-50: iter_0000050/ holds only common.pt: "
+                             "saved with no_save_optim, not resumable — no complete checkpoint"]
+
+
+def test_megatron_tracker_without_metadata_is_skipped(tmp_path):
+    ckpt = plant_megatron(tmp_path, "v0-20260101-000000", 50)
+    (ckpt / "iter_0000050" / "metadata.json").unlink()
+    got = find_latest_complete(str(tmp_path), megatron=True)
+    assert got.latest is None
+    assert got.skipped[0].reason == "iter_0000050/ lacks metadata.json (interrupted save?)"
 
 
 def test_megatron_mode_through_the_script(tmp_path):
-    make_megatron(tmp_path, "v0-20260101-000000", [10], tracker=10)
+    plant_megatron(tmp_path, "v0-20260101-000000", 10)
     out = subprocess.run([sys.executable, checkpoints.__file__, str(tmp_path), "--megatron"],
                          capture_output=True, text=True, check=True)
     assert Discovery.from_json(out.stdout).step == 10

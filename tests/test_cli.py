@@ -15,16 +15,31 @@ def test_dry_run_prints_every_node_and_file(tmp_path):
     r = mlaunch("submit", SEED000, "--dry-run", "--run-id", "R1", cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     out = r.stdout
+    assert "node 0: 192.168.1.10 (ssh train@192.168.1.10:22)" in out
+    assert ("/opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 0 "
+            "--master-addr 192.168.1.10 --master-port 29500") in out
+    assert "nodes 1–3: as node 0, with --node-rank 1..3\n  hosts: 192.168.1.11, 192.168.1.12, 192.168.1.13" in out
+    assert "=== file /mnt/shared/work/.mlaunch/R1/llamafactory.yaml ===" in out
+    assert "=== file /mnt/shared/work/.mlaunch/R1/ds_config.json ===" in out
+    assert "global batch: 256 = 4 nodes × 4 GPUs × 2 per device × 8 accumulation" in out
+    assert "HF_TOKEN='***'" in out
+    assert SECRET not in out + r.stderr
+    assert os.listdir(tmp_path) == []  # wrote nothing
+
+
+def test_dry_run_full_prints_every_node_script(tmp_path):
+    r = mlaunch("submit", SEED000, "--dry-run", "--full", "--run-id", "R1", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     for k, ip in enumerate(["192.168.1.10", "192.168.1.11", "192.168.1.12", "192.168.1.13"]):
         assert f"=== node {k}: {ip} (ssh train@{ip}:22) ===" in out
         assert (f"exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank {k} "
                 "--master-addr 192.168.1.10 --master-port 29500") in out
-    assert "=== file /mnt/shared/work/.mlaunch/R1/llamafactory.yaml ===" in out
-    assert "=== file /mnt/shared/work/.mlaunch/R1/ds_config.json ===" in out
-    assert "global batch: 256 = 4 nodes × 4 GPUs × 2 per device × 8 accumulation" in out
     assert "export HF_TOKEN='***'" in out
     assert SECRET not in out + r.stderr
-    assert os.listdir(tmp_path) == []  # wrote nothing
+    assert os.listdir(tmp_path) == []
+    r = mlaunch("submit", SEED000, "--full", cwd=str(tmp_path))
+    assert r.returncode == 2 and r.stderr == "mlaunch: --full only goes with --dry-run\n"
 
 
 def test_dry_run_connects_nowhere_and_imports_no_ssh_or_torch():

@@ -90,8 +90,11 @@ def test_all_pass_two_hosts(make_hostset, tmp_path, capsys):
                     "network/hostname", "network/ifname", "storage/shared", "clock", "container/shm"):
             assert re.search(rf"^{re.escape(row)}\s+✓", table, re.M), (row, table)
         assert re.search(r"^gpu\s+–\s+–", table, re.M)
-        m = re.search(r"^collective\s+✓ 4 ranks \(gloo\): correct; 4 MB busbw ([\d.]+) GB/s", table, re.M)
+        m = re.search(r"^collective\s+✓ 4 ranks \(gloo\): correct; 4 MB busbw ([\d.]+) GB/s .* over gloo/tcp$",
+                      table, re.M)
         assert m and float(m.group(1)) > 0, table
+        # The transport beside it: both nodes' ranks said they ran gloo, which is TCP.
+        assert re.search(r"^collective/transport\s+✓ node0,1: gloo/tcp$", table, re.M), table
         with capsys.disabled():
             print(f"\n[preflight] full check (fast checks + 2x2 all-reduce) on 2 hosts: {wall:.1f}s")
         # Nothing left behind: no marker files in shared_dir, no run directory of the all-reduce.

@@ -25,7 +25,7 @@ LORA_ARGV = [
     "--dataset", "/data/work/data/alpaca_zh_demo.json", "/data/work/data/identity.json",
     "--max_length", "2048", "--tuner_type", "lora", "--lora_rank", "8", "--lora_alpha", "32",
     "--lora_dropout", "0.05", "--target_modules", "all-linear",
-    "--torch_dtype", "bfloat16", "--bf16", "true", "--fp16", "false",
+    "--torch_dtype", "bfloat16",
     "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "8",
     "--learning_rate", "0.0001", "--lr_scheduler_type", "cosine", "--warmup_ratio", "0.03",
     "--num_train_epochs", "3.0", "--max_grad_norm", "1.0", "--gradient_checkpointing", "true",
@@ -95,7 +95,11 @@ def test_full_argv():
     f = flags(argv(data))
     assert f["tuner_type"] == ["full"]
     assert not {"lora_rank", "lora_alpha", "target_modules", "deepspeed"} & set(f)
-    assert (f["torch_dtype"], f["bf16"], f["fp16"]) == (["float16"], ["false"], ["true"])
+    # swift derives bf16/fp16 from torch_dtype; only fp32 states both off (it would pick fp16 AMP).
+    assert f["torch_dtype"] == ["float16"] and "bf16" not in f and "fp16" not in f
+    data["precision"] = "fp32"
+    f = flags(argv(data))
+    assert (f["torch_dtype"], f["bf16"], f["fp16"]) == (["float32"], ["false"], ["false"])
     assert (f["max_steps"], f["warmup_steps"], f["gradient_checkpointing"]) == (["200"], ["10"], ["false"])
     assert "num_train_epochs" not in f and "warmup_ratio" not in f
 
@@ -123,14 +127,14 @@ def test_megatron_argv_exact():
         "-m", "swift.cli._megatron.sft",
         "--model", "/data/models/Qwen2.5-14B-Instruct", "--model_type", "qwen2",
         "--dataset", "/data/work/data/alpaca_zh_demo.json", "--max_length", "4096",
-        "--tuner_type", "lora", "--lora_rank", "8", "--lora_alpha", "32", "--lora_dropout", "0.0",
+        "--tuner_type", "lora", "--lora_rank", "8", "--lora_alpha", "32", "--lora_dropout", "0.05",
         "--target_modules", "all-linear",
-        "--torch_dtype", "bfloat16", "--bf16", "true", "--fp16", "false",
+        "--torch_dtype", "bfloat16",
         "--tensor_model_parallel_size", "2", "--pipeline_model_parallel_size", "2",
         "--sequence_parallel", "true", "--micro_batch_size", "1", "--global_batch_size", "32",
         "--lr", "0.0001", "--lr_decay_style", "cosine", "--lr_warmup_fraction", "0.03",
         "--num_train_epochs", "1", "--clip_grad", "1.0",
-        "--recompute_granularity", "full", "--recompute_method", "uniform", "--recompute_num_layers", "1",
+        "--recompute_granularity", "selective",  # Megatron-SWIFT's default: the spec leaves it out
         "--save_steps", "100", "--logging_steps", "5", "--seed", "42",
         "--output_dir", "/data/work/output/qwen25-14b-swift-megatron", "--check_model", "false",
     ]
@@ -140,13 +144,16 @@ def test_resume_argv():
     run = RunContext(run_id="R", run_dir="/runs/R", resume_from="/o/v0-20260101-000000/checkpoint-5")
     f = flags(argv(swift_lora(), run))
     assert f["resume_from_checkpoint"] == ["/o/v0-20260101-000000/checkpoint-5"]
-    # Megatron resumes from a run dir (its tracker names the iteration), as discovery returns.
-    run = RunContext(run_id="R", run_dir="/runs/R", resume_from="/o/v0-20260101-000000")
+    # Megatron-SWIFT 4.x resumes from v<N>-*/checkpoint-<iter> (its tracker names the iteration),
+    # exactly the path discovery returns (tests/test_checkpoints.py plants that layout).
+    ckpt = "/o/v0-20260101-000000/checkpoint-200"
+    run = RunContext(run_id="R", run_dir="/runs/R", resume_from=ckpt)
     f = flags(argv(swift_megatron(), run))
-    assert f["mcore_adapter"] == ["/o/v0-20260101-000000"] and f["finetune"] == ["false"]
+    assert f["mcore_adapter"] == [ckpt] and f["finetune"] == ["false"] and "mcore_model" not in f
     data = swift_megatron()
     data["finetuning"] = {"type": "full"}
-    assert flags(argv(data, run))["mcore_model"] == ["/o/v0-20260101-000000"]
+    f = flags(argv(data, run))
+    assert f["mcore_model"] == [ckpt] and f["finetune"] == ["false"] and "mcore_adapter" not in f
     assert TRAINERS["swift"].discovery_args(validate(data)) == ["--megatron"]
 
 
@@ -213,13 +220,6 @@ def test_tp_must_divide_heads(tmp_path):
     lines = problems(mega(tmp_path, layers=48, heads=12, tp=8, pp=1))
     assert any(line.startswith("megatron.tp: the model has 12 attention heads") and
                "not divisible by tp 8; choose tp among 1, 2, 3, 4, 6, 12" in line for line in lines), lines
-
-
-def test_sequence_parallel_needs_tp():
-    data = mega(tp=1, pp=2, sequence_parallel=True)
-    data["batch"]["global"] = 64
-    assert problems(data) == ["megatron.sequence_parallel: needs tp > 1: sequence parallelism splits "
-                              "activations across the tensor-parallel group; set tp ≥ 2 or remove it"]
 
 
 def test_megatron_batch_uses_data_parallel_size():

@@ -40,7 +40,9 @@ def swift_spec(tiny: dict, hosts: list[str], nproc: int, out_dir: str, *, hs,
                             "connect_timeout": 5}},
         "model": tiny["model"], "model_type": "qwen2", "template": tiny["template"],
         "dataset": os.path.join(tiny["dataset_dir"], "tiny_alpaca.json"), "max_length": 64,
-        "finetuning": {"type": "lora", "lora_rank": 4, "lora_target": "all"},
+        # dropout 0: a resumed run must reproduce the reference losses exactly (swift's own
+        # default 0.05 draws dropout masks that a resume does not replay bit for bit)
+        "finetuning": {"type": "lora", "lora_rank": 4, "lora_target": "all", "lora_dropout": 0.0},
         "batch": {"per_device": 2, "grad_accum": 1},
         "precision": "fp32",
         "training": {"learning_rate": 1.0e-3, "max_steps": max_steps, "save_steps": save_steps,

@@ -13,11 +13,15 @@ from ..execute.job import JobResult, run_job
 from ..execute.stream import Printer
 from ..plan import LaunchPlan, build_plan, new_run_id
 from ..spec import validate
+from . import transport
 from .probe import Ctx, on_nodes, sh_script
 from .report import CheckResult
 
 RESULT = re.compile(r"MLAUNCH-COLLECTIVE (\{.*\})")
 PROGRESS = re.compile(r"^\[node(\d+) [^\]]*\] mlaunch-collective: rank \d+/\d+ (starting|joined)", re.M)
+BACKEND = re.compile(r"^\[node(\d+) [^\]]*\] mlaunch-collective: rank \d+/\d+ starting \((\w+)\)", re.M)
+# Only for the check: NCCL says which network, devices and channels it chose (see transport.py).
+NCCL_INFO = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 
 def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
@@ -25,6 +29,8 @@ def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     cluster = ctx.job.cluster.model_dump(mode="json", exclude_unset=True, by_alias=True)
     cluster["hosts"] = list(ctx.job.cluster.hosts)
     cluster.pop("hostfile", None)
+    env = {k: v for k, v in cluster.get("env", {}).items() if k != "NCCL_DEBUG_FILE"}
+    cluster["env"] = {**env, **NCCL_INFO}   # the lines must reach stdout, not a file
     pf = ctx.pf
     spec = {"name": "preflight", "trainer": "script", "cluster": cluster,
             "script": {"path": "collective.py",
@@ -45,25 +51,75 @@ def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:
     return "; ".join(bad) or None
 
 
-def run(ctx: Ctx) -> CheckResult:
-    """Run the all-reduce; ✓ with the bus bandwidth, or ✗ with how far it got and why."""
+def run(ctx: Ctx) -> list[CheckResult]:
+    """Run the all-reduce: its row (✓ with the bus bandwidth, or ✗ with how far it got and
+    why) and, when the nodes said which network they used, the transport row."""
     log_dir = tempfile.mkdtemp(prefix="mlaunch-preflight-")
     out, plan = io.StringIO(), None
     try:
         plan = collective_plan(ctx, new_run_id("preflight"), log_dir)
         problem = stage(ctx, plan)
         if problem:
-            return _fail(f"could not write the test program: {problem}",
-                         f"make {plan.run_dir} creatable by the ssh user on every node")
+            return [_fail(f"could not write the test program: {problem}",
+                         f"make {plan.run_dir} creatable by the ssh user on every node")]
         result = run_job(plan, ctx.executor, Printer(plan.mask, out, color=False),
                          timeout=ctx.pf.collective_timeout_s, connected=True)
     except Exception as e:  # staging or starting failed: a result, never a traceback
-        return _fail(f"could not start: {e}", "fix the rows above (ssh, software, storage) first")
+        return [_fail(f"could not start: {e}", "fix the rows above (ssh, software, storage) first")]
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
         if plan is not None:
             on_nodes(ctx, lambda r: sh_script("cleanup", paths=[], dirs=[plan.run_dir]), 30)
-    return judge(ctx, plan, result, out.getvalue())
+    return rows(ctx, plan, result, out.getvalue())
+
+
+def rows(ctx: Ctx, plan: LaunchPlan, result: JobResult, text: str) -> list[CheckResult]:
+    """The collective row, with the transport beside the bandwidth, and the transport row."""
+    per_node = node_transports(text)
+    row = judge(ctx, plan, result, text)
+    if not per_node:
+        return [row]
+    if row.status == "pass" and "busbw" in row.detail:
+        # Between nodes the NET channels carry it; on one node, P2P/SHM do.
+        names = sorted({"gloo/tcp" if t is None else (t.inter or t.intra or (t.network,))[0]
+                        for t in per_node.values()})
+        row = CheckResult(row.check, None, None, "pass", f"{row.detail} over {' and '.join(names)}")
+    return [row, transport_row(per_node, ctx.pf.expect_transport)]
+
+
+def node_transports(text: str) -> dict[int, "transport.Transport | None"]:
+    """Each node's NCCL transport from its INFO lines; None for a node whose ranks ran gloo."""
+    out: dict[int, transport.Transport | None] = {
+        k: t for k, t in transport.by_node(text).items() if t.network or t.inter}
+    for node, backend in BACKEND.findall(text):
+        if backend == "gloo":
+            out[int(node)] = None
+    return dict(sorted(out.items()))
+
+
+def transport_row(per_node: dict, expect: str) -> CheckResult:
+    """One cluster-wide row: nodes grouped by what they used; ✗ naming the nodes that do not
+    use preflight.expect_transport, with the fix."""
+    verdicts = {k: transport.gloo_mismatch(expect) if t is None else transport.mismatch(t, expect)
+                for k, t in per_node.items()}
+    groups: dict[str, list[int]] = {}
+    for k, t in per_node.items():
+        said = verdicts[k][0] if verdicts[k] else ("gloo/tcp" if t is None else t.label())
+        groups.setdefault(said, []).append(k)
+    bad = [s for s, ks in groups.items() if verdicts[ks[0]]]
+    detail = " | ".join(f"{_ranks(ks)}: {s}" for s, ks in sorted(groups.items(), key=lambda g: (g[0] not in bad, g[1])))
+    fixes = list(dict.fromkeys(v[1] for v in verdicts.values() if v))
+    if not fixes:
+        return CheckResult("collective/transport", None, None, "pass", detail)
+    return CheckResult("collective/transport", None, None, "fail",
+                       f"expected {expect}; {detail}", "; ".join(fixes))
+
+
+def _ranks(nodes: list[int]) -> str:
+    """node0-3, node0,2 ..."""
+    if len(nodes) > 2 and nodes == list(range(nodes[0], nodes[-1] + 1)):
+        return f"node{nodes[0]}-{nodes[-1]}"
+    return "node" + ",".join(map(str, nodes))
 
 
 def judge(ctx: Ctx, plan: LaunchPlan, result: JobResult, text: str) -> CheckResult:

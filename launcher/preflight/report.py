@@ -16,7 +16,7 @@ CHECKS = (
     "ssh", "software/python", "software/versions", "software/jit-lock", "gpu",
     "network/port-free", "network/port-reachable", "network/hostname", "network/ifname",
     "storage/output", "storage/shared", "storage/inputs",
-    "clock", "container/shm", "collective",
+    "clock", "container/shm", "collective", "collective/transport",
 )
 
 

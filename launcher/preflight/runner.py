@@ -45,7 +45,7 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
     cleanup(ctx)
     results += judge(ctx, facts, mesh, samples)
     if not fast_only:
-        results.append(_collective(ctx, results, printer))
+        results += _collective(ctx, results, printer)
     return Report(sort_results(results), time.monotonic() - t0,
                   stack=software.majority_stack(ctx, facts) if ctx.live else {})
 
@@ -102,14 +102,14 @@ def ssh_fix(host: str, message: str, port: int) -> tuple[str, str]:
     return message.split(": is ")[0], fix
 
 
-def _collective(ctx: Ctx, results: list[CheckResult], printer) -> CheckResult:
-    """The all-reduce, unless a fast check already shows it cannot start."""
+def _collective(ctx: Ctx, results: list[CheckResult], printer) -> list[CheckResult]:
+    """The all-reduce (and the transport it used), unless a fast check shows it cannot start."""
     def failed(check: str) -> list[str]:
         return [f"node{r.node}" for r in results if r.check == check and r.status == "fail"]
     blocked = ("ssh", "software/python", "network/port-free")
     why = next((f"{c} failed on {', '.join(failed(c))}" for c in blocked if failed(c)), None)
     if why:
-        return CheckResult("collective", None, None, "skip", f"not run: {why}")
+        return [CheckResult("collective", None, None, "skip", f"not run: {why}")]
     world = world_size(ctx.job)
     _say(printer, f"preflight: all-reduce across {world} ranks (limit {ctx.pf.collective_timeout_s:g}s)")
     return collective.run(ctx)

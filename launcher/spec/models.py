@@ -61,8 +61,10 @@ class Finetuning(Strict):
 
     type: Literal["lora", "freeze", "full"]
     lora_rank: int = Field(8, ge=1)
-    lora_alpha: int | None = Field(None, ge=1, description="defaults to 2 x lora_rank")
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_alpha: int | None = Field(None, ge=1, description=(
+        "default: the trainer's (LLaMA-Factory 2 x lora_rank, ms-swift 32)"))
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "default: the trainer's (LLaMA-Factory 0.0, ms-swift 0.05)"))
     lora_target: str | list[str] = "all"
     freeze_trainable_layers: int = Field(2, description="negative counts from the bottom")
     freeze_trainable_modules: str | list[str] = "all"
@@ -99,7 +101,8 @@ class Training(Strict):
     warmup_ratio: float | None = Field(None, ge=0, lt=1)
     warmup_steps: int | None = Field(None, ge=0)
     save_steps: int = Field(500, ge=1)
-    logging_steps: int = Field(10, ge=1)
+    logging_steps: int = Field(10, ge=1, description="default: the trainer's (10 for "
+                               "LLaMA-Factory, ms-swift 5)")
     max_grad_norm: float = Field(1.0, ge=0)
     gradient_checkpointing: bool = True
     seed: int = 42
@@ -122,6 +125,8 @@ class Preflight(Strict):
     check_timeout_s: float = Field(30.0, gt=0, description="per check and node")
     collective_timeout_s: float = Field(180.0, gt=0)
     collective_mb: int = Field(64, ge=1, le=8192, description="all-reduce size for the bandwidth figure")
+    expect_transport: Literal["ib", "roce", "socket", "any"] = Field("any", description=(
+        "the network the all-reduce must use (NCCL's choice; gloo counts as socket); else ✗"))
 
 
 class Health(Strict):
@@ -174,22 +179,43 @@ class LlamaFactoryJob(JobBase):
 
 
 class Megatron(Strict):
-    """Megatron-SWIFT parallelism; world = tp x pp x data-parallel size."""
+    """Megatron-SWIFT parallelism; world = tp x pp x cp x data-parallel size."""
 
     tp: int = Field(1, ge=1, description="tensor parallel size (--tensor_model_parallel_size)")
     pp: int = Field(1, ge=1, description="pipeline parallel size (--pipeline_model_parallel_size)")
-    sequence_parallel: bool = Field(False, description="split activations across the tp group; needs tp > 1")
+    cp: int = Field(1, ge=1, description="context parallel size (--context_parallel_size): each "
+                    "sequence split across cp ranks; dp = world / (tp x pp x cp)")
+    ep: int = Field(1, ge=1, description="expert parallel size (--expert_model_parallel_size), MoE "
+                    "models; ep x etp x pp must divide the world")
+    etp: int = Field(1, ge=1, description="expert tensor parallel size (--expert_tensor_parallel_size)")
+    sequence_parallel: bool = Field(False, description=(
+        "split activations across the tp group; with tp 1 ms-swift turns it off"))
+    recompute: Literal["selective", "full", "none"] | None = Field(None, description=(
+        "--recompute_granularity; default selective (Megatron-SWIFT's), or full / none when "
+        "training.gradient_checkpointing is given"))
+
+
+# ms-swift 4.6's rlhf_type values (swift/arguments/rlhf_args.py); Megatron-SWIFT takes fewer.
+RLHF_TYPES = ("dpo", "orpo", "simpo", "kto", "cpo", "rm", "ppo", "grpo", "gkd")
+MEGATRON_RLHF_TYPES = ("dpo", "kto", "grpo", "gkd", "rm")
 
 
 class SwiftJob(JobBase):
-    """An ms-swift (4.x) fine-tuning job; with `megatron:` it runs Megatron-SWIFT instead of HF Trainer."""
+    """An ms-swift (4.x) job; with `megatron:` it runs Megatron-SWIFT instead of HF Trainer.
+
+    Fields left out train as ms-swift's own CLI would (launcher/defaults.py)."""
 
     trainer: Literal["swift"]
+    stage: Literal["sft", "pt", "rlhf"] = Field("sft", description="swift sft | pt | rlhf "
+                                                "(megatron sft | pt | rlhf with a megatron section)")
+    rlhf_type: Literal[RLHF_TYPES] | None = Field(None, description="with stage rlhf: dpo, kto, grpo, "
+                                                  "gkd, rm, orpo, simpo, cpo, ppo")
     model: str
     model_type: str | None = Field(None, description="ms-swift model type; inferred from the model when omitted")
     template: str | None = Field(None, description="ms-swift template; the model type's default when omitted")
     dataset: str | list[str]
-    max_length: int = Field(2048, ge=1, description="LLaMA-Factory's cutoff_len")
+    max_length: int | None = Field(None, ge=1, description="tokens per sample (LLaMA-Factory's "
+                                   "cutoff_len); default: the model's maximum, as ms-swift")
     finetuning: Finetuning
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import Problem
+from . import known_args
 from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
 from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
 from .select import node_procs, world_size, world_text
@@ -266,6 +267,7 @@ def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
     p: list[Problem] = []
     if job.cluster.env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         p.append(Problem("cluster.env.ACCELERATE_USE_CPU", USE_CPU_WHY))
+    before = len(p)
     for key in job.passthrough:
         owner = LLAMAFACTORY_OWNED.get(key)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
@@ -279,7 +281,10 @@ def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
                              "(as seed 003's DDP example does) runs DeepSpeed, not DDP"))
         elif owner:
             p.append(Problem(f"passthrough.{key}", f"mlaunch owns this key; set {owner} instead"))
-    return p
+    flagged = {q.path for q in p[before:]}
+    free = [k for k in job.passthrough if f"passthrough.{k}" not in flagged]
+    return p + known_args.check("llamafactory", "llamafactory", free,
+                                f"LLaMA-Factory {known_args.version('llamafactory')}")
 
 
 def check_script(job: ScriptJob) -> list[Problem]:

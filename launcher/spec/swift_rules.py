@@ -7,8 +7,9 @@ import re
 
 from ..errors import Problem
 from .models import SwiftJob
-from .rules import (USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning,
-                    check_training, world_size, world_text)
+from . import known_args
+from .models import MEGATRON_RLHF_TYPES, RLHF_TYPES
+from .rules import USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning, check_training
 
 # ms-swift arguments that mlaunch renders from the spec (HF-Trainer mode and Megatron-SWIFT
 # mode), with the field that owns each. A passthrough key may not collide with these.
@@ -34,11 +35,13 @@ SWIFT_OWNED = {
     "lr_warmup_iters": "training.warmup_steps", "save_steps": "training.save_steps",
     "logging_steps": "training.logging_steps", "max_grad_norm": "training.max_grad_norm",
     "clip_grad": "training.max_grad_norm", "gradient_checkpointing": "training.gradient_checkpointing",
-    "recompute_granularity": "training.gradient_checkpointing",
+    "recompute_granularity": "megatron.recompute (or training.gradient_checkpointing)",
     "recompute_method": "training.gradient_checkpointing",
     "recompute_num_layers": "training.gradient_checkpointing", "seed": "training.seed",
     "tensor_model_parallel_size": "megatron.tp", "pipeline_model_parallel_size": "megatron.pp",
-    "sequence_parallel": "megatron.sequence_parallel",
+    "context_parallel_size": "megatron.cp", "expert_model_parallel_size": "megatron.ep",
+    "expert_tensor_parallel_size": "megatron.etp", "sequence_parallel": "megatron.sequence_parallel",
+    "rlhf_type": "stage: rlhf and rlhf_type",
 }
 
 # Megatron's lr_decay_style for each spec scheduler it can express.
@@ -70,19 +73,59 @@ def config_int(cfg: dict | None, key: str) -> int | None:
     return None
 
 
-def _divisors(n: int) -> str:
+def divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 def check_swift(job: SwiftJob) -> list[Problem]:
     """ms-swift: the shared LLaMA-Factory-style rules plus swift's own and Megatron's arithmetic."""
-    p = check_finetuning(job) + check_deepspeed(job) + check_training(job)
+    from .megatron_rules import check_megatron  # it imports this module's helpers
+    p = check_stage(job) + check_finetuning(job) + check_deepspeed(job) + check_training(job)
     if job.megatron:
         p += check_megatron(job)
     else:
         p += check_batch(job)
-    p += _check_swift_freeze(job) + check_swift_passthrough(job)
+    p += _check_swift_freeze(job) + check_swift_passthrough(job) + check_resumable(job)
     return p
+
+
+def entry_name(job: SwiftJob) -> str:
+    """The entry point's key in known_args.json: swift.sft, megatron.rlhf, ..."""
+    return ("megatron." if job.megatron else "swift.") + job.stage
+
+
+def check_stage(job: SwiftJob) -> list[Problem]:
+    """rlhf_type goes with stage rlhf, and Megatron-SWIFT's rlhf takes fewer types."""
+    if job.stage == "rlhf" and job.rlhf_type is None:
+        return [Problem("rlhf_type", f"required with stage rlhf: one of {', '.join(RLHF_TYPES)}")]
+    if job.stage != "rlhf" and job.rlhf_type is not None:
+        return [Problem("rlhf_type", f"only applies to stage rlhf, but stage is {job.stage}; "
+                        "set stage: rlhf or remove it")]
+    if job.megatron and job.rlhf_type and job.rlhf_type not in MEGATRON_RLHF_TYPES:
+        return [Problem("rlhf_type", f"Megatron-SWIFT's rlhf takes {', '.join(MEGATRON_RLHF_TYPES)}, "
+                        f"not {job.rlhf_type}; choose one of those or drop the megatron section")]
+    return []
+
+
+def not_resumable(job: SwiftJob) -> str | None:
+    """Why this job's checkpoints cannot be resumed (a passthrough that drops optimizer state)."""
+    pt = job.passthrough
+    if job.megatron and pt.get("no_save_optim") is True:
+        return ("passthrough no_save_optim: true saves no optimizer state (and with safetensors no "
+                "Megatron weights), so no checkpoint can be resumed")
+    if not job.megatron and pt.get("save_only_model") is True:
+        return ("passthrough save_only_model: true saves no optimizer, scheduler or RNG state "
+                "(and no DeepSpeed engine state), so no checkpoint can be resumed")
+    return None
+
+
+def check_resumable(job: SwiftJob) -> list[Problem]:
+    """Restarts that can only start over are refused, with the reason."""
+    why = not_resumable(job)
+    if job.max_restarts and why:
+        return [Problem("max_restarts", f"{job.max_restarts}: every restart would start over: "
+                        f"{why}; remove that key or set max_restarts: 0")]
+    return []
 
 
 def _check_swift_freeze(job: SwiftJob) -> list[Problem]:
@@ -101,74 +144,60 @@ def _check_swift_freeze(job: SwiftJob) -> list[Problem]:
     return []
 
 
-def check_megatron(job: SwiftJob) -> list[Problem]:
-    """Megatron-SWIFT: tp x pp divides the world, pp divides the layers, sp needs tp, dp batch."""
-    m = job.megatron
-    p: list[Problem] = []
-    size = world_size(job)
-    model_par = m.tp * m.pp
-    if job.deepspeed:
-        p.append(Problem("deepspeed", "Megatron-SWIFT does its own parallelism and optimizer "
-                         "sharding; DeepSpeed cannot be combined with megatron: remove one"))
-    if size and size % model_par:
-        p.append(Problem("megatron", f"tp {m.tp} × pp {m.pp} = {model_par} does not divide the world "
-                         f"size {size} ({world_text(job.cluster)}), so no whole number of "
-                         f"data-parallel replicas fits; choose tp × pp among {_divisors(size)}"))
-    if m.sequence_parallel and m.tp == 1:
-        p.append(Problem("megatron.sequence_parallel", "needs tp > 1: sequence parallelism splits "
-                         "activations across the tensor-parallel group; set tp ≥ 2 or remove it"))
-    cfg = model_config(job.model)
-    layers = config_int(cfg, "num_hidden_layers")
-    if layers and layers % m.pp:
-        p.append(Problem("megatron.pp", f"the model has {layers} layers ({job.model}/config.json), "
-                         f"not divisible by pp {m.pp}; choose pp among {_divisors(layers)}"))
-    heads = config_int(cfg, "num_attention_heads")
-    if heads and heads % m.tp:
-        p.append(Problem("megatron.tp", f"the model has {heads} attention heads ({job.model}/config.json), "
-                         f"not divisible by tp {m.tp}; choose tp among {_divisors(heads)}"))
-    b = job.batch
-    if b.global_ is not None and size and size % model_par == 0:
-        dp = size // model_par
-        want = dp * b.per_device * b.grad_accum
-        if b.global_ != want:
-            p.append(Problem("batch.global", f"{b.global_} ≠ dp {dp} × {b.per_device} per device × "
-                             f"{b.grad_accum} accumulation = {want} (dp = {size} GPUs / (tp {m.tp} × "
-                             f"pp {m.pp})); set global to {want}, change per_device/grad_accum, or omit global"))
-    f, t = job.finetuning, job.training
-    if f.type == "freeze":
-        p.append(Problem("finetuning.type", "freeze is not supported by mlaunch's Megatron-SWIFT mode "
-                         "(mcore parameter names differ); use lora or full"))
-    if f.quantization_bit:
-        p.append(Problem("finetuning.quantization_bit", "Megatron-SWIFT does not train quantized "
-                         "(QLoRA) models; remove it or drop the megatron section"))
-    if t.lr_scheduler not in MEGATRON_SCHEDULERS:
-        p.append(Problem("training.lr_scheduler", f"{t.lr_scheduler} has no Megatron equivalent; "
-                         f"use one of {', '.join(MEGATRON_SCHEDULERS)}"))
-    if t.epochs is not None and t.epochs != int(t.epochs):
-        p.append(Problem("training.epochs", f"Megatron-SWIFT counts whole epochs ({t.epochs} given); "
-                         "use a whole number or max_steps"))
-    return p
-
-
 def check_swift_passthrough(job: SwiftJob) -> list[Problem]:
-    """Extra swift arguments may not override what mlaunch renders from the spec."""
+    """Extra swift arguments: names the entry point accepts, none that mlaunch renders."""
     p: list[Problem] = []
     if job.cluster.env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         p.append(Problem("cluster.env.ACCELERATE_USE_CPU", USE_CPU_WHY))
+    free = []
     for key, value in job.passthrough.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            p.append(Problem(f"passthrough.{key}", "not an ms-swift argument name (give it without "
-                             "the leading --)"))
-        elif key == "deepspeed":
-            p.append(Problem("passthrough.deepspeed", DDP_NOT_DEEPSPEED))
-        elif key == "train_type":
-            p.append(Problem("passthrough.train_type", "ms-swift 4.x rejects --train_type (renamed "
-                             "--tuner_type); set finetuning.type instead"))
-        elif key == "use_cpu":
-            p.append(Problem("passthrough.use_cpu", USE_CPU_WHY))
-        elif key in SWIFT_OWNED:
-            p.append(Problem(f"passthrough.{key}", f"mlaunch owns this argument; set "
-                             f"{SWIFT_OWNED[key]} instead"))
-        elif value is None or value == "" or value == []:
-            p.append(Problem(f"passthrough.{key}", "empty value; give a value or remove the key"))
-    return p
+        line = _passthrough_problem(job, key, value)
+        if line:
+            p.append(Problem(f"passthrough.{key}", line))
+        elif not (key == "finetune" and value is True):
+            free.append(key)
+    where = f"ms-swift {known_args.version('swift')} `{entry_name(job).replace('.', ' ')}`"
+    return p + known_args.check("swift", entry_name(job), free, where)
+
+
+def _passthrough_problem(job: SwiftJob, key: str, value) -> str | None:
+    """What is wrong with one passthrough key, or None."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        return "not an ms-swift argument name (give it without the leading --)"
+    if key == "deepspeed":
+        return DDP_NOT_DEEPSPEED
+    if key == "train_type":
+        return "ms-swift 4.x rejects --train_type (renamed --tuner_type); set finetuning.type instead"
+    if key == "use_cpu":
+        return USE_CPU_WHY
+    if key == "rlhf_type":
+        return (f"`swift {job.stage}` has no --rlhf_type, so every node would stop at start; set "
+                f"stage: rlhf and rlhf_type: {value} instead")
+    if key == "finetune" and job.megatron and value is True:
+        return None   # Megatron-SWIFT's default; a note says so, nothing is rendered
+    if key == "finetune" and job.megatron:
+        return ("false continues a Megatron checkpoint's iteration and optimizer, which mlaunch "
+                "renders itself when resuming; use --resume (or max_restarts) instead")
+    if key in SWIFT_OWNED and not (key == "finetune" and not job.megatron):
+        return f"mlaunch owns this argument; set {SWIFT_OWNED[key]} instead"
+    if value is None or value == "" or value == []:
+        return "empty value; give a value or remove the key"
+    return None
+
+
+def rendered_passthrough(job: SwiftJob) -> dict:
+    """The passthrough arguments rendered after mlaunch's own (finetune true is the default)."""
+    return {k: v for k, v in job.passthrough.items() if not (k == "finetune" and v is True)}
+
+
+def swift_notes(job: SwiftJob) -> list[str]:
+    """Dry-run lines for settings ms-swift accepts but changes or ignores."""
+    notes = []
+    if job.passthrough.get("finetune") is True:
+        notes.append("passthrough finetune: true is Megatron-SWIFT's default (load weights only; "
+                     "a resume renders --finetune false); not rendered")
+    m = job.megatron
+    if m and m.sequence_parallel and m.tp == 1:
+        notes.append("megatron.sequence_parallel with tp 1: ms-swift turns it off "
+                     "(megatron_args.py: sequence_parallel needs tp > 1); no effect")
+    return notes
