@@ -86,9 +86,12 @@ def test_user_and_port_go_to_ssh_only():
         assert n.argv[n.argv.index("--master-addr") + 1] == "node1"
         assert "@" not in n.log_path and ":2222" not in n.log_path
     text = describe_plan(plan)
-    assert "=== node 0: node1 (ssh train@node1:2222) ===" in text
-    assert "=== node 1: node2 (ssh node2:22) ===" in text
-    assert "=== node 2: node3 (ssh ops@node3:22) ===" in text
+    assert "\nnode 0: node1 (ssh train@node1:2222)\n" in text
+    assert "\n  hosts: node2 (ssh node2:22), node3 (ssh ops@node3:22)\n" in text
+    full = describe_plan(plan, full=True)
+    assert "=== node 0: node1 (ssh train@node1:2222) ===" in full
+    assert "=== node 1: node2 (ssh node2:22) ===" in full
+    assert "=== node 2: node3 (ssh ops@node3:22) ===" in full
 
 
 def test_host_user_contradicting_ssh_user():
@@ -313,7 +316,7 @@ def test_openmpi_max_slots_read_past_and_said(tmp_path):
     path = hostfile_job(tmp_path, "a slots=4 max_slots=4\nb slots = 4 max_slots=8\n")
     job = load_spec(path)
     assert job.cluster.gpus_per_node == 4
-    note = f"{tmp_path / 'hosts'}: max_slots= ignored on lines 1, 2; mlaunch reads only slots="
+    note = "hostfile hosts: max_slots= ignored on lines 1, 2; mlaunch reads only slots="
     assert f"note: {note}\n" in describe_plan(build_plan(job, run_id="R"))
     assert f"note: {note}\n" in mlaunch("validate", path).stdout
 
@@ -525,12 +528,12 @@ def test_dry_run_of_the_mixed_hostfile_example():
     head = r.stdout.splitlines()[1:5]
     assert head == [
         "world: 3 nodes × (4+1+2) processes = 7",
-        f"note: {os.path.join(CONFIGS, 'hosts-mixed.txt')}: max_slots= ignored on line 2; mlaunch "
-        "reads only slots=",
+        "note: hostfile hosts-mixed.txt: max_slots= ignored on line 2; mlaunch reads only slots=",
         "note: exclude 'gpu-b:1': 3 of 3 hosts, 7 slots; kept slots become CUDA_VISIBLE_DEVICES",
         "global batch: 56 = 3 nodes × (4+1+2) GPUs × 2 per device × 4 accumulation"]
-    for title in ("=== node 0: gpu-a (ssh train@gpu-a:22) ===", "=== node 1: gpu-b (ssh train@gpu-b:22) ===",
-                  "=== node 2: gpu-c (ssh train@gpu-c:2222) ==="):
+    for title in ("node 0: gpu-a (ssh train@gpu-a:22)\n  processes: 4, GPUs 0,1,2,3 (CUDA_VISIBLE_DEVICES)",
+                  "node 1: gpu-b (ssh train@gpu-b:22)\n  processes: 1, GPUs 0 (CUDA_VISIBLE_DEVICES)",
+                  "node 2: gpu-c (ssh train@gpu-c:2222)\n  processes: 2, GPUs 0,1 (CUDA_VISIBLE_DEVICES)"):
         assert title in r.stdout
     assert r.stdout.count("--master-addr gpu-a ") == 3
     assert [int(x) for x in re.findall(r"--nproc-per-node (\d+)", r.stdout)] == [4, 1, 2]

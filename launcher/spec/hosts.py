@@ -106,11 +106,13 @@ def check_hosts(hosts: list[str], ssh_user: str | None, ssh_port: int | None) ->
     return p
 
 
-def parse_hostfile(text: str, name: str) -> tuple[list[str], list[int | None], list[Problem], list[str]]:
+def parse_hostfile(text: str, name: str, shown: str | None = None
+                   ) -> tuple[list[str], list[int | None], list[Problem], list[str]]:
     """DeepSpeed/OpenMPI hostfile lines `host [slots=N] [key=value ...]`, # comments, blank lines.
 
-    Returns hosts, slots (None where a line has none), problems and notes: keys other than
-    slots (OpenMPI's max_slots, ...) are read past, and the notes say which, once per key.
+    Returns hosts, slots (None where a line has none), problems (named `name:line`) and
+    notes (naming `shown`, the path as the spec gives it): keys other than slots (OpenMPI's
+    max_slots, ...) are read past, and the notes say which, once per key.
     """
     hosts, slots, problems = [], [], []
     ignored: dict[str, list[int]] = {}
@@ -137,7 +139,7 @@ def parse_hostfile(text: str, name: str) -> tuple[list[str], list[int | None], l
             continue
         hosts.append(host)
         slots.append(count)
-    notes = [f"{name}: {key}= ignored on {_lines(ns)}; mlaunch reads only slots="
+    notes = [f"{shown or name}: {key}= ignored on {_lines(ns)}; mlaunch reads only slots="
              for key, ns in ignored.items()]
     return hosts, slots, problems, notes
 

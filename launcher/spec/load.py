@@ -147,7 +147,8 @@ def _expand_hostfile(raw: dict, base: str) -> tuple[list[Problem], list[str]]:
         return [Problem("cluster.hostfile", "give hosts or hostfile, not both")], []
     path = os.path.join(base, os.path.expanduser(str(cluster["hostfile"])))
     try:
-        hosts, slots, problems, notes = parse_hostfile(read_text(path, "hostfile"), path)
+        hosts, slots, problems, notes = parse_hostfile(read_text(path, "hostfile"), path,
+                                                       f"hostfile {cluster['hostfile']}")
     except SpecError as e:
         return [Problem("cluster.hostfile", str(e.problems[0]))], []
     cluster["hosts"] = hosts
