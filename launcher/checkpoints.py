@@ -58,11 +58,15 @@ class Discovery:
     # "name@mtime" of every candidate seen: a restart of a fresh (--overwrite) launch
     # passes them back as `ignore`, so it never resumes from an older run's checkpoint.
     stamps: tuple[str, ...] = field(default=(), compare=False)
+    # The chosen checkpoint's trainer_state.json numbers (global_step, epoch, max_steps,
+    # num_train_epochs): whether training had already finished when it was written.
+    progress: dict = field(default_factory=dict, compare=False)
 
     def to_json(self) -> str:
         """Serialise to the JSON object the script mode prints."""
         return json.dumps({
             "latest": self.latest, "step": self.step, "found_any": self.found_any,
+            "progress": self.progress,
             "skipped": [{"path": s.path, "name": s.name, "reason": s.reason}
                         for s in self.skipped], "stamps": list(self.stamps)})
 
@@ -73,7 +77,7 @@ class Discovery:
         skipped = tuple(Skipped(s["path"], s["name"], s["reason"])
                         for s in d.get("skipped", []))
         return cls(d.get("latest"), d.get("step"), skipped, bool(d.get("found_any")),
-                   tuple(d.get("stamps", ())))
+                   tuple(d.get("stamps", ())), dict(d.get("progress") or {}))
 
     def explain(self) -> list[str]:
         """One human line per skipped checkpoint, saying what is used instead."""
@@ -257,6 +261,17 @@ def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
     return weights
 
 
+def _progress(path: str) -> dict:
+    """The schedule numbers of a (complete) checkpoint's trainer_state.json; {} if none."""
+    try:
+        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    keys = ("global_step", "epoch", "max_steps", "num_train_epochs")
+    return {k: state[k] for k in keys if isinstance(state, dict) and isinstance(state.get(k), (int, float))}
+
+
 def _stamp(output_dir: str, name: str) -> str:
     """name@mtime of the checkpoint's trainer_state.json (else of its dir): changes on re-save."""
     path = os.path.join(output_dir, *name.split("/"))
@@ -289,7 +304,7 @@ def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
         else:
             reason = check_checkpoint(path, step, deepspeed=deepspeed, dp_size=dp_size)
         if reason is None:
-            return Discovery(path, step, tuple(skipped), True, stamps)
+            return Discovery(path, step, tuple(skipped), True, stamps, _progress(path))
         skipped.append(Skipped(path, name, reason))
     return Discovery(None, None, tuple(skipped), bool(cands), stamps)
 

@@ -34,27 +34,32 @@ def _submit_options(f):
         click.option("--max-restarts", type=click.IntRange(0, 100),
                      help="After a node failure, relaunch from the latest checkpoint up to N times."),
         click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
+        click.option("--force", is_flag=True, help="Launch although the memory estimate says the batch will not fit."),
     ]):
         f = opt(f)
     return f
 
 
 def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
-                no_preflight) -> None:
+                no_preflight, force=False) -> None:
     from .plan import build_plan
     if full and not dry_run:
         raise UserError("--full only goes with --dry-run")
     spec = _load(job)
     if dry_run:
+        from .meminputs import inputs
+        from .plancli import refuse_unfit
         from .present import describe_plan
-        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite)
+        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite,
+                          memory=inputs(spec))
+        refuse_unfit(plan.batch, force)
         click.echo(describe_plan(plan, full=full), nl=False)
         if resume:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
     from .submit import SubmitOptions, submit as do_submit
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
-                         max_restarts=max_restarts, preflight=not no_preflight)
+                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
     sys.exit(do_submit(spec, opts))
 
 
@@ -125,7 +130,9 @@ def schema() -> None:
 def _register() -> None:
     """Commands that live in their own modules."""
     from .cli_report import report
+    from .plancli import plan_cmd
     cli.add_command(report)
+    cli.add_command(plan_cmd)
 
 
 _register()

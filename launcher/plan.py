@@ -8,11 +8,11 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass
 
-from . import render
+from . import batchplan, render
 from .spec import SECRET_NAME, JobBase
 from .spec.hosts import LOOPBACK, HostAddr, host_addrs
 from .spec.rules import node_devices
-from .spec.select import procs_of
+from .spec.select import procs_of, world_size
 from .trainers import TRAINERS, RenderedFile, RunContext
 
 # Defaults learned the hard way; a user's cluster.env overrides them.
@@ -56,6 +56,7 @@ class LaunchPlan:
     secrets: tuple[str, ...]
     resume_from: str | None = None
     attempt: int = 0          # 0 for the first launch, n for the n-th automatic restart
+    batch: batchplan.Decision | None = None   # the batch numbers rendered, and why
 
     def mask(self, text: str) -> str:
         """text with every secret value replaced, for anything printed or logged."""
@@ -70,13 +71,18 @@ def new_run_id(name: str) -> str:
 
 
 def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
-               resume_from: str | None = None, overwrite: bool = False,
-               attempt: int = 0, transformers: str | None = None) -> LaunchPlan:
+               resume_from: str | None = None, overwrite: bool | str | None = False,
+               attempt: int = 0, transformers: str | None = None,
+               memory: batchplan.MemoryInputs | None = None) -> LaunchPlan:
     """Turn a validated job into the per-node commands and the files they read.
 
     Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
-    that teardown and logs of one attempt never mix with another's.
+    that teardown and logs of one attempt never mix with another's. Batch fields left to
+    mlaunch are filled in first (batchplan, from `memory`), so every file renders the same
+    numbers; refusing an unfit batch is the caller's (batchplan.Decision.problems).
     """
+    decision = batchplan.resolve(job, memory)
+    job = decision.job if decision else job
     run_id = run_id or new_run_id(job.name)
     c = job.cluster
     addrs = host_addrs(c.hosts)
@@ -90,13 +96,14 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
     argv_tail = tuple(trainer.entry(job, run))
     suffix = f".attempt{attempt}" if attempt else ""
+    solo = in_process(job)
     master = c.master_addr or addrs[0].name
-    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix)
+    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix, solo)
                   for rank, addr in enumerate(addrs))
     return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
-                      resume_from=resume_from, attempt=attempt)
+                      resume_from=resume_from, attempt=attempt, batch=decision)
 
 
 def secret_values(job: JobBase) -> tuple[str, ...]:
@@ -113,19 +120,40 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
-def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
-          tail: tuple[str, ...], log_base: str, suffix: str) -> NodePlan:
-    c, host = job.cluster, addr.name
-    bindir = remote_bin(job)
-    argv = (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
+def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
+                   tail: tuple[str, ...]) -> tuple[str, ...]:
+    """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
+    c, bindir = job.cluster, remote_bin(job)
+    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
             "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(procs_of(c, rank)),
             "--node-rank", str(rank), "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",
             "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
             *tail)
+
+
+def remote_python(job: JobBase) -> str:
+    """The interpreter the nodes run: cluster.python, the venv's, else python3 on PATH."""
+    c = job.cluster
+    return c.python or (posixpath.join(c.venv, "bin", "python") if c.venv else "python3")
+
+
+def in_process(job: JobBase) -> bool:
+    """The whole job is one process and its trainer runs that without torchrun."""
+    return (job.cluster.torchrun == "auto" and world_size(job) == 1
+            and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None))
+
+
+def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
+          tail: tuple[str, ...], log_base: str, suffix: str, solo: bool = False) -> NodePlan:
+    c, host = job.cluster, addr.name
+    bindir = remote_bin(job)
+    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, master, run, tail)
     node_id = f"{run.run_id}.node{rank}"
     env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
            "MLAUNCH_NODE_ID": node_id}
+    if solo:   # what tells the stack dump (templates/stacks.sh.j2) which process is the rank
+        env["MLAUNCH_IN_PROCESS"] = "1"
     devices = node_devices(c, rank)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
@@ -133,7 +161,7 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
     hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
     ctx = dict(run_id=run.run_id, rank=rank, nnodes=len(c.hosts), host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
-               hangup_after=f"{c.hangup_after_s:g}")
+               hangup_after=f"{c.hangup_after_s:g}", solo=solo)
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()),

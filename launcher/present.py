@@ -1,6 +1,7 @@
 """Human-readable views of a plan and of a finished job. Everything printed is masked."""
 from __future__ import annotations
 
+from . import memview
 from .plan import LaunchPlan
 from .spec import LlamaFactoryJob, SwiftJob, world_size, world_text
 from .spec.hosts import HostAddr, parse_host
@@ -26,6 +27,8 @@ def describe_plan(plan: LaunchPlan, full: bool = False) -> str:
         b = job.batch
         lines.append(f"global batch: {global_batch(job)} = {world_text(job.cluster)} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
+    if plan.batch is not None:
+        lines += memview.lines(plan.batch)
     where = "shared storage" if plan.shared else "uploaded to each node"
     lines.append(f"files: {plan.run_dir} ({where})")
     lines.append(f"logs: {plan.log_dir}")

@@ -64,6 +64,23 @@ def node_script(**context: Any) -> str:
     return render("node.sh.j2", **context)
 
 
+def bootstrap() -> str:
+    """The whole command line of every shell mlaunch starts on a node (both executors).
+
+    It reads a length line and then exactly that many bytes of script from stdin, and
+    evaluates them: the script (with cluster.env's secrets) is in no argv and no file, so
+    no `ps` on any node shows it. `read` takes one byte at a time and `head -c` stops at
+    the count, so whatever follows on stdin (the heartbeat) stays for the script.
+    """
+    return render("bootstrap.sh.j2").strip()
+
+
+def framed(script: str) -> bytes:
+    """script as bootstrap() reads it from stdin: its byte length, a newline, the bytes."""
+    data = script.encode("utf-8")
+    return b"%d\n" % len(data) + data
+
+
 def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False) -> str:
     """Shell text that ends, on one host, every process whose environment holds `match`
     (NAME=value): SIGTERM (process group first), a grace period, then SIGKILL."""
@@ -78,7 +95,7 @@ def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: floa
 
 
 def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None,
-                      overwrite: bool = False, warmup: Any = None) -> str:
+                      overwrite: bool | str | None = False, warmup: Any = None) -> str:
     """LLaMA-Factory's training YAML for job (warmup: trainers.Warmup or None)."""
     return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
                   run_id=run_id, ds_path=ds_path, resume_from=resume_from, overwrite=overwrite,

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import checkpoints, outdir, render
+from . import checkpoints, finished, outdir, render
 from .errors import UserError
 from .execute.job import JobResult, make_executor, run_job
 from .events import EventLog
@@ -33,6 +33,7 @@ class SubmitOptions:
     overwrite: bool = False
     max_restarts: int | None = None  # overrides the spec's max_restarts
     preflight: bool = True
+    force: bool = False              # launch although the memory estimate says it will not fit
 
 
 def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
@@ -44,9 +45,14 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None) -> int:
     printer = Printer(plan.mask, out or sys.stdout)
     executor = _connect(plan)
     try:
-        versions = _preflight(plan, executor, printer) if opts.preflight else {}
+        report = _preflight(plan, executor, printer) if opts.preflight else None
+        versions = report.stack if report else {}
+        job = _plan_batch(job, report, opts, printer)
         master = _Master(plan, executor)
         resume_from, before = _starting_point(job, master, opts, printer)
+        if resume_from and (done := finished.complete_line(job, master.last)):
+            printer.say(done)
+            return 0
         # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
         # from checkpoints this launch wrote, never from an older run's left in output_dir.
         master.ignore = () if resume_from else before
@@ -78,10 +84,26 @@ def _connect(plan: LaunchPlan):
     return executor
 
 
-def _preflight(plan: LaunchPlan, executor, printer: Printer) -> dict[str, str]:
+def _plan_batch(job: JobBase, report, opts: SubmitOptions, printer: Printer) -> JobBase:
+    """The batch numbers from the nodes' GPU memory and model config (refused when they will
+    not fit, unless --force): the job with them filled in, for every attempt."""
+    from . import batchplan, meminputs, memview
+    from .plancli import refuse_unfit
+    decision = batchplan.resolve(job, meminputs.inputs(job, report.memory if report else None))
+    if decision is None:
+        return job
+    if decision.chosen or decision.problems or decision.estimate:
+        for line in memview.lines(decision):
+            printer.say(line)
+    refuse_unfit(decision, opts.force)
+    return decision.job
+
+
+def _preflight(plan: LaunchPlan, executor, printer: Printer):
     """The fast checks; a failure stops the launch before anything starts.
 
-    Returns the versions the nodes run, which decide some rendered trainer arguments.
+    Returns the Report: the versions the nodes run (which decide some rendered trainer
+    arguments) and their GPU memory and model config (which decide the batch).
     """
     from .preflight import run_checks
     report = run_checks(plan, executor, fast_only=True, printer=printer)
@@ -89,7 +111,7 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer) -> dict[str, str]:
         for line in report.table(color=printer.color).splitlines():
             printer.say(line)
         raise UserError("preflight failed (table above); fix it, or skip with --no-preflight")
-    return report.stack
+    return report
 
 
 def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
@@ -124,19 +146,14 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     """The first launch and up to max_restarts relaunches, each resuming from a checkpoint."""
     limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
     history: list[tuple[int, JobResult, str | None]] = []
-    attempt, base_id = 0, plan.run_id
+    attempt, base_id, done = 0, plan.run_id, None
     events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id)
     events.emit("run_start", job=job.name, nodes=len(plan.nodes), world_size=world_size(plan),
                 resume_from=resume_from, backend="local" if plan.local else "ssh")
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,
-                          # A fresh start over left checkpoints: the trainer must not pick one
-                          # itself (LLaMA-Factory would resume from the last, complete or not).
-                          # A resume names its checkpoint, and must not overwrite: LLaMA-Factory
-                          # would delete trainer_log.jsonl, the steps before the restart.
-                          overwrite=not resume_from and (opts.overwrite or bool(history)
-                                                         or bool(master.ignore)),
+                          overwrite=_overwrite_why(opts, attempt, resume_from, master),
                           attempt=attempt, transformers=transformers)
         result = run_job(plan, executor, printer, connected=True)
         for line in describe_result(plan, result).splitlines():
@@ -149,15 +166,35 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
         reason = getattr(result.health, "event", None) or f"exit {result.code}"
         executor = _restart_wait(job, plan, executor, printer, attempt, limit)
         master.executor = executor
-        resume_from = master.discover().latest if TRAINERS[job.trainer].resumable else None
+        found = master.discover() if TRAINERS[job.trainer].resumable else None
+        resume_from = found.latest if found else None
+        if found and (done := finished.complete_line(job, found)):
+            printer.say(f"restart {attempt}/{limit} not needed: {done}")
+            break
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
-    events.emit("run_end", code=history[-1][1].code, attempts=len(history))
+    events.emit("run_end", code=0 if done else history[-1][1].code, attempts=len(history))
     if len(history) > 1:
         for n, res, start in history:
             printer.say(f"attempt {n}: exit {res.code}" + (f", resumed from {start}" if start else ""))
-    return history[-1][1].code
+    return 0 if done else history[-1][1].code
+
+
+def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,
+                   master: "_Master") -> str | None:
+    """Why the trainer gets overwrite_output_dir (templates/ says it in the file), or None.
+
+    Whenever output_dir may hold checkpoints mlaunch did not choose, the trainer must not
+    pick one itself: LLaMA-Factory would resume from the last one, complete or not.
+    """
+    if resume_from:   # named below it; overwrite would make LLaMA-Factory delete trainer_log.jsonl
+        return None
+    if attempt:
+        return "restart_fresh"
+    if opts.overwrite:
+        return "flag"
+    return "fresh_over_left" if master.ignore else None
 
 
 def _restart_wait(job, plan, executor, printer, attempt, limit):
@@ -177,6 +214,7 @@ class _Master:
         bindir = remote_bin(plan.job)
         self.python = posixpath.join(bindir, "python") if bindir else "python3"
         self._beat: threading.Event | None = None
+        self.last: checkpoints.Discovery | None = None   # the latest discover()
         self.ignore: tuple[str, ...] = ()   # checkpoint stamps a restart must not resume from
 
     def discover(self) -> checkpoints.Discovery:
@@ -184,7 +222,8 @@ class _Master:
         args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
         if self.ignore:
             args += ["--ignore-json", json.dumps(list(self.ignore))]
-        return checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
+        self.last = checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
+        return self.last
 
     def lock(self, printer: Printer) -> None:
         if not self.output_dir:

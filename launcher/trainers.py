@@ -30,12 +30,14 @@ class RunContext:
     run_id: str
     run_dir: str
     resume_from: str | None = None
-    overwrite: bool = False
+    overwrite: bool | str | None = False  # why overwrite_output_dir (submit._overwrite_why)
     transformers: str | None = None   # the nodes' version, when preflight probed it
 
 
 class Trainer(Protocol):
     resumable: bool  # writes checkpoints that `--resume` and restarts can continue from
+    # A world of one may run entry() with plain python, no torchrun (cluster.torchrun auto).
+    in_process: bool
 
     def files(self, job: JobBase, run: RunContext) -> list[RenderedFile]:
         """Config files every node must be able to read."""
@@ -51,6 +53,9 @@ class LlamaFactory:
     """LLaMA-Factory via its launcher module, fed one rendered YAML (+ ds_config.json)."""
 
     resumable = True
+    # llamafactory-cli runs one device in-process (no process group, no NCCL buffers);
+    # DeepSpeed keeps torchrun: a single-process engine wants the launcher's environment.
+    in_process = True
 
     def discovery_args(self, job: LlamaFactoryJob) -> list[str]:
         return deepspeed_discovery_args(job)
@@ -76,6 +81,7 @@ class Script:
     """Any script or module, exactly as a user would hand it to torchrun."""
 
     resumable = False
+    in_process = False   # a user's script may read RANK or init a process group from env://
 
     def discovery_args(self, job: ScriptJob) -> list[str]:
         return []
@@ -101,6 +107,7 @@ class Swift:
     """
 
     resumable = True
+    in_process = False   # not tested without torchrun here
 
     def discovery_args(self, job: SwiftJob) -> list[str]:
         return ["--megatron"] if job.megatron else deepspeed_discovery_args(job)

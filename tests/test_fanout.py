@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from launcher.execute.base import HEARTBEAT_S, heartbeat_period
+
 from .helpers import ROOT, mlaunch, script_job, write_spec
 
 
@@ -108,7 +110,7 @@ def test_sigint_tears_down_exit_130(make_hostset, tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         ready = set()
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240   # generous: a loaded 2-core machine
         for line in proc.stdout:
             m = re.search(r"ready rank (\d+)", line)
             if m:
@@ -117,7 +119,7 @@ def test_sigint_tears_down_exit_130(make_hostset, tmp_path):
                 break
         assert len(ready) == 4
         proc.send_signal(signal.SIGINT)
-        rest = proc.communicate(timeout=60)[0]
+        rest = proc.communicate(timeout=180)[0]
         assert proc.returncode == 130, rest
         assert "interrupted" in rest
         for h in hs.hosts:
@@ -279,13 +281,13 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
                 break
         try:
             r = submit(tmp_path, script_job(hosts, 1, "fail_or_sleep.py", ["1", "5", "1"],
-                                            str(tmp_path / "failing"), hs=hs))
+                                            str(tmp_path / "failing"), hs=hs), timeout=300)
             assert r.returncode == 5, r.stdout[-2000:]
             assert all(os.path.exists(f"/proc/{p}") for p in pids), "the other job was hit"
             assert other.poll() is None
         finally:
             other.send_signal(signal.SIGINT)
-            other.communicate(timeout=60)
+            other.communicate(timeout=180)
         assert other.returncode == 130
 
 
@@ -293,9 +295,17 @@ def test_heartbeat_keeps_a_long_node_alive_local(tmp_path):
     """A node quietly busy for longer than hangup_after_s is not mistaken for an orphan."""
     spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "12"], str(tmp_path / "out"),
                       hangup_after_s=5)
-    r = submit(tmp_path, spec)
+    r = submit(tmp_path, spec, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
     assert "rank 0 exiting 0" in r.stdout
+
+
+def test_heartbeat_period_is_a_quarter_of_the_hangup_wait_at_most():
+    """The smallest hangup_after_s (5 s) still leaves three late beats before the guard fires."""
+    assert heartbeat_period(5) == 1.25
+    assert heartbeat_period(12) == 3
+    assert heartbeat_period(30) == HEARTBEAT_S == 5
+    assert heartbeat_period(3600) == 5
 
 
 @pytest.mark.multihost
@@ -303,6 +313,6 @@ def test_heartbeat_keeps_a_long_node_alive_ssh(make_hostset, tmp_path):
     with make_hostset(1) as hs:
         spec = script_job([hs.hosts[0].ip], 1, "fail_or_sleep.py", ["0", "0", "12"],
                           str(tmp_path / "out"), hs=hs, hangup_after_s=5)
-        r = submit(tmp_path, spec)
+        r = submit(tmp_path, spec, timeout=300)
         assert r.returncode == 0, r.stdout[-2000:]
         assert "rank 0 exiting 0" in r.stdout

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 
@@ -547,3 +548,40 @@ def test_stale_jit_build_lock_is_named(tmp_path):
     os.remove(stale)
     row = check(spec).get("software/jit-lock", 0)
     assert row.status == "pass" and row.detail == f"no stale lock in {ext}; a build is running (1 fresh lock)"
+
+
+FAKE_LIBNCCL = "int ncclGetVersion(int *v) { *v = 22703; return 0; }\n"
+
+
+def fake_cuda_torch(root, nccl_wheel: str | None = None, libnccl: bool = False) -> None:
+    """A CUDA-looking torch under root whose import leaves a marker (and fails)."""
+    torch = root / "torch"
+    (torch / "lib").mkdir(parents=True)
+    (torch / "version.py").write_text("__version__ = '2.11.0+cu130'\ncuda = '13.0'\n")
+    (torch / "__init__.py").write_text(f"open({str(root / 'imported')!r}, 'w').close()\n"
+                                       "raise ImportError('fake torch')\n")
+    if nccl_wheel:
+        info = root / f"nvidia_nccl_cu13-{nccl_wheel}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-nccl-cu13\nVersion: {nccl_wheel}\n")
+    if libnccl:
+        src = root / "nccl.c"
+        src.write_text(FAKE_LIBNCCL)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(torch / "lib" / "libnccl.so.2"), str(src)],
+                       check=True)
+
+
+@pytest.mark.parametrize("how", ["wheel", "library", "static"])
+def test_fast_checks_read_nccl_without_importing_torch(tmp_path, how):
+    """CUDA nodes: the NCCL version comes from the wheel's metadata or the library's
+    ncclGetVersion, never from `import torch` (seconds per node) in submit's fast checks."""
+    fake = tmp_path / "site"
+    fake_cuda_torch(fake, nccl_wheel="2.28.9" if how == "wheel" else None, libnccl=how == "library")
+    spec = script_job(["localhost"], 1, "allreduce.py", [], str(tmp_path / "out"),
+                      env={"PYTHONPATH": str(fake)})
+    spec["preflight"] = dict(PF)
+    row = check(spec).get("software/versions", 0)
+    want = {"wheel": "nccl 2.28.9", "library": "nccl 2.27.3",
+            "static": "nccl not read (linked into torch; `mlaunch check` reads it)"}[how]
+    assert row.status == "pass" and "torch 2.11.0+cu130, cuda 13.0, " + want in row.detail, row
+    assert not (fake / "imported").exists(), "the fast checks imported torch"

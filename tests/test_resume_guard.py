@@ -28,7 +28,9 @@ def lf_job(tmp_path, out_dir: str) -> dict:
     # The job's python is this interpreter (for mlaunch's own helpers); torchrun is the fake.
     (bindir / "python").symlink_to(sys.executable)
     return {"name": "lf", "trainer": "llamafactory",
-            "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": str(bindir / "python")},
+            # torchrun always: the fake torchrun must run although the job is one process.
+            "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": str(bindir / "python"),
+                        "torchrun": "always"},
             "model": "/models/tiny", "template": "qwen", "dataset": "tiny", "cutoff_len": 64,
             "finetuning": {"type": "lora"}, "batch": {"per_device": 1},
             "training": {"learning_rate": 1e-4, "max_steps": 10, "save_steps": 5},

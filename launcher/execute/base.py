@@ -8,8 +8,17 @@ from ..errors import Problem
 from ..plan import LaunchPlan, NodePlan
 
 LOST = 255            # exit code reported for a node whose connection dropped
-HEARTBEAT_S = 5.0     # launcher -> node heartbeat period (the node waits hangup_after_s)
+HEARTBEAT_S = 5.0     # longest launcher -> node heartbeat period (see heartbeat_period)
 TEARDOWN_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+
+
+def heartbeat_period(hangup_after_s: float) -> float:
+    """Seconds between heartbeats: at most a quarter of the node's hang-up wait.
+
+    A guard that waited exactly one period would end a healthy node on the first late
+    beat (a loaded launcher, a slow link); with four beats per wait, three can be late.
+    """
+    return min(HEARTBEAT_S, hangup_after_s / 4)
 
 
 @dataclass

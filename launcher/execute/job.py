@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .. import render
 from ..errors import UserError
 from ..plan import LaunchPlan, NodePlan
-from .base import HEARTBEAT_S, LOST, TEARDOWN_GRACE, Executor, Exit, Running
+from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
 from .watch import EXIT_CODES, Watch
 
@@ -127,11 +127,12 @@ class _Session:
 
     def _heartbeats(self) -> None:
         # Until every node has reported, keep each node's hang-up guard from firing.
+        period = heartbeat_period(self.plan.job.cluster.hangup_after_s)
         while any(o.exit is None for o in self.outcomes):
             for rank, running in list(self.running.items()):
                 if self.outcomes[rank].exit is None:
                     running.heartbeat()
-            time.sleep(HEARTBEAT_S)
+            time.sleep(period)
 
     def _start(self, node: NodePlan) -> bool:
         log = NodeLog(node.log_path, self.plan.mask)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from .. import render
 from ..errors import Problem
 from ..plan import LaunchPlan, NodePlan
 from .base import Exit
@@ -55,18 +56,24 @@ class LocalExecutor:
                 fh.write(f.content)
 
     def start(self, node: NodePlan) -> LocalRunning:
-        proc = subprocess.Popen(["/bin/sh", "-c", node.script], stdin=subprocess.PIPE,
+        # The script goes over stdin, never argv (render.bootstrap): it holds the secrets.
+        proc = subprocess.Popen(["/bin/sh", "-c", render.bootstrap()], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        try:
+            proc.stdin.write(render.framed(node.script))
+            proc.stdin.flush()
+        except OSError:  # the shell died at once; wait() reports how
+            pass
         return LocalRunning(proc)
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
         try:
-            done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
+            done = subprocess.run(["/bin/sh", "-c", render.bootstrap()], capture_output=True,
+                                  timeout=timeout, input=render.framed(script))
         except subprocess.TimeoutExpired as e:
-            return 124, str(e.stdout or "")
-        return done.returncode, done.stdout + done.stderr
+            return 124, (e.stdout or b"").decode("utf-8", "replace")
+        return done.returncode, (done.stdout + done.stderr).decode("utf-8", "replace")
 
     def close(self) -> None:
         pass

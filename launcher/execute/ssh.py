@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import paramiko
 from fabric import Config, Connection
 
+from .. import render
 from ..errors import Problem
 from ..plan import LaunchPlan, NodePlan
 from ..spec import SSH
@@ -90,7 +91,10 @@ class SSHExecutor:
         chan = self._conns[node.login].client.get_transport().open_session(
             timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
         chan.set_combine_stderr(True)
-        chan.exec_command(node.script)
+        # The script travels over the session's stdin, ahead of the heartbeat bytes: the
+        # command line sshd hands the login shell is only the fixed bootstrap.
+        chan.exec_command(bootstrap_command())
+        chan.sendall(render.framed(node.script))
         return SSHRunning(chan)
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
@@ -102,7 +106,9 @@ class SSHExecutor:
             chan = transport.open_session(timeout=min(timeout, 10))
             chan.settimeout(timeout)
             chan.set_combine_stderr(True)
-            chan.exec_command(script)
+            chan.exec_command(bootstrap_command())
+            chan.sendall(render.framed(script))
+            chan.shutdown_write()   # the script then reads EOF on stdin, as with /dev/null
             out = b"".join(iter(lambda: chan.recv(65536), b""))
             return chan.recv_exit_status(), out.decode("utf-8", "replace")
         except (OSError, EOFError, paramiko.SSHException) as e:
@@ -164,6 +170,11 @@ class SSHExecutor:
         with conn.client.open_sftp() as sftp:
             for f in plan.files:
                 sftp.putfo(io.BytesIO(f.content.encode()), posixpath.join(plan.run_dir, posixpath.basename(f.path)))
+
+
+def bootstrap_command() -> str:
+    """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is."""
+    return "exec /bin/sh -c " + shlex.quote(render.bootstrap())
 
 
 def _addr(login: str) -> HostAddr:

@@ -50,6 +50,21 @@ def wanted(ctx: Ctx, rank: int) -> list[int]:
     return mine if mine is not None else list(range(procs_of(c, rank)))
 
 
+def memory_facts(ctx: Ctx, facts: dict) -> dict:
+    """For batch planning: the smallest memory.total (MiB) of the GPUs the job uses, and the
+    model's config.json as node 0 read it (None where unknown)."""
+    totals = []
+    for r in ctx.live:
+        f = facts.get(r)
+        g = f.get("gpu", {}) if isinstance(f, dict) else {}
+        if g.get("smi") and g.get("code") == 0:
+            use = set(wanted(ctx, r))
+            totals += [x["total"] for x in parse_gpus(g.get("gpus", "")) if x["index"] in use and x["total"]]
+    node0 = facts.get(0) if isinstance(facts.get(0), dict) else {}
+    cfg = (node0.get("model_config") or {}).get("config")
+    return {"gpu_mib": min(totals) if totals else None, "model_config": cfg if isinstance(cfg, dict) else None}
+
+
 def check(ctx: Ctx, facts: dict) -> list[CheckResult]:
     """Per node: nvidia-smi works, the GPUs exist, the driver matches the majority, GPUs are idle."""
     gpus = {r: parse_gpus(f["gpu"].get("gpus", "")) for r in ctx.live

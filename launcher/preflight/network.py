@@ -13,6 +13,7 @@ from .probe import Ctx, on_nodes, py_script
 from .report import CheckResult
 
 MESH_WINDOW_S = 8.0   # how long dialers retry: listeners on slow nodes start late
+NO_RENDEZVOUS = "not needed: one process without torchrun binds no master_port"
 
 
 def is_loopback(addr: str) -> bool:
@@ -44,11 +45,12 @@ def mesh_plan(ctx: Ctx, facts: dict[int, dict | str]) -> dict[int, dict]:
     plans = {}
     for r in dialers:
         listen = []
-        if r == 0:
+        if r == 0 and ctx.rendezvous:
             listen.append({"key": "master", "port": ctx.master_port, "expect": len(dialers)})
         if r in targets:
             listen.append({"key": "mesh", "port": targets[r][1], "expect": len(set(dialers) - {r})})
-        dials = [{"key": "master", "addr": ctx.master_addr, "port": ctx.master_port, "expect": 0}]
+        dials = ([{"key": "master", "addr": ctx.master_addr, "port": ctx.master_port, "expect": 0}]
+                 if ctx.rendezvous else [])
         dials += [{"key": f"node{i}", "addr": a, "port": p, "expect": i}
                   for i, (a, p) in targets.items() if i != r]
         plans[r] = {"rank": r, "nonce": ctx.nonce, "listen": listen, "dials": dials,
@@ -70,6 +72,8 @@ def port_free(ctx: Ctx, facts: dict) -> list[CheckResult]:
     """master_port must be free on node 0, where torchrun's rendezvous store will bind it."""
     host, port = ctx.nodes[0].host, ctx.master_port
     f = facts.get(0)
+    if not ctx.rendezvous:
+        return [CheckResult("network/port-free", 0, host, "skip", NO_RENDEZVOUS)]
     if not isinstance(f, dict) or "port" not in f:
         return [_skip("network/port-free", ctx, 0, f)]
     p = f["port"]
@@ -93,6 +97,9 @@ def port_reachable(ctx: Ctx, mesh: dict) -> list[CheckResult]:
     for r in ctx.live:
         m = mesh.get(r)
         host = ctx.nodes[r].host
+        if not ctx.rendezvous:
+            out.append(CheckResult("network/port-reachable", r, host, "skip", NO_RENDEZVOUS))
+            continue
         d = m.get("dials", {}).get("master") if isinstance(m, dict) else None
         if d is None:
             out.append(_skip("network/port-reachable", ctx, r, m))

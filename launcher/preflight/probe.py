@@ -11,7 +11,7 @@ from typing import Callable
 
 from .. import render
 from ..execute.base import Executor
-from ..plan import LaunchPlan, NodePlan, remote_bin
+from ..plan import LaunchPlan, NodePlan, in_process, remote_bin
 from ..spec import LlamaFactoryJob, ScriptJob
 
 MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
@@ -52,6 +52,7 @@ class Ctx:
     executor: Executor
     unreachable: dict[int, str] = field(default_factory=dict)   # rank -> why SSH failed
     nonce: str = field(default_factory=lambda: secrets.token_hex(4))
+    fast_only: bool = False   # submit's fast checks: no probe may import torch (seconds a node)
 
     @property
     def job(self):
@@ -75,6 +76,11 @@ class Ctx:
         """The remote interpreter the job will use (torchrun's neighbour)."""
         bindir = remote_bin(self.job)
         return posixpath.join(bindir, "python") if bindir else "python3"
+
+    @property
+    def rendezvous(self) -> bool:
+        """torchrun's store binds master_port; a job of one in-process rank binds none."""
+        return not in_process(self.job)
 
     @property
     def master_addr(self) -> str:
@@ -122,10 +128,12 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
     return {
         "rank": rank, "nonce": ctx.nonce, "bindir": remote_bin(job), "workdir": c.workdir,
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
-        "master_port": ctx.master_port if rank == 0 else None,
+        "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
-        "budget": max(1.0, ctx.pf.check_timeout_s - 2.0),
+        # node 0 sends the model's config.json back for batch planning (launcher/batchplan.py)
+        "model_config": job.model if rank == 0 and isinstance(getattr(job, "model", None), str) else None,
+        "budget": max(1.0, ctx.pf.check_timeout_s - 2.0), "import_torch": not ctx.fast_only,
     }
 
 

@@ -39,6 +39,7 @@ class Report:
     results: tuple[CheckResult, ...]
     seconds: float
     stack: dict = field(default_factory=dict)   # majority versions: torch, transformers, ...
+    memory: dict = field(default_factory=dict)  # gpu_mib, model_config: for batch planning
 
     @property
     def ok(self) -> bool:

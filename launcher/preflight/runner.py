@@ -28,7 +28,7 @@ def run_checks(plan: LaunchPlan, executor: Executor, *, fast_only: bool = False,
     fast_only: everything but the all-reduce (what `submit` runs before it starts).
     printer: a launcher Printer for progress lines, or None for silence.
     """
-    return run_ctx(Ctx(plan, executor), fast_only=fast_only, printer=printer)
+    return run_ctx(Ctx(plan, executor, fast_only=fast_only), fast_only=fast_only, printer=printer)
 
 
 def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
@@ -47,7 +47,8 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
     if not fast_only:
         results += _collective(ctx, results, printer)
     return Report(sort_results(results), time.monotonic() - t0,
-                  stack=software.majority_stack(ctx, facts) if ctx.live else {})
+                  stack=software.majority_stack(ctx, facts) if ctx.live else {},
+                  memory=gpu.memory_facts(ctx, facts))
 
 
 def judge(ctx: Ctx, facts: dict, mesh: dict, samples: dict) -> list[CheckResult]:

@@ -96,6 +96,10 @@ def _check_model_shape(job: SwiftJob) -> list[Problem]:
 def _check_batch(job: SwiftJob) -> list[Problem]:
     """global = dp x per_device x grad_accum with dp = world / (tp x pp x cp)."""
     b, m = job.batch, job.megatron
+    if not isinstance(b.per_device, int) or not isinstance(b.grad_accum, int) or \
+            job.training.gradient_checkpointing == "auto":
+        return [Problem("batch.per_device", "mlaunch's batch planning does not cover Megatron-SWIFT: "
+                        "give per_device (and grad_accum), and gradient_checkpointing true or false")]
     dp = data_parallel(job)
     if b.global_ is None or not dp:
         return []

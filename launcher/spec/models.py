@@ -52,8 +52,15 @@ class Cluster(Strict):
     venv: str | None = Field(None, description="remote virtualenv; same as python: VENV/bin/python")
     workdir: str | None = None
     shared_dir: str | None = Field(None, description="storage every node sees at the same path")
+    gpu_memory_gb: float | None = Field(None, gt=0, description=(
+        "memory per GPU in GiB (nvidia-smi's MiB / 1024: 80 for an 80 GB H100, 140 for an H200) "
+        "for batch planning when no GPU is asked (dry run, --no-preflight); with preflight the "
+        "smaller of this and nvidia-smi's figure counts"))
     hangup_after_s: float = Field(30.0, ge=5, le=3600, description=(
         "a node whose launcher is silent this long (no heartbeat) ends its own processes"))
+    torchrun: Literal["auto", "always"] = Field("auto", description=(
+        "auto: a job of one process (1 node x 1 GPU) of LLaMA-Factory without DeepSpeed runs "
+        "in-process, without torchrun, as llamafactory-cli does; always: torchrun even then"))
 
 
 class Finetuning(Strict):
@@ -71,12 +78,23 @@ class Finetuning(Strict):
     quantization_bit: Literal[4, 8] | None = Field(None, description="QLoRA")
 
 
-class Batch(Strict):
-    """Batch sizes; global must equal all processes (Σ per node) x per_device x grad_accum."""
+Auto = Literal["auto"]
+PositiveInt = Annotated[int, Field(ge=1)]
 
-    per_device: int = Field(ge=1)
-    grad_accum: int = Field(1, ge=1)
+
+class Batch(Strict):
+    """Batch sizes; global must equal nodes x gpus_per_node x per_device x grad_accum.
+
+    per_device omitted (or auto) with global given: mlaunch picks the micro-batch, the
+    accumulation and gradient checkpointing from its memory estimate (launcher/batchplan.py).
+    """
+
+    per_device: PositiveInt | Auto | None = Field(None, description="omit or auto: mlaunch chooses (needs global)")
+    grad_accum: PositiveInt | Auto = Field(1, description=(
+        "omitted: global / (world x per_device) when both are given, else 1; chosen with per_device"))
     global_: int | None = Field(None, alias="global", ge=1)
+    memory_margin: float = Field(0.1, ge=0, lt=1, description=(
+        "fraction of each GPU's memory the estimate must leave free"))
 
 
 class DeepSpeed(Strict):
@@ -104,7 +122,8 @@ class Training(Strict):
     logging_steps: int = Field(10, ge=1, description="default: the trainer's (10 for "
                                "LLaMA-Factory, ms-swift 5)")
     max_grad_norm: float = Field(1.0, ge=0)
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool | Auto = Field(True, description=(
+        "auto, or omitted while mlaunch chooses per_device: chosen from the memory estimate"))
     seed: int = 42
 
 

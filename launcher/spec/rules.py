@@ -189,18 +189,45 @@ def _check_master(c: Cluster) -> list[Problem]:
 
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
-    """global = all processes x per_device x grad_accum, checked before any launch."""
+    """global = all processes (Σ per node) x per_device x grad_accum, checked before launch.
+
+    Fields left to mlaunch (per_device omitted or auto; grad_accum auto) are chosen later
+    (launcher/batchplan.py); here only what the given ones already fix is checked.
+    """
     b = job.batch
     size = world_size(job)
-    if b.global_ is None or not size:
+    if not size:
         return []
-    want = size * b.per_device * b.grad_accum
+    pd, ga = auto_batch(b)
+    if pd is None or ga is None:
+        if b.global_ is None:
+            return [Problem("batch.global", "required when mlaunch chooses per_device or grad_accum "
+                            "(omitted or auto): give the global batch, e.g. global: 64")]
+        unit = size * (pd or 1) * (ga or 1)
+        if b.global_ % unit:
+            what = " × ".join([world_text(job.cluster)] + ([f"{pd} per device"] if pd else [])
+                              + ([f"{ga} accumulation"] if ga else []))
+            return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
+                            f"set global to a multiple of {unit}")]
+        return []
+    if b.global_ is None:
+        return []
+    want = size * pd * ga
     if b.global_ == want:
         return []
     return [Problem("batch.global",
-                    f"{b.global_} ≠ {world_text(job.cluster)} × {b.per_device} per device × "
-                    f"{b.grad_accum} accumulation = {want}; set global to {want}, change "
+                    f"{b.global_} ≠ {world_text(job.cluster)} × {pd} per device × "
+                    f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
+
+
+def auto_batch(b) -> tuple[int | None, int | None]:
+    """(per_device, grad_accum) as given; None where mlaunch chooses or derives. An omitted
+    grad_accum is global / (world × per_device) when both are given, else 1 (its default)."""
+    pd = b.per_device if isinstance(b.per_device, int) else None
+    given = "grad_accum" in b.model_fields_set or (pd is not None and b.global_ is None)
+    ga = b.grad_accum if isinstance(b.grad_accum, int) and given else None
+    return pd, ga
 
 
 def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:

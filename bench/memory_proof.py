@@ -1,0 +1,332 @@
+"""GPU proof of issue 15 (memory-aware batch planning) on one H200, through mlaunch.
+
+Parts (each run appends one JSON line to OUTDIR/results.jsonl, also kept in /tmp/memory-proof):
+  estimate  estimated vs measured peak memory (nvidia-smi every 200 ms, and each rank's
+            torch.cuda.max_memory_reserved via an atexit hook) for 10 settings: LoRA and full,
+            checkpointing on and off, no DeepSpeed, ZeRO-0 and ZeRO-3, on two random Qwen2
+            shapes: the 0.39 B of bench/gpu_model.py and a 1.54 B with a 151,936 vocabulary
+            (Qwen2.5-1.5B's shape). Rows feed bench/memory_fit.py as they are.
+  sweep     a hand sweep at global batch 64 (0.39 B LoRA): checkpointing off 16×4, 32×2, 64×1,
+            on 64×1, one run each; the fastest becomes `choice`'s hand setting
+  choice    `batch: {global: 64}` chosen by mlaunch vs LLaMA-Factory's example habits
+            (checkpointing on, 8 × 8) vs the best hand setting (the sweep's, else --hand,
+            default the issue's fastest: off 64 × 1), alternating, --runs each; samples/s, peaks,
+            whether any run ran out of memory
+Usage, from the repo root of a machine with one GPU:
+    python3 bench/memory_proof.py OUTDIR [--parts estimate,choice] [--shapes 0.39b,1.5b-150k]
+            [--steps 10] [--runs 3] [--wheels DIR]
+--cpu rehearses every part on CPU with tiny shapes (gloo, the trainer venv: MLAUNCH_TRAINER_VENV
+or .venvs/trainer); it checks this script, not the figures. --summarize FILE... prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+from gpu_proof import NO_MULTICAST, Setup, install, mlaunch, train  # noqa: E402 (bench/ on sys.path)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+W = "/tmp/memory-proof"
+SHAPES = {   # random Qwen2 models, tied embeddings, built on the GPU
+    "0.39b": dict(vocab_size=32768, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2),
+    "1.5b-150k": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                      num_attention_heads=12, num_key_value_heads=2),
+}
+CPU_SHAPES = {
+    "0.39b": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2),
+    "1.5b-150k": dict(vocab_size=4096, hidden_size=64, intermediate_size=192, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2),
+}
+LORA = {"type": "lora", "lora_rank": 16, "lora_target": "all"}
+FULL = {"type": "full"}
+# (shape, finetuning, deepspeed stage or None, checkpointing, micro-batch)
+ESTIMATE = [
+    ("0.39b", LORA, None, False, 8), ("0.39b", LORA, None, True, 32), ("0.39b", FULL, None, False, 8),
+    ("0.39b", FULL, 0, False, 8), ("0.39b", FULL, 3, True, 16),
+    ("1.5b-150k", LORA, None, True, 8), ("1.5b-150k", LORA, None, False, 4), ("1.5b-150k", LORA, 3, False, 4),
+    ("1.5b-150k", FULL, 3, True, 4), ("1.5b-150k", FULL, 0, False, 4),
+]
+SWEEP = [(False, 16, 4), (False, 32, 2), (False, 64, 1), (True, 64, 1)]
+# Written next to the job as sitecustomize.py: each rank's allocator peak at exit. It shadows
+# any other sitecustomize (the trainer venv's sets TORCH_EXTENSIONS_DIR), so it runs that one too.
+PROBE = '''import atexit, importlib.util, json, os, sys
+_here = os.path.dirname(os.path.abspath(__file__))
+for _d in sys.path:
+    _p = os.path.join(_d or ".", "sitecustomize.py")
+    if os.path.abspath(_d or ".") != _here and os.path.isfile(_p):
+        _spec = importlib.util.spec_from_file_location("_next_sitecustomize", _p)
+        _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+        break
+def _mlaunch_memprobe():
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        path = os.path.join(os.environ["MLAUNCH_MEMPROBE_DIR"], "rank%s.json" % os.environ.get("RANK", "0"))
+        with open(path, "w") as fh:
+            json.dump({"max_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
+                       "max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20}, fh)
+    except Exception:
+        pass
+if os.environ.get("MLAUNCH_MEMPROBE_DIR"):
+    atexit.register(_mlaunch_memprobe)
+'''
+
+
+def install_deepspeed(wheels: list[str]) -> None:
+    """The carried DeepSpeed sdist, built without ops into /tmp/site (FACTS.md: 16 s), once."""
+    import glob
+    import importlib.util
+    sdists = sorted(p for d in wheels for p in glob.glob(f"{d}/deepspeed-*.tar.gz"))
+    if not sdists or importlib.util.find_spec("deepspeed") is not None:
+        return
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                          "--no-build-isolation", "--no-cache-dir", "--target", "/tmp/site", sdists[-1]],
+                         env={**os.environ, "DS_BUILD_OPS": "0"}, capture_output=True, text=True)
+    if got.returncode:   # the ZeRO rows will then fail on their own; the others still run
+        print(f"DeepSpeed sdist install failed (exit {got.returncode}): {got.stderr[-1500:]}", flush=True)
+
+
+def build(dest: str, shape: str, cpu: bool) -> None:
+    """(run with the trainer's python) The tiny tokenizer and long examples of gpu_model.py,
+    and a random Qwen2 of `shape`; prints the info JSON."""
+    sys.path.insert(0, ROOT)
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from bench.gpu_model import long_examples
+    from tests.tinymodel import build_tiny
+    info = build_tiny(dest)
+    tok = AutoTokenizer.from_pretrained(info["model"])
+    cfg = Qwen2Config(**(CPU_SHAPES if cpu else SHAPES)[shape], max_position_embeddings=4096,
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device("cpu" if cpu else "cuda"):
+        model = Qwen2ForCausalLM(cfg).to(torch.float32 if cpu else torch.bfloat16)
+    model.save_pretrained(info["model"], safe_serialization=True)
+    with open(info["dataset_file"], "w") as fh:
+        json.dump(long_examples(256 if cpu else 2048), fh)
+    print(json.dumps({**info, "params": sum(p.numel() for p in model.parameters())}))
+
+
+def model(s: Setup, shape: str) -> dict:
+    """The built model of `shape` (once per machine)."""
+    dest = os.path.join(W, f"m-{shape}")
+    info = os.path.join(dest, "info.json")
+    if not os.path.exists(info):
+        out = subprocess.run([s.python, os.path.abspath(__file__), "--build", dest, shape]
+                             + (["--cpu"] if s.cpu else []), cwd=ROOT, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"building {shape} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+        with open(info, "w") as fh:
+            fh.write(out.stdout.strip().splitlines()[-1])
+    with open(info) as fh:
+        return json.load(fh)
+
+
+def job_spec(s: Setup, name: str, shape: str, batch: dict, training: dict, ft: dict, stage, steps: int) -> str:
+    """A spec like gpu_proof's: localhost, one GPU, the built model; the memory probe on PYTHONPATH."""
+    m = model(s, shape)
+    probe = os.path.join(W, "probe")
+    os.makedirs(probe, exist_ok=True)
+    with open(os.path.join(probe, "sitecustomize.py"), "w") as fh:
+        fh.write(PROBE)
+    ranks = os.path.join(W, "ranks", name)
+    shutil.rmtree(ranks, ignore_errors=True)
+    os.makedirs(ranks)
+    env = {**s.env, "MLAUNCH_MEMPROBE_DIR": ranks,
+           "PYTHONPATH": os.pathsep.join([probe, os.environ.get("PYTHONPATH", "")])}
+    job = {"name": name, "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": s.python, "env": env},
+           "trainer": "llamafactory", "model": m["model"], "template": m["template"], "dataset": m["dataset"],
+           "dataset_dir": m["dataset_dir"], "cutoff_len": s.cutoff, "finetuning": ft, "batch": batch,
+           "precision": s.precision, "output_dir": f"{W}/out-{name}",
+           "training": {"learning_rate": 1.0e-4, "max_steps": steps, "logging_steps": 1, "save_steps": 10000,
+                        "lr_scheduler": "constant", **training},
+           "preflight": {"min_free_gb": 1, "min_shm_mb": 64}}
+    if stage is not None:
+        job["deepspeed"] = {"stage": stage}
+    path = f"{W}/{name}.yaml"
+    with open(path, "w") as fh:
+        json.dump(job, fh, indent=1)   # JSON is YAML
+    return path
+
+
+def plan_of(path: str) -> dict:
+    """`mlaunch plan --json` of a spec (the estimate that submit uses, with this machine's config)."""
+    got = subprocess.run(mlaunch("plan", path, "--json", "--force"), cwd=ROOT, capture_output=True, text=True)
+    return json.loads(got.stdout) if got.stdout.strip().startswith("{") else {"error": got.stderr[-500:]}
+
+
+def setting_of(path: str, micro: int, ckpt: bool) -> tuple[dict, dict]:
+    """(config.json, memory.Setting as a dict) of a spec: what bench/memory_fit.py reads."""
+    from dataclasses import asdict
+
+    from launcher import batchplan, memory
+    from launcher.spec import load_spec, model_config
+    job = load_spec(path)
+    cfg = model_config(job.model)
+    return cfg, asdict(batchplan.setting(job, memory.shape_from_config(cfg), micro, ckpt))
+
+
+def one_run(s: Setup, out: str, part: str, kind: str, i: int, path: str, global_batch: int, **extra) -> dict:
+    """Submit through mlaunch (preflight on, --force so a misestimate never blocks), observed."""
+    name = json.load(open(path))["name"]
+    rec = train(s, out, part, kind, i, mlaunch("submit", path, "--force"), f"{W}/out-{name}", global_batch, **extra)
+    ranks = os.path.join(W, "ranks", name)
+    probe = [json.load(open(os.path.join(ranks, f))) for f in sorted(os.listdir(ranks))]
+    log = open(f"{out}/{part}-{kind}-{i}.log", errors="replace").read()
+    chosen = re.search(r"batch: per_device (\d+) × grad_accum (\d+), gradient checkpointing (on|off)", log)
+    rec.update(max_reserved_mib=max((p["max_reserved_mib"] for p in probe), default=None),
+               max_allocated_mib=max((p["max_allocated_mib"] for p in probe), default=None),
+               oom="out of memory" in log.lower(),
+               batch=dict(zip(("per_device", "grad_accum", "checkpointing"),
+                              (int(chosen[1]), int(chosen[2]), chosen[3] == "on"))) if chosen else None)
+    rec["peak_mib"] = max(rec["peak_mib"].values()) if rec["peak_mib"] else None
+    keep(out, rec)
+    return rec
+
+
+def keep(out: str, rec: dict) -> None:
+    """The final record: OUTDIR/memory.jsonl and the machine-local copy that later commands read."""
+    for d in (out, W):
+        with open(os.path.join(d, "memory.jsonl"), "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+
+def part_estimate(s: Setup, out: str, shapes: list[str], steps: int, only: list[int] | None) -> None:
+    for n, (shape, ft, stage, ckpt, micro) in enumerate(ESTIMATE):
+        if shape not in shapes or (only is not None and n not in only):
+            continue
+        name = f"est{n}"
+        path = job_spec(s, name, shape, {"per_device": micro, "grad_accum": 1},
+                        {"gradient_checkpointing": ckpt}, ft, stage, steps)
+        cfg, st = setting_of(path, micro, ckpt)
+        from launcher import memory
+        exact = memory.estimate(memory.shape_from_config(cfg), memory.Setting(**st)).total / memory.MIB
+        one_run(s, out, "estimate", name, 0, path, micro, name=shape, model=cfg, setting=st,
+                estimate_mib=round(exact), estimate_gib=plan_of(path).get("estimate_gib"))
+
+
+def part_sweep(s: Setup, out: str, steps: int) -> None:
+    for ckpt, micro, accum in SWEEP:
+        path = job_spec(s, "sweep", "0.39b", {"per_device": micro, "grad_accum": accum, "global": 64},
+                        {"gradient_checkpointing": ckpt}, LORA, None, steps)
+        one_run(s, out, "sweep", f"{'on' if ckpt else 'off'}-{micro}x{accum}", 0, path, 64,
+                hand=[ckpt, micro, accum])
+
+
+def speed_of(r: dict) -> float | None:
+    """Steady-state samples/s (second logged step to the last), else the trainer's own figure."""
+    return r.get("steady_samples_per_s") or r.get("samples_per_s")
+
+
+def best_hand(default: str) -> tuple[bool, int, int]:
+    """The fastest sweep setting recorded on this machine, else --hand."""
+    path = os.path.join(W, "memory.jsonl")
+    rows = [json.loads(x) for x in open(path)] if os.path.exists(path) else []
+    done = [r for r in rows if r["part"] == "sweep" and r["rc"] == 0 and speed_of(r)]
+    if done:
+        return tuple(max(done, key=speed_of)["hand"])
+    ck, micro, accum = default.split(",")
+    return ck == "on", int(micro), int(accum)
+
+
+def part_choice(s: Setup, out: str, runs: int, steps: int, hand: str) -> None:
+    ck, micro, accum = best_hand(hand)
+    kinds = {"auto": ({"global": 64}, {}),
+             "lf-habit": ({"per_device": 8, "grad_accum": 8, "global": 64}, {"gradient_checkpointing": True}),
+             "hand-best": ({"per_device": micro, "grad_accum": accum, "global": 64}, {"gradient_checkpointing": ck})}
+    for i in range(runs):
+        for kind, (batch, training) in kinds.items():
+            path = job_spec(s, f"choice-{kind}", "0.39b", batch, training, LORA, None, steps)
+            one_run(s, out, "choice", kind, i, path, 64)
+
+
+def summarize(paths: list[str]) -> str:
+    rows = [json.loads(x) for p in paths for x in open(p) if x.strip()]
+    out = ["| model | method | ZeRO | ckpt | micro-batch | estimate MiB | nvidia-smi peak MiB | "
+           "max_memory_reserved MiB | estimate / peak |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in (r for r in rows if r["part"] == "estimate"):
+        st, peak, est = r["setting"], r.get("peak_mib"), r.get("estimate_mib")
+        ratio = f"{est / peak:.3f}" if peak and est else "–"
+        failed = "" if r["rc"] == 0 else f" (exit {r['rc']})"
+        out.append(f"| {r['name']} | {st['finetuning']} | {st['zero_stage'] if st['zero_stage'] is not None else '–'} | "
+                   f"{'on' if st['checkpointing'] else 'off'} | {st['micro_batch']} | {est} | {peak or '–'} | "
+                   f"{round(r['max_reserved_mib']) if r.get('max_reserved_mib') else '–'} | {ratio}"
+                   f"{failed} |")
+    runs = [r for r in rows if r["part"] in ("choice", "sweep")]
+    if runs:
+        out += ["", "| part | setting | runs | samples/s (mean) | steady samples/s (mean; else samples/s) | peak MiB | OOM |",
+                "|---|---|---|---|---|---|---|"]
+        means = {}
+        for (part, kind) in dict.fromkeys((r["part"], r["kind"]) for r in runs):
+            rs = [r for r in runs if (r["part"], r["kind"]) == (part, kind)]
+            sps = [r["samples_per_s"] for r in rs if r.get("samples_per_s")]
+            steady = [speed_of(r) for r in rs if speed_of(r)]
+            means[(part, kind)] = sum(steady) / len(steady) if steady else None
+            b = rs[-1].get("batch")
+            label = kind + (f" ({b['per_device']}×{b['grad_accum']}, ckpt {'on' if b['checkpointing'] else 'off'})" if b else "")
+            out.append(f"| {part} | {label} | {len(rs)} | {sum(sps) / len(sps) if sps else 0:.1f} | "
+                       f"{means[(part, kind)] or 0:.1f} | {max((r.get('peak_mib') or 0) for r in rs)} | "
+                       f"{sum(1 for r in rs if r.get('oom') or r['rc'])} |")
+        a, h, b = (means.get(("choice", k)) for k in ("auto", "lf-habit", "hand-best"))
+        if a and h and b:
+            out.append(f"\nsteady samples/s: auto / LLaMA-Factory habits {a / h:.2f}× (goal ≥ 2.5×); "
+                       f"auto / best hand {a / b:.3f} (goal ≥ 0.95)")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--parts", default="estimate,choice")
+    ap.add_argument("--shapes", default="0.39b,1.5b-150k", help="estimate part: which model shapes")
+    ap.add_argument("--settings", help="estimate part: only these rows of ESTIMATE, e.g. 0,3,9")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3, help="choice part: runs of each kind")
+    ap.add_argument("--hand", default="off,64,1", help="choice part without a sweep: ckpt,per_device,accum")
+    ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--build", nargs=2, metavar=("DEST", "SHAPE"), help=argparse.SUPPRESS)
+    ap.add_argument("--summarize", nargs="+")
+    a = ap.parse_args()
+    if a.build:
+        return build(*a.build, a.cpu)
+    if a.summarize:
+        return print(summarize(a.summarize))
+    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(W, exist_ok=True)
+    if a.wheels:
+        install(a.wheels)
+        install_deepspeed(a.wheels)
+    os.environ.update(NO_MULTICAST)
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    sys.path.insert(0, ROOT)
+    s = Setup(a.cpu)
+    if a.cpu and os.environ.get("MLAUNCH_TRAINER_VENV"):
+        s.python = os.path.join(os.environ["MLAUNCH_TRAINER_VENV"], "bin", "python")
+        s.bin = os.path.dirname(s.python)
+    only = [int(x) for x in a.settings.split(",")] if a.settings else None
+    parts = {"estimate": lambda: part_estimate(s, a.out, a.shapes.split(","), a.steps, only),
+             "sweep": lambda: part_sweep(s, a.out, a.steps),
+             "choice": lambda: part_choice(s, a.out, a.runs, a.steps, a.hand)}
+    for name in a.parts.split(","):
+        t0 = time.monotonic()
+        parts[name]()
+        print(f"part {name}: {time.monotonic() - t0:.0f}s", flush=True)
+    table = summarize([os.path.join(a.out, "memory.jsonl")])
+    with open(os.path.join(a.out, "memory-proof.md"), "w") as fh:
+        fh.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""`mlaunch plan JOB`: the memory estimate and the batch numbers a launch would use.
+
+Kept out of cli.py (registered there with one line). Connects nowhere: GPU memory comes
+from cluster.gpu_memory_gb (or an assumption it names), the model's config.json from this
+machine.
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .errors import UserError
+
+
+@click.command("plan")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@click.option("--force", is_flag=True, help="Exit 0 even when the estimate says it will not fit.")
+def plan_cmd(job: str, as_json: bool, force: bool) -> None:
+    """Estimate per-GPU memory and show the micro-batch, accumulation and checkpointing."""
+    from . import meminputs, memview
+    from .batchplan import resolve
+    from .spec import load_spec
+    spec = load_spec(job)
+    decision = resolve(spec, meminputs.inputs(spec))
+    if decision is None:
+        raise UserError(f"{job}: trainer {spec.trainer} has no batch to plan")
+    if as_json:
+        click.echo(json.dumps(memview.to_dict(decision), indent=2))
+    else:
+        click.echo("\n".join(memview.lines(decision)))
+    refuse_unfit(decision, force)
+
+
+def refuse_unfit(decision, force: bool) -> None:
+    """Raise the decision's refusals (one line each) unless --force."""
+    if decision is not None and decision.problems and not force:
+        raise UserError(list(decision.problems), header="the batch will not fit on the GPUs; "
+                        "nothing was started:")
