@@ -151,15 +151,23 @@ def test_relative_output_dir_refused_on_several_machines():
     assert problems(data) == [
         "output_dir: 'out' is relative: each of the 2 machines would resolve it against its own "
         "working directory (the ssh user's home), scattering the checkpoints; give an absolute path "
-        "on storage every node sees, e.g. /mnt/shared/out"]
-    data["cluster"]["workdir"] = "/srv/work"
-    assert problems(data)[0].endswith("(/srv/work), scattering the checkpoints; give an absolute "
-                                      "path on storage every node sees, e.g. /srv/work/out")
+        "on storage every node sees, e.g. /mnt/shared/out, or an absolute cluster.workdir it "
+        "resolves in"]
     data["output_dir"] = "/srv/work/out"
     validate(data)
     one = script_spec(["localhost", "127.0.0.1"], cuda_visible_devices=[[0], [1]])
     one["output_dir"] = "out"  # one machine: every node resolves it the same way
     validate(one)
+
+
+def test_relative_output_dir_resolves_in_workdir_and_says_where():
+    """Every node cd's to an absolute workdir first, so a relative output_dir is one path."""
+    data = script_spec(["node1", "node2"], workdir="/srv/work")
+    data["output_dir"] = "out"
+    job = validate(data)
+    note = ("note: output_dir 'out' is relative: every node resolves it in cluster.workdir, as "
+            "/srv/work/out; that directory must be shared storage")
+    assert note in describe_plan(build_plan(job, run_id="R")).splitlines()
 
 
 # --- §3 encodings and other unreadable input -------------------------------------------------

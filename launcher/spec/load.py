@@ -14,7 +14,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from ..errors import Problem, SpecError
 from .hosts import parse_hostfile
 from .models import TRAINER_MODELS, Job, JobBase
-from .rules import check_job
+from .rules import check_job, output_dir_note
 from .select import select
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
@@ -106,7 +106,8 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) 
     problems = problems or check_job(job)
     if problems:
         raise SpecError(problems, header=f"{source}: invalid job spec")
-    job._notes = tuple(notes or ()) + tuple(selected)
+    where = output_dir_note(job)
+    job._notes = tuple(notes or ()) + tuple(selected) + ((where,) if where else ())
     return job
 
 

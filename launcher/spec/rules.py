@@ -93,16 +93,26 @@ def machines(c: Cluster) -> int:
 
 
 def check_output_dir(job: JobBase) -> list[Problem]:
-    """A relative output_dir resolves against each machine's own directory: refuse it there."""
+    """A relative output_dir resolves against each machine's own directory: refuse it there,
+    unless an absolute cluster.workdir (where every node cd's) makes it one path everywhere."""
     out, c = job.output_dir, job.cluster
     n = machines(c) if out and not out.startswith("/") and c.hosts else 0
-    if n < 2:
+    if n < 2 or (c.workdir or "").startswith("/"):
         return []
     base = c.workdir or "the ssh user's home"
-    example = f"{c.workdir.rstrip('/')}/{out}" if c.workdir else f"/mnt/shared/{out}"
     return [Problem("output_dir", f"{out!r} is relative: each of the {n} machines would "
                     f"resolve it against its own working directory ({base}), scattering the "
-                    f"checkpoints; give an absolute path on storage every node sees, e.g. {example}")]
+                    "checkpoints; give an absolute path on storage every node sees, e.g. "
+                    f"/mnt/shared/{out}, or an absolute cluster.workdir it resolves in")]
+
+
+def output_dir_note(job: JobBase) -> str | None:
+    """Where a relative output_dir lands on a multi-machine run (in cluster.workdir)."""
+    out, c = job.output_dir, job.cluster
+    if not out or out.startswith("/") or not c.workdir or machines(c) < 2:
+        return None
+    return (f"output_dir {out!r} is relative: every node resolves it in cluster.workdir, as "
+            f"{c.workdir.rstrip('/')}/{out}; that directory must be shared storage")
 
 
 def node_devices(c: Cluster, rank: int) -> list[int] | None:
