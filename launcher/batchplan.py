@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from . import memory
 from .errors import Problem
-from .spec import JobBase, LlamaFactoryJob, SwiftJob, world
+from .spec import JobBase, LlamaFactoryJob, SwiftJob, world_size
 from .spec.ds_rules import zero_of
 from .spec.rules import auto_batch
 
@@ -237,8 +237,7 @@ def _concrete(job, pd: int, ga: int, ck: bool):
 
 def _size(job) -> int:
     """Data-parallel ranks (Megatron jobs are never planned, only filled in)."""
-    nodes, gpus = world(job)
-    return nodes * gpus
+    return world_size(job)
 
 
 def _divisors(n: int) -> list[int]:

@@ -101,9 +101,13 @@ def check(job: str, as_json: bool, run_id: str | None) -> None:
 @click.argument("job", type=click.Path(dir_okay=False))
 def validate(job: str) -> None:
     """Validate JOB and exit 0, or print one line per problem and exit 2."""
+    from .spec import node_procs, world_size, world_text
     spec = _load(job)
-    click.echo(f"{job}: ok ({spec.trainer}, {len(spec.cluster.hosts)} nodes × "
-               f"{spec.cluster.gpus_per_node} processes)")
+    for note in spec._notes:
+        click.echo(f"note: {note}")
+    mixed = len(set(node_procs(spec.cluster))) > 1
+    total = f" = {world_size(spec)}" if mixed else ""
+    click.echo(f"{job}: ok ({spec.trainer}, {world_text(spec.cluster, 'processes')}{total})")
 
 
 @cli.command("render")

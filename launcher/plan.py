@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from . import batchplan, render
 from .spec import SECRET_NAME, JobBase
-from .spec.rules import LOOPBACK, node_devices, world
+from .spec.hosts import LOOPBACK, HostAddr, host_addrs
+from .spec.rules import node_devices
+from .spec.select import procs_of, world_size
 from .trainers import TRAINERS, RenderedFile, RunContext
 
 # Defaults learned the hard way; a user's cluster.env overrides them.
@@ -28,7 +30,8 @@ class NodePlan:
     """One node rank: where it runs, what it runs, and where its log goes."""
 
     rank: int
-    host: str
+    host: str            # the host name alone: torchrun, preflight and logs see this
+    login: str           # the SSH destination, [user@]host[:port]: the executor's key
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     workdir: str | None
@@ -82,7 +85,9 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     job = decision.job if decision else job
     run_id = run_id or new_run_id(job.name)
     c = job.cluster
-    local = all(LOOPBACK.match(h) for h in c.hosts)
+    addrs = host_addrs(c.hosts)
+    # A loopback host with its own user or port is an sshd to log in to (e.g. a container).
+    local = all(LOOPBACK.match(a.name) and a.login == a.name for a in addrs)
     run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
@@ -92,8 +97,9 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     argv_tail = tuple(trainer.entry(job, run))
     suffix = f".attempt{attempt}" if attempt else ""
     solo = in_process(job)
-    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base, suffix, solo)
-                  for rank, host in enumerate(c.hosts))
+    master = c.master_addr or addrs[0].name
+    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix, solo)
+                  for rank, addr in enumerate(addrs))
     return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
@@ -114,12 +120,13 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
-def _torchrun_argv(job: JobBase, rank: int, run: RunContext, tail: tuple[str, ...]) -> tuple[str, ...]:
+def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
+                   tail: tuple[str, ...]) -> tuple[str, ...]:
     """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
     c, bindir = job.cluster, remote_bin(job)
     return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
-            "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(c.gpus_per_node),
-            "--node-rank", str(rank), "--master-addr", c.master_addr or c.hosts[0],
+            "--nnodes", str(len(c.hosts)), "--nproc-per-node", str(procs_of(c, rank)),
+            "--node-rank", str(rank), "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",
             "--tee", "3", "--log-dir", posixpath.join(run.run_dir, "torchrun", f"node{rank}"),
             *tail)
@@ -133,16 +140,15 @@ def remote_python(job: JobBase) -> str:
 
 def in_process(job: JobBase) -> bool:
     """The whole job is one process and its trainer runs that without torchrun."""
-    nodes, gpus = world(job)
-    return (job.cluster.torchrun == "auto" and nodes * gpus == 1
+    return (job.cluster.torchrun == "auto" and world_size(job) == 1
             and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None))
 
 
-def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, ...],
-          log_base: str, suffix: str, solo: bool = False) -> NodePlan:
-    c = job.cluster
+def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
+          tail: tuple[str, ...], log_base: str, suffix: str, solo: bool = False) -> NodePlan:
+    c, host = job.cluster, addr.name
     bindir = remote_bin(job)
-    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, run, tail)
+    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, master, run, tail)
     node_id = f"{run.run_id}.node{rank}"
     env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": str(rank),
            "MLAUNCH_NODE_ID": node_id}
@@ -158,7 +164,8 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
                hangup_after=f"{c.hangup_after_s:g}", solo=solo)
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,
+    return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()),
+                    workdir=c.workdir,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))

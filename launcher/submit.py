@@ -307,7 +307,7 @@ class _Master:
 
     def _run(self, program: str, args: list[str], check: bool = True) -> str:
         script = nodeprog.script(self.python, program, args)
-        code, output = self.executor.run(self.plan.nodes[0].host, script, timeout=60)
+        code, output = self.executor.run(self.plan.nodes[0].login, script, timeout=60)
         if code != 0 and check:
             raise UserError(f"on {self.plan.nodes[0].host}: output_dir helper failed "
                             f"(exit {code}): {output.strip()[-300:]}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import defaults, render
-from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world
+from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world_size
 from .spec.deepspeed import build_for
 from .spec.swift_rules import (MEGATRON_SCHEDULERS, config_int, not_resumable,
                                rendered_passthrough, swift_notes)
@@ -149,7 +149,6 @@ class Swift:
     def args(self, job: SwiftJob, run: RunContext) -> list[str]:
         """The rendered argument lines, each one argv element."""
         ft = job.finetuning
-        nodes, gpus = world(job)
         d = {"lora_alpha": defaults.value(job, "finetuning.lora_alpha"),
              "lora_dropout": defaults.value(job, "finetuning.lora_dropout"),
              "logging_steps": defaults.value(job, "training.logging_steps"),
@@ -160,7 +159,7 @@ class Swift:
             ds_path=self._ds_path(run) if job.deepspeed and not job.megatron else None,
             lora_targets=_names(ft.lora_target), freeze_layers=_freeze_layers(job),
             freeze_modules=[m for m in _names(ft.freeze_trainable_modules) if m != "all"],
-            global_size=global_batch(job, nodes, gpus) // _model_parallel(job),
+            global_size=global_batch(job) // _model_parallel(job),
             decay_style=MEGATRON_SCHEDULERS.get(job.training.lr_scheduler),
             passthrough=rendered_passthrough(job))
         return [line for line in text.split("\n") if line]
@@ -239,8 +238,7 @@ def deepspeed_discovery_args(job) -> list[str]:
     """With DeepSpeed a checkpoint is complete only with one optimizer shard per rank."""
     if not getattr(job, "deepspeed", None):
         return []
-    nodes, gpus = world(job)
-    return ["--deepspeed", "--dp-size", str(nodes * gpus)]
+    return ["--deepspeed", "--dp-size", str(world_size(job))]
 
 
 def ds_file(job, path: str) -> RenderedFile:
@@ -252,9 +250,9 @@ def ds_file(job, path: str) -> RenderedFile:
     return RenderedFile(path, render.ds_config(built.config), note)
 
 
-def global_batch(job: LlamaFactoryJob, nodes: int, gpus: int) -> int:
-    """nodes x gpus_per_node x per_device x grad_accum (validation already matched `global`)."""
-    return nodes * gpus * job.batch.per_device * job.batch.grad_accum
+def global_batch(job: LlamaFactoryJob) -> int:
+    """All processes (Σ per node) x per_device x grad_accum (validation matched `global`)."""
+    return world_size(job) * job.batch.per_device * job.batch.grad_accum
 
 
 TRAINERS: dict[str, Trainer] = {"llamafactory": LlamaFactory(), "swift": Swift(), "script": Script()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from . import checkpoints
+from .nodeprog import checkpoints
 from .errors import UserError
 from .plan import LaunchPlan
 from .trainers import TRAINERS
@@ -15,15 +15,19 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
 
     Secrets stay masked: these files are for reading and review, not for running by hand.
     """
-    os.makedirs(out, exist_ok=True)
     written = []
-    for f in plan.files:
-        written.append(_write(os.path.join(out, posixpath.basename(f.path)), plan.mask(f.content)))
-        if f.note:  # JSON has no comments: where each value came from goes beside the file
-            written.append(_write(os.path.join(out, posixpath.basename(f.path) + ".sources.txt"),
-                                  plan.mask(f.note) + "\n"))
-    for node in plan.nodes:
-        written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + node.display))
+    try:
+        os.makedirs(out, exist_ok=True)
+        for f in plan.files:
+            written.append(_write(os.path.join(out, posixpath.basename(f.path)), plan.mask(f.content)))
+            if f.note:  # JSON has no comments: where each value came from goes beside the file
+                written.append(_write(os.path.join(out, posixpath.basename(f.path) + ".sources.txt"),
+                                      plan.mask(f.note) + "\n"))
+        for node in plan.nodes:
+            written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + node.display))
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write {e.filename or out}: {e.strerror}; "
+                        "give a directory you can write") from None
     return written
 
 

@@ -252,7 +252,9 @@ def test_qlora_with_a_zero3_user_file_refused(tmp_path, model):
 def test_literal_errors_list_their_choices(model):
     data = lf_job(model, {"stage": 2})
     data["finetuning"] = {**data["finetuning"], "quantization_bit": 2}
-    assert problems(data) == ["finetuning.quantization_bit: 2 is not one of 4, 8"]
+    # lf's rule names the widths of every quantization method (bnb is the default).
+    assert problems(data) == ["finetuning.quantization_bit: 2 is not one of 4, 8 for quantization_method "
+                              "bnb (hqq: 1, 2, 3, 4, 5, 6, 8; eetq: 8)"]
     assert problems(lf_job(model, {"stage": 5})) == ["deepspeed.stage: 5 is not one of 0, 1, 2, 3"]
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from launcher.plan import build_plan
-from launcher.spec import LLAMAFACTORY_OWNED, load_spec
+from launcher.spec import LLAMAFACTORY_OWNED, load_spec, node_procs
 
 from .helpers import CONFIGS, ROOT
 
@@ -68,12 +68,12 @@ def test_rendered_files_parse_and_agree(path):
 
 
 def check_ds_config(job, ds: dict, text: str) -> None:
-    nodes, gpus = len(job.cluster.hosts), job.cluster.gpus_per_node
+    processes = sum(node_procs(job.cluster))
     # "auto" only where transformers sizes buckets from the loaded model (config.json not here).
     autos = {k for k, v in ds["zero_optimization"].items() if v == "auto"}
     assert autos <= {"reduce_bucket_size", "stage3_prefetch_bucket_size",
                      "stage3_param_persistence_threshold"} and text.count('"auto"') == len(autos)
-    assert ds["train_batch_size"] == nodes * gpus * job.batch.per_device * job.batch.grad_accum
+    assert ds["train_batch_size"] == processes * job.batch.per_device * job.batch.grad_accum
     assert ds["train_micro_batch_size_per_gpu"] == job.batch.per_device
     assert ds["gradient_accumulation_steps"] == job.batch.grad_accum
     assert ds["zero_optimization"]["stage"] == job.deepspeed.stage

@@ -109,7 +109,7 @@ def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
 
     def one(rank: int) -> tuple[int, Outcome]:
         t_send = time.time()
-        code, out = ctx.executor.run(ctx.nodes[rank].host, jobs[rank], timeout)
+        code, out = ctx.executor.run(ctx.nodes[rank].login, jobs[rank], timeout)
         return rank, Outcome(code, out, t_send, time.time())
 
     with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:

@@ -98,7 +98,7 @@ def build_for(job: Any) -> DsConfig:
 
 def build(job: Any, base: dict | None = None) -> DsConfig:
     """The job's DeepSpeed config. base: mlaunch's default for a spec-form section."""
-    from .rules import world
+    from .select import world_size
     from .swift_rules import config_int, model_config
 
     ds = job.deepspeed
@@ -116,8 +116,7 @@ def build(job: Any, base: dict | None = None) -> DsConfig:
     else:
         _start(out, base or {}, "mlaunch default")
         _spec_tuning(out, ds)
-    nodes, gpus = world(job)
-    _spec_owned(out, job, nodes * gpus)
+    _spec_owned(out, job, world_size(job))
     _optimizer(out, job)
     _scheduler(out, job)
     cfg = model_config(job.model)
@@ -184,9 +183,9 @@ def _spec_owned(out: DsConfig, job: Any, size: int) -> None:
                                         f"in {out.sources[key]} but batch.{name} is left to mlaunch; "
                                         f'set it to "auto" or give batch.{name}'))
     if pd is not None and ga is not None:
-        nodes = len(job.cluster.hosts or [])
-        _set(out, "train_batch_size", size * pd * ga, f"{nodes} nodes × {job.cluster.gpus_per_node} "
-             f"GPUs × {pd} per device × {ga} accumulation", fix)
+        from .select import world_text
+        _set(out, "train_batch_size", size * pd * ga, f"{world_text(job.cluster)} "
+             f"× {pd} per device × {ga} accumulation", fix)
     elif b.global_ is not None:
         _set(out, "train_batch_size", b.global_, "batch.global", fix)
     _set(out, "gradient_clipping", job.training.max_grad_norm, "training.max_grad_norm",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..errors import Problem
 from .models import LlamaFactoryJob
-from .rules import world
+from .select import world_size
 
 # Stages whose datasets must be pairwise rankings (LLaMA-Factory loads DPO data as "rm").
 RANKING_STAGES = ("dpo", "rm")
@@ -115,14 +115,14 @@ def _check_quant_sharding(job: LlamaFactoryJob) -> list[Problem]:
 
 def _check_distributed(job: LlamaFactoryJob) -> list[Problem]:
     """Rules LLaMA-Factory applies only to distributed runs, and its optimizer exclusions."""
-    nodes, gpus = world(job)
+    procs = world_size(job)
     pt, p = job.passthrough, []
     zero3 = job.deepspeed is not None and job.deepspeed.stage == 3
-    if nodes * gpus > 1:
+    if procs > 1:
         for method, name in (("galore", "GaLore"), ("apollo", "APOLLO")):
             if pt.get(f"use_{method}") and pt.get(f"{method}_layerwise"):
                 p.append(Problem(f"passthrough.{method}_layerwise", f"LLaMA-Factory refuses layer-wise "
-                                 f"{name} in distributed runs ({nodes * gpus} processes); remove it "
+                                 f"{name} in distributed runs ({procs} processes); remove it "
                                  "or run 1 process"))
         if pt.get("use_badam") and pt.get("badam_mode", "layer") == "ratio":
             p.append(Problem("passthrough.badam_mode", "ratio-based BAdam does not run distributed; use "

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+
+
+Procs = Annotated[int, Field(ge=1, le=1024)]
 
 
 class Strict(BaseModel):
@@ -28,9 +31,17 @@ class SSH(Strict):
 class Cluster(Strict):
     """The machines, the processes per machine, the rendezvous and the remote environment."""
 
-    hosts: list[str] | None = Field(None, description="node 0 first; or use hostfile")
-    hostfile: str | None = Field(None, description="DeepSpeed format: `host slots=N` per line")
-    gpus_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node")
+    hosts: list[str] | None = Field(None, description=(
+        "node 0 first: host, user@host, host:port or [v6addr]:port; or use hostfile"))
+    hostfile: str | None = Field(None, description=(
+        "DeepSpeed format: `host slots=N` per line; other key=value (max_slots) read past"))
+    gpus_per_node: Procs | list[Procs] | None = Field(None, description=(
+        "processes per node: one count for every node, or one per host (default: hostfile slots)"))
+    include: str | None = Field(None, description=(
+        "deepspeed -i syntax: `worker-0:0,2@worker-1` keeps only these hosts (and slots)"))
+    exclude: str | None = Field(None, description="deepspeed -e syntax: drop these hosts or slots")
+    first_nodes: int | None = Field(None, ge=1, description=(
+        "use only the first N hosts (deepspeed --num_nodes)"))
     cuda_visible_devices: list[int] | list[list[int]] | None = Field(None, description=(
         "GPU indices every node uses, or one list per node: [[0], [1]] runs two nodes on one host"))
     master_addr: str | None = Field(None, description="defaults to the first host")
@@ -228,6 +239,8 @@ class JobBase(Strict):
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
     health: Health = Health()
+    # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
+    _notes: tuple[str, ...] = PrivateAttr(default=())
 
 
 class LlamaFactoryJob(JobBase):

@@ -10,10 +10,9 @@ import re
 from ..errors import Problem
 from . import known_args
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
+from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
 from .models import Cluster, JobBase, LlamaFactoryJob, ScriptJob
-
-LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|::1)$")
-HOST_RE = re.compile(r"^[A-Za-z0-9_.:@\[\]-]+$")
+from .select import node_procs, world_size, world_text
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Variables the launcher sets per node. A user value would silently break the rendezvous:
@@ -78,7 +77,7 @@ LLAMAFACTORY_OWNED = {
 
 def check_job(job: JobBase) -> list[Problem]:
     """All cross-field problems of a validated job, in field order."""
-    problems = check_cluster(job.cluster)
+    problems = check_cluster(job.cluster) + check_output_dir(job)
     if isinstance(job, LlamaFactoryJob):
         problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
         problems += check_training(job) + check_passthrough(job)
@@ -93,16 +92,18 @@ def check_job(job: JobBase) -> list[Problem]:
 
 
 def check_cluster(c: Cluster) -> list[Problem]:
-    """Hosts, rendezvous address, devices, env names and the remote interpreter."""
+    """Hosts, processes per node, rendezvous address, devices, env names and the interpreter."""
     p: list[Problem] = []
     if not c.hosts:
         p.append(Problem("cluster.hosts", "no hosts: give `hosts: [...]` or `hostfile: FILE`"))
         return p
-    for i, h in enumerate(c.hosts):
-        if not HOST_RE.match(h):
-            p.append(Problem(f"cluster.hosts[{i}]", f"{h!r} is not a host name or address"))
+    ssh = c.ssh
+    p += check_hosts(c.hosts, ssh.user, ssh.port if "port" in ssh.model_fields_set else None)
     if c.gpus_per_node is None:
         p.append(Problem("cluster.gpus_per_node", "required (or give slots=N in the hostfile)"))
+    elif isinstance(c.gpus_per_node, list) and len(c.gpus_per_node) != len(c.hosts):
+        p.append(Problem("cluster.gpus_per_node", f"{len(c.gpus_per_node)} counts for "
+                         f"{len(c.hosts)} hosts; give one count, or one per host in host order"))
     p += _check_devices(c)
     p += _check_master(c)
     if c.python and c.venv:
@@ -121,17 +122,40 @@ def check_cluster(c: Cluster) -> list[Problem]:
     return p
 
 
+def machines(c: Cluster) -> int:
+    """Distinct machines among the nodes (a host name, case ignored, and its SSH port)."""
+    return len({a.key(c.ssh.port) for a in host_addrs(c.hosts or [])})
+
+
+def check_output_dir(job: JobBase) -> list[Problem]:
+    """A relative output_dir resolves against each machine's own directory: refuse it there,
+    unless an absolute cluster.workdir (where every node cd's) makes it one path everywhere."""
+    out, c = job.output_dir, job.cluster
+    n = machines(c) if out and not out.startswith("/") and c.hosts else 0
+    if n < 2 or (c.workdir or "").startswith("/"):
+        return []
+    base = c.workdir or "the ssh user's home"
+    return [Problem("output_dir", f"{out!r} is relative: each of the {n} machines would "
+                    f"resolve it against its own working directory ({base}), scattering the "
+                    "checkpoints; give an absolute path on storage every node sees, e.g. "
+                    f"/mnt/shared/{out}, or an absolute cluster.workdir it resolves in")]
+
+
+def output_dir_note(job: JobBase) -> str | None:
+    """Where a relative output_dir lands on a multi-machine run (in cluster.workdir)."""
+    out, c = job.output_dir, job.cluster
+    if not out or out.startswith("/") or not c.workdir or machines(c) < 2:
+        return None
+    return (f"output_dir {out!r} is relative: every node resolves it in cluster.workdir, as "
+            f"{c.workdir.rstrip('/')}/{out}; that directory must be shared storage")
+
+
 def node_devices(c: Cluster, rank: int) -> list[int] | None:
     """The GPU indices node `rank` uses (its CUDA_VISIBLE_DEVICES), None for all of them."""
     devs = c.cuda_visible_devices
     if devs is None or not devs:
         return list(devs) if devs is not None else None
     return list(devs[rank]) if isinstance(devs[0], list) else list(devs)
-
-
-def machine_key(host: str) -> str:
-    """Hosts that are surely one machine share a key: every loopback name is this machine."""
-    return "localhost" if LOOPBACK.match(host) else host
 
 
 def _check_devices(c: Cluster) -> list[Problem]:
@@ -142,19 +166,33 @@ def _check_devices(c: Cluster) -> list[Problem]:
     if per_node and len(devs) != len(hosts):
         return [Problem("cluster.cuda_visible_devices",
                         f"{len(devs)} device lists for {len(hosts)} hosts; give one list per node")]
+    procs = node_procs(c) if c.gpus_per_node is not None else None
+    if devs is not None and not per_node and procs and len(set(procs)) > 1:
+        return [Problem("cluster.cuda_visible_devices", "one list for nodes that run different "
+                        "numbers of processes; give one list per node, e.g. [[0, 1], [0]]")]
     for rank in range(len(hosts) if per_node else 1) if devs is not None else ():
         mine = node_devices(c, rank)
         where = f"cluster.cuda_visible_devices[{rank}]" if per_node else "cluster.cuda_visible_devices"
+        want = procs[rank] if procs and rank < len(procs) else None
         if any(d < 0 for d in mine):
             p.append(Problem(where, f"{mine}: GPU indices start at 0 (see nvidia-smi -L)"))
         elif len(set(mine)) != len(mine):
             p.append(Problem(where, f"{mine} lists a GPU twice; give each process its own GPU"))
-        elif c.gpus_per_node is not None and len(mine) != c.gpus_per_node:
+        elif want is not None and len(mine) != want:
             p.append(Problem(where, f"{len(mine)} devices listed but gpus_per_node is "
-                             f"{c.gpus_per_node}; list exactly one device per process"))
-    keys = [machine_key(h) for h in hosts]
-    for key in sorted({k for k in keys if keys.count(k) > 1}):
-        ranks = [r for r, k in enumerate(keys) if k == key]
+                             f"{want}; list exactly one device per process"))
+    return p + _check_shared_hosts(c, per_node)
+
+
+def _check_shared_hosts(c: Cluster, per_node: bool) -> list[Problem]:
+    """Nodes on one machine (same name, case ignored, same SSH port) need disjoint GPUs."""
+    hosts = c.hosts or []
+    ranks_of: dict[tuple[str, int], list[int]] = {}
+    for r, a in enumerate(host_addrs(hosts)):  # one pass: 10,000 hosts cost 10,000 steps
+        ranks_of.setdefault(a.key(c.ssh.port), []).append(r)
+    p: list[Problem] = []
+    for key in sorted(k for k, ranks in ranks_of.items() if len(ranks) > 1):
+        ranks = ranks_of[key]
         host = " / ".join(dict.fromkeys(hosts[r] for r in ranks))
         if not per_node:
             p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on one host "
@@ -174,15 +212,20 @@ def _check_devices(c: Cluster) -> list[Problem]:
 
 def _check_master(c: Cluster) -> list[Problem]:
     """Node rank 0 hosts the rendezvous store, so master_addr must be it and be reachable."""
-    hosts = c.hosts or []
     m = c.master_addr
     if m is None:
         return []
-    if m != hosts[0] and m in hosts[1:]:
+    if not is_address(m):
+        return [Problem("cluster.master_addr", f"{m!r} is not a host name or IP address; give "
+                        "node 0's address only (no user@ or :port; the port is cluster.master_port)")]
+    names = [a.name for a in host_addrs(c.hosts or [])]
+    key = machine_key(m)
+    later = next((i for i, n in enumerate(names[1:], 1) if machine_key(n) == key), None)
+    if machine_key(names[0]) != key and later is not None:
         return [Problem("cluster.master_addr",
-                        f"{m} is hosts[{hosts.index(m)}], but node rank 0 ({hosts[0]}) runs the "
+                        f"{m} is hosts[{later}], but node rank 0 ({names[0]}) runs the "
                         "rendezvous; list the master first or omit master_addr")]
-    remote = [h for h in hosts if not LOOPBACK.match(h)]
+    remote = [n for n in names if not LOOPBACK.match(n)]
     if LOOPBACK.match(m) and remote:
         return [Problem("cluster.master_addr",
                         f"{m} is loopback, which {remote[0]} cannot reach; use the master's "
@@ -190,22 +233,16 @@ def _check_master(c: Cluster) -> list[Problem]:
     return []
 
 
-def world(job: JobBase) -> tuple[int, int]:
-    """(nodes, processes per node) of a job whose cluster validated."""
-    return len(job.cluster.hosts or []), job.cluster.gpus_per_node or 0
-
-
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
-    """global = nodes x gpus_per_node x per_device x grad_accum, checked before any launch.
+    """global = all processes (Σ per node) x per_device x grad_accum, checked before launch.
 
     Fields left to mlaunch (per_device omitted or auto; grad_accum auto) are chosen later
     (launcher/batchplan.py); here only what the given ones already fix is checked.
     """
     b = job.batch
-    nodes, gpus = world(job)
-    if not nodes or not gpus:
+    size = world_size(job)
+    if not size:
         return []
-    size = nodes * gpus
     pd, ga = auto_batch(b)
     if pd is None or ga is None:
         if b.global_ is None:
@@ -213,7 +250,7 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
                             "(omitted or auto): give the global batch, e.g. global: 64")]
         unit = size * (pd or 1) * (ga or 1)
         if b.global_ % unit:
-            what = " × ".join([f"{nodes} nodes", f"{gpus} GPUs"] + ([f"{pd} per device"] if pd else [])
+            what = " × ".join([world_text(job.cluster)] + ([f"{pd} per device"] if pd else [])
                               + ([f"{ga} accumulation"] if ga else []))
             return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
                             f"set global to a multiple of {unit}")]
@@ -224,7 +261,7 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
     if b.global_ == want:
         return []
     return [Problem("batch.global",
-                    f"{b.global_} ≠ {nodes} nodes × {gpus} GPUs × {pd} per device × "
+                    f"{b.global_} ≠ {world_text(job.cluster)} × {pd} per device × "
                     f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
 
