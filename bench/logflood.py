@@ -65,7 +65,7 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     out_path = os.path.join(tmp, "mlaunch.out")
     with open(out_path, "w") as out:
         t0 = time.perf_counter()
-        result = run_job(plan, SSHExecutor([nd.host for nd in nodes], SSH(
+        result = run_job(plan, SSHExecutor([nd.login for nd in nodes], SSH(
             user="root", key_file=hs.key_file, known_hosts=hs.known_hosts)), Printer(plan.mask, out))
         elapsed = time.perf_counter() - t0
     assert result.code == 0, result

@@ -9,7 +9,6 @@ Every figure is a median of several runs measured in one session, in a private M
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from . import memory
 from .errors import Problem
-from .spec import JobBase, LlamaFactoryJob, SwiftJob, world
+from .spec import JobBase, LlamaFactoryJob, SwiftJob, world_size
+from .spec.ds_rules import zero_of
 from .spec.rules import auto_batch
 
 CKPT_COST = 1.37
@@ -105,15 +106,15 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
 
 def setting(job, shape: memory.Shape, micro: int, ckpt: bool) -> memory.Setting:
     """The memory.Setting of job at one micro-batch and checkpointing choice."""
-    f, ds = job.finetuning, job.deepspeed
+    f = job.finetuning
+    zero_stage, off_opt, off_param = zero_of(job)   # any deepspeed form: stage, name, user file
     seq = job.cutoff_len if isinstance(job, LlamaFactoryJob) else job.max_length
     attn = str(job.passthrough.get("flash_attn", job.passthrough.get("attn_impl", ""))).lower()
     return memory.Setting(
         finetuning=f.type, lora_rank=f.lora_rank, lora_targets=memory.lora_targets(f.lora_target),
         freeze_layers=f.freeze_trainable_layers, quant_bits=f.quantization_bit,
-        precision=job.precision, zero_stage=ds.stage if ds else None,
-        offload_optimizer=bool(ds and ds.offload_optimizer != "none"),
-        offload_param=bool(ds and ds.offload_param != "none"), seq_len=seq, micro_batch=micro,
+        precision=job.precision, zero_stage=zero_stage, offload_optimizer=off_opt,
+        offload_param=off_param, seq_len=seq, micro_batch=micro,
         checkpointing=ckpt, world=_size(job), eager_attention=attn in ("disabled", "eager"))
 
 
@@ -184,9 +185,10 @@ def _fix(job, shape, pick: Candidate, budget: float) -> str:
 
 def fixes(job) -> str:
     """The big levers that job does not pull yet."""
-    ds, seq = job.deepspeed, "cutoff_len" if isinstance(job, LlamaFactoryJob) else "max_length"
-    out = [] if ds and ds.stage == 3 else ["deepspeed stage 3 (model states ÷ GPUs)"]
-    if not (ds and ds.offload_optimizer != "none"):
+    seq = "cutoff_len" if isinstance(job, LlamaFactoryJob) else "max_length"
+    stage, off_opt, _ = zero_of(job)
+    out = [] if stage == 3 else ["deepspeed stage 3 (model states ÷ GPUs)"]
+    if not off_opt:
         out.append("deepspeed offload_optimizer: cpu")
     if job.finetuning.type != "lora":
         out.append("finetuning type lora")
@@ -235,8 +237,7 @@ def _concrete(job, pd: int, ga: int, ck: bool):
 
 def _size(job) -> int:
     """Data-parallel ranks (Megatron jobs are never planned, only filled in)."""
-    nodes, gpus = world(job)
-    return nodes * gpus
+    return world_size(job)
 
 
 def _divisors(n: int) -> list[int]:

@@ -27,23 +27,27 @@ def _submit_options(f):
         click.option("--full", is_flag=True, help="With --dry-run: every node's exact script."),
         click.option("--run-id", help="Use this run id instead of a fresh one."),
         click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
-        click.option("--resume", is_flag=False, flag_value="latest", default=None,
-                     type=click.Choice(["latest", "auto"]),
-                     help="Resume from the latest complete checkpoint; --resume=auto starts fresh if none."),
+        _resume_option(),
         click.option("--overwrite", is_flag=True, help="Start fresh although output_dir holds checkpoints."),
         click.option("--max-restarts", type=click.IntRange(0, 100),
                      help="After a node failure, relaunch from the latest checkpoint up to N times."),
         click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
+        click.option("--force", is_flag=True, help="Launch although the memory estimate says the batch will not fit."),
         click.option("-d", "--detach", is_flag=True,
                      help="Once every node has started, hand the run to a supervisor and return."),
-        click.option("--force", is_flag=True, help="Launch although the memory estimate says the batch will not fit."),
     ]):
         f = opt(f)
     return f
 
 
+def _resume_option():
+    return click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[auto|PATH]",
+                        help="Resume from the latest complete checkpoint; --resume=auto starts fresh "
+                             "if none; --resume=PATH from that checkpoint (checked for completeness).")
+
+
 def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
-                no_preflight, detach=False, force=False) -> None:
+                no_preflight, force=False, detach=False) -> None:
     from .plan import build_plan
     if full and not dry_run:
         raise UserError("--full only goes with --dry-run")
@@ -52,11 +56,12 @@ def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, ov
         from .execute.backend import backend_for, backend_name
         from .meminputs import inputs
         from .plancli import refuse_unfit
-        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite,
+        explicit = resume if resume not in (None, "latest", "auto") else None
+        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite, resume_from=explicit,
                           memory=inputs(spec))
         refuse_unfit(plan.batch, force)
         click.echo(backend_for(backend_name(plan)).dryrun(plan, full=full).text, nl=False)
-        if resume:
+        if resume and not explicit:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
     from .submit import SubmitOptions, launch
@@ -96,22 +101,30 @@ def check(job: str, as_json: bool, run_id: str | None) -> None:
 @click.argument("job", type=click.Path(dir_okay=False))
 def validate(job: str) -> None:
     """Validate JOB and exit 0, or print one line per problem and exit 2."""
-    from .spec import world
+    from .spec import node_procs, world_size, world_text
     spec = _load(job)
-    nodes, gpus = world(spec)
+    for note in spec._notes:
+        click.echo(f"note: {note}")
+    mixed = len(set(node_procs(spec.cluster))) > 1
+    total = f" = {world_size(spec)}" if mixed else ""
     via = ", slurm" if spec.cluster.scheduler == "slurm" else ""
-    click.echo(f"{job}: ok ({spec.trainer}, {nodes} nodes × {gpus} processes{via})")
+    click.echo(f"{job}: ok ({spec.trainer}, {world_text(spec.cluster, 'processes')}{total}{via})")
 
 
 @cli.command("render")
 @click.argument("job", type=click.Path(dir_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
 @click.option("--run-id", help="Use this run id instead of a fresh one.")
-def render_cmd(job: str, out: str, run_id: str | None) -> None:
-    """Write the rendered files and one node<k>.sh per node (Slurm: job.sbatch, node.sh) into OUT."""
+@_resume_option()
+@click.option("--overwrite", is_flag=True, help="Render as submit --overwrite would.")
+def render_cmd(job: str, out: str, run_id: str | None, resume: str | None, overwrite: bool) -> None:
+    """Write the rendered files and one node<k>.sh per node (Slurm: job.sbatch, node.sh) into OUT
+    (as submit would run them)."""
     from .plan import build_plan
-    from .writeout import write_rendered
-    plan = build_plan(_load(job), run_id=run_id)
+    from .writeout import render_start, write_rendered
+    spec = _load(job)
+    resume_from, overwrite = render_start(spec, resume, overwrite)
+    plan = build_plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite)
     for path in write_rendered(plan, out):
         click.echo(path)
 
@@ -130,11 +143,11 @@ def schema() -> None:
 def _register() -> None:
     """Commands that live in their own modules."""
     from .cli_report import report
-    from .cli_runs import register  # ps, logs, stop, attach
+    from .cli_runs import register
     from .plancli import plan_cmd
     cli.add_command(report)
     cli.add_command(plan_cmd)
-    register(cli)
+    register(cli)  # ps, logs, stop, attach
 
 
 _register()

@@ -17,16 +17,16 @@ GPUS = "CUDA_VISIBLE_DEVICES"
 
 
 def node_lines(plan: LaunchPlan, how) -> list[str]:
-    """The node blocks and the footer; how(host) says how the host is reached."""
+    """The node blocks and the footer; how(node) says how its host is reached."""
     lines: list[str] = []
     for group in groups(plan.nodes):
         first = group[0]
-        lines += ["", f"node {first.rank}: {first.host} ({how(first.host)})"] + _body(first)
+        lines += ["", f"node {first.rank}: {first.host} ({how(first)})"] + _body(first)
         if len(group) > 1:
             rest = group[1:]
             lines.append(f"{_nodes(rest)}: as node {first.rank}, with --node-rank {_ranks(rest, '..')}")
             label = "  hosts: " if len(rest) > 1 else "  host: "
-            lines.append(label + _hosts(rest, how, how(first.host).replace(first.host, "{}")))
+            lines.append(label + _hosts(rest, how, how(first).replace(first.host, "{}")))
     lines += [""] + _footer(plan)
     return lines
 
@@ -73,8 +73,8 @@ def _body(n: NodePlan) -> list[str]:
 
 def _hosts(group: list[NodePlan], how, pattern: str) -> str:
     """The hosts of a folded block; each with how it is reached when that differs from the first's."""
-    same = all(how(n.host) == pattern.format(n.host) for n in group)
-    return ", ".join(n.host if same else f"{n.host} ({how(n.host)})" for n in group)
+    same = all(how(n) == pattern.format(n.host) for n in group)
+    return ", ".join(n.host if same else f"{n.host} ({how(n)})" for n in group)
 
 
 def _footer(plan: LaunchPlan) -> list[str]:

@@ -15,6 +15,10 @@ class Problem:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
+# A 10,000-line hostfile of bad lines would otherwise print 10,000 lines.
+MAX_SHOWN = 20
+
+
 class UserError(Exception):
     """Bad input or an unmet precondition. The CLI prints the lines and exits 2."""
 
@@ -27,9 +31,15 @@ class UserError(Exception):
         self.header = header
         super().__init__("\n".join(self.lines()))
 
-    def lines(self) -> list[str]:
+    def lines(self, limit: int | None = MAX_SHOWN) -> list[str]:
+        """The header and one line per problem: the first `limit`, then how many more."""
         out = [self.header] if self.header else []
-        return out + [str(p) for p in self.problems]
+        shown = self.problems if limit is None else self.problems[:limit]
+        out += [str(p) for p in shown]
+        if len(self.problems) > len(shown):
+            out.append(f"… and {len(self.problems) - len(shown)} more problems "
+                       f"({len(self.problems)} in all)")
+        return out
 
 
 class SpecError(UserError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .checkpoints import Discovery
+from .nodeprog.checkpoints import Discovery
 from .spec import JobBase
 
 EPOCH_EPS = 1e-6   # trainer_state's epoch is a float sum of step fractions

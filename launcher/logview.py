@@ -5,12 +5,11 @@ log gets the live stream's `[node<k> <host> local<r>]` prefixes added.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 from .execute.stream import Printer
-from .registry import CONSOLE
+from .registry import console_path
 
 FOLLOW_POLL_S = 0.1   # how often a follower looks for new bytes
 STATE_POLL_S = 0.5    # ... and asks the registry whether the run has ended
@@ -18,13 +17,15 @@ LOST_EXIT = 255       # what `logs -f` exits with when the run's supervisor was 
 
 
 def refresh(reg, run):
-    """The run as it is now, a lost supervisor found out (and recorded) on the way."""
+    """The run as its backend describes it now (ssh: a lost supervisor; a scheduler: the
+    job's state), recorded on the way; a compare-and-set, so a concurrent writer wins."""
     if not run.active:
         return run
     from .execute.backend import backend_for
     status = backend_for(run.backend).describe(run)
-    if status.state == "lost":
-        reg.set_state(run.id, "lost", only_from=(run.state,))
+    if status.state == run.state:
+        return run
+    reg.set_state(run.id, status.state, only_from=(run.state,), exit_code=status.exit_code)
     return reg.get(run.id)
 
 
@@ -65,7 +66,7 @@ class View:
 
     def _tails(self) -> list[_Tail]:
         if self.node is None and self.attempt is None:
-            return [_Tail(os.path.join(self.run.log_dir, CONSOLE), self._raw)]
+            return [_Tail(console_path(self.run.id), self._raw)]
         attempts = self.reg.attempts(self.run.id)
         if not attempts:
             return []
@@ -101,7 +102,7 @@ class View:
                 t.read()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STATE_POLL_S
-                self.run = refresh(self.reg, self.run)
+                self.run = refresh(self.reg, self.reg.get(self.run.id))
                 if self.node is not None or self.attempt is not None:
                     self._next_attempt()
                 if not self.run.active:

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from . import batchplan, render
 from .spec import SECRET_NAME, JobBase
-from .spec.rules import LOOPBACK, node_devices, world
+from .spec.hosts import LOOPBACK, HostAddr, host_addrs
+from .spec.rules import node_devices
+from .spec.select import node_procs, procs_of, world_size
 from .trainers import TRAINERS, RenderedFile, RunContext
 
 # Defaults learned the hard way; a user's cluster.env overrides them.
@@ -30,7 +32,8 @@ class NodePlan:
     """One node rank: where it runs, what it runs, and where its log goes."""
 
     rank: int
-    host: str
+    host: str            # the host name alone: torchrun, preflight and logs see this
+    login: str           # the SSH destination, [user@]host[:port]: the executor's key
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     workdir: str | None
@@ -84,8 +87,9 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     job = decision.job if decision else job
     run_id = run_id or new_run_id(job.name)
     c = job.cluster
-    hosts = node_hosts(job)
-    local = c.scheduler == "ssh" and all(LOOPBACK.match(h) for h in hosts)
+    addrs = node_addrs(job)
+    # A loopback host with its own user or port is an sshd to log in to (e.g. a container).
+    local = c.scheduler == "ssh" and all(LOOPBACK.match(a.name) and a.login == a.name for a in addrs)
     run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
@@ -95,20 +99,22 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     argv_tail = tuple(trainer.entry(job, run))
     suffix = f".attempt{attempt}" if attempt else ""
     solo = in_process(job)
-    nodes = tuple(_node(job, rank, host, run, argv_tail, log_base, suffix, solo)
-                  for rank, host in enumerate(hosts))
+    # Under Slurm one script serves every node: the rank and the master are the allocation's.
+    master = render.ShellVar("MLAUNCH_MASTER_ADDR") if c.scheduler == "slurm" else c.master_addr or addrs[0].name
+    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix, solo)
+                  for rank, addr in enumerate(addrs))
     return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
                       resume_from=resume_from, attempt=attempt, batch=decision)
 
 
-def node_hosts(job: JobBase) -> list[str]:
+def node_addrs(job: JobBase) -> list[HostAddr]:
     """Each node rank's host; under Slurm a placeholder until the allocation names it."""
     c = job.cluster
     if c.scheduler == "slurm":
-        return [ALLOCATED] * (c.slurm.nodes if c.slurm else 0)
-    return list(c.hosts)
+        return [HostAddr(ALLOCATED)] * (c.slurm.nodes if c.slurm else 0)
+    return host_addrs(c.hosts)
 
 
 def secret_values(job: JobBase) -> tuple[str, ...]:
@@ -125,14 +131,13 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
-def _torchrun_argv(job: JobBase, rank: int, run: RunContext, tail: tuple[str, ...]) -> tuple[str, ...]:
+def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
+                   tail: tuple[str, ...]) -> tuple[str, ...]:
     """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
     c, bindir = job.cluster, remote_bin(job)
     slurm = c.scheduler == "slurm"
-    # Under Slurm one script serves every node: the rank and the master are the allocation's.
-    master = render.ShellVar("MLAUNCH_MASTER_ADDR") if slurm else c.master_addr or c.hosts[0]
     return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
-            "--nnodes", str(world(job)[0]), "--nproc-per-node", str(c.gpus_per_node),
+            "--nnodes", str(nnodes(job)), "--nproc-per-node", str(procs_of(c, rank)),
             "--node-rank", _per_node("", rank, slurm), "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",
             "--tee", "3", "--log-dir", _per_node(posixpath.join(run.run_dir, "torchrun", "node"), rank, slurm),
@@ -147,20 +152,19 @@ def remote_python(job: JobBase) -> str:
 
 def in_process(job: JobBase) -> bool:
     """The whole job is one process and its trainer runs that without torchrun."""
-    nodes, gpus = world(job)
-    return (job.cluster.torchrun == "auto" and nodes * gpus == 1
+    return (job.cluster.torchrun == "auto" and world_size(job) == 1
             and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None))
 
 
-def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, ...],
-          log_base: str, suffix: str, solo: bool = False) -> NodePlan:
-    c = job.cluster
+def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
+          tail: tuple[str, ...], log_base: str, suffix: str, solo: bool = False) -> NodePlan:
+    c, host = job.cluster, addr.name
     bindir = remote_bin(job)
-    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, run, tail)
+    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, master, run, tail)
     slurm = c.scheduler == "slurm"
     node_rank = _per_node("", rank, slurm)
     node_id = _per_node(f"{run.run_id}.node", rank, slurm)
-    env = {**DEFAULT_ENV, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": node_rank,
+    env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": node_rank,
            "MLAUNCH_NODE_ID": node_id}
     if solo:   # what tells the stack dump (templates/stacks.sh.j2) which process is the rank
         env["MLAUNCH_IN_PROCESS"] = "1"
@@ -169,7 +173,7 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
     hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
-    ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=world(job)[0], host=host, bindir=bindir,
+    ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=nnodes(job), host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
                hangup_after=f"{c.hangup_after_s:g}", solo=solo, slurm=slurm,
                secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None)
@@ -178,10 +182,16 @@ def _node(job: JobBase, rank: int, host: str, run: RunContext, tail: tuple[str, 
         env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
         masked = [(k, v) for k, v in masked if not SECRET_NAME.search(k)]
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    return NodePlan(rank=rank, host=host, argv=argv, env=tuple(env.items()), workdir=c.workdir,
+    return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()),
+                    workdir=c.workdir,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))
+
+
+def nnodes(job: JobBase) -> int:
+    """torchrun's --nnodes: the hosts, or the nodes Slurm allocates."""
+    return len(node_procs(job.cluster))
 
 
 def _per_node(prefix: str, rank: int, slurm: bool) -> str:

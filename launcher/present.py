@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from . import memview
 from .plan import LaunchPlan
-from .spec import LlamaFactoryJob, SwiftJob, world
+from .spec import LlamaFactoryJob, SwiftJob, world_size, world_text
+from .spec.hosts import HostAddr, parse_host
 from .trainers import TRAINERS, global_batch
 
 
@@ -12,19 +13,20 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
     exact script), then every file (with_nodes False: the header only, for the Slurm view
     of launcher/sbatch.py)."""
     job = plan.job
-    nodes, gpus = world(job)
+    size = world_size(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
-             f"world: {nodes} nodes × {gpus} processes = {nodes * gpus}"]
+             f"world: {world_text(job.cluster, 'processes')} = {size}"]
+    lines += [f"note: {n}" for n in job._notes]
     if isinstance(job, SwiftJob) and job.megatron:
         b, m = job.batch, job.megatron
-        dp = nodes * gpus // (m.tp * m.pp * m.cp)
-        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {dp} = {nodes * gpus}"
+        dp = size // (m.tp * m.pp * m.cp)
+        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {dp} = {size}"
                      + (f"; experts: ep {m.ep} × etp {m.etp}" if m.ep * m.etp > 1 else ""))
         lines.append(f"global batch: {dp * b.per_device * b.grad_accum} = dp {dp} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
         b = job.batch
-        lines.append(f"global batch: {global_batch(job, nodes, gpus)} = {nodes} nodes × {gpus} GPUs × "
+        lines.append(f"global batch: {global_batch(job)} = {world_text(job.cluster)} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     if plan.batch is not None:
         lines += memview.lines(plan.batch)
@@ -36,27 +38,31 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     if job.cluster.scheduler == "slurm":
-        lines.append(f"scheduler: slurm, {nodes} nodes from the allocation")
+        lines.append(f"scheduler: slurm, {len(plan.nodes)} nodes from the allocation")
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")
     if not full:
         from .dryrun import node_lines
-        lines += node_lines(plan, lambda host: _how(plan, host))
+        lines += node_lines(plan, lambda node: _how(plan, node.login))
     for node in plan.nodes if full else ():
-        lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.host)}) ===",
+        lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.login)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:
-        lines += ["", f"=== file {f.path} ===", f.content.rstrip("\n")]
+        lines += ["", f"=== file {f.path} ==="]
+        lines += [f"# {line}" for line in (f.note or "").splitlines()]
+        lines.append(f.content.rstrip("\n"))
     return plan.mask("\n".join(lines) + "\n")
 
 
-def _how(plan: LaunchPlan, host: str) -> str:
+def _how(plan: LaunchPlan, login: str) -> str:
     if plan.local:
         return "local, no ssh"
     ssh = plan.job.cluster.ssh
-    user = f"{ssh.user}@" if ssh.user else ""
+    a = parse_host(login)
+    a = a if isinstance(a, HostAddr) else HostAddr(login)
+    user = a.user or ssh.user
     via = f" via {ssh.jump_host}" if ssh.jump_host else ""
-    return f"ssh {user}{host}:{ssh.port}{via}"
+    return f"ssh {HostAddr(a.name, user, a.port or ssh.port).login}{via}"
 
 
 def describe_result(plan: LaunchPlan, result) -> str:

@@ -1,6 +1,6 @@
 """What submit tells the run registry as a run goes by, and the run's console log.
 
-The console log (<log dir>/console.log) is the run's terminal stream, exactly as the
+The console log ($MLAUNCH_HOME/runs/<run id>/console.log) is the run's terminal stream, exactly as the
 foreground shows it (without colour): `mlaunch attach` and `mlaunch logs` read it, so a
 detached run looks the same as a foreground one.
 """
@@ -11,7 +11,6 @@ import re
 from typing import Callable, TextIO
 
 from . import registry
-from .registry import CONSOLE
 from .errors import UserError
 from .plan import MASK, LaunchPlan
 from .spec import SECRET_NAME, JobBase
@@ -89,13 +88,14 @@ class Recorder:
         except (OSError, registry.sqlite3.Error) as e:
             raise UserError(f"run registry {registry.home()}/runs.db: {e}; set MLAUNCH_HOME "
                             "to a writable directory") from None
+        path = registry.console_path(plan.run_id)
         try:
-            os.makedirs(plan.log_dir, exist_ok=True)
-            self.console = Tee(out, os.path.join(plan.log_dir, CONSOLE))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.console = Tee(out, path)
         except OSError as e:
             self.end(2)
-            raise UserError(f"cannot create log directory {plan.log_dir}: {e.strerror}; "
-                            "pass --log-dir DIR") from None
+            raise UserError(f"cannot create {path}: {e.strerror}; set MLAUNCH_HOME to a "
+                            "writable directory") from None
         return self.console
 
     def attempt_started(self, plan: LaunchPlan, attempt: int, resumed_from: str | None,

@@ -46,6 +46,12 @@ def home() -> str:
     return os.environ.get("MLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".mlaunch")
 
 
+def console_path(run_id: str) -> str:
+    """The run's console log: on this machine, never in output_dir (a refused submit must
+    leave output_dir as it was)."""
+    return os.path.join(home(), "runs", run_id, CONSOLE)
+
+
 @dataclass(frozen=True)
 class Run:
     """One row of `runs`, decoded."""

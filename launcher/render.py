@@ -115,22 +115,38 @@ def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: floa
 def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None,
                       overwrite: bool | str | None = False, warmup: Any = None) -> str:
     """LLaMA-Factory's training YAML for job (warmup: trainers.Warmup or None)."""
+    from .spec.models import Preference
+    pref = job.preference or (Preference() if job.stage in ("dpo", "kto") else None)
     return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
                   run_id=run_id, ds_path=ds_path, resume_from=resume_from, overwrite=overwrite,
-                  warmup=warmup)
+                  warmup=warmup, pref=pref, fsdp=fsdp_args(job.fsdp) if job.fsdp else None)
 
 
-def ds_config(job: Any, global_size: int) -> str:
-    """DeepSpeed JSON with concrete batch numbers that match the YAML and the world size."""
-    batch = {"global_size": global_size, "per_device": job.batch.per_device,
-             "grad_accum": job.batch.grad_accum}
-    # The optimizer is stated explicitly: with LoRA the no-decay parameter group is empty,
-    # DeepSpeed drops it, and a scheduler built for two groups then fails ("zip() argument
-    # 2 is longer than argument 1"). Its numbers are the ones the YAML gives the Trainer.
-    text = render("ds_config.json.j2", batch=batch, ds=job.deepspeed, precision=job.precision,
-                  max_grad_norm=job.training.max_grad_norm,
-                  learning_rate=job.training.learning_rate)
-    return json.dumps(json.loads(text), indent=2) + "\n"
+def fsdp_args(fsdp: Any) -> dict:
+    """The HF Trainer's `fsdp` option string and `fsdp_config` for a spec's fsdp section."""
+    options = [fsdp.sharding] + (["auto_wrap"] if fsdp.auto_wrap else []) + (["offload"] if fsdp.offload else [])
+    # use_orig_params: LoRA mixes frozen and trainable weights in one wrapped module, which
+    # FSDP's flat parameters accept only with it.
+    config: dict = {"use_orig_params": True}
+    if fsdp.auto_wrap and fsdp.layer_cls:
+        config["transformer_layer_cls_to_wrap"] = list(fsdp.layer_cls)
+    return {"options": " ".join(options), "config": config}
+
+
+def ds_default(ds: Any) -> dict:
+    """mlaunch's default DeepSpeed config for a `deepspeed: {stage: N}` section, with "auto"
+    where the spec or the model decides (launcher/spec/deepspeed.py fills them)."""
+    return json.loads(render("ds_config.json.j2", ds=ds))
+
+
+def ds_config(config: dict) -> str:
+    """The resolved DeepSpeed config as the JSON file the nodes read."""
+    return json.dumps(config, indent=2) + "\n"
+
+
+def llamafactory_entry() -> str:
+    """mlaunch's entry script for LLaMA-Factory under DeepSpeed (empty parameter groups removed)."""
+    return render("llamafactory_entry.py.j2")
 
 
 def python_script(python: str, source: str, args: list[str]) -> str:

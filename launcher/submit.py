@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import checkpoints, finished, outdir, render
+from . import finished, nodeprog
+from .nodeprog import checkpoints, outdir
 from .errors import UserError
 from .execute.job import JobResult, make_executor, run_job
 from .events import EventLog
@@ -31,7 +32,7 @@ class SubmitOptions:
 
     run_id: str | None = None
     log_dir: str | None = None
-    resume: str | None = None        # None, "latest" (must exist) or "auto" (fresh if none)
+    resume: str | None = None        # None, "latest" (must exist), "auto" (fresh if none) or a path
     overwrite: bool = False
     max_restarts: int | None = None  # overrides the spec's max_restarts
     preflight: bool = True
@@ -58,6 +59,7 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
     recorder: registers the run and its attempts (the CLI's runs are all registered)."""
     if opts.resume and opts.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
+    _check_resumable(job, opts)
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     rec = recorder or NullRecorder()
     printer = Printer(plan.mask, rec.begin(plan, job, out or sys.stdout))
@@ -162,9 +164,14 @@ def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
             raise UserError(f"--resume needs a trainer that writes checkpoints; trainer "
                             f"{job.trainer} does not")
         return None, ()
+    from .spec.lf_rules import resume_refusal
+    if opts.resume and resume_refusal(job):
+        raise UserError(resume_refusal(job))
     found = master.discover()
     for line in found.explain():
         printer.say(line)
+    if opts.resume not in (None, "latest", "auto"):
+        return _explicit(job, master, opts.resume, printer), found.stamps
     if opts.resume:
         if found.latest:
             printer.say(f"resuming from {found.latest}")
@@ -179,6 +186,17 @@ def _starting_point(job: JobBase, master: "_Master", opts: SubmitOptions,
         raise UserError(f"{job.output_dir} already holds checkpoints{latest}; continue with "
                         "--resume, or start over with --overwrite")
     return None, found.stamps
+
+
+def _explicit(job: JobBase, master: "_Master", path: str, printer: Printer) -> str:
+    """--resume PATH: that checkpoint, checked on node 0 like the automatic choice."""
+    named = master.discover(checkpoint=path)
+    if not named.latest:
+        why = named.skipped[0].reason if named.skipped else "not usable"
+        raise UserError(f"--resume {path}: {why}; give a complete checkpoint, or --resume to take "
+                        f"the latest complete one in {job.output_dir}")
+    printer.say(f"resuming from {named.latest} (--resume PATH)")
+    return named.latest
 
 
 def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers, rec) -> int:
@@ -262,18 +280,19 @@ class _Master:
         self.last: checkpoints.Discovery | None = None   # the latest discover()
         self.ignore: tuple[str, ...] = ()   # checkpoint stamps a restart must not resume from
 
-    def discover(self) -> checkpoints.Discovery:
+    def discover(self, checkpoint: str | None = None) -> checkpoints.Discovery:
         job = self.plan.job
         args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
+        args += ["--checkpoint", checkpoint] if checkpoint else []
         if self.ignore:
             args += ["--ignore-json", json.dumps(list(self.ignore))]
-        self.last = checkpoints.Discovery.from_json(self._run(checkpoints.__file__, args))
+        self.last = checkpoints.Discovery.from_json(self._run("checkpoints", args))
         return self.last
 
     def lock(self, printer: Printer) -> None:
         if not self.output_dir:
             return
-        got = json.loads(self._run(outdir.__file__, ["lock", self.output_dir, socket.gethostname(),
+        got = json.loads(self._run("outdir", ["lock", self.output_dir, socket.gethostname(),
                                                      str(os.getpid()), self.plan.run_id]))
         if not got["ok"]:
             h = got["holder"]
@@ -287,16 +306,15 @@ class _Master:
     def unlock(self) -> None:
         if self._beat is not None:
             self._beat.set()
-            self._run(outdir.__file__, ["unlock", self.output_dir, self.plan.run_id], check=False)
+            self._run("outdir", ["unlock", self.output_dir, self.plan.run_id], check=False)
 
     def _heartbeat(self) -> None:
         while not self._beat.wait(outdir.HEARTBEAT_S):
-            self._run(outdir.__file__, ["touch", self.output_dir, self.plan.run_id], check=False)
+            self._run("outdir", ["touch", self.output_dir, self.plan.run_id], check=False)
 
-    def _run(self, module_file: str, args: list[str], check: bool = True) -> str:
-        with open(module_file, encoding="utf-8") as fh:
-            script = render.python_script(self.python, fh.read(), args)
-        code, output = self.executor.run(self.plan.nodes[0].host, script, timeout=60)
+    def _run(self, program: str, args: list[str], check: bool = True) -> str:
+        script = nodeprog.script(self.python, program, args)
+        code, output = self.executor.run(self.plan.nodes[0].login, script, timeout=60)
         if code != 0 and check:
             raise UserError(f"on {self.plan.nodes[0].host}: output_dir helper failed "
                             f"(exit {code}): {output.strip()[-300:]}")

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import defaults, render
-from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world
+from .spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world_size
+from .spec.deepspeed import build_for
 from .spec.swift_rules import (MEGATRON_SCHEDULERS, config_int, not_resumable,
                                rendered_passthrough, swift_notes)
 
@@ -21,6 +22,7 @@ class RenderedFile:
 
     path: str
     content: str
+    note: str | None = None   # shown above the file in a dry run, never written into it
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class RunContext:
 
 class Trainer(Protocol):
     resumable: bool  # writes checkpoints that `--resume` and restarts can continue from
+    env: dict[str, str]  # defaults for every rank (cluster.env overrides them)
     # A world of one may run entry() with plain python, no torchrun (cluster.torchrun auto).
     in_process: bool
 
@@ -46,13 +49,16 @@ class Trainer(Protocol):
         """torchrun's program and its arguments (after torchrun's own options)."""
 
     def discovery_args(self, job: JobBase) -> list[str]:
-        """Arguments for launcher/checkpoints.py beyond output_dir (DeepSpeed layout)."""
+        """Arguments for launcher/nodeprog/checkpoints.py beyond output_dir (DeepSpeed layout)."""
 
 
 class LlamaFactory:
     """LLaMA-Factory via its launcher module, fed one rendered YAML (+ ds_config.json)."""
 
     resumable = True
+    # What llamafactory-cli (launcher.py, OPTIM_TORCH on by default) sets for every rank
+    # before its own torchrun; mlaunch starts the launcher module directly, so it sets them.
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
     # llamafactory-cli runs one device in-process (no process group, no NCCL buffers);
     # DeepSpeed keeps torchrun: a single-process engine wants the launcher's environment.
     in_process = True
@@ -66,12 +72,20 @@ class LlamaFactory:
             job, run.run_id, ds_path, run.resume_from, run.overwrite,
             warmup=warmup_arg(job.training, run.transformers)))]
         if ds_path:
-            nodes, gpus = world(job)
-            out.append(RenderedFile(ds_path, render.ds_config(job, global_batch(job, nodes, gpus))))
+            out.append(ds_file(job, ds_path))
+            out.append(RenderedFile(self._entry_path(run), render.llamafactory_entry()))
         return out
 
     def entry(self, job: LlamaFactoryJob, run: RunContext) -> list[str]:
+        # Under DeepSpeed, mlaunch's entry script runs llamafactory.launcher after removing
+        # empty optimizer parameter groups (templates/llamafactory_entry.py.j2 says why).
+        if job.deepspeed:
+            return [self._entry_path(run), self._yaml_path(run)]
         return ["-m", "llamafactory.launcher", self._yaml_path(run)]
+
+    @staticmethod
+    def _entry_path(run: RunContext) -> str:
+        return posixpath.join(run.run_dir, "llamafactory_entry.py")
 
     @staticmethod
     def _yaml_path(run: RunContext) -> str:
@@ -82,6 +96,7 @@ class Script:
     """Any script or module, exactly as a user would hand it to torchrun."""
 
     resumable = False
+    env: dict[str, str] = {}
     in_process = False   # a user's script may read RANK or init a process group from env://
 
     def discovery_args(self, job: ScriptJob) -> list[str]:
@@ -108,6 +123,7 @@ class Swift:
     """
 
     resumable = True
+    env: dict[str, str] = {}
     in_process = False   # not tested without torchrun here
 
     def discovery_args(self, job: SwiftJob) -> list[str]:
@@ -116,8 +132,7 @@ class Swift:
     def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
         if not job.deepspeed or job.megatron:
             return []
-        nodes, gpus = world(job)
-        return [RenderedFile(self._ds_path(run), render.ds_config(job, global_batch(job, nodes, gpus)))]
+        return [ds_file(job, self._ds_path(run))]
 
     def entry(self, job: SwiftJob, run: RunContext) -> list[str]:
         module = ("swift.cli._megatron." if job.megatron else "swift.cli.") + job.stage
@@ -134,7 +149,6 @@ class Swift:
     def args(self, job: SwiftJob, run: RunContext) -> list[str]:
         """The rendered argument lines, each one argv element."""
         ft = job.finetuning
-        nodes, gpus = world(job)
         d = {"lora_alpha": defaults.value(job, "finetuning.lora_alpha"),
              "lora_dropout": defaults.value(job, "finetuning.lora_dropout"),
              "logging_steps": defaults.value(job, "training.logging_steps"),
@@ -145,7 +159,7 @@ class Swift:
             ds_path=self._ds_path(run) if job.deepspeed and not job.megatron else None,
             lora_targets=_names(ft.lora_target), freeze_layers=_freeze_layers(job),
             freeze_modules=[m for m in _names(ft.freeze_trainable_modules) if m != "all"],
-            global_size=global_batch(job, nodes, gpus) // _model_parallel(job),
+            global_size=global_batch(job) // _model_parallel(job),
             decay_style=MEGATRON_SCHEDULERS.get(job.training.lr_scheduler),
             passthrough=rendered_passthrough(job))
         return [line for line in text.split("\n") if line]
@@ -168,10 +182,12 @@ class Warmup:
 def warmup_arg(tr, transformers: str | None) -> Warmup | None:
     """warmup_ratio / warmup_steps in the form the installed transformers accepts.
 
-    transformers 5 deprecated warmup_ratio (removed in 5.2) and reads a warmup_steps
-    below 1 as a ratio; 4.x has no such reading. With max_steps the ratio becomes the
-    step count both compute from it (ceil), so the key is the same everywhere; with
-    epochs only the nodes' version decides, which preflight reports before launch.
+    TrainingArguments declares warmup_ratio up to transformers 5.14 (deprecated from 5.0,
+    whose warning wrongly announces removal in 5.2) and not from 5.15 on, where the parser
+    rejects it; every 5.x reads a warmup_steps below 1 as a ratio, 4.x does not (its
+    warmup_steps is an int). With max_steps the ratio becomes the step count all versions
+    compute from it (ceil), so the key is the same everywhere; with epochs the nodes'
+    version decides, which preflight reports before launch.
     """
     if tr.warmup_steps is not None:
         return Warmup("warmup_steps", tr.warmup_steps)
@@ -181,14 +197,18 @@ def warmup_arg(tr, transformers: str | None) -> Warmup | None:
         return Warmup("warmup_steps", math.ceil(tr.warmup_ratio * tr.max_steps), "of_max_steps")
     if transformers is None:
         return Warmup("warmup_ratio", tr.warmup_ratio, "unprobed")
-    if _major(transformers) >= 5:
+    if _release(transformers) >= NO_WARMUP_RATIO:
         return Warmup("warmup_steps", tr.warmup_ratio, "ratio_as_steps", transformers)
     return Warmup("warmup_ratio", tr.warmup_ratio)
 
 
-def _major(version: str) -> int:
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
+NO_WARMUP_RATIO = (5, 15)   # the first transformers release without TrainingArguments.warmup_ratio
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as 5.14.1 or 5.15.0.dev0."""
+    parts = [int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2]]
+    return parts[0], parts[1]
 
 
 def _names(value: str | list[str]) -> list[str]:
@@ -218,13 +238,21 @@ def deepspeed_discovery_args(job) -> list[str]:
     """With DeepSpeed a checkpoint is complete only with one optimizer shard per rank."""
     if not getattr(job, "deepspeed", None):
         return []
-    nodes, gpus = world(job)
-    return ["--deepspeed", "--dp-size", str(nodes * gpus)]
+    return ["--deepspeed", "--dp-size", str(world_size(job))]
 
 
-def global_batch(job: LlamaFactoryJob, nodes: int, gpus: int) -> int:
-    """nodes x gpus_per_node x per_device x grad_accum (validation already matched `global`)."""
-    return nodes * gpus * job.batch.per_device * job.batch.grad_accum
+def ds_file(job, path: str) -> RenderedFile:
+    """The resolved ds_config.json, with where each value came from as its dry-run note."""
+    built = build_for(job)
+    if built.problems:  # validation reports these; a plan is never built from such a job
+        raise ValueError("; ".join(map(str, built.problems)))
+    note = "where each value comes from (not part of the file):\n" + built.note()
+    return RenderedFile(path, render.ds_config(built.config), note)
+
+
+def global_batch(job: LlamaFactoryJob) -> int:
+    """All processes (Σ per node) x per_device x grad_accum (validation matched `global`)."""
+    return world_size(job) * job.batch.per_device * job.batch.grad_accum
 
 
 TRAINERS: dict[str, Trainer] = {"llamafactory": LlamaFactory(), "swift": Swift(), "script": Script()}

@@ -55,7 +55,7 @@ class Runs:
 
     def wait_console(self, run_id: str, pattern: str, count: int = 1, timeout: float = 120) -> str:
         """The console log once it holds pattern count times."""
-        path = os.path.join(self.run(run_id)["log_dir"], "console.log")
+        path = self.console_path(run_id)
         deadline = time.monotonic() + timeout
         while True:
             text = open(path).read() if os.path.exists(path) else ""
@@ -63,6 +63,9 @@ class Runs:
                 assert len(re.findall(pattern, text)) >= count, text[-3000:]
                 return text
             time.sleep(0.2)
+
+    def console_path(self, run_id: str) -> str:
+        return os.path.join(self.home, "runs", run_id, "console.log")
 
     def attempts(self, run_id: str):
         from launcher.registry import Registry

@@ -55,3 +55,25 @@ def test_accepts_exactly_consistent(nodes, gpus, per_device, accum, global_):
 def test_consistent_global_always_accepted(nodes, gpus, per_device, accum):
     product = nodes * gpus * per_device * accum
     assert validate(spec(nodes, gpus, per_device, accum, product)).batch.global_ == product
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(small, min_size=1, max_size=6), small, small, st.booleans())
+def test_per_node_counts_sum_everywhere(counts, per_device, accum, consistent):
+    """One count per node: global, ds_config and each node's --nproc-per-node follow Σ counts."""
+    import json
+    product = sum(counts) * per_device * accum
+    data = spec(len(counts), 1, per_device, accum, product if consistent else product + 1)
+    data["cluster"]["gpus_per_node"] = counts
+    if not consistent:
+        try:
+            validate(data)
+        except SpecError as e:
+            assert str(e.problems[0]).endswith(f"= {product}; set global to {product}, change "
+                                               "per_device/grad_accum, or omit global")
+            return
+        raise AssertionError("an inconsistent global batch was accepted")
+    plan = build_plan(validate(data), run_id="prop")
+    ds = json.loads(next(f.content for f in plan.files if f.path.endswith("ds_config.json")))
+    assert ds["train_batch_size"] == product
+    assert [int(n.argv[n.argv.index("--nproc-per-node") + 1]) for n in plan.nodes] == counts

@@ -1,4 +1,4 @@
-"""Tests for launcher.checkpoints against real directory trees."""
+"""Tests for launcher.nodeprog.checkpoints against real directory trees."""
 import json
 import os
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import checkpoints
-from launcher.checkpoints import Discovery, Skipped, find_latest_complete, has_checkpoints
+from launcher.nodeprog import checkpoints
+from launcher.nodeprog.checkpoints import Discovery, Skipped, find_latest_complete, has_checkpoints
 
 SOURCE = Path(checkpoints.__file__)
 

@@ -36,7 +36,7 @@ def test_detached_lora_resumes_after_a_killed_worker(make_hostset, tmp_path, tin
             done.set()
             watcher.join()
     assert killed, "no worker was killed"
-    console = open(os.path.join(row["log_dir"], "console.log")).read()
+    console = open(runs.console_path(run_id)).read()
     assert row["state"] == "succeeded" and row["exit_code"] == 0, console[-4000:]
     assert trainer_state(out)["global_step"] == 10
     assert row["attempts"] == 2 and row["resumed_from"] == f"{out}/checkpoint-5", row

@@ -521,7 +521,7 @@ def test_input_specs_per_trainer():
                    "training": {"learning_rate": 1e-4, "max_steps": 1}, "output_dir": "/o"})
     assert input_specs(lf) == [{"what": "model", "kind": "model", "path": "Qwen/Qwen2-7B"},
                                {"what": "dataset", "kind": "dataset", "path": "data",
-                                "names": ["alpaca", "identity", "x"]}]
+                                "names": ["alpaca", "identity", "x"], "stage": "sft"}]
     # ms-swift style datasets: only local paths are checked (hub ids are fetched at start).
     swift = SimpleNamespace(trainer="swift", model="/m", dataset=["AI-ModelScope/alpaca#500", "/d/x.jsonl#100"])
     assert input_specs(swift) == [{"what": "model", "kind": "model", "path": "/m"},

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from launcher.errors import SpecError
-from launcher.spec import load_spec, parse_spec, validate, world
+from launcher.spec import load_spec, node_procs, parse_spec, validate
 
 from .helpers import CONFIGS, load_yaml, write_spec
 
@@ -26,7 +26,7 @@ def problems(data: dict) -> list[str]:
 
 def test_examples_validate_with_the_allocation_as_world():
     job = load_spec(LORA)
-    assert job.cluster.scheduler == "slurm" and world(job) == (4, 4)
+    assert job.cluster.scheduler == "slurm" and node_procs(job.cluster) == [4, 4, 4, 4]
     assert job.cluster.hosts is None
 
 
@@ -55,6 +55,9 @@ CASES = [
     ("cluster.slurm", DELETE, "cluster.slurm.nodes: required with scheduler slurm"),
     ("cluster.shared_dir", DELETE, "cluster.shared_dir: required with scheduler slurm"),
     ("cluster.gpus_per_node", DELETE, "cluster.gpus_per_node: required"),
+    ("cluster.gpus_per_node", [4, 4, 4, 4], "cluster.gpus_per_node: one count per host needs known hosts"),
+    ("cluster.include", "a:0", "cluster.include: with scheduler slurm the nodes come from the allocation"),
+    ("cluster.first_nodes", 2, "cluster.first_nodes: with scheduler slurm the nodes come from the allocation"),
     ("cluster.slurm.time", "2 days", "cluster.slurm.time: '2 days' is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"),
     ("cluster.slurm.time", "1:2:3:4", "cluster.slurm.time: '1:2:3:4' is not a Slurm time"),
     ("cluster.slurm.partition", "gpu a100", "cluster.slurm.partition: 'gpu a100': one word"),

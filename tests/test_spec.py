@@ -160,12 +160,13 @@ def test_hostfile(tmp_path):
 
 
 def test_hostfile_problems():
-    hosts, slots, probs = parse_hostfile("a slots=2\nb slots=x\nc\n", "hf")
+    hosts, slots, probs, _ = parse_hostfile("a slots=2\nb slots=x\nc\n", "hf")
     assert hosts == ["a", "c"] and slots == [2, None]
     assert str(probs[0]).startswith("hf:2: expected `host slots=N`")
 
 
 def test_hostfile_uneven_slots(tmp_path):
+    """Mixed slot counts are one process count per node; the batch arithmetic sums them."""
     (tmp_path / "hosts").write_text("a slots=4\nb slots=8\n")
     data = seed000()
     for k in ("hosts", "gpus_per_node", "master_addr"):
@@ -173,7 +174,10 @@ def test_hostfile_uneven_slots(tmp_path):
     data["cluster"]["hostfile"] = "hosts"
     with pytest.raises(SpecError) as err:
         load_spec(write_spec(tmp_path, data))
-    assert "slots differ between hosts" in str(err.value)
+    assert ("batch.global: 256 ≠ 2 nodes × (4+8) GPUs × 2 per device × 8 accumulation = 192; "
+            "set global to 192") in str(err.value)
+    data["batch"]["global"] = 192
+    assert load_spec(write_spec(tmp_path, data)).cluster.gpus_per_node == [4, 8]
 
 
 def test_yaml_errors_have_line_and_column(tmp_path):

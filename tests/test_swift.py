@@ -117,7 +117,11 @@ def test_zero_argv_and_ds_config(stage):
     ds = json.loads(ds_file.content)
     assert ds["train_batch_size"] == 64 and ds["gradient_accumulation_steps"] == 8
     assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["zero_optimization"]["stage"] == stage
-    assert "auto" not in ds_file.content
+    assert "optimizer" not in ds  # ms-swift builds its own (its defaults: weight_decay 0.1, beta2 0.95)
+    # "auto" only for the buckets transformers sizes from the model (no config.json here).
+    assert {k for k, v in ds["zero_optimization"].items() if v == "auto"} == (
+        {"reduce_bucket_size"} | ({"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"}
+                                  if stage == 3 else set()))
     # The checkpoint scan then demands one optimizer shard per data-parallel rank.
     assert TRAINERS["swift"].discovery_args(job) == ["--deepspeed", "--dp-size", "8"]
 

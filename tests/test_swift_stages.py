@@ -309,7 +309,7 @@ def test_llamafactory_passthrough_names():
 
 @pytest.mark.parametrize("lora,flag", [(True, "mcore_adapter"), (False, "mcore_model")])
 def test_megatron_discovery_to_resume_arguments(tmp_path, lora, flag):
-    from launcher.checkpoints import find_latest_complete
+    from launcher.nodeprog.checkpoints import find_latest_complete
     from .test_checkpoints import plant_megatron   # ms-swift 4.6's save layout, file:line named there
     plant_megatron(tmp_path, "v0-20260101-000000", 100, lora=lora)
     plant_megatron(tmp_path, "v1-20260102-000000", 200, lora=lora)

@@ -86,6 +86,11 @@ def installed_transformers(python: str) -> str:
     ({"warmup_ratio": 0.1, "epochs": 1}, "4.57.6", "warmup_ratio", 0.1),
     ({"warmup_ratio": 0.1, "epochs": 1}, None, "warmup_ratio", 0.1),
     ({"warmup_ratio": 0.1, "epochs": 1}, "5.19.0", "warmup_steps", 0.1),
+    # TrainingArguments declares warmup_ratio through 5.14.x and not from 5.15.0 on
+    # (checked in the released wheels of 5.0.0, 5.6.0, 5.12.0, 5.13.0, 5.14.0/1, 5.15.0-5.18.0).
+    ({"warmup_ratio": 0.1, "epochs": 1}, "5.14.1", "warmup_ratio", 0.1),
+    ({"warmup_ratio": 0.1, "epochs": 1}, "5.6.0", "warmup_ratio", 0.1),
+    ({"warmup_ratio": 0.1, "epochs": 1}, "5.15.0", "warmup_steps", 0.1),
 ])
 def test_warmup_key_per_version(training, version, key, value):
     tr = validate(quickstart(training, "/tmp/x")).training
@@ -107,9 +112,9 @@ def test_llamafactory_accepts_the_rendered_yaml(tmp_path, five, training):
 
 
 def test_unprobed_ratio_fails_loudly_on_transformers5(tmp_path):
-    """What the renderer avoids: transformers 5 rejects warmup_ratio (the device run's error)."""
+    """What the renderer avoids: transformers 5.15+ rejects warmup_ratio (the device run's error)."""
     text = rendered_yaml(quickstart({"warmup_ratio": 0.1, "epochs": 1}, str(tmp_path / "out")), None)
-    assert "warmup_ratio: 0.1" in text and "transformers 5 rejects this key" in text
+    assert "warmup_ratio: 0.1" in text and "transformers up to 5.14 accept warmup_ratio, 5.15 and later reject it" in text
     r = parse(tmp_path, text, five=True)
     assert r.returncode != 0 and "Some keys are not used by the HfArgumentParser: ['warmup_ratio']" in r.stderr
 
@@ -156,8 +161,9 @@ def test_submit_trains_on_transformers5_with_a_warmup_ratio(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     run_id = re.search(r"run (transformers5-\S+):", r.stdout).group(1)
     rendered = open(f"/tmp/mlaunch/.mlaunch/{run_id}/llamafactory.yaml").read()
-    assert "warmup_steps: 0.1\n" in rendered and "warmup_ratio" not in rendered
-    assert f"# transformers {installed_transformers(SWIFT_PYTHON)} reads a warmup_steps below 1" in rendered
+    assert "warmup_steps: 0.1\n" in rendered and "\nwarmup_ratio:" not in rendered
+    assert (f"# transformers {installed_transformers(SWIFT_PYTHON)} has no warmup_ratio (removed in 5.15); "
+            "it reads a warmup_steps below 1 as a ratio") in rendered
     state = trainer_state(out)
     steps = state["global_step"]
     lrs = [e["learning_rate"] for e in state["log_history"] if "learning_rate" in e]

@@ -141,7 +141,9 @@ def test_which_jobs_run_in_process(tmp_path, over, solo):
         assert argv == ("/venv/bin/python3", "-m", "llamafactory.launcher", f"{plan.run_dir}/llamafactory.yaml")
         assert "without torchrun, as\n# llamafactory-cli does" in plan.nodes[0].script
     else:
-        assert argv[0] == "/venv/bin/torchrun" and "llamafactory.launcher" in argv
+        # Under DeepSpeed, mlaunch's entry script runs llamafactory.launcher (templates/llamafactory_entry.py.j2).
+        entry = f"{plan.run_dir}/llamafactory_entry.py" if "deepspeed" in over else "llamafactory.launcher"
+        assert argv[0] == "/venv/bin/torchrun" and entry in argv
 
 
 def test_script_jobs_keep_torchrun(tmp_path):

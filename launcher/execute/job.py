@@ -71,7 +71,7 @@ def make_executor(plan: LaunchPlan) -> Executor:
         from .local import LocalExecutor
         return LocalExecutor()
     from .ssh import SSHExecutor  # fabric is imported only when SSH is really needed
-    return SSHExecutor([n.host for n in plan.nodes], plan.job.cluster.ssh)
+    return SSHExecutor([n.login for n in plan.nodes], plan.job.cluster.ssh)
 
 
 def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
@@ -272,7 +272,7 @@ class _Session:
             self._teardown.start()
 
     def _teardown_all(self, kill_now: bool = False) -> None:
-        hosts = list(dict.fromkeys(n.host for n in self.plan.nodes))
+        hosts = list(dict.fromkeys(n.login for n in self.plan.nodes))
         with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
             outs = pool.map(lambda h: self._teardown_host(h, kill_now), hosts)
             self.result.teardown.update(zip(hosts, outs))
@@ -280,7 +280,7 @@ class _Session:
         self.watch.events.emit("teardown", hosts=self.result.teardown, kill_now=kill_now or None)
 
     def _teardown_host(self, host: str, kill_now: bool) -> str:
-        pidfiles = [n.pidfile for n in self.plan.nodes if n.host == host]
+        pidfiles = [n.pidfile for n in self.plan.nodes if n.login == host]
         script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.run_id}", pidfiles,
                                         TEARDOWN_GRACE, kill_now)
         code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)

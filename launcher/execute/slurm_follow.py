@@ -86,7 +86,7 @@ class Follow:
         """The job has its nodes: name them, record the attempt, start reading their logs."""
         names = hostnames(self.info.get("NodeList", "")) or ["?"] * len(self.plan.nodes)
         self.hosts = names[:len(self.plan.nodes)]
-        nodes = tuple(dataclasses.replace(n, host=h, log_path=self.req.node_log(n.rank, h))
+        nodes = tuple(dataclasses.replace(n, host=h, login=h, log_path=self.req.node_log(n.rank, h))
                       for n, h in zip(self.plan.nodes, self.hosts))
         self.plan = dataclasses.replace(self.plan, nodes=nodes)
         self.tails = [_Tail(n.log_path) for n in nodes]

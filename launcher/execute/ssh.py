@@ -15,6 +15,7 @@ from .. import render
 from ..errors import Problem
 from ..plan import LaunchPlan, NodePlan
 from ..spec import SSH
+from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
@@ -68,6 +69,7 @@ class SSHExecutor:
     """Reaches every host with fabric, honouring ssh_config, agent, key file, jump host, known_hosts."""
 
     def __init__(self, hosts: list[str], ssh: SSH):
+        # Keyed by login ([user@]host[:port]): one host name on two ports is two machines.
         self._hosts = list(dict.fromkeys(hosts))
         self._ssh = ssh
         self._conns: dict[str, Connection] = {}
@@ -81,12 +83,12 @@ class SSHExecutor:
         return [p for p in results if p is not None]
 
     def stage(self, plan: LaunchPlan) -> None:
-        targets = [plan.nodes[0].host] if plan.shared else self._hosts
+        targets = [plan.nodes[0].login] if plan.shared else self._hosts
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             list(pool.map(lambda h: self._upload(h, plan), targets))
 
     def start(self, node: NodePlan) -> SSHRunning:
-        chan = self._conns[node.host].client.get_transport().open_session(
+        chan = self._conns[node.login].client.get_transport().open_session(
             timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
         chan.set_combine_stderr(True)
         # The script travels over the session's stdin, ahead of the heartbeat bytes: the
@@ -122,22 +124,25 @@ class SSHExecutor:
             conn.open()
         except Exception as e:  # each failure becomes a per-host line, never a traceback
             conn.close()
-            return Problem(f"host {host}", explain_connect_error(e, host, self._ssh))
+            return Problem(f"host {host}", explain_connect_error(e, _addr(host), self._ssh))
         transport = conn.client.get_transport()
         transport.set_keepalive(KEEPALIVE_S)
         _set_user_timeout(transport.sock)
         self._conns[host] = conn
         return None
 
-    def _connection(self, host: str) -> Connection:
-        s, config = self._ssh, self._config
+    def _connection(self, login: str) -> Connection:
+        s, config, addr = self._ssh, self._config, _addr(login)
         kwargs: dict = {"allow_agent": True}
         if s.key_file:
             kwargs["key_filename"] = [os.path.expanduser(s.key_file)]
         # The jump host authenticates with the same key and host-key policy as the nodes.
         gateway = Connection(s.jump_host, config=config, connect_timeout=s.connect_timeout,
                              connect_kwargs=dict(kwargs)) if s.jump_host else None
-        conn = Connection(host, user=s.user, port=s.port if "port" in s.model_fields_set else None,
+        # Host, user and port are passed apart: fabric's own "user@host:port" parsing refuses
+        # a user given both ways. Validation already made the host's agree with cluster.ssh.
+        port = addr.port or (s.port if "port" in s.model_fields_set else None)
+        conn = Connection(addr.name, user=addr.user or s.user, port=port,
                           config=config, gateway=gateway, connect_timeout=s.connect_timeout,
                           connect_kwargs=kwargs)
         self._host_keys(conn.client, conn.ssh_config)
@@ -172,18 +177,25 @@ def bootstrap_command() -> str:
     return "exec /bin/sh -c " + shlex.quote(render.bootstrap())
 
 
-def explain_connect_error(e: Exception, host: str, ssh: SSH) -> str:
+def _addr(login: str) -> HostAddr:
+    a = parse_host(login)
+    return a if isinstance(a, HostAddr) else HostAddr(login)
+
+
+def explain_connect_error(e: Exception, addr: HostAddr | str, ssh: SSH) -> str:
     """One line: what went wrong reaching host, and the command or setting that fixes it."""
-    port = ssh.port
+    addr = _addr(addr) if isinstance(addr, str) else addr
+    host, port, user = addr.name, addr.port or ssh.port, addr.user or ssh.user
+    known = host if port == 22 else f"'[{host}]:{port}'"  # known_hosts' name for another port
     if isinstance(e, paramiko.BadHostKeyException):
         return (f"host key CHANGED (got {e.key.get_name()} {e.key.fingerprint}); if the host was "
-                f"reinstalled, verify it and run: ssh-keygen -R {host}")
+                f"reinstalled, verify it and run: ssh-keygen -R {known}")
     if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
         where = ssh.known_hosts or "~/.ssh/known_hosts"
         return (f"host key unknown and strict_host_keys is on; verify the fingerprint, then run: "
                 f"ssh-keyscan -p {port} {host} >> {where}")
     if isinstance(e, paramiko.AuthenticationException):
-        return (f"authentication failed for user {ssh.user or os.environ.get('USER', '?')}; check "
+        return (f"authentication failed for user {user or os.environ.get('USER', '?')}; check "
                 "cluster.ssh.key_file / cluster.ssh.user or load the key into ssh-agent")
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
         return f"connection refused on port {port}: is sshd running there and the port open?"

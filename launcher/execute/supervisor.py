@@ -51,7 +51,7 @@ def _quiet_stdin() -> None:
     os.close(devnull)
 
 
-def _detach(rec: Recorder) -> None:
+def _detach(rec) -> None:
     """Tell `mlaunch submit` we are on our own; from now on nothing goes to its terminal."""
     try:
         sys.stdout.write(DETACHED + "\n")

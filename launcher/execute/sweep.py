@@ -33,7 +33,7 @@ def sweep(run, kill_now: bool = False) -> Cancel:
         problems = executor.connect()
         if problems:
             return Cancel(problems=[str(p) for p in problems])
-        hosts = list(dict.fromkeys(n.host for n in plan.nodes))
+        hosts = list(dict.fromkeys(n.login for n in plan.nodes))
         # Restarts may have run up to max_restarts more attempts than the registry has seen.
         tags = attempt_tags(run.id, max(run.attempts, 1) + job.max_restarts + 1)
         with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
@@ -51,7 +51,7 @@ def sweep(run, kill_now: bool = False) -> Cancel:
 
 
 def _host(executor, plan, host: str, tags: list[str], kill_now: bool) -> tuple[int, str]:
-    pidfiles = [n.pidfile for n in plan.nodes if n.host == host]
+    pidfiles = [n.pidfile for n in plan.nodes if n.login == host]
     script = "\n".join(render.teardown_script(f"MLAUNCH_RUN_ID={tag}", pidfiles, TEARDOWN_GRACE,
                                               kill_now) for tag in tags)
     return executor.run(host, script, timeout=TEARDOWN_GRACE * len(tags) + 20)

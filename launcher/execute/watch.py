@@ -91,7 +91,7 @@ class Watch:
         def dump(node) -> str:
             env = dict(node.env)
             script = render.stack_dump_script(f"MLAUNCH_NODE_ID={env['MLAUNCH_NODE_ID']}", pyspy)
-            return self.executor.run(node.host, script, 60)[1]
+            return self.executor.run(node.login, script, 60)[1]
         with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
             outputs = list(pool.map(dump, self.plan.nodes))
         found: list[stacks.RankStack] = []

@@ -8,7 +8,7 @@ import re
 import shutil
 import tempfile
 
-from .. import render
+from .. import nodeprog
 from ..execute.job import JobResult, run_job
 from ..execute.stream import Printer
 from ..plan import LaunchPlan, build_plan, new_run_id
@@ -27,7 +27,7 @@ NCCL_INFO = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     """A `trainer: script` job over the user's own cluster block that runs the all-reduce."""
     cluster = ctx.job.cluster.model_dump(mode="json", exclude_unset=True, by_alias=True)
-    cluster["hosts"] = [n.host for n in ctx.nodes]
+    cluster["hosts"] = list(ctx.job.cluster.hosts)
     cluster.pop("hostfile", None)
     for key in ("scheduler", "slurm"):   # under Slurm: the allocation's nodes, reached by srun
         cluster.pop(key, None)
@@ -46,7 +46,7 @@ def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:
     """Write the program on every node itself, not only on node 0 (shared_dir may be exactly
     what is broken); None when every node has it, else why not."""
     path = plan.job.script.path
-    text = render.render("preflight/collective.py.j2").rstrip("\n")
+    text = nodeprog.source("collective")
     outs = on_nodes(ctx, lambda r: sh_script("stage", dir=plan.run_dir, path=path, content=text),
                     ctx.pf.check_timeout_s)
     bad = [f"node{r}: {o.why()}" for r, o in sorted(outs.items()) if o.code != 0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..spec.rules import node_devices
+from ..spec.select import procs_of
 from .probe import Ctx
 from .report import CheckResult
 
@@ -46,7 +47,7 @@ def wanted(ctx: Ctx, rank: int) -> list[int]:
     """GPU indices the job's ranks will use on node `rank`."""
     c = ctx.job.cluster
     mine = node_devices(c, rank)
-    return mine if mine is not None else list(range(c.gpus_per_node))
+    return mine if mine is not None else list(range(procs_of(c, rank)))
 
 
 def memory_facts(ctx: Ctx, facts: dict) -> dict:
@@ -98,8 +99,8 @@ def _problem(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict], ref) -> 
     use = wanted(ctx, rank)
     missing = [i for i in use if i not in have]
     if missing:
-        fix = (f"set cluster.gpus_per_node to at most {len(rows)} or cluster.cuda_visible_devices "
-               "to GPUs that exist")
+        fix = (f"run at most {len(rows)} processes on {host} (cluster.gpus_per_node or its "
+               "hostfile slots=), or set cluster.cuda_visible_devices to GPUs that exist")
         if node_devices(ctx.job.cluster, rank) is not None:
             fix = (f"list GPUs that exist on {host} (0-{len(rows) - 1}) in "
                    "cluster.cuda_visible_devices")

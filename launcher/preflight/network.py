@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from ..spec.rules import machine_key
+from ..spec.hosts import machine_key
 from .probe import Ctx, on_nodes, py_script
 from .report import CheckResult
 

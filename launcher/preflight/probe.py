@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import render
+from .. import nodeprog, render
 from ..execute.base import Executor
 from ..plan import LaunchPlan, NodePlan, in_process, remote_bin
 from ..spec import LlamaFactoryJob, ScriptJob
@@ -17,6 +17,9 @@ from ..spec import LlamaFactoryJob, ScriptJob
 MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
 # The distribution each trainer runs, whose version must match across nodes.
 TRAINER_PACKAGES = {"llamafactory": "llamafactory", "swift": "ms-swift"}
+# report_to -> the modules transformers' callback imports (any one of them will do).
+TRACKER_MODULES = {"tensorboard": ["tensorboard", "tensorboardX"], "wandb": ["wandb"],
+                   "mlflow": ["mlflow"], "swanlab": ["swanlab"]}
 
 
 @dataclass
@@ -106,7 +109,7 @@ def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
 
     def one(rank: int) -> tuple[int, Outcome]:
         t_send = time.time()
-        code, out = ctx.executor.run(ctx.nodes[rank].host, jobs[rank], timeout)
+        code, out = ctx.executor.run(ctx.nodes[rank].login, jobs[rank], timeout)
         return rank, Outcome(code, out, t_send, time.time())
 
     with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
@@ -114,11 +117,11 @@ def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
 
 
 def py_script(ctx: Ctx, rank: int, program: str, params: dict) -> str:
-    """Shell text that runs a templates/preflight/<program>.py.j2 with the job's interpreter
+    """Shell text that runs node program launcher/nodeprog/<program>.py with the job's interpreter
     and environment (so LD_LIBRARY_PATH, PYTHONPATH, ... are those the job will see)."""
     node = ctx.nodes[rank]
     return render.render("preflight/pyprobe.sh.j2", env=list(node.env), bindir=remote_bin(ctx.job),
-                         python=ctx.python, program=f"preflight/{program}.py.j2",
+                         python=ctx.python, program=program, source=nodeprog.source(program),
                          params=json.dumps({**params, "marker": MARKER.strip()}), marker=MARKER.strip())
 
 
@@ -128,6 +131,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
     return {
         "rank": rank, "nonce": ctx.nonce, "bindir": remote_bin(job), "workdir": c.workdir,
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
+        "tracker": TRACKER_MODULES.get(getattr(job, "report_to", "none")),
         "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
@@ -148,7 +152,8 @@ def input_specs(job) -> list[dict]:
     raw = getattr(job, "dataset", None) or []
     names = [p.strip() for name in ([raw] if isinstance(raw, str) else raw) for p in name.split(",") if p.strip()]
     if isinstance(job, LlamaFactoryJob):  # names are keys of dataset_dir/dataset_info.json
-        out.append({"what": "dataset", "kind": "dataset", "path": job.dataset_dir or "data", "names": names})
+        out.append({"what": "dataset", "kind": "dataset", "path": job.dataset_dir or "data", "names": names,
+                    "stage": job.stage})
     else:  # ms-swift style: hub ids, or local files/dirs (with an optional "#samples" suffix)
         out += [{"what": "dataset", "kind": "path", "path": n.split("#")[0]} for n in names
                 if n.startswith(("/", ".", "~"))]

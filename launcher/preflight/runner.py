@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import Problem
 from ..execute.base import Executor
 from ..plan import LaunchPlan
+from ..spec import world_size
+from ..spec.hosts import HostAddr, parse_host
 from . import clock, collective, gpu, ifname, network, software, storage
 from .probe import Ctx, cleanup, gather_facts
 from .report import CheckResult, Report, sort_results
@@ -70,12 +72,18 @@ def ssh_rows(ctx: Ctx) -> list[CheckResult]:
     out = []
     for n in ctx.nodes:
         if n.rank in ctx.unreachable:
-            detail, fix = ssh_fix(n.host, ctx.unreachable[n.rank], ctx.job.cluster.ssh.port)
+            port = _port(n.login, ctx.job.cluster.ssh.port)
+            detail, fix = ssh_fix(n.host, ctx.unreachable[n.rank], port)
             out.append(CheckResult("ssh", n.rank, n.host, "fail", detail, fix))
         else:
             how = "local: no SSH needed" if ctx.plan.local else "connected and authenticated"
             out.append(CheckResult("ssh", n.rank, n.host, "pass", how))
     return out
+
+
+def _port(login: str, default: int) -> int:
+    a = parse_host(login)
+    return (a.port or default) if isinstance(a, HostAddr) else default
 
 
 def ssh_fix(host: str, message: str, port: int) -> tuple[str, str]:
@@ -103,7 +111,7 @@ def _collective(ctx: Ctx, results: list[CheckResult], printer) -> list[CheckResu
     why = next((f"{c} failed on {', '.join(failed(c))}" for c in blocked if failed(c)), None)
     if why:
         return [CheckResult("collective", None, None, "skip", f"not run: {why}")]
-    world = len(ctx.nodes) * (ctx.job.cluster.gpus_per_node or 1)
+    world = world_size(ctx.job)
     _say(printer, f"preflight: all-reduce across {world} ranks (limit {ctx.pf.collective_timeout_s:g}s)")
     return collective.run(ctx)
 
@@ -111,7 +119,7 @@ def _collective(ctx: Ctx, results: list[CheckResult], printer) -> list[CheckResu
 def unreachable_ranks(plan: LaunchPlan, problems: list[Problem]) -> dict[int, str]:
     """connect()'s problems ("host <h>": why) by node rank."""
     by_host = {p.path.removeprefix("host "): p.message for p in problems}
-    return {n.rank: by_host[n.host] for n in plan.nodes if n.host in by_host}
+    return {n.rank: by_host[n.login] for n in plan.nodes if n.login in by_host}
 
 
 def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) -> int:

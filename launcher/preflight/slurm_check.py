@@ -26,7 +26,7 @@ def allocated(plan):
     if problems:
         executor.close()
         raise UserError(problems, header="no Slurm allocation for the check; nothing ran:")
-    nodes = tuple(dataclasses.replace(n, host=h) for n, h in zip(plan.nodes, executor.hosts))
+    nodes = tuple(dataclasses.replace(n, host=h, login=h) for n, h in zip(plan.nodes, executor.hosts))
     return dataclasses.replace(plan, nodes=nodes), executor
 
 

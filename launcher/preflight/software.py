@@ -96,6 +96,10 @@ def _python_problem(ctx: Ctx, f, ref) -> tuple[str, str] | None:
         want = ref[1].get("trainer", "").split(" ")[-1] if ref else ""
         spec = f"'{tr['name']}=={want}'" if want and want != "missing" else tr["name"]
         return tr["error"], f"{py} -m pip install {spec}"
+    if tr.get("tracker_missing"):
+        pkg = tr["tracker_missing"]
+        return (f"report_to {ctx.job.report_to}: {pkg} is not installed (the run would stop at start)",
+                f"{py} -m pip install {pkg}, or set report_to: none")
     return _torchrun_problem(ctx, f.get("torchrun", {}), torch_v)
 
 

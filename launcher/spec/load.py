@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import reprlib
 import typing
 from typing import Any
 
@@ -11,11 +12,16 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import Problem, SpecError
+from .hosts import parse_hostfile
 from .models import TRAINER_MODELS, Job, JobBase
-from .rules import check_job
+from .rules import check_job, output_dir_note
+from .select import select
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
 _ADAPTER: TypeAdapter | None = None
+# A value shown in an error stays one readable line, however large (YAML aliases can nest).
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 160, 160
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -39,12 +45,21 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def load_spec(path: str) -> JobBase:
     """Read, parse, validate and cross-check the job spec at path."""
+    return parse_spec(read_text(path, "spec"), source=path)
+
+
+def read_text(path: str, what: str) -> str:
+    """A UTF-8 text file, or a SpecError naming the file (and the first bad byte's offset)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_spec(text, source=path)
+        raise SpecError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}; "
+                        f"save the {what} as UTF-8") from None
 
 
 def parse_spec(text: str, source: str = "<spec>") -> JobBase:
@@ -55,17 +70,28 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         raise SpecError(f"{where}: YAML syntax: {e.problem or e.context}") from None
+    except yaml.reader.ReaderError as e:  # a control character such as NUL: binary?
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        raise SpecError(f"{source}: character U+{code:04X} at character offset {e.position} is "
+                        "not allowed in YAML; is this a binary file? give the spec as text") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{source}: not YAML text: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: YAML nested too deeply to be a job spec") from None
     if not isinstance(raw, dict):
-        raise SpecError(f"{source}: expected a mapping of fields at the top level")
+        kind = "empty" if raw is None else f"a YAML {type(raw).__name__}"
+        raise SpecError(f"{source}: the spec is {kind}; expected a mapping of fields "
+                        "(name:, cluster:, trainer:, ...) at the top level")
     base = os.path.dirname(os.path.abspath(source)) if source != "<spec>" else os.getcwd()
-    problems = _expand_hostfile(raw, base)
+    problems, notes = _expand_hostfile(raw, base)
+    _absolute_ds_config(raw, base)
     if problems:
         raise SpecError(problems, header=f"{source}: invalid job spec")
-    return validate(raw, source)
+    return validate(raw, source, notes)
 
 
-def validate(raw: dict, source: str = "<spec>") -> JobBase:
-    """Pydantic validation plus the cross-field rules; all problems are reported together."""
+def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) -> JobBase:
+    """Pydantic validation, host selection and the cross-field rules; all problems together."""
     bad = _bad_strings(raw, "")
     if bad:
         raise SpecError(bad, header=f"{source}: invalid job spec")
@@ -75,9 +101,14 @@ def validate(raw: dict, source: str = "<spec>") -> JobBase:
         job = model.model_validate(raw) if model else _adapter().validate_python(raw)
     except ValidationError as e:
         raise SpecError(_translate(e, raw), header=f"{source}: invalid job spec") from None
-    problems = check_job(job)
+    update, problems, selected = select(job.cluster)
+    if update:
+        job = job.model_copy(update={"cluster": job.cluster.model_copy(update=update)})
+    problems = problems or check_job(job)
     if problems:
         raise SpecError(problems, header=f"{source}: invalid job spec")
+    where = output_dir_note(job)
+    job._notes = tuple(notes or ()) + tuple(selected) + ((where,) if where else ())
     return job
 
 
@@ -88,64 +119,86 @@ def _adapter() -> TypeAdapter:
     return _ADAPTER
 
 
-def _bad_strings(value: Any, path: str) -> list[Problem]:
-    """Newlines and NUL can never be quoted safely into a one-line command: reject them."""
+def _bad_strings(value: Any, path: str, seen: set[int] | None = None) -> list[Problem]:
+    """Newlines and NUL can never be quoted safely into a one-line command: reject them.
+
+    A YAML alias repeats one object, not a copy: each container is visited once, or nine
+    nested nine-fold aliases (a "billion laughs") would take 9^9 steps.
+    """
     if isinstance(value, str):
         if "\n" in value or "\r" in value or "\0" in value:
             return [Problem(path, "contains a newline or NUL character; use a single-line value")]
         return []
+    if not isinstance(value, (dict, list)):
+        return []
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
     if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _bad_strings(v, _join(path, k))]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in _bad_strings(v, f"{path}[{i}]")]
+        return [p for k, v in value.items() for p in _bad_strings(v, _join(path, k), seen)]
+    return [p for i, v in enumerate(value) for p in _bad_strings(v, f"{path}[{i}]", seen)]
+
+
+def _expand_hostfile(raw: dict, base: str) -> tuple[list[Problem], list[str]]:
+    """Replace cluster.hostfile by the hosts it lists, taking gpus_per_node from slots."""
+    cluster = raw.get("cluster")
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("hostfile"), str):
+        return [], []  # no hostfile, or not a path: pydantic names the type
+    if cluster.get("scheduler") == "slurm":
+        return [Problem("cluster.hostfile", "with scheduler slurm the nodes come from the "
+                        "allocation; remove hostfile and set cluster.slurm.nodes")], []
+    if cluster.get("hosts"):
+        return [Problem("cluster.hostfile", "give hosts or hostfile, not both")], []
+    path = os.path.join(base, os.path.expanduser(str(cluster["hostfile"])))
+    try:
+        hosts, slots, problems, notes = parse_hostfile(read_text(path, "hostfile"), path,
+                                                       f"hostfile {cluster['hostfile']}")
+    except SpecError as e:
+        return [Problem("cluster.hostfile", str(e.problems[0]))], []
+    cluster["hosts"] = hosts
+    if problems or not hosts:
+        return problems or [Problem("cluster.hostfile", f"{path} lists no hosts")], notes
+    return _slots_to_procs(cluster, hosts, slots), notes
+
+
+def _slots_to_procs(cluster: dict, hosts: list[str], slots: list[int | None]) -> list[Problem]:
+    """gpus_per_node from the slots: one count if all agree, else one per host.
+
+    A line without slots= takes gpus_per_node, which must then be given; where both are
+    given they must agree.
+    """
+    given = cluster.get("gpus_per_node")
+    if all(s is None for s in slots):
+        return []
+    if isinstance(given, list):
+        if len(given) == len(slots) and all(s in (None, g) for s, g in zip(slots, given)):
+            return []
+        return [Problem("cluster.gpus_per_node", f"{_short(given)} but the hostfile's slots are "
+                        f"{_short(slots)}; remove gpus_per_node (the slots give it)")]
+    if given is not None:
+        bad = next((s for s in slots if s not in (None, given)), None)
+        if bad is None:
+            return []
+        return [Problem("cluster.gpus_per_node", f"{given} but the hostfile says slots={bad}; "
+                        "remove gpus_per_node (the slots give it) or make them agree")]
+    if None in slots:
+        host = hosts[slots.index(None)]
+        return [Problem("cluster.gpus_per_node", f"required: the hostfile line of {host} has no "
+                        "slots=N; add slots= to every line, or give gpus_per_node")]
+    cluster["gpus_per_node"] = slots[0] if len(set(slots)) == 1 else slots
     return []
 
 
-def _expand_hostfile(raw: dict, base: str) -> list[Problem]:
-    """Replace cluster.hostfile by the hosts it lists, taking gpus_per_node from slots."""
-    cluster = raw.get("cluster")
-    if not isinstance(cluster, dict) or "hostfile" not in cluster:
-        return []
-    if cluster.get("scheduler") == "slurm":
-        return [Problem("cluster.hostfile", "with scheduler slurm the nodes come from the "
-                        "allocation; remove hostfile and set cluster.slurm.nodes")]
-    if cluster.get("hosts"):
-        return [Problem("cluster.hostfile", "give hosts or hostfile, not both")]
-    path = os.path.join(base, os.path.expanduser(str(cluster["hostfile"])))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            hosts, slots, problems = parse_hostfile(fh.read(), path)
-    except OSError as e:
-        return [Problem("cluster.hostfile", f"cannot read {path}: {e.strerror}")]
-    cluster["hosts"] = hosts
-    distinct = sorted(set(s for s in slots if s is not None))
-    if len(distinct) > 1:
-        problems.append(Problem("cluster.hostfile", f"slots differ between hosts ({distinct}); "
-                                "torchrun starts the same number of processes on every node"))
-    elif distinct:
-        given = cluster.get("gpus_per_node")
-        if given is None:
-            cluster["gpus_per_node"] = distinct[0]
-        elif given != distinct[0]:
-            problems.append(Problem("cluster.gpus_per_node",
-                                    f"{given} but the hostfile says slots={distinct[0]}"))
-    return problems
+def _short(values: list) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, …] ({len(values)})"
 
 
-def parse_hostfile(text: str, name: str) -> tuple[list[str], list[int | None], list[Problem]]:
-    """DeepSpeed hostfile lines: `host [slots=N]`, with # comments and blank lines."""
-    hosts, slots, problems = [], [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = re.fullmatch(r"(\S+)(?:\s+slots\s*=\s*(\d+))?", line)
-        if not m:
-            problems.append(Problem(f"{name}:{n}", f"expected `host slots=N`, got {line!r}"))
-            continue
-        hosts.append(m.group(1))
-        slots.append(int(m.group(2)) if m.group(2) else None)
-    return hosts, slots, problems
+def _absolute_ds_config(raw: dict, base: str) -> None:
+    """deepspeed.config names a file relative to the spec, like cluster.hostfile."""
+    ds = raw.get("deepspeed")
+    if isinstance(ds, dict) and isinstance(ds.get("config"), str) and ds["config"]:
+        ds["config"] = os.path.join(base, os.path.expanduser(ds["config"]))
 
 
 def _translate(err: ValidationError, raw: dict) -> list[Problem]:
@@ -167,16 +220,13 @@ def _translate(err: ValidationError, raw: dict) -> list[Problem]:
 def _describe(e: dict, loc: list, trainer: Any) -> str:
     """Human text for one pydantic error."""
     kind, given = e["type"], e.get("input")
-    shown = "***" if any(SECRET_NAME.search(str(x)) for x in loc) else repr(given)
+    shown = "***" if any(SECRET_NAME.search(str(x)) for x in loc) else _REPR.repr(given)
     if kind == "extra_forbidden":
         return "unknown key" + _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1]))
     if kind == "missing":
         return "required field missing"
     if kind in ("literal_error", "union_tag_invalid"):
-        choices = re.findall(r"'([^']+)'", e["msg"].split("one of", 1)[-1]) or \
-            re.findall(r"'([^']+)'", e["msg"])
-        if kind == "union_tag_invalid":
-            choices = list(TRAINER_MODELS)
+        choices = list(TRAINER_MODELS) if kind == "union_tag_invalid" else _choices(e)
         return (f"{shown} is not one of {', '.join(choices)}"
                 + _did_you_mean(str(given), choices))
     if kind == "union_tag_not_found":
@@ -184,6 +234,12 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
     if kind == "string_pattern_mismatch":
         return f"{shown} must be letters, digits, '.', '_' or '-' (at most 64)"
     return f"{e['msg'].rstrip('.')} (got {shown})"
+
+
+def _choices(e: dict) -> list[str]:
+    """The allowed values of a literal error, from pydantic's "'a', 'b' or 'c'" / "4 or 8"."""
+    expected = (e.get("ctx") or {}).get("expected") or e["msg"].removeprefix("Input should be ")
+    return [c.strip().strip("'\"") for c in re.split(r",\s*|\s+or\s+", expected) if c.strip()]
 
 
 def _did_you_mean(word: Any, choices: list[str]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import Problem
 from .models import SwiftJob
-from .rules import world
+from .rules import world_size, world_text
 from .swift_rules import MEGATRON_SCHEDULERS, divisors, config_int, model_config
 
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -18,9 +18,8 @@ EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_
 
 def data_parallel(job: SwiftJob) -> int:
     """Megatron's data-parallel size: world / (tp x pp x cp) (0 when it does not divide)."""
-    nodes, gpus = world(job)
     m = job.megatron
-    size, model = nodes * gpus, m.tp * m.pp * m.cp
+    size, model = world_size(job), m.tp * m.pp * m.cp
     return size // model if size and size % model == 0 else 0
 
 
@@ -49,14 +48,13 @@ def check_megatron(job: SwiftJob) -> list[Problem]:
 def _check_layout(job: SwiftJob) -> list[Problem]:
     """tp x pp x cp and etp x ep x pp both divide the world size."""
     m = job.megatron
-    nodes, gpus = world(job)
-    size = nodes * gpus
+    size = world_size(job)
     p: list[Problem] = []
     model = m.tp * m.pp * m.cp
     if size and size % model:
         cp = f" × cp {m.cp}" if m.cp != 1 else ""
         p.append(Problem("megatron", f"tp {m.tp} × pp {m.pp}{cp} = {model} does not divide the world "
-                         f"size {size} ({nodes} nodes × {gpus} GPUs), so no whole number of "
+                         f"size {size} ({world_text(job.cluster)}), so no whole number of "
                          f"data-parallel replicas fits; choose tp × pp{' × cp' if cp else ''} "
                          f"among {divisors(size)}"))
     expert = m.etp * m.ep * m.pp
@@ -108,10 +106,9 @@ def _check_batch(job: SwiftJob) -> list[Problem]:
     want = dp * b.per_device * b.grad_accum
     if b.global_ == want:
         return []
-    nodes, gpus = world(job)
     cp = f" × cp {m.cp}" if m.cp != 1 else ""
     return [Problem("batch.global", f"{b.global_} ≠ dp {dp} × {b.per_device} per device × "
-                    f"{b.grad_accum} accumulation = {want} (dp = {nodes * gpus} GPUs / (tp {m.tp} × "
+                    f"{b.grad_accum} accumulation = {want} (dp = {world_size(job)} GPUs / (tp {m.tp} × "
                     f"pp {m.pp}{cp})); set global to {want}, change per_device/grad_accum, or omit global")]
 
 

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+
+
+Procs = Annotated[int, Field(ge=1, le=1024)]
 
 
 class Strict(BaseModel):
@@ -47,9 +50,17 @@ class Cluster(Strict):
     scheduler: Literal["ssh", "slurm"] = Field("ssh", description=(
         "ssh: mlaunch starts every host over SSH; slurm: one sbatch job, nodes from the allocation"))
     slurm: Slurm | None = None
-    hosts: list[str] | None = Field(None, description="node 0 first; or use hostfile")
-    hostfile: str | None = Field(None, description="DeepSpeed format: `host slots=N` per line")
-    gpus_per_node: int | None = Field(None, ge=1, le=1024, description="processes per node")
+    hosts: list[str] | None = Field(None, description=(
+        "node 0 first: host, user@host, host:port or [v6addr]:port; or use hostfile"))
+    hostfile: str | None = Field(None, description=(
+        "DeepSpeed format: `host slots=N` per line; other key=value (max_slots) read past"))
+    gpus_per_node: Procs | list[Procs] | None = Field(None, description=(
+        "processes per node: one count for every node, or one per host (default: hostfile slots)"))
+    include: str | None = Field(None, description=(
+        "deepspeed -i syntax: `worker-0:0,2@worker-1` keeps only these hosts (and slots)"))
+    exclude: str | None = Field(None, description="deepspeed -e syntax: drop these hosts or slots")
+    first_nodes: int | None = Field(None, ge=1, description=(
+        "use only the first N hosts (deepspeed --num_nodes)"))
     cuda_visible_devices: list[int] | list[list[int]] | None = Field(None, description=(
         "GPU indices every node uses, or one list per node: [[0], [1]] runs two nodes on one host"))
     master_addr: str | None = Field(None, description="defaults to the first host")
@@ -72,18 +83,27 @@ class Cluster(Strict):
 
 
 class Finetuning(Strict):
-    """LoRA, freeze or full fine-tuning, with their knobs."""
+    """LoRA, OFT, freeze or full fine-tuning, with their knobs."""
 
-    type: Literal["lora", "freeze", "full"]
+    type: Literal["lora", "oft", "freeze", "full"]
     lora_rank: int = Field(8, ge=1)
     lora_alpha: int | None = Field(None, ge=1, description=(
         "default: the trainer's (LLaMA-Factory 2 x lora_rank, ms-swift 32)"))
     lora_dropout: float = Field(0.0, ge=0, lt=1, description=(
         "default: the trainer's (LLaMA-Factory 0.0, ms-swift 0.05)"))
     lora_target: str | list[str] = "all"
+    use_dora: bool = Field(False, description="weight-decomposed LoRA (DoRA)")
+    use_rslora: bool = Field(False, description="rank-stabilised LoRA scaling")
+    pissa_init: bool = Field(False, description="initialise the adapter with PiSSA")
+    additional_target: str | list[str] | None = Field(None, description=(
+        "LoRA/OFT: modules trained in full beside the adapter, e.g. embed_tokens,lm_head"))
+    oft_rank: int = Field(0, ge=0, description="OFT: rank (0: use oft_block_size)")
+    oft_block_size: int = Field(32, ge=1, description="OFT: block size")
+    oft_target: str | list[str] = "all"
     freeze_trainable_layers: int = Field(2, description="negative counts from the bottom")
     freeze_trainable_modules: str | list[str] = "all"
-    quantization_bit: Literal[4, 8] | None = Field(None, description="QLoRA")
+    quantization_bit: int | None = Field(None, description="QLoRA/QOFT: bnb 4|8, hqq 1-6|8, eetq 8")
+    quantization_method: Literal["bnb", "hqq", "eetq"] = "bnb"
 
 
 Auto = Literal["auto"]
@@ -105,13 +125,40 @@ class Batch(Strict):
         "fraction of each GPU's memory the estimate must leave free"))
 
 
-class DeepSpeed(Strict):
-    """ZeRO stage and offload. Offload is optional at every stage; see DeepSpeed's docs."""
+SWIFT_DS_NAMES = ("zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
 
-    stage: Literal[0, 1, 2, 3]
+
+class DeepSpeed(Strict):
+    """ZeRO: a stage with optional tuning, or the user's own ds_config.json (launcher/spec/deepspeed.py).
+
+    Offload is optional at every stage; see DeepSpeed's docs. Tuning fields left out follow
+    transformers' "auto" rules (buckets sized from the model's hidden size) or mlaunch's defaults.
+    """
+
+    stage: Literal[0, 1, 2, 3] | None = None
+    config: str | None = Field(None, description=(
+        "your ds_config.json: every \"auto\" resolved, batch checked against the spec, tuning kept"))
+    name: Literal[SWIFT_DS_NAMES] | None = Field(None, description=(  # type: ignore[valid-type]
+        "ms-swift's config name (zero2, zero3_offload, ...); `deepspeed: zero3` is the short form"))
     offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
     offload_param: Literal["none", "cpu", "nvme"] = "none"
     nvme_path: str | None = None
+    overlap_comm: bool | None = None
+    contiguous_gradients: bool | None = None
+    reduce_bucket_size: int | None = Field(None, ge=1, description="default: hidden_size²")
+    allgather_bucket_size: int | None = Field(None, ge=1)
+    stage3_prefetch_bucket_size: int | None = Field(None, ge=0, description="default: 0.9 × hidden_size²")
+    stage3_param_persistence_threshold: int | None = Field(None, ge=0, description="default: 10 × hidden_size")
+    stage3_max_live_parameters: int | None = Field(None, ge=0)
+    stage3_max_reuse_distance: int | None = Field(None, ge=0)
+    sub_group_size: int | None = Field(None, ge=1)
+    zero3_init_flag: bool | None = Field(None, description=(
+        "ZeRO-3 builds the model under deepspeed.zero.Init (always, with the HF Trainer)"))
+
+
+def _deepspeed_name(value: Any) -> Any:
+    """ms-swift's `--deepspeed zero3` form: a bare name stands for {name: zero3}."""
+    return {"name": value} if isinstance(value, str) else value
 
 
 class Training(Strict):
@@ -133,6 +180,35 @@ class Training(Strict):
     gradient_checkpointing: bool | Auto = Field(True, description=(
         "auto, or omitted while mlaunch chooses per_device: chosen from the memory estimate"))
     seed: int = 42
+    ddp_timeout: int = Field(7200, ge=1, description=(
+        "seconds a collective may wait for a peer before the job fails"))
+
+
+class Fsdp(Strict):
+    """PyTorch FSDP through the HF Trainer (`fsdp` / `fsdp_config`): the third strategy."""
+
+    sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2",
+                      "no_shard"] = "full_shard"
+    auto_wrap: bool = Field(True, description="wrap each decoder layer (transformer_based_wrap)")
+    offload: bool = Field(False, description="parameters and gradients on the CPU")
+    layer_cls: list[str] | None = Field(None, description=(
+        "decoder layer classes to wrap; default: the model's _no_split_modules"))
+
+
+class Preference(Strict):
+    """DPO / KTO knobs (LLaMA-Factory's pref_* and ref_model keys)."""
+
+    beta: float = Field(0.1, gt=0, description="pref_beta")
+    loss: Literal["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"] = Field(
+        "sigmoid", description="DPO only: pref_loss")
+    ftx: float = Field(0.0, ge=0, description="pref_ftx: SFT loss weight")
+    label_smoothing: float = Field(0.0, ge=0, le=0.5, description="DPO sigmoid only")
+    simpo_gamma: float = Field(0.5, description="simpo only")
+    kto_chosen_weight: float = Field(1.0, gt=0)
+    kto_rejected_weight: float = Field(1.0, gt=0)
+    ref_model: str | None = Field(None, description="default: the policy's own base")
+    ref_model_adapters: str | None = None
+    ref_model_quantization_bit: Literal[4, 8] | None = None
 
 
 class Script(Strict):
@@ -182,15 +258,17 @@ class JobBase(Strict):
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
     health: Health = Health()
+    # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
+    _notes: tuple[str, ...] = PrivateAttr(default=())
 
 
 class LlamaFactoryJob(JobBase):
     """A LLaMA-Factory fine-tuning job."""
 
     trainer: Literal["llamafactory"]
-    stage: Literal["sft", "pt"] = "sft"
+    stage: Literal["sft", "pt", "dpo", "kto", "rm"] = "sft"
     model: str
-    template: str
+    template: str | None = Field(None, description="required except for stage pt")
     dataset: str | list[str]
     dataset_dir: str | None = None
     cutoff_len: int = Field(2048, ge=1)
@@ -198,7 +276,11 @@ class LlamaFactoryJob(JobBase):
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     deepspeed: DeepSpeed | None = None
+    fsdp: Fsdp | None = None
+    preference: Preference | None = Field(None, description="stage dpo or kto")
     training: Training
+    report_to: Literal["none", "tensorboard", "wandb", "mlflow", "swanlab"] = Field(
+        "none", description="experiment tracker; rank 0 reports, run name = run id")
     output_dir: str
     passthrough: dict[str, Any] = Field(default_factory=dict)
 
@@ -244,7 +326,8 @@ class SwiftJob(JobBase):
     finetuning: Finetuning
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    deepspeed: DeepSpeed | None = None
+    deepspeed: Annotated[DeepSpeed | None, BeforeValidator(
+        _deepspeed_name, json_schema_input_type=DeepSpeed | Literal[SWIFT_DS_NAMES] | None)] = None
     megatron: Megatron | None = None
     training: Training
     output_dir: str

@@ -65,8 +65,15 @@ def check_scheduler(c: Cluster, ssh_given: bool) -> list[Problem]:
     if ssh_given:
         p.append(Problem("cluster.ssh", "mlaunch does not SSH to Slurm nodes (srun starts them); "
                          "remove the ssh block"))
+    for name in ("include", "exclude", "first_nodes"):
+        if getattr(c, name) is not None:
+            p.append(Problem(f"cluster.{name}", f"{why}; choose nodes with cluster.slurm "
+                             "(nodes, constraint, extra_sbatch nodelist/exclude) instead"))
     if c.gpus_per_node is None:
         p.append(Problem("cluster.gpus_per_node", "required: the processes torchrun starts per node"))
+    elif isinstance(c.gpus_per_node, list):
+        p.append(Problem("cluster.gpus_per_node", f"one count per host needs known hosts ({why}); "
+                         "give one count for every node"))
     if not c.shared_dir:
         p.append(Problem("cluster.shared_dir", "required with scheduler slurm: the batch script, "
                          "rendered files and logs go there, read by every node and by mlaunch"))

@@ -38,6 +38,7 @@ SWIFT_OWNED = {
     "recompute_granularity": "megatron.recompute (or training.gradient_checkpointing)",
     "recompute_method": "training.gradient_checkpointing",
     "recompute_num_layers": "training.gradient_checkpointing", "seed": "training.seed",
+    "ddp_timeout": "training.ddp_timeout",
     "tensor_model_parallel_size": "megatron.tp", "pipeline_model_parallel_size": "megatron.pp",
     "context_parallel_size": "megatron.cp", "expert_model_parallel_size": "megatron.ep",
     "expert_tensor_parallel_size": "megatron.etp", "sequence_parallel": "megatron.sequence_parallel",
@@ -85,7 +86,25 @@ def check_swift(job: SwiftJob) -> list[Problem]:
         p += check_megatron(job)
     else:
         p += check_batch(job)
-    p += _check_swift_freeze(job) + check_swift_passthrough(job) + check_resumable(job)
+    p += _check_swift_freeze(job) + _check_lf_only(job) + check_swift_passthrough(job) + check_resumable(job)
+    return p
+
+
+# Finetuning knobs mlaunch renders for LLaMA-Factory only.
+LF_ONLY = ("use_dora", "use_rslora", "pissa_init", "additional_target", "oft_rank", "oft_block_size",
+           "oft_target", "quantization_method")
+
+
+def _check_lf_only(job: SwiftJob) -> list[Problem]:
+    """OFT and the LoRA variants are rendered for LLaMA-Factory; refuse them here, not drop them."""
+    f = job.finetuning
+    p = [Problem("finetuning.type", "oft is rendered for trainer llamafactory only; use lora, "
+                 "freeze or full")] if f.type == "oft" else []
+    p += [Problem(f"finetuning.{name}", "rendered for trainer llamafactory only; remove it (or give "
+                  "the ms-swift argument in passthrough)") for name in LF_ONLY if name in f.model_fields_set]
+    if job.megatron and "ddp_timeout" in job.training.model_fields_set:
+        p.append(Problem("training.ddp_timeout", "not rendered for Megatron-SWIFT; give its "
+                         "distributed_timeout_minutes in passthrough instead"))
     return p
 
 

@@ -24,16 +24,7 @@ mapfile -t INPUTS < <(find "$STUBS" -type f -name '*.py' 2>/dev/null | LC_ALL=C 
 INPUTS+=("$STUBS/torchaudio/__init__.py")
 source "$HERE/venv_lib.sh"
 
-install_pinned() {
-    # deepspeed is an sdist whose setup.py imports torch, so it is built without
-    # build isolation, after everything else (setuptools, wheel, numpy...) is in.
-    local ds_pin
-    ds_pin=$(grep -i -o '^deepspeed==[^ #]*' "$REQS") || die "no deepspeed pin in $REQS"
-    log "installing pinned packages"
-    pip_ install --no-deps -r <(grep -v -i '^deepspeed==' "$REQS")
-    log "installing $ds_pin (DS_BUILD_OPS=0)"
-    DS_BUILD_OPS=0 pip_ install --no-deps --no-build-isolation "$ds_pin"
-}
+install_pinned() { install_reqs_then_deepspeed; }
 
 place_local_files() {
     rm -rf "$1/torchaudio"
@@ -41,17 +32,7 @@ place_local_files() {
     cp "$STUBS"/torchaudio/*.py "$1/torchaudio/"
 }
 
-after_local_files() {
-    # DeepSpeed's CPU shm op, built now into the venv's TORCH_EXTENSIONS_DIR (sitecustomize
-    # points every worker there): test runs never JIT-compile, never wait on a build lock.
-    # A lock found here was left by a killed build (this script holds the venv's flock).
-    local ext="$DEST/torch_extensions"
-    find "$ext" -name lock -type f -delete 2>/dev/null || true
-    log "building DeepSpeed's CPU shm op into $ext"
-    timeout 600 "$PY" -c 'from deepspeed.accelerator import get_accelerator
-b = get_accelerator().create_op_builder("ShareMemCommBuilder")
-b.load(verbose=False)' >/dev/null 2>&1 || die "building DeepSpeed's shm op failed"
-}
+after_local_files() { build_deepspeed_shm_op; }
 
 verify_source() {
     printf '%s' "$COMMON_VERIFY"

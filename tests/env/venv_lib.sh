@@ -23,6 +23,30 @@ TORCH_WHEEL_DIR=${TORCH_WHEEL_DIR:-/opt/wheels}
 pip_() { "$PY" -m pip "$@" -c "$CONSTRAINTS"; }
 after_local_files() { :; }   # a builder may redefine it (after sourcing this file)
 
+# DeepSpeed is an sdist whose setup.py imports torch: it is built without build isolation,
+# after everything else in REQS (setuptools, wheel, numpy...) is installed, with no op
+# compiled ahead (DS_BUILD_OPS=0). Both venvs install it this way.
+install_reqs_then_deepspeed() {
+    local ds_pin
+    ds_pin=$(grep -i -o '^deepspeed==[^ #]*' "$REQS") || die "no deepspeed pin in $REQS"
+    log "installing pinned packages"
+    pip_ install --no-deps -r <(grep -v -i '^deepspeed==' "$REQS")
+    log "installing $ds_pin (DS_BUILD_OPS=0)"
+    DS_BUILD_OPS=0 pip_ install --no-deps --no-build-isolation "$ds_pin"
+}
+
+# DeepSpeed's CPU shm op, built now into the venv's TORCH_EXTENSIONS_DIR (sitecustomize
+# points every worker there): test runs never JIT-compile, never wait on a build lock.
+# A lock found here was left by a killed build (the builder holds the venv's flock).
+build_deepspeed_shm_op() {
+    local ext="$DEST/torch_extensions"
+    find "$ext" -name lock -type f -delete 2>/dev/null || true
+    log "building DeepSpeed's CPU shm op into $ext"
+    timeout 600 "$PY" -c 'from deepspeed.accelerator import get_accelerator
+b = get_accelerator().create_op_builder("ShareMemCommBuilder")
+b.load(verbose=False)' >/dev/null 2>&1 || die "building DeepSpeed's shm op failed"
+}
+
 fingerprint() {
     { "$PYTHON" -c 'import sys; print(sys.version)'
       cat "$REQS" "$CONSTRAINTS" "$SITECUSTOMIZE" "${BASH_SOURCE[0]}" "$BUILDER" "${INPUTS[@]}"

@@ -1,6 +1,8 @@
 # mlaunch run GOLDEN: node 0 of 1 on localhost
 export PYTHONUNBUFFERED=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export OMP_NUM_THREADS=1
 export MLAUNCH_RUN_ID=GOLDEN
 export MLAUNCH_NODE_RANK=0

@@ -1,6 +1,8 @@
 # mlaunch run GOLDEN: node 1 of 4 on 192.168.1.11
 export PYTHONUNBUFFERED=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export NCCL_SOCKET_IFNAME=eth0
 export NCCL_DEBUG=WARN
 export MLAUNCH_RUN_ID=GOLDEN
@@ -36,4 +38,4 @@ exec 3<&0 </dev/null
 (while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
  exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
-exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 1 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/GOLDEN/torchrun/node1 -m llamafactory.launcher /mnt/shared/work/.mlaunch/GOLDEN/llamafactory.yaml
+exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 1 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/GOLDEN/torchrun/node1 /mnt/shared/work/.mlaunch/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/GOLDEN/llamafactory.yaml

@@ -1,6 +1,8 @@
 # mlaunch run GOLDEN: node 1 of 2 on 10.0.0.2
 export PYTHONUNBUFFERED=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export NCCL_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
 export MLAUNCH_RUN_ID=GOLDEN
@@ -36,4 +38,4 @@ exec 3<&0 </dev/null
 (while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
  exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
-exec /opt/venvs/train/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 -m llamafactory.launcher /data/work/.mlaunch/GOLDEN/llamafactory.yaml
+exec /opt/venvs/train/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 /data/work/.mlaunch/GOLDEN/llamafactory_entry.py /data/work/.mlaunch/GOLDEN/llamafactory.yaml

@@ -3,6 +3,8 @@
 if [ -f /mnt/shared/work/.mlaunch/GOLDEN/secrets/env.sh ]; then . /mnt/shared/work/.mlaunch/GOLDEN/secrets/env.sh || exit 96; fi
 export PYTHONUNBUFFERED=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export NCCL_SOCKET_IFNAME=eth0
 export NCCL_DEBUG=WARN
 export MLAUNCH_RUN_ID=GOLDEN
@@ -12,4 +14,4 @@ export PATH=/opt/conda/bin:"$PATH"
 mkdir -p /mnt/shared/work/.mlaunch/GOLDEN || exit 96
 cd /mnt/shared/work || exit 96
 # No hang-up guard under Slurm: the scheduler owns teardown (srun --kill-on-bad-exit, scancel).
-exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank "${SLURM_NODEID}" --master-addr "${MLAUNCH_MASTER_ADDR}" --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/GOLDEN/torchrun/node"${SLURM_NODEID}" -m llamafactory.launcher /mnt/shared/work/.mlaunch/GOLDEN/llamafactory.yaml
+exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank "${SLURM_NODEID}" --master-addr "${MLAUNCH_MASTER_ADDR}" --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/GOLDEN/torchrun/node"${SLURM_NODEID}" /mnt/shared/work/.mlaunch/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/GOLDEN/llamafactory.yaml

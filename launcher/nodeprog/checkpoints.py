@@ -309,6 +309,38 @@ def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
     return Discovery(None, None, tuple(skipped), bool(cands), stamps)
 
 
+def check_explicit(path: str, *, deepspeed: bool = False, dp_size: int | None = None,
+                   megatron: bool = False) -> Discovery:
+    """The Discovery of one checkpoint the user named (``--resume PATH``): usable or skipped.
+
+    Its step comes from the directory name (checkpoint-N), else from trainer_state.json
+    (Megatron: from the run dir's tracker file)."""
+    name = os.path.basename(path.rstrip("/" + os.sep)) or path
+    if not os.path.isdir(path):
+        return Discovery(None, None, (Skipped(path, path, "no such directory"),), False)
+    m = CKPT_RE.match(name)
+    step = int(m.group(1)) if m else (_tracked_iteration(path) if megatron else _state_step(path))
+    if step is None:
+        reason = ("no readable %s" % TRACKER if megatron else
+                  "not a checkpoint-N directory and no trainer_state.json with a global_step")
+    elif megatron:
+        reason = check_megatron(path, step)
+    else:
+        reason = check_checkpoint(path, step, deepspeed=deepspeed, dp_size=dp_size)
+    if reason:
+        return Discovery(None, None, (Skipped(path, path, reason),), True)
+    return Discovery(path, step, (), True)
+
+
+def _state_step(path: str) -> int | None:
+    try:
+        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
+            gs = json.load(fh).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return gs if isinstance(gs, int) and not isinstance(gs, bool) else None
+
+
 def has_checkpoints(output_dir: str) -> bool:
     """True when output_dir holds any checkpoint dir at all, complete or not."""
     return bool(_candidates(output_dir))
@@ -325,7 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--megatron", action="store_true", help="Megatron-SWIFT run dirs")
     ap.add_argument("--ignore-json", default="[]",
                     help="JSON list of stamps (from an earlier scan) not to use")
+    ap.add_argument("--checkpoint", default=None,
+                    help="check this one checkpoint instead of scanning output_dir")
     args = ap.parse_args(argv)
+    if args.checkpoint:
+        print(check_explicit(args.checkpoint, deepspeed=args.deepspeed, dp_size=args.dp_size,
+                             megatron=args.megatron).to_json())
+        return 0
     found = find_latest_complete(args.output_dir, deepspeed=args.deepspeed,
                                  dp_size=args.dp_size,
                                  ignore=frozenset(json.loads(args.ignore_json)),

@@ -1,4 +1,3 @@
-{% raw %}
 # mlaunch preflight mesh: listen where the job will listen, dial what the job will dial.
 # Every node runs this at the same time. Listeners greet with "mlaunch-preflight NONCE RANK"
 # so a dialer knows whether it reached the node it meant or some other process.
@@ -128,4 +127,3 @@ def main():
 
 
 main()
-{% endraw %}

@@ -1,4 +1,3 @@
-{% raw %}
 # mlaunch preflight facts: everything cheap about this node, printed as one JSON line.
 # Each fact runs in its own thread under one deadline: a hung NFS mount or GPU driver
 # costs its own fact, never the whole probe. Standard library only; Python >= 3.6.
@@ -91,10 +90,14 @@ def trainer_facts():
     except PackageNotFoundError:
         return {"name": name, "version": None, "error": "%s is not installed" % name}
     try:
-        # The rendered trainer arguments depend on it (transformers 5 dropped warmup_ratio).
+        # The rendered trainer arguments depend on it (transformers 5.15 dropped warmup_ratio).
         out["transformers"] = version("transformers")
     except PackageNotFoundError:
         pass
+    if P.get("tracker"):   # report_to's package: transformers raises at start without it
+        import importlib.util
+        if not any(importlib.util.find_spec(m) for m in P["tracker"]):
+            out["tracker_missing"] = P["tracker"][0]
     return out
 
 
@@ -254,12 +257,21 @@ def check_input(i):
         if os.path.exists(p):
             return {"ok": True}
         if not path.startswith(("/", ".", "~")) and re.match(r"^[\w.-]+/[\w.-]+$", path):
-            return {"ok": True, "note": "%s is not a local path: a hub id, fetched at start" % path}
+            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+                return {"ok": False, "error": "%s: not here (%s), and HF_HUB_OFFLINE=1 forbids "
+                        "fetching it as a hub id" % (path, p)}
+            return {"ok": True, "note": "%s is not a local path (no %s here): a hub id, fetched at "
+                    "start" % (path, p)}
+        if not path.startswith(("/", "~")):
+            return {"ok": False, "error": "%s: no such directory (relative to %s), and not a hub id "
+                    "(those are org/name)" % (p, os.getcwd())}
         return {"ok": False, "error": "%s: no such file or directory" % p}
-    return dataset(p, i["names"]) if path != "ONLINE" else {"ok": True}
+    if path == "ONLINE" or path.startswith("REMOTE:"):
+        return {"ok": True, "note": "dataset_dir %s is fetched from the hub at start" % path}
+    return dataset(p, i["names"], i.get("stage"))
 
 
-def dataset(d, names):
+def dataset(d, names, stage=None):
     info = os.path.join(d, "dataset_info.json")
     if not os.path.isdir(d):
         return {"ok": False, "error": "dataset_dir %s: no such directory" % d}
@@ -273,12 +285,28 @@ def dataset(d, names):
     unknown = [n for n in names if n not in data]
     if unknown:
         return {"ok": False, "error": "%s not listed in %s" % (", ".join(unknown), info)}
+    wrong = [n for n in names if isinstance(data[n], dict) and form_error(data[n], stage)]
+    if wrong:
+        return {"ok": False, "error": "; ".join("%s: %s" % (n, form_error(data[n], stage)) for n in wrong)}
     remote = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")
     absent = [os.path.join(d, data[n]["file_name"]) for n in names
               if isinstance(data[n], dict) and data[n].get("file_name")
               and not any(k in data[n] for k in remote)
               and not os.path.exists(os.path.join(d, data[n]["file_name"]))]
     return {"ok": False, "error": "missing: " + ", ".join(absent)} if absent else {"ok": True}
+
+
+def form_error(entry, stage):
+    # LLaMA-Factory loads dpo and rm data as pairwise rankings and refuses any mix
+    # ("The dataset is not applicable in the current training stage"); KTO needs a tag column.
+    ranking = bool(entry.get("ranking"))
+    if stage in ("dpo", "rm") and not ranking:
+        return "stage %s needs a preference dataset (ranking: true, with chosen/rejected)" % stage
+    if stage not in (None, "dpo", "rm") and ranking:
+        return "a ranking dataset (ranking: true) cannot train stage %s; use dpo or rm" % stage
+    if stage == "kto" and not (entry.get("columns") or {}).get("kto_tag"):
+        return "stage kto needs a kto_tag column (columns: {kto_tag: ...}) marking each answer good or bad"
+    return None
 
 
 def shm_facts():
@@ -360,4 +388,3 @@ def main():
 
 
 main()
-{% endraw %}

@@ -1,4 +1,3 @@
-{% raw %}
 """mlaunch preflight all-reduce, started by torchrun on every node through mlaunch's fan-out.
 
 1. A small all-reduce whose exact result every rank checks (gloo on CPU, NCCL with CUDA).
@@ -77,4 +76,3 @@ if rank == 0:
         "ok": True, "world": world, "backend": backend, "mb": elems * 4 / 2 ** 20,
         "seconds": seconds, "algbw_gbps": algbw, "busbw_gbps": busbw}), flush=True)
 dist.destroy_process_group()
-{% endraw %}

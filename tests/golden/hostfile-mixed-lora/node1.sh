@@ -1,0 +1,40 @@
+# mlaunch run GOLDEN: node 1 of 3 on gpu-b
+export PYTHONUNBUFFERED=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export MLAUNCH_RUN_ID=GOLDEN
+export MLAUNCH_NODE_RANK=1
+export MLAUNCH_NODE_ID=GOLDEN.node1
+export CUDA_VISIBLE_DEVICES=0
+export PATH=/opt/conda/bin:"$PATH"
+mkdir -p /mnt/shared/work/.mlaunch/GOLDEN || exit 96
+cd /mnt/shared/work || exit 96
+echo $$ > /mnt/shared/work/.mlaunch/GOLDEN/node1.pid
+# Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
+# every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
+# 30s (a network partition the kernel has not noticed), every process of this
+# node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
+hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only processes whose environment carries it.
+match=MLAUNCH_NODE_ID=GOLDEN.node1
+job_pids() {
+  grep -lzx "$match" /proc/[0-9]*/environ 2>/dev/null \
+    | sed -e '"'"'s#^/proc/##'"'"' -e '"'"'s#/environ$##'"'"' | grep -vx "$$"
+}
+leader=$(cat /mnt/shared/work/.mlaunch/GOLDEN/node1.pid 2>/dev/null)
+# Signal the group only while its leader is still ours: a stale pid may have been reused.
+if [ -n "$leader" ] && grep -qzx "$match" "/proc/$leader/environ" 2>/dev/null; then
+  kill -TERM -- "-$leader" 2>/dev/null
+fi
+p=$(job_pids); [ -n "$p" ] && kill -TERM $p 2>/dev/null
+i=0
+while [ -n "$(job_pids)" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+p=$(job_pids); [ -n "$p" ] && kill -KILL $p 2>/dev/null
+sleep 0.05
+echo "mlaunch-teardown: $(job_pids | wc -l) left"
+'
+exec 3<&0 </dev/null
+(while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
+ exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+exec 3<&-
+exec /opt/conda/bin/torchrun --nnodes 3 --nproc-per-node 1 --node-rank 1 --master-addr gpu-a --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/GOLDEN/torchrun/node1 /mnt/shared/work/.mlaunch/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/GOLDEN/llamafactory.yaml
