@@ -27,10 +27,11 @@ NCCL_INFO = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     """A `trainer: script` job over the user's own cluster block that runs the all-reduce."""
     cluster = ctx.job.cluster.model_dump(mode="json", exclude_unset=True, by_alias=True)
-    cluster["hosts"] = list(ctx.job.cluster.hosts)
+    cluster["hosts"] = list(ctx.job.cluster.hosts or [])
     cluster.pop("hostfile", None)
-    for key in ("scheduler", "slurm"):   # under Slurm: the allocation's nodes, reached by srun
-        cluster.pop(key, None)
+    if cluster.pop("scheduler", None) == "slurm":   # the allocation's nodes, reached by srun
+        cluster.pop("slurm", None)
+        cluster["hosts"] = [n.host for n in ctx.nodes]
     env = {k: v for k, v in cluster.get("env", {}).items() if k != "NCCL_DEBUG_FILE"}
     cluster["env"] = {**env, **NCCL_INFO}   # the lines must reach stdout, not a file
     pf = ctx.pf
