@@ -62,7 +62,7 @@ def test_killed_worker_restarts_from_its_checkpoint_as_a_new_job(slurm2, tmp_pat
         done.set()
         watcher.join()
     assert killed, "no worker was killed"
-    console = open(os.path.join(row["log_dir"], "console.log")).read()
+    console = open(runs.console_path(run_id)).read()
     assert row["state"] == "succeeded" and row["exit_code"] == 0, console[-4000:]
     assert trainer_state(out)["global_step"] == 10
     assert f"restart 1/1: resuming from {out}/checkpoint-5" in console
