@@ -272,11 +272,12 @@ def estimate(shape: Shape, st: Setting, fit: dict | None = None) -> Estimate:
     k = fit["state_scale"]
     s = states(shape, st)
     act, logit_units = activations(shape, st)
+    z3 = (("zero3", zero3_bytes(act, logit_units, st) * fit.get("zero3_scale", 0.0)),) \
+        if st.zero_stage == 3 else ()          # a term of ZeRO-3 jobs only: other tables unchanged
     return Estimate(terms=(("weights", s["weights"] * k), ("gradients", s["gradients"] * k),
                            ("optimizer", s["optimizer"] * k), ("buffers", s["buffers"]),
                            ("activations", act * fit["act_scale"]),
-                           ("logits", logit_units * fit["logit_bytes"]),
-                           ("zero3", zero3_bytes(act, logit_units, st) * fit.get("zero3_scale", 0.0)),
+                           ("logits", logit_units * fit["logit_bytes"]), *z3,
                            ("overhead", fit["overhead_mib"] * MIB)))
 
 
