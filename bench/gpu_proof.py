@@ -113,8 +113,9 @@ def mlaunch(*args: str) -> list[str]:
 
 
 def train(s: Setup, out: str, part: str, kind: str, i: int, cmd: list[str], out_dir: str,
-          global_batch: int, **extra) -> dict:
-    """One training run, observed; its record is appended to results.jsonl."""
+          global_batch: int, save: bool = True, **extra) -> dict:
+    """One training run, observed; its record is appended to results.jsonl (save=False: the
+    caller completes the record and writes it itself)."""
     shutil.rmtree(out_dir, ignore_errors=True)
     with Observer(s.cpu, out_dir) as obs:
         rc, wall = run(cmd, f"{out}/{part}-{kind}-{i}.log", s)
@@ -124,7 +125,7 @@ def train(s: Setup, out: str, part: str, kind: str, i: int, cmd: list[str], out_
     rec = {"part": part, "kind": kind, "i": i, "rc": rc, "wall_s": wall,
            "samples_per_s": res.get("train_samples_per_second"),
            "steady_samples_per_s": obs.steady(global_batch), "peak_mib": obs.peak, **extra}
-    return record(out, rec)
+    return record(out, rec) if save else rec
 
 
 def record(out: str, rec: dict) -> dict:

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from launcher import memory  # noqa: E402
 
-DEFAULT = ("overhead_mib", "act_scale", "logit_bytes")
+DEFAULT = ("overhead_mib", "act_scale", "logit_bytes", "zero3_scale")
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -34,8 +34,14 @@ def load(paths: list[str]) -> list[dict]:
                 if line.strip():
                     rec = json.loads(line)
                     if rec.get("peak_mib") and rec.get("rc", 0) == 0 and "setting" in rec:
-                        rows.append(rec)
+                        rows.append({**rec, "peak_mib": peak_of(rec)})
     return rows
+
+
+def peak_of(rec: dict) -> float | None:
+    """The nvidia-smi peak in MiB: a number, or gpu_proof's {gpu index: MiB} (the largest)."""
+    peak = rec.get("peak_mib")
+    return max(peak.values(), default=None) if isinstance(peak, dict) else peak
 
 
 def row_case(rec: dict) -> tuple[memory.Shape, memory.Setting]:
@@ -71,7 +77,7 @@ def fit(rows: list[dict], params: tuple[str, ...]) -> dict:
         fixed = f["const"] + sum(memory.FIT[k] * f[k] for k in f if k != "const" and k not in params)
         a.append([f[k] / peak for k in params])
         b.append((peak - fixed) / peak)
-    x = solve(a, b)
+    x = solve(a, b) if a else []
     return {**memory.FIT, **{k: round(v, 4) for k, v in zip(params, x)}}
 
 

@@ -179,7 +179,10 @@ def setting_of(path: str, micro: int, ckpt: bool) -> tuple[dict, dict]:
 def one_run(s: Setup, out: str, part: str, kind: str, i: int, path: str, global_batch: int, **extra) -> dict:
     """Submit through mlaunch (preflight on, --force so a misestimate never blocks), observed."""
     name = json.load(open(path))["name"]
-    rec = train(s, out, part, kind, i, mlaunch("submit", path, "--force"), f"{W}/out-{name}", global_batch, **extra)
+    # save=False: results.jsonl gets only the complete record below (the probe's allocator
+    # figures included); train's own line lacked them, and was the one copied off the GPU
+    rec = train(s, out, part, kind, i, mlaunch("submit", path, "--force"), f"{W}/out-{name}", global_batch,
+                save=False, **extra)
     ranks = os.path.join(W, "ranks", name)
     probe = [json.load(open(os.path.join(ranks, f))) for f in sorted(os.listdir(ranks))]
     log = open(f"{out}/{part}-{kind}-{i}.log", errors="replace").read()
@@ -189,15 +192,23 @@ def one_run(s: Setup, out: str, part: str, kind: str, i: int, path: str, global_
                oom="out of memory" in log.lower(),
                batch=dict(zip(("per_device", "grad_accum", "checkpointing"),
                               (int(chosen[1]), int(chosen[2]), chosen[3] == "on"))) if chosen else None)
-    rec["peak_mib"] = max(rec["peak_mib"].values()) if rec["peak_mib"] else None
+    rec["peak_mib"] = peak_of(rec)
     keep(out, rec)
     return rec
 
 
+def peak_of(rec: dict) -> float | None:
+    """The nvidia-smi peak in MiB: a number, or the Observer's {gpu index: MiB} (the largest)."""
+    peak = rec.get("peak_mib")
+    return max(peak.values(), default=None) if isinstance(peak, dict) else peak
+
+
 def keep(out: str, rec: dict) -> None:
-    """The final record: OUTDIR/memory.jsonl and the machine-local copy that later commands read."""
-    for d in (out, W):
-        with open(os.path.join(d, "memory.jsonl"), "a") as fh:
+    """The one record of a run: OUTDIR/results.jsonl (what bench/memory_fit.py reads) and the
+    machine-local memory.jsonl that later commands (best_hand) read."""
+    print(json.dumps(rec), flush=True)
+    for path in (os.path.join(out, "results.jsonl"), os.path.join(W, "memory.jsonl")):
+        with open(path, "a") as fh:
             fh.write(json.dumps(rec) + "\n")
 
 
@@ -252,6 +263,7 @@ def part_choice(s: Setup, out: str, runs: int, steps: int, hand: str) -> None:
 
 def summarize(paths: list[str]) -> str:
     rows = [json.loads(x) for p in paths for x in open(p) if x.strip()]
+    rows = [{**r, "peak_mib": peak_of(r)} for r in rows]   # older files: {gpu: MiB}
     out = ["| model | method | ZeRO | ckpt | micro-batch | estimate MiB | nvidia-smi peak MiB | "
            "max_memory_reserved MiB | estimate / peak |", "|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["part"] == "estimate"):
@@ -322,7 +334,7 @@ def main() -> None:
         t0 = time.monotonic()
         parts[name]()
         print(f"part {name}: {time.monotonic() - t0:.0f}s", flush=True)
-    table = summarize([os.path.join(a.out, "memory.jsonl")])
+    table = summarize([os.path.join(a.out, "results.jsonl")])
     with open(os.path.join(a.out, "memory-proof.md"), "w") as fh:
         fh.write(table + "\n")
     print(table)

@@ -262,3 +262,20 @@ class Monitor:
                         stop=True, message=f"loss is exactly 0.0 for {self.zero_losses} logs in a "
                                            f"row at step {self.last_step}: stopping (labels all "
                                            "masked? check the template and cutoff_len)")]
+
+
+EFFECTIVELY_INFINITE_S = 7 * 24 * 3600   # a week: no real collective takes that long
+
+
+def timeout_notice(job: Any) -> str | None:
+    """One line when the collective timeout cannot end a hang: then mlaunch's watchdog must."""
+    from .render import ddp_timeout
+    timeout = ddp_timeout(job)
+    if timeout is None or timeout < EFFECTIVELY_INFINITE_S:
+        return None
+    h = job.health
+    guard = ("the hang watchdog (health.hang_after_s) is then the only guard" if h.enabled else
+             "and health.enabled is false, so nothing ends a hung collective; set "
+             "training.ddp_timeout or enable health")
+    return (f"note: ddp_timeout is {timeout} s ({timeout / 86400:.0f} days): NCCL's own watchdog "
+            f"will not end a hung collective; {guard}")

@@ -33,6 +33,25 @@ arXiv:2205.05198, §4.1, redone for a LLaMA/Qwen decoder layer as HF transformer
 Logits: the loss upcasts b·s·V logits to fp32, keeps log-softmax's fp32 output, and backward
 holds its fp32 and 16-bit gradients: about 12-14 bytes per vocabulary entry per token; at a
 150k vocabulary this is the largest activation term. Its constant is fitted (logit_bytes).
+ZeRO-3's missing term (issue 15, GPU run of 2026-12-01; fitted on TWO rows only: 0.39 B full
+ckpt on ×16 and 1.54 B LoRA ckpt off ×4, both one GPU). DeepSpeed 0.19.8's stage3 at N = 1 keeps:
+the 16-bit partitions (frozen base weights included: with LoRA every parameter is a ZeRO-3
+parameter), one contiguous 16-bit flat copy of the trainable partitions, their fp32 master and
+Adam, a 16-bit gradient partition buffer plus the IPG bucket (reduce_bucket_size = h², small
+here), fp32 gradients made per sub-group at the step, and the gathered 16-bit parameters held
+up to stage3_max_live_parameters / max_reuse_distance (1e9 each) while the layers run. Those are
+what `states` counts. The measured peaks exceeded that estimate by 2.6 GiB and 6.8 GiB; per
+parameter the gap is 7.1 and 4.7 bytes (no consistent per-parameter term: a fitted multiple of
+2Ψ would be 3.6 for one and 2.4 for the other), but per activation byte it is 0.34 and 0.36.
+So the term is proportional to what the micro-batch keeps: zero3_scale × (layer activations +
+12 bytes per logit entry), the physical logit count of the derivation above. Its likely cause
+is the caching allocator: ZeRO-3 allocates and frees every layer's gathered parameters (and
+its reduce buckets) in forward and again in backward, between the activations that stay, so
+freed blocks are split around them and reserved memory outgrows allocated memory in
+proportion to the activations. That reading is not yet proven: the next GPU run records
+max_memory_reserved and max_memory_allocated per rank (bench/memory_proof.py); if reserved −
+allocated carries the gap, it is fragmentation. Two points cannot tell a slope from a
+coincidence; ZeRO-3 at N > 1 and with offload is unmeasured.
 Overhead: the CUDA context, cuBLAS workspaces, the caching allocator's slack and NCCL
 buffers: a fitted constant (overhead_mib); act_scale absorbs fragmentation that grows with
 the activations.
@@ -50,12 +69,13 @@ GIB = 2 ** 30
 
 # BEGIN FIT (bench/memory_fit.py rewrites this block)
 FIT = {
-    "overhead_mib": 1366.373,
-    "act_scale": 1.0336,
-    "logit_bytes": 13.595,
+    "overhead_mib": 1336.0033,
+    "act_scale": 1.0254,
+    "logit_bytes": 13.448,
     "state_scale": 1.0,
-    "params": 'overhead_mib,act_scale,logit_bytes',
-    "source": 'bench/results/memory/h200-2026-12-01.jsonl',
+    "zero3_scale": 0.3647,
+    "params": 'overhead_mib,act_scale,logit_bytes,zero3_scale',
+    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl',
 }
 # END FIT
 
@@ -237,7 +257,13 @@ def features(shape: Shape, st: Setting) -> dict[str, float]:
     s = states(shape, st)
     act, logit_units = activations(shape, st)
     return {"const": s["buffers"], "state_scale": s["weights"] + s["gradients"] + s["optimizer"],
-            "act_scale": act, "logit_bytes": logit_units, "overhead_mib": MIB}
+            "act_scale": act, "logit_bytes": logit_units, "overhead_mib": MIB,
+            "zero3_scale": zero3_bytes(act, logit_units, st)}
+
+
+def zero3_bytes(act: float, logit_units: float, st: Setting) -> float:
+    """ZeRO-3's extra per GPU before zero3_scale: what the micro-batch keeps (see above)."""
+    return act + 12 * logit_units if st.zero_stage == 3 else 0.0
 
 
 def estimate(shape: Shape, st: Setting, fit: dict | None = None) -> Estimate:
@@ -246,10 +272,12 @@ def estimate(shape: Shape, st: Setting, fit: dict | None = None) -> Estimate:
     k = fit["state_scale"]
     s = states(shape, st)
     act, logit_units = activations(shape, st)
+    z3 = (("zero3", zero3_bytes(act, logit_units, st) * fit.get("zero3_scale", 0.0)),) \
+        if st.zero_stage == 3 else ()          # a term of ZeRO-3 jobs only: other tables unchanged
     return Estimate(terms=(("weights", s["weights"] * k), ("gradients", s["gradients"] * k),
                            ("optimizer", s["optimizer"] * k), ("buffers", s["buffers"]),
                            ("activations", act * fit["act_scale"]),
-                           ("logits", logit_units * fit["logit_bytes"]),
+                           ("logits", logit_units * fit["logit_bytes"]), *z3,
                            ("overhead", fit["overhead_mib"] * MIB)))
 
 

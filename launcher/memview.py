@@ -6,7 +6,8 @@ from .memory import GIB
 
 LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
           "buffers": "communication buffers", "activations": "activations",
-          "logits": "logits (loss in fp32)", "overhead": "CUDA context, allocator, NCCL"}
+          "logits": "logits (loss in fp32)",
+          "zero3": "ZeRO-3 gather/free growth", "overhead": "CUDA context, allocator, NCCL"}
 
 
 def lines(d: Decision) -> list[str]:

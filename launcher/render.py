@@ -119,7 +119,20 @@ def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: s
     pref = job.preference or (Preference() if job.stage in ("dpo", "kto") else None)
     return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
                   run_id=run_id, ds_path=ds_path, resume_from=resume_from, overwrite=overwrite,
-                  warmup=warmup, pref=pref, fsdp=fsdp_args(job.fsdp) if job.fsdp else None)
+                  warmup=warmup, pref=pref, fsdp=fsdp_args(job.fsdp) if job.fsdp else None,
+                  ddp_timeout=ddp_timeout(job))
+
+
+def ddp_timeout(job: Any) -> int | None:
+    """The collective timeout the ranks get: the spec's, else one that outlasts the startup
+    limit (rank 0 preprocesses while the others wait in a barrier under this timeout), else
+    None for trainers that keep their own default (ms-swift: 18000000 s)."""
+    given = getattr(getattr(job, "training", None), "ddp_timeout", None)
+    if given is not None:
+        return given
+    if job.trainer == "llamafactory":
+        return max(7200, int(job.health.startup_after_s) + 600)
+    return 18_000_000 if job.trainer == "swift" else None
 
 
 def fsdp_args(fsdp: Any) -> dict:

@@ -17,6 +17,7 @@ from .nodeprog import checkpoints, outdir
 from .errors import UserError
 from .execute.job import JobResult, make_executor, run_job
 from .events import EventLog
+from .health import timeout_notice
 from .execute.stream import Printer
 from .execute.watch import world_size
 from .plan import LaunchPlan, build_plan, remote_bin
@@ -207,6 +208,9 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id)
     events.emit("run_start", job=job.name, nodes=len(plan.nodes), world_size=world_size(plan),
                 resume_from=resume_from, backend=job.cluster.scheduler if not plan.local else "local")
+    notice = timeout_notice(job)
+    if notice:
+        printer.say(notice)
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,

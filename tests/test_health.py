@@ -278,3 +278,33 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     assert (0, "checkpoint-5") in ckpts and (1, "checkpoint-10") in ckpts
     assert [e["attempt"] for e in ev] == sorted(e["attempt"] for e in ev)
     assert sum(e["event"] == "node_start" for e in ev) == 2
+
+
+def _seed_job(**changes):
+    from launcher.spec import validate
+    from .helpers import seed000
+    raw = seed000()
+    for path, value in changes.items():
+        node = raw
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return validate(raw)
+
+
+def test_ddp_timeout_outlasts_the_startup_limit_by_default():
+    from launcher.render import ddp_timeout
+    assert ddp_timeout(_seed_job()) == 7200
+    assert ddp_timeout(_seed_job(**{"health.startup_after_s": 10000})) == 10600
+    assert ddp_timeout(_seed_job(**{"training.ddp_timeout": 900})) == 900
+
+
+def test_an_infinite_ddp_timeout_is_said_once_with_who_guards():
+    from launcher.health import timeout_notice
+    assert timeout_notice(_seed_job()) is None
+    note = timeout_notice(_seed_job(**{"training.ddp_timeout": 180000000}))
+    assert note.startswith("note: ddp_timeout is 180000000 s (2083 days)")
+    assert "the hang watchdog (health.hang_after_s) is then the only guard" in note
+    off = timeout_notice(_seed_job(**{"training.ddp_timeout": 180000000, "health.enabled": False}))
+    assert "nothing ends a hung collective" in off

@@ -40,6 +40,36 @@ def test_measurements_are_checked_in():
     recs = rows()
     assert len(recs) >= 5
     assert {r["setting"]["checkpointing"] for r in recs} == {True, False}
+    # the ZeRO-3 term rests on these two rows (one full, one LoRA); say so if they go away
+    assert sorted(r["setting"]["finetuning"] for r in recs if r["setting"]["zero_stage"] == 3) == ["full", "lora"]
+    assert all(isinstance(r["peak_mib"], (int, float)) for r in recs)
+
+
+def test_zero3_term_is_proportional_to_what_the_micro_batch_keeps():
+    shape = memory.shape_from_config(QWEN_15)
+    base = dict(finetuning="lora", seq_len=1024, checkpointing=False)
+    z3 = [dict(memory.estimate(shape, memory.Setting(zero_stage=3, micro_batch=b, **base)).terms)["zero3"]
+          for b in (1, 2, 4)]
+    assert z3[0] > 0 and z3[1] == pytest.approx(2 * z3[0]) and z3[2] == pytest.approx(4 * z3[0])
+    for stage in (None, 0, 2):
+        terms = dict(memory.estimate(shape, memory.Setting(zero_stage=stage, micro_batch=4, **base)).terms)
+        assert "zero3" not in terms
+
+
+def test_fit_and_summary_read_per_gpu_peaks(tmp_path):
+    """gpu_proof's Observer records {gpu index: MiB}; both readers take the largest."""
+    src = os.path.join(ROOT, "bench", "results", "memory", "h200-2026-12-01-proof.jsonl")
+    recs = [json.loads(x) for x in open(src)]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps({**r, "peak_mib": {"0": r["peak_mib"] - 5, "1": r["peak_mib"]}}) + "\n"
+                           for r in recs))
+    assert [r["peak_mib"] for r in fit_module().load([str(raw)])] == [r["peak_mib"] for r in recs]
+    got = subprocess.run(["python3", os.path.join(ROOT, "bench", "memory_proof.py"), "--summarize", str(raw)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert got.returncode == 0, got.stderr
+    body = [ln for ln in got.stdout.splitlines() if ln.startswith("| 0.39b") or ln.startswith("| 1.5b")]
+    assert len(body) == len(recs)
+    assert all(f"| {r['peak_mib']} |" in ln for r, ln in zip(recs, body))
 
 
 @pytest.mark.parametrize("i", range(len(fit_module().load(DATA))))

@@ -91,6 +91,7 @@ def test_all_pass_two_hosts(make_hostset, tmp_path, capsys):
                     "network/hostname", "network/ifname", "storage/shared", "clock", "container/shm"):
             assert re.search(rf"^{re.escape(row)}\s+✓", table, re.M), (row, table)
         assert re.search(r"^gpu\s+–\s+–", table, re.M)
+        assert re.search(r"^software/py-spy\s+✓", table, re.M), table   # the hang watchdog's stacks
         m = re.search(r"^collective\s+✓ 4 ranks \(gloo\): correct; 4 MB busbw ([\d.]+) GB/s .* over gloo/tcp$",
                       table, re.M)
         assert m and float(m.group(1)) > 0, table
@@ -585,3 +586,23 @@ def test_fast_checks_read_nccl_without_importing_torch(tmp_path, how):
             "static": "nccl not read (linked into torch; `mlaunch check` reads it)"}[how]
     assert row.status == "pass" and "torch 2.11.0+cu130, cuda 13.0, " + want in row.detail, row
     assert not (fake / "imported").exists(), "the fast checks imported torch"
+
+
+def test_pyspy_row_says_what_a_hang_loses_and_the_fix():
+    from types import SimpleNamespace
+    from launcher.preflight.software import check_pyspy
+    from launcher.spec import validate
+    from .helpers import seed000
+    job = validate(seed000())
+    ctx = SimpleNamespace(plan=SimpleNamespace(job=job), live=[0, 1, 2],
+                          nodes=[SimpleNamespace(host=f"h{i}") for i in range(3)])
+    facts = {0: {"pyspy": {"path": None, "ptrace_scope": 1, "root": True}},
+             1: {"pyspy": {"path": "/v/bin/py-spy", "ptrace_scope": 1, "root": False}},
+             2: {"pyspy": {"path": "/v/bin/py-spy", "ptrace_scope": 1, "root": True}}}
+    rows = check_pyspy(ctx, facts)
+    assert [(r.status, r.detail) for r in rows] == [
+        ("skip", "py-spy not found: a hang is torn down without stack dumps; "
+                 "pip install py-spy into /opt/conda/bin"),
+        ("skip", "/v/bin/py-spy, but kernel.yama.ptrace_scope=1 refuses ptrace of the ranks: "
+                 "sysctl kernel.yama.ptrace_scope=0, or give py-spy CAP_SYS_PTRACE"),
+        ("pass", "/v/bin/py-spy")]

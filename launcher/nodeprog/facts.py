@@ -108,6 +108,19 @@ def torchrun_facts():
             "on_path": shutil.which("torchrun")}
 
 
+def pyspy_facts():
+    # py-spy dumps every rank's stack on a hang; it needs ptrace rights over the ranks.
+    b = P["bindir"]
+    beside = os.path.join(b, "py-spy") if b else None
+    path = beside if beside and os.access(beside, os.X_OK) else shutil.which("py-spy")
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as fh:
+            scope = int(fh.read().strip())
+    except (OSError, ValueError):
+        scope = None
+    return {"path": path, "ptrace_scope": scope, "root": os.geteuid() == 0}
+
+
 def host_facts():
     name = socket.gethostname()
     conn = os.environ.get("SSH_CONNECTION", "").split()
@@ -352,7 +365,7 @@ def model_config_facts():
 FACTS = {"python": python_facts, "torch": torch_facts, "trainer": trainer_facts,
          "torchrun": torchrun_facts, "host": host_facts, "mesh_port": mesh_port_facts,
          "out": out_facts, "shared": shared_facts, "inputs": input_facts, "shm": shm_facts,
-         "gpu": gpu_facts, "ext_locks": ext_lock_facts}
+         "gpu": gpu_facts, "ext_locks": ext_lock_facts, "pyspy": pyspy_facts}
 if P["master_port"] is not None:
     FACTS["port"] = port_facts
 if P.get("model_config"):

@@ -54,7 +54,7 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
 def judge(ctx: Ctx, facts: dict, mesh: dict, samples: dict) -> list[CheckResult]:
     """Every per-node row from what the probes brought back (pure: no node is contacted)."""
     out = software.check_python(ctx, facts) + software.check_versions(ctx, facts)
-    out += software.check_ext_locks(ctx, facts) + gpu.check(ctx, facts)
+    out += software.check_ext_locks(ctx, facts) + software.check_pyspy(ctx, facts) + gpu.check(ctx, facts)
     if 0 in ctx.live:
         out += network.port_free(ctx, facts)
     out += network.port_reachable(ctx, mesh) + network.hostname(ctx, facts, mesh)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from ..plan import remote_bin
 from .probe import Ctx
 from .report import CheckResult
 
@@ -167,6 +168,33 @@ def check_ext_locks(ctx: Ctx, facts: dict) -> list[CheckResult]:
         else:
             busy = f"; a build is running ({len(e['locks'])} fresh lock)" if e["locks"] else ""
             out.append(CheckResult("software/jit-lock", r, host, "pass", f"no stale lock in {e['root']}{busy}"))
+    return out
+
+
+def check_pyspy(ctx: Ctx, facts: dict) -> list[CheckResult]:
+    """Per node: can the hang watchdog dump the ranks' stacks? A miss never blocks a launch
+    (a hang is still torn down), so it is a skip that says what is lost and the fix."""
+    h = ctx.plan.job.health
+    if not (h.enabled and h.stack_dumps):
+        return []
+    out = []
+    for r in ctx.live:
+        host, f = ctx.nodes[r].host, facts.get(r)
+        p = f.get("pyspy") if isinstance(f, dict) else None
+        if not isinstance(p, dict) or "path" not in p:
+            continue
+        if not p["path"]:
+            where = remote_bin(ctx.plan.job) or "the node's environment"
+            out.append(CheckResult("software/py-spy", r, host, "skip",
+                                   f"py-spy not found: a hang is torn down without stack dumps; "
+                                   f"pip install py-spy into {where}"))
+        elif not p["root"] and (p["ptrace_scope"] or 0) >= 1:
+            out.append(CheckResult("software/py-spy", r, host, "skip",
+                                   f"{p['path']}, but kernel.yama.ptrace_scope={p['ptrace_scope']} "
+                                   "refuses ptrace of the ranks: sysctl kernel.yama.ptrace_scope=0, "
+                                   "or give py-spy CAP_SYS_PTRACE"))
+        else:
+            out.append(CheckResult("software/py-spy", r, host, "pass", p["path"]))
     return out
 
 

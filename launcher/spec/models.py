@@ -180,8 +180,10 @@ class Training(Strict):
     gradient_checkpointing: bool | Auto = Field(True, description=(
         "auto, or omitted while mlaunch chooses per_device: chosen from the memory estimate"))
     seed: int = 42
-    ddp_timeout: int = Field(7200, ge=1, description=(
-        "seconds a collective may wait for a peer before the job fails"))
+    ddp_timeout: int | None = Field(None, ge=1, description=(
+        "seconds a collective may wait for a peer before the job fails; default for LLaMA-Factory "
+        "max(7200, health.startup_after_s + 600), so rank 0's preprocessing fits; ms-swift's own "
+        "default (18000000) when not given"))
 
 
 class Fsdp(Strict):
