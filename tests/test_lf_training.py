@@ -17,10 +17,11 @@ from launcher.plan import build_plan
 from launcher.preflight import run_checks
 from launcher.spec import validate
 
-from .training import TRAINER_PYTHON, build_tiny, lf_spec, require_trainer, submit_timed, trainer_state
+from .training import (SWIFT_VENV, TRAINER_PYTHON, build_tiny, lf_spec, require_trainer, submit_timed,
+                       trainer_state)
 
 pytestmark = [pytest.mark.training]
-SWIFT_SITE = glob.glob(os.path.join(os.environ.get("MLAUNCH_SWIFT_VENV", ""), "lib", "python3*", "site-packages"))
+SWIFT_SITE = glob.glob(os.path.join(SWIFT_VENV, "lib", "python3*", "site-packages"))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,8 @@ def tensorboard_overlay(tmp_path) -> str:
     """tensorboard (and absl) from the ms-swift venv on the trainer venv's path: the trainer venv
     has no tensorboard, and transformers' TensorBoardCallback needs it."""
     if not SWIFT_SITE:
-        pytest.skip("no ms-swift venv (MLAUNCH_SWIFT_VENV) to borrow tensorboard from")
+        pytest.skip(f"no ms-swift venv at {SWIFT_VENV} to borrow tensorboard from "
+                    "(bash tests/env/make_swift_venv.sh .venvs/swift)")
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     for pattern in ("tensorboard", "tensorboard-*.dist-info", "tensorboard_data_server*", "absl", "absl_py-*"):
