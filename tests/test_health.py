@@ -2,7 +2,6 @@
 and the events.jsonl log, on recorded trainer output and on real runs."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -230,35 +229,18 @@ def tiny(tmp_path_factory):
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
-def _stop_worker_when(pids, state_glob: str, done, stopped: list) -> None:
-    """Once state_glob exists, SIGSTOP the local-rank-1 LLaMA-Factory worker among pids()."""
-    import glob
-    while not done.is_set() and not glob.glob(state_glob):
-        time.sleep(0.05)
-    for pid in sorted(pids()):
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"LOCAL_RANK=1" in env and b"llamafactory.launcher" in cmd:
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
-            return
-
-
 @pytest.mark.training
 def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_path, tiny):
     """A real LLaMA-Factory run (2 local ranks); rank 1 is SIGSTOPped after checkpoint-5."""
     from .test_training import assert_trained
-    from .training import lf_spec, local_job_pids, submit_timed
+    from .training import kill_worker_when, lf_spec, local_job_pids, submit_timed
     out = str(tmp_path / "out")
     spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=10, save_steps=5, max_restarts=1,
                    restart_backoff_s=1, name="health-stop", health={"hang_after_s": 15})
     done, stopped = threading.Event(), []
-    watcher = threading.Thread(target=_stop_worker_when, args=(
+    watcher = threading.Thread(target=kill_worker_when, args=(
         local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
-        done, stopped))
+        b"llamafactory.launcher", done, stopped), kwargs={"sig": signal.SIGSTOP, "local_rank": 1})
     watcher.start()
     r = submit_timed(tmp_path, spec)
     done.set()

@@ -98,9 +98,10 @@ def local_job_pids(name: str):
     return lambda: job_pids(f"{name}-")
 
 
-def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list) -> None:
-    """Once a file matching state_glob exists, SIGKILL the local-rank-0 worker running module
-    among pids() (e.g. one host's processes, or local_job_pids)."""
+def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *,
+                     sig: int = 9, local_rank: int = 0) -> None:
+    """Once a file matching state_glob exists, send sig (default SIGKILL) to the worker of
+    local_rank running module among pids() (e.g. one host's processes, or local_job_pids)."""
     import glob
     import time
     while not done.is_set() and not glob.glob(state_glob):
@@ -111,7 +112,7 @@ def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list) -
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if b"LOCAL_RANK=0" in env and module in cmd:
-            os.kill(pid, 9)
+        if f"LOCAL_RANK={local_rank}".encode() in env and module in cmd:
+            os.kill(pid, sig)
             killed.append(pid)
             return
