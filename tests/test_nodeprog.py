@@ -81,3 +81,20 @@ def test_a_part_that_imports_a_part_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(nodeprog, "HERE", str(tmp_path))
     with pytest.raises(ValueError, match="part a imports another part"):
         nodeprog.source("prog")
+
+
+def test_outdir_lock_touch_unlock_through_the_shipped_text(tmp_path):
+    """Only the run that holds output_dir's lock may refresh or remove it."""
+    out, lock = str(tmp_path / "out"), tmp_path / "out" / ".mlaunch.lock"
+
+    def op(*args):
+        r = ship("outdir", *args)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    assert op("lock", out, "here", str(os.getpid()), "run-a")["ok"] is True
+    os.utime(lock, (1000, 1000))
+    assert op("touch", out, "run-b") == {"ok": False} and lock.stat().st_mtime == 1000
+    assert op("unlock", out, "run-b") == {"ok": False} and lock.exists()
+    assert op("touch", out, "run-a") == {"ok": True} and lock.stat().st_mtime > 1000
+    assert op("unlock", out, "run-a") == {"ok": True} and not lock.exists()
