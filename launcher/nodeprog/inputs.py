@@ -11,36 +11,47 @@ def full(path):
 
 
 def check_input(i):
+    """{"ok": ...} (with "error" or "note") for one input of the job: a module, file, path,
+    model or dataset_dir."""
     kind, path = i["kind"], i["path"]
     if kind == "module":
-        import importlib.util
-        sys.path.insert(0, os.getcwd())   # torchrun -m finds modules in the working directory
-        try:
-            found = importlib.util.find_spec(path) is not None
-        except Exception:
-            found = False
-        return {"ok": True} if found else {"ok": False, "error": "module %s not importable" % path}
+        return module_input(path)
     p = full(path)
     if kind == "file":
         return {"ok": True} if os.path.isfile(p) else {"ok": False, "error": "%s: no such file" % p}
     if kind == "path":
         return {"ok": True} if os.path.exists(p) else {"ok": False, "error": "%s: no such file or directory" % p}
     if kind == "model":
-        if os.path.exists(p):
-            return {"ok": True}
-        if not path.startswith(("/", ".", "~")) and re.match(r"^[\w.-]+/[\w.-]+$", path):
-            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-                return {"ok": False, "error": "%s: not here (%s), and HF_HUB_OFFLINE=1 forbids "
-                        "fetching it as a hub id" % (path, p)}
-            return {"ok": True, "note": "%s is not a local path (no %s here): a hub id, fetched at "
-                    "start" % (path, p)}
-        if not path.startswith(("/", "~")):
-            return {"ok": False, "error": "%s: no such directory (relative to %s), and not a hub id "
-                    "(those are org/name)" % (p, os.getcwd())}
-        return {"ok": False, "error": "%s: no such file or directory" % p}
+        return model_input(path, p)
     if path == "ONLINE" or path.startswith("REMOTE:"):
         return {"ok": True, "note": "dataset_dir %s is fetched from the hub at start" % path}
     return dataset(p, i["names"], i.get("stage"))
+
+
+def module_input(name):
+    import importlib.util
+    sys.path.insert(0, os.getcwd())   # torchrun -m finds modules in the working directory
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except Exception:
+        found = False
+    return {"ok": True} if found else {"ok": False, "error": "module %s not importable" % name}
+
+
+def model_input(path, p):
+    """A model given as path (p: where it resolves here): a local dir, else maybe a hub id."""
+    if os.path.exists(p):
+        return {"ok": True}
+    if not path.startswith(("/", ".", "~")) and re.match(r"^[\w.-]+/[\w.-]+$", path):
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+            return {"ok": False, "error": "%s: not here (%s), and HF_HUB_OFFLINE=1 forbids "
+                    "fetching it as a hub id" % (path, p)}
+        return {"ok": True, "note": "%s is not a local path (no %s here): a hub id, fetched at "
+                "start" % (path, p)}
+    if not path.startswith(("/", "~")):
+        return {"ok": False, "error": "%s: no such directory (relative to %s), and not a hub id "
+                "(those are org/name)" % (p, os.getcwd())}
+    return {"ok": False, "error": "%s: no such file or directory" % p}
 
 
 def dataset(d, names, stage=None):
