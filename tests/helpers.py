@@ -23,6 +23,22 @@ def seed000() -> dict:
     return copy.deepcopy(load_yaml(SEED000))
 
 
+DELETE = object()   # set_path's value that removes the key
+
+
+def set_path(data: dict, path: str, value) -> dict:
+    """data with the dotted key path set to value (parents created), or removed for DELETE."""
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
 def write_spec(tmp_path, data: dict, name: str = "job.yaml") -> str:
     path = os.path.join(str(tmp_path), name)
     with open(path, "w", encoding="utf-8") as fh:

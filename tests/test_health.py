@@ -264,14 +264,10 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
 
 def _seed_job(**changes):
     from launcher.spec import validate
-    from .helpers import seed000
+    from .helpers import seed000, set_path
     raw = seed000()
     for path, value in changes.items():
-        node = raw
-        *parents, leaf = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        set_path(raw, path, value)
     return validate(raw)
 
 

@@ -1,6 +1,7 @@
 # mlaunch preflight facts: everything cheap about this node, printed as one JSON line.
 # Each fact runs in its own thread under one deadline: a hung NFS mount or GPU driver
 # costs its own fact, never the whole probe. Standard library only; Python >= 3.6.
+# Its port and input checks are the parts ports.py and inputs.py (nodeprog.source inlines them).
 import glob
 import json
 import os

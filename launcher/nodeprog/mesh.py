@@ -1,7 +1,7 @@
 # mlaunch preflight mesh: listen where the job will listen, dial what the job will dial.
 # Every node runs this at the same time. Listeners greet with "mlaunch-preflight NONCE RANK"
 # so a dialer knows whether it reached the node it meant or some other process.
-# Standard library only; Python >= 3.6.
+# Standard library only; Python >= 3.6. It binds with the part ports.py (inlined when shipped).
 import json
 import os
 import socket
