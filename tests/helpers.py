@@ -39,6 +39,20 @@ def set_path(data: dict, path: str, value) -> dict:
     return data
 
 
+def check_golden(folder: str, got: dict[str, str]) -> None:
+    """The rendered files `got` (name -> text) are exactly the golden files in folder;
+    MLAUNCH_UPDATE_GOLDEN=1 rewrites the folder from them first."""
+    if os.environ.get("MLAUNCH_UPDATE_GOLDEN"):
+        os.makedirs(folder, exist_ok=True)
+        for name, text in got.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
+    assert sorted(os.listdir(folder)) == sorted(got), "golden file set differs"
+    for name, text in got.items():
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            assert text == fh.read(), f"{folder}/{name} differs from golden"
+
+
 def write_spec(tmp_path, data: dict, name: str = "job.yaml") -> str:
     path = os.path.join(str(tmp_path), name)
     with open(path, "w", encoding="utf-8") as fh:
