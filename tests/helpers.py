@@ -53,6 +53,21 @@ def check_golden(folder: str, got: dict[str, str]) -> None:
             assert text == fh.read(), f"{folder}/{name} differs from golden"
 
 
+def preflight(spec: dict, fast_only: bool = True):
+    """The preflight Report of spec's job on its hosts (every host must connect)."""
+    from launcher.execute.job import make_executor
+    from launcher.plan import build_plan
+    from launcher.preflight import run_checks
+    from launcher.spec import validate
+    plan = build_plan(validate(spec))
+    ex = make_executor(plan)
+    assert ex.connect() == []
+    try:
+        return run_checks(plan, ex, fast_only=fast_only)
+    finally:
+        ex.close()
+
+
 def write_spec(tmp_path, data: dict, name: str = "job.yaml") -> str:
     path = os.path.join(str(tmp_path), name)
     with open(path, "w", encoding="utf-8") as fh:
