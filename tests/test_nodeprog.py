@@ -98,3 +98,12 @@ def test_outdir_lock_touch_unlock_through_the_shipped_text(tmp_path):
     assert op("unlock", out, "run-b") == {"ok": False} and lock.exists()
     assert op("touch", out, "run-a") == {"ok": True} and lock.stat().st_mtime > 1000
     assert op("unlock", out, "run-a") == {"ok": True} and not lock.exists()
+
+
+def test_a_part_imported_twice_stands_once_at_its_first_import(tmp_path, monkeypatch):
+    (tmp_path / "prog.py").write_text("from .a import x\nx()\nfrom .a import x\nprint('ok')\n")
+    (tmp_path / "a.py").write_text("def x():\n    print('x')\n")
+    monkeypatch.setattr(nodeprog, "HERE", str(tmp_path))
+    text = nodeprog.source("prog")
+    assert text == "def x():\n    print('x')\nx()\nprint('ok')"
+    assert subprocess.run([sys.executable, "-c", text], capture_output=True, text=True).stdout == "x\nok\n"

@@ -23,10 +23,12 @@ def source(name: str) -> str:
     """The text of node program `name` (facts, mesh, collective, checkpoints, outdir), its
     parts inlined where it imports them."""
     text = _read(name)
-    lines, seen = text.split("\n"), set()
-    for node in reversed(_part_imports(ast.parse(text))):
-        lines[node.lineno - 1:node.end_lineno] = [] if node.module in seen else [_part(node.module, text)]
+    lines, seen, swaps = text.split("\n"), set(), []
+    for node in _part_imports(ast.parse(text)):   # a part imported twice stands at its first import
+        swaps.append((node, [] if node.module in seen else [_part(node.module, text)]))
         seen.add(node.module)
+    for node, part in reversed(swaps):
+        lines[node.lineno - 1:node.end_lineno] = part
     return "\n".join(lines)
 
 
