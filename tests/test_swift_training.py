@@ -10,13 +10,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import threading
 
 import pytest
 
 from .helpers import free_port
-from .training import (SWIFT_PYTHON, build_tiny, kill_worker_when, losses, require_swift,
-                       require_trainer, submit_timed)
+from .training import (SWIFT_PYTHON, build_tiny, losses, require_swift,
+                       require_trainer, submit_timed, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -97,16 +96,11 @@ def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, t
         hosts = [h.ip for h in hs.hosts]
         ref = submit_timed(tmp_path, swift_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
         ref_state = assert_trained(ref, ref_out, 10)
-        done, killed = threading.Event(), []
-        watcher = threading.Thread(target=kill_worker_when,
-                                   args=(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),
-                                         b"swift.cli.sft", done, killed))
-        watcher.start()
         spec = swift_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                           restart_backoff_s=1)
-        r = submit_timed(tmp_path, spec)
-        done.set()
-        watcher.join()
+        with worker_killed(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),
+                           b"swift.cli.sft") as killed:
+            r = submit_timed(tmp_path, spec)
     assert killed, "no worker was killed"
     state = assert_trained(r, out, 10)
     first = checkpoint(out, 5)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -96,6 +98,21 @@ def local_job_pids(name: str):
     (never another job's, e.g. a second test run on the same machine)."""
     from .procs import job_pids
     return lambda: job_pids(f"{name}-")
+
+
+@contextmanager
+def worker_killed(pids, state_glob: str, module: bytes, **kw):
+    """While the block runs, kill_worker_when(pids, state_glob, module, **kw) watches in a
+    thread; yields the list of the pids it signalled (empty when the file never came)."""
+    done, killed = threading.Event(), []
+    watcher = threading.Thread(target=kill_worker_when, args=(pids, state_glob, module, done, killed),
+                               kwargs=kw)
+    watcher.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        watcher.join()
 
 
 def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *,
