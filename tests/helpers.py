@@ -95,9 +95,14 @@ def script_job(hosts: list[str], nproc: int, script: str, args: list[str], out_d
             "script": {"path": os.path.join(SCRIPTS, script), "args": args},
             "output_dir": out_dir}
     if hs is not None:
-        spec["cluster"].setdefault("ssh", {"user": "root", "key_file": hs.key_file,
-                                           "known_hosts": hs.known_hosts, "connect_timeout": 3})
+        spec["cluster"].setdefault("ssh", ssh_of(hs, 3))
     return spec
+
+
+def ssh_of(hs, connect_timeout: int) -> dict:
+    """cluster.ssh for the namespace hosts of HostSet hs: root, with the fixture's key."""
+    return {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts,
+            "connect_timeout": connect_timeout}
 
 
 def free_port() -> int:

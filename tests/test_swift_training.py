@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from .helpers import free_port
+from .helpers import free_port, ssh_of
 from .training import (SWIFT_PYTHON, build_tiny, losses, require_swift,
-                       require_trainer, submit_timed, worker_killed)
+                       require_trainer, submit_timed, tiny_schedule, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -35,18 +35,13 @@ def swift_spec(tiny: dict, hosts: list[str], nproc: int, out_dir: str, *, hs,
                     "master_port": free_port(),
                     "env": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                             "MODELSCOPE_OFFLINE": "1"},
-                    "ssh": {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts,
-                            "connect_timeout": 5}},
+                    "ssh": ssh_of(hs, 5)},
         "model": tiny["model"], "model_type": "qwen2", "template": tiny["template"],
         "dataset": os.path.join(tiny["dataset_dir"], "tiny_alpaca.json"), "max_length": 64,
         # dropout 0: a resumed run must reproduce the reference losses exactly (swift's own
         # default 0.05 draws dropout masks that a resume does not replay bit for bit)
         "finetuning": {"type": "lora", "lora_rank": 4, "lora_target": "all", "lora_dropout": 0.0},
-        "batch": {"per_device": 2, "grad_accum": 1},
-        "precision": "fp32",
-        "training": {"learning_rate": 1.0e-3, "max_steps": max_steps, "save_steps": save_steps,
-                     "logging_steps": 1, "lr_scheduler": "constant", "gradient_checkpointing": False,
-                     "seed": 7},
+        **tiny_schedule(max_steps, save_steps),
         "output_dir": out_dir,
         **extra,
     }
