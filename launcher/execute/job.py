@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import render
+from .. import nodeview, render
 from ..errors import UserError
 from ..plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
@@ -19,6 +19,7 @@ from .watch import EXIT_CODES, Watch
 SIGINT_EXIT = 130
 TIMEOUT_EXIT = 124
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
+LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
 
 
 @dataclass
@@ -116,6 +117,9 @@ class _Session:
         self.result = JobResult(code=0, nodes=self.outcomes)
         self._teardown: threading.Thread | None = None
         self.watch = Watch(plan, executor, printer.say, time.monotonic)
+        self.view = nodeview.LiveView(plan.run_id.split(".a")[0],
+                                      [(n.rank, n.host) for n in plan.nodes])
+        self._live_at = 0.0
 
     def run(self) -> JobResult:
         try:
@@ -128,6 +132,7 @@ class _Session:
         return self.result
 
     def _start_all(self) -> None:
+        self.printer.set_status(self.view.status_lines)
         with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
             started = list(pool.map(self._start, self.plan.nodes))
         threading.Thread(target=self._heartbeats, daemon=True).start()
@@ -176,7 +181,11 @@ class _Session:
 
     def _emit(self, node: NodePlan, log: NodeLog, cause: TorchrunRootCause,
               lines: list[str]) -> None:
+        lines, samples = nodeview.split(lines)
+        if samples:
+            self.view.output(node.rank, samples)
         if lines:
+            self.view.lines_seen(node.rank)
             cause.see(lines)
             log.write(lines)
             self.printer.node_lines(node.rank, node.host, lines)
@@ -193,12 +202,28 @@ class _Session:
             except queue.Empty:
                 deadline = self._settle(deadline)
                 self._check_deadline()
+                self._live()
                 verdict = self.watch.tick() if self._teardown is None else None
                 if verdict is not None:
                     self._health_stop(verdict)
                 continue
             pending.discard(rank)
             self._record(rank, outcome)
+
+    def _live(self, force: bool = False) -> None:
+        # Once a second: fresh status lines, live.json for `ps RUN`, a gpu_sample a minute.
+        now = time.monotonic()
+        if now - self._live_at < LIVE_EVERY_S and not force:
+            return
+        self._live_at = now
+        self.view.steps(*self.watch.steps())
+        self.printer.redraw()
+        for fields in self.view.due_events():
+            self.watch.events.emit("gpu_sample", **fields)
+        try:
+            nodeview.write_snapshot(self.plan.log_dir, self.view.snapshot())
+        except OSError:
+            pass  # the view is a convenience: a full disk must not stop the job
 
     def _record(self, rank: int, outcome: Exit) -> None:
         node = self.outcomes[rank]
@@ -212,6 +237,8 @@ class _Session:
             node.terminated = False
             self.printer.say(f"node{rank} {node.host}: {node.result}; tearing down the job on every host")
             self._begin_teardown()
+        self.view.ended(rank, "lost" if outcome.lost else
+                        f"{'killed' if node.terminated else 'exit'} {outcome.code}")
 
     def _settle(self, deadline: float | None) -> float | None:
         # Once teardown is done, a node that still has not reported gets its session cut.
@@ -291,6 +318,8 @@ class _Session:
         # whatever of that node is still alive (e.g. orphaned dataloader workers).
         if self._teardown is not None:
             self._teardown.join()
+        self._live(force=True)
+        self.printer.set_status(None)
         r = self.result
         self.watch.finish(ok=all(o.exit is not None and o.exit.code == 0 for o in self.outcomes))
         if r.health is not None:
