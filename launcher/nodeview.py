@@ -79,10 +79,12 @@ class NodeState:
     gpus: dict[int, Gpu] = field(default_factory=dict)
     cpu: Cpu | None = None
     sampled: float | None = None
+    samples: int = 0
     _jiffies: tuple[int, int] | None = None
     _evented: float | None = None
 
     def sample(self, body: str, now: float) -> None:
+        self.samples += 1
         kind, _, rest = body.partition(" ")
         if kind == "gpu" and (gpu := parse_gpu(rest)) is not None:
             self.gpus[gpu.index] = gpu
@@ -175,7 +177,7 @@ class LiveView:
         return {"run_id": self.run_id, "time": wall, "step": self.job_step, "total": self.job_total,
                 "nodes": [{"node": n.rank, "host": n.host, "state": n.state, "step": n.step,
                            "total": n.total, "output_ago_s": ago(n.last_output),
-                           "sample_ago_s": ago(n.sampled), **n.figures()} for n in self.nodes]}
+                           "sample_ago_s": ago(n.sampled), "samples": n.samples, **n.figures()} for n in self.nodes]}
 
     def status_lines(self, width: int = 120) -> list[str]:
         return status_lines(self.snapshot(), width)

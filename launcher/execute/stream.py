@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import codecs
 import collections
+import io
 import os
 import re
 import shutil
@@ -121,17 +122,28 @@ class Printer:
         # Erase the status block, write the stream's text where it was, draw the block below.
         with self._lock:
             self._erase()
-            self.out.write(text)
+            if text:
+                self.out.write(text)
             if self._status is not None:
-                width = shutil.get_terminal_size((120, 24)).columns
-                rows = self._status(width)
-                self.out.write("".join(f"\033[2m{self.mask(r)}\033[0m\n" for r in rows))
+                rows = self._status(self._width())
+                self._screen("".join(f"\033[2m{self.mask(r)}\033[0m\n" for r in rows))
                 self._shown = len(rows)
             self.out.flush()
 
+    def _screen(self, text: str) -> None:
+        # Status lines and their erasure go to the terminal only, never into a console log.
+        getattr(self.out, "terminal_only", self.out.write)(text)
+
+    def _width(self) -> int:
+        # The terminal's own size first: COLUMNS in the environment may be stale.
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns
+        except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+            return shutil.get_terminal_size((120, 24)).columns
+
     def _erase(self) -> None:
         if self._shown:
-            self.out.write(f"\033[{self._shown}F\033[J")   # up to the block's first line, clear below
+            self._screen(f"\033[{self._shown}F\033[J")   # up to the block's first line, clear below
             self._shown = 0
 
     def node_lines(self, rank: int, host: str, lines: list[str]) -> None:
