@@ -6,7 +6,6 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import nodeview, render
@@ -14,53 +13,13 @@ from ..errors import UserError
 from ..plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
+from .outcome import JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 
 SIGINT_EXIT = 130
 TIMEOUT_EXIT = 124
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
 LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
-
-
-@dataclass
-class NodeOutcome:
-    """What became of one node."""
-
-    rank: int
-    host: str
-    exit: Exit | None = None
-    terminated: bool = False     # it was still running when mlaunch tore the job down
-    tail: list[str] = field(default_factory=list)
-
-    @property
-    def result(self) -> str:
-        if self.exit is None:
-            return "not started"
-        if self.exit.lost:
-            return self.exit.detail or "connection lost"
-        if self.terminated:
-            return f"terminated by mlaunch (exit {self.exit.code})"
-        return f"exit {self.exit.code}"
-
-
-@dataclass
-class JobResult:
-    """The job's single exit status and every node's outcome."""
-
-    code: int
-    nodes: list[NodeOutcome]
-    interrupted: bool = False
-    timed_out: bool = False
-    first_failure: int | None = None
-    teardown: dict[str, str] = field(default_factory=dict)
-    failed_at: float | None = None      # monotonic time the first failure was seen
-    torn_down_at: float | None = None   # monotonic time teardown finished on every host
-    health: object | None = None        # the health verdict that stopped the job, if any
-
-    @property
-    def restartable(self) -> bool:
-        """A restart may help: not a NaN or a wrong world, which would only happen again."""
-        return self.health is None or bool(getattr(self.health, "restartable", False))
 
 
 def make_executor(plan: LaunchPlan) -> Executor:
