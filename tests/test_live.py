@@ -271,3 +271,37 @@ def test_live_view_in_a_terminal(make_hostset, tmp_path):
         console = mlaunch("logs", run_id).stdout
         assert "global_step/max_steps': '30/30'" in console
         assert not re.search(r"^(run t-|node\d)", console, re.M) and "\x1b[2F" not in console
+
+
+@pytest.mark.multihost
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (run-tests.sh installs it)")
+def test_attach_shows_the_detached_runs_status_lines(make_hostset, tmp_path):
+    from .runs import Runs
+    runs = Runs(str(tmp_path / "home"))
+    with make_hostset(2) as hs:
+        spec, _ = steps_job(hs, tmp_path, "att", 40, 0.5, 0.5)
+        r = runs.cli("submit", "-d", "--no-preflight", spec)
+        assert r.returncode == 0, r.stdout + r.stderr
+        run_id = re.search(r"(t-\d{8}-\d{6}-\w+)", r.stdout + r.stderr).group(1)
+        session = f"mlaunch-attach-{os.getpid()}"
+        cmd = (f"cd {ROOT} && TERM=xterm MLAUNCH_HOME={runs.env['MLAUNCH_HOME']} "
+               f"{sys.executable} -m launcher.cli attach {run_id}; echo MLAUNCH-EXIT=$?; sleep 600")
+        _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", cmd)
+        node0 = re.compile(rf"^node0\s+{re.escape(hs.hosts[0].ip)}\s+running\s+step (\d+)/40"
+                           r".*gpu0\s+\d+%", re.M)
+        try:
+            steps, deadline = set(), time.monotonic() + 120
+            while time.monotonic() < deadline:
+                screen = _tmux("capture-pane", "-p", "-t", session, "-S", "-")
+                if "MLAUNCH-EXIT=" in screen:
+                    break
+                steps.update(int(m) for m in node0.findall(screen))
+                assert len(node0.findall(screen)) <= 1
+                time.sleep(0.7)
+            final = _tmux("capture-pane", "-p", "-t", session, "-S", "-")
+        finally:
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        # attach follows the run to its end and exits with its code; the block went with it.
+        assert "MLAUNCH-EXIT=0" in final, final[-2000:]
+        assert len(steps) >= 3, steps
+        assert not node0.search(final) and "global_step/max_steps': '40/40'" in final
