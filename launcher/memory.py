@@ -8,17 +8,19 @@ b micro-batch, t = b·s tokens per micro-batch.
 Model states (DeepSpeed's estimate_zero*_model_states_mem_needs, made per term):
   no DeepSpeed, full  fp32 weights 4Ψ (LLaMA-Factory upcasts trainable params) + fp32 grads
                       4Ψ + Adam 8Ψ + autocast's bf16 weight cache 2Ψ; DDP's buckets +4Ψ at N > 1
-  ZeRO-0 (bf16)       2Ψ weights, 2Ψ grads, 12Ψ fp32 master+Adam. DeepSpeed 0.19.8 takes bf16 with
-                      the default grad_accum_dtype (= bf16) to its DDP_BFLOAT16 path, the unfused
-                      fp16 wrapper, not BF16_Optimizer: its fp32 grads live only inside step(), when
-                      the activations are gone (GPU run of 2026-12-01b: 1.54 B full ×4 peaked
-                      at 42,625 MiB, where 2Ψ+6Ψ+12Ψ overestimated it by 20 %)
+  ZeRO-0 (bf16)       2Ψ weights, 4Ψ grads, 12Ψ fp32 master+Adam = 18Ψ. DeepSpeed 0.19.8 takes
+                      bf16 with the default grad_accum_dtype (bf16) to its DDP_BFLOAT16 path, the
+                      unfused fp16 wrapper, not BF16_Optimizer: its fp32 grads live only inside
+                      step(). At the activation peak the states measured 14Ψ for the 1.54 B full
+                      ×4 (2026-12-01b: 42,625 MiB) but about 21Ψ for the 0.39 B full ×8 (2026-12-01,
+                      the older render): 18Ψ keeps both within the goal (1.13 and 0.96), where
+                      20Ψ overestimated the first by 20 % and 14Ψ would underestimate the second
   ZeRO-1              2Ψ weights, 2Ψ grads, (4Ψ fp32 grads + 12Ψ master+Adam)/N
   ZeRO-2              2Ψ weights, (2Ψ+4Ψ)/N grads, 12Ψ/N master+Adam, plus reduce buckets
   ZeRO-3              (2Ψ weights + 4Ψ fp32 grads + 12Ψ master+Adam)/N = 18Ψ/N, DeepSpeed's
                       own count, plus the parameters gathered at once (two of the largest layer,
                       16-bit). Measured at N = 1 (2026-12-01b): 1.54 B full ×4 peaked at 37,453
-                      MiB, 18Ψ gives 37,499; 20Ψ (the 16-bit gradient partition counted too)
+                      MiB, 18Ψ gives 37,493; 20Ψ (the 16-bit gradient partition counted too)
                       overestimated it by 8 %
   offload_optimizer   moves master, Adam and fp32 grads to the CPU; offload_param the weights
   LoRA / freeze       frozen weights in 16 bit (4-/8-bit with QLoRA: 0.55 / 1.05 bytes);
@@ -71,11 +73,11 @@ GIB = 2 ** 30
 
 # BEGIN FIT (bench/memory_fit.py rewrites this block)
 FIT = {
-    "overhead_mib": 1355.4646,
-    "act_scale": 1.0162,
-    "logit_bytes": 13.4487,
+    "overhead_mib": 1396.8613,
+    "act_scale": 1.0165,
+    "logit_bytes": 13.347,
     "state_scale": 1.0,
-    "zero3_scale": 0.3763,
+    "zero3_scale": 0.3771,
     "params": 'overhead_mib,act_scale,logit_bytes,zero3_scale',
     "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl',
 }
@@ -211,8 +213,8 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
         g = train * 4
         o = train * 8
         buf = train * 4 if n > 1 else 0
-    elif z == 0:       # bf16 + ZeRO-0 in DeepSpeed 0.19.8: FP16_UnfusedOptimizer (see above)
-        w, g, o, buf = frozen_b + train * w16, train * w16, train * 12, 0
+    elif z == 0:       # 18Ψ: between the two measured ZeRO-0 rows (see above)
+        w, g, o, buf = frozen_b + train * w16, train * 4, train * 12, 0
     elif z in (1, 2):
         off = st.offload_optimizer
         w = frozen_b + train * w16
@@ -224,7 +226,8 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
         largest = max(shape.layer_params(), shape.vocab * shape.hidden)
         live = 2 * largest * w16                              # gathered (prefetched) 16-bit params
         w = 0 if st.offload_param else (frozen_b + train * w16) / n
-        g = train * (0 if st.offload_optimizer else 4) / n   # 18Ψ/N in all, as DeepSpeed says (above)
+        # 18Ψ/N in all, as DeepSpeed says (above); with offload the 16-bit partition stays
+        g = train * (w16 if st.offload_optimizer else 4) / n
         o = 0 if st.offload_optimizer else train * 12 / n
         buf = live
     return {"weights": w, "gradients": g, "optimizer": o, "buffers": buf}
