@@ -14,7 +14,9 @@ Parts (each run appends one JSON line to OUTDIR/results.jsonl, also kept in /tmp
             whether any run ran out of memory
 Usage, from the repo root of a machine with one GPU:
     python3 bench/memory_proof.py OUTDIR [--parts estimate,choice] [--shapes 0.39b,1.5b-150k]
-            [--steps 10] [--runs 3] [--wheels DIR]
+            [--steps 10] [--runs 3] [--wheels DIR] [--settings 4,8 --repeat 3] [--env KEY=VALUE]
+--repeat runs the chosen estimate rows in that many alternating rounds; --env adds cluster.env
+to every job (e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False against mlaunch's default).
 --cpu rehearses every part on CPU with tiny shapes (gloo, the trainer venv: MLAUNCH_TRAINER_VENV
 or .venvs/trainer); it checks this script, not the figures. --summarize FILE... prints the tables.
 """
