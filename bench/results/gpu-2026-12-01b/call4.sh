@@ -14,7 +14,7 @@ torch.cuda.synchronize(); print("trained", round(time.time() - t0, 1), "s, loss"
 PY
 sleep 2
 (sleep 15; nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv \
-    > $OUT/nvidia-smi-h200-header.csv) &
+    > $OUT/nvidia-smi-h200-header.csv) &   # kept as tests/data/nvidia-smi-h200-mlp*.csv
 timeout 40 nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total \
     --format=csv,noheader,nounits -lms 500 > $OUT/nvidia-smi-h200.csv
 wait
