@@ -19,8 +19,10 @@ import pty
 import re
 import shutil
 import struct
+import subprocess
 import sys
 import termios
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -29,8 +31,18 @@ import gpu_proof as gp  # noqa: E402
 STATUS = re.compile(rb"\x1b\[2m(.*?)\x1b\[0m\r?\n")
 
 
-def in_terminal(cmd: list[str], env: dict, cols: int = 160, rows: int = 40) -> tuple[int, list]:
-    """Run cmd under a pty of cols x rows; (exit code, [(seconds, bytes)] as they arrived)."""
+def record_smi(path: str, seconds: float) -> None:
+    """nvidia-smi's rows, exactly as the sampler asks for them, for `seconds` (test data)."""
+    with open(path, "w") as f:
+        subprocess.run(["timeout", str(seconds), "nvidia-smi", "--query-gpu=index,utilization.gpu,"
+                        "memory.used,memory.total", "--format=csv,noheader,nounits", "-lms", "500"],
+                       stdout=f, stderr=subprocess.DEVNULL)
+
+
+def in_terminal(cmd: list[str], env: dict, cols: int = 160, rows: int = 40,
+                on_training=None) -> tuple[int, list]:
+    """Run cmd under a pty of cols x rows; (exit code, [(seconds, bytes)] as they arrived).
+    on_training: called once when the first loss line arrives."""
     pid, fd = pty.fork()
     if pid == 0:
         os.chdir(gp.ROOT)
@@ -45,6 +57,9 @@ def in_terminal(cmd: list[str], env: dict, cols: int = 160, rows: int = 40) -> t
         if not data:
             break
         chunks.append((round(time.monotonic() - t0, 2), data))
+        if on_training is not None and b"'loss'" in data:
+            threading.Thread(target=on_training, daemon=True).start()
+            on_training = None
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), chunks
 
@@ -66,6 +81,7 @@ def main() -> None:
     ap.add_argument("--per-device", type=int, default=32)
     ap.add_argument("--wheels", nargs="+")
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--record-smi", metavar="PATH", help="also record nvidia-smi rows for 30 s of training")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(gp.W, exist_ok=True)
@@ -78,7 +94,8 @@ def main() -> None:
     shutil.rmtree(out_dir, ignore_errors=True)
     env = {**os.environ, **s.env, "TERM": "xterm",
            "PYTHONPATH": os.pathsep.join([gp.ROOT, os.environ.get("PYTHONPATH", "")])}
-    rc, chunks = in_terminal(gp.mlaunch("submit", path), env)
+    record = (lambda: record_smi(a.record_smi, 30)) if a.record_smi else None
+    rc, chunks = in_terminal(gp.mlaunch("submit", path), env, on_training=record)
     with open(f"{a.out}/terminal.raw", "wb") as f:
         f.write(b"".join(data for _, data in chunks))
     drawn = blocks(chunks)

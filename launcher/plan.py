@@ -153,7 +153,10 @@ def remote_python(job: JobBase) -> str:
 def in_process(job: JobBase) -> bool:
     """The whole job is one process and its trainer runs that without torchrun."""
     return (job.cluster.torchrun == "auto" and world_size(job) == 1
-            and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None))
+            and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None)
+            # The HF Trainer refuses FSDP outside a process group ("only works in
+            # distributed training"), even for one process: torchrun makes one.
+            and not getattr(job, "fsdp", None))
 
 
 def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
