@@ -1,0 +1,83 @@
+"""The spec's base model and its cluster section: the machines, how to reach them, how Slurm
+allocates them (launcher/spec/models.py re-exports every name)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+Procs = Annotated[int, Field(ge=1, le=1024)]
+
+
+class Strict(BaseModel):
+    """Base for every spec section: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class SSH(Strict):
+    """How the launcher reaches each node."""
+
+    user: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    key_file: str | None = None
+    config_file: str | None = Field(None, description="an ssh_config file to read (aliases, ProxyJump, ...)")
+    known_hosts: str | None = None
+    jump_host: str | None = Field(None, description="[user@]host[:port] to hop through")
+    strict_host_keys: bool = Field(True, description="refuse hosts whose key is not in known_hosts")
+    connect_timeout: float = Field(10.0, gt=0, le=300)
+
+
+class Slurm(Strict):
+    """The allocation mlaunch asks Slurm for (cluster.scheduler: slurm); see slurm_rules.py."""
+
+    nodes: int | None = Field(None, ge=1, le=100000, description="nodes to allocate (sbatch --nodes)")
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = Field(None, description="time limit in Slurm's forms: MM, MM:SS, HH:MM:SS, "
+                             "D-HH, D-HH:MM, D-HH:MM:SS")
+    constraint: str | None = None
+    exclusive: bool = False
+    reservation: str | None = None
+    extra_sbatch: dict[str, str | int | bool] = Field(default_factory=dict, description=(
+        "further #SBATCH options, long names without dashes: {gres: 'gpu:8', mem: 0}"))
+
+
+class Cluster(Strict):
+    """The machines, the processes per machine, the rendezvous and the remote environment."""
+
+    scheduler: Literal["ssh", "slurm"] = Field("ssh", description=(
+        "ssh: mlaunch starts every host over SSH; slurm: one sbatch job, nodes from the allocation"))
+    slurm: Slurm | None = None
+    hosts: list[str] | None = Field(None, description=(
+        "node 0 first: host, user@host, host:port or [v6addr]:port; or use hostfile"))
+    hostfile: str | None = Field(None, description=(
+        "DeepSpeed format: `host slots=N` per line; other key=value (max_slots) read past"))
+    gpus_per_node: Procs | list[Procs] | None = Field(None, description=(
+        "processes per node: one count for every node, or one per host (default: hostfile slots)"))
+    include: str | None = Field(None, description=(
+        "deepspeed -i syntax: `worker-0:0,2@worker-1` keeps only these hosts (and slots)"))
+    exclude: str | None = Field(None, description="deepspeed -e syntax: drop these hosts or slots")
+    first_nodes: int | None = Field(None, ge=1, description=(
+        "use only the first N hosts (deepspeed --num_nodes)"))
+    cuda_visible_devices: list[int] | list[list[int]] | None = Field(None, description=(
+        "GPU indices every node uses, or one list per node: [[0], [1]] runs two nodes on one host"))
+    master_addr: str | None = Field(None, description="defaults to the first host")
+    master_port: int = Field(29500, ge=1024, le=65535)
+    ssh: SSH = SSH()
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
+    python: str | None = Field(None, description="remote interpreter; its directory must hold torchrun")
+    venv: str | None = Field(None, description="remote virtualenv; same as python: VENV/bin/python")
+    workdir: str | None = None
+    shared_dir: str | None = Field(None, description="storage every node sees at the same path")
+    gpu_memory_gb: float | None = Field(None, gt=0, description=(
+        "memory per GPU in GiB (nvidia-smi's MiB / 1024: 80 for an 80 GB H100, 140 for an H200) "
+        "for batch planning when no GPU is asked (dry run, --no-preflight); with preflight the "
+        "smaller of this and nvidia-smi's figure counts"))
+    hangup_after_s: float = Field(30.0, ge=5, le=3600, description=(
+        "a node whose launcher is silent this long (no heartbeat) ends its own processes"))
+    torchrun: Literal["auto", "always"] = Field("auto", description=(
+        "auto: a job of one process (1 node x 1 GPU) of LLaMA-Factory without DeepSpeed runs "
+        "in-process, without torchrun, as llamafactory-cli does; always: torchrun even then"))
