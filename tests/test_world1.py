@@ -129,6 +129,9 @@ def base(tmp_path, **over) -> dict:
     ({"gpus_per_node": 2}, False),
     ({"hosts": ["localhost", "127.0.0.1"], "cuda_visible_devices": [[0], [1]]}, False),
     ({"deepspeed": {"stage": 2}}, False),
+    # The HF Trainer refuses FSDP without a process group (seen on the H200: "Using fsdp only
+    # works in distributed training"), so FSDP keeps torchrun even for one process.
+    ({"fsdp": {"sharding": "full_shard"}}, False),
 ])
 def test_which_jobs_run_in_process(tmp_path, over, solo):
     cvd = over.pop("cuda_visible_devices", None)
