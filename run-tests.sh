@@ -33,7 +33,7 @@ bash tests/env/make_swift_venv.sh .venvs/swift
 
 echo "run-tests: setup took $(( $(date +%s) - start ))s"
 set +e
-python -m pytest -q "$@"
+python -m pytest -q --durations=30 "$@"
 rc=$?
 set -e
 # Exit code 5 means pytest collected no tests: that is a failure, not a pass.
