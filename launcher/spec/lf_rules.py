@@ -7,6 +7,7 @@ only when it runs distributed, which mlaunch knows from the cluster block.
 from __future__ import annotations
 
 from ..errors import Problem
+from .lf_optim_rules import check_optimizers
 from .models import LlamaFactoryJob
 from .select import world_size
 
@@ -21,7 +22,8 @@ RAY_KEYS = ("use_ray", "ray_num_workers", "ray_run_name", "ray_storage_path", "r
 def check_llamafactory(job: LlamaFactoryJob) -> list[Problem]:
     """Every LLaMA-Factory-specific rule of a validated job."""
     return (_check_template(job) + _check_preference(job) + _check_stage(job) + _check_fsdp(job)
-            + _check_quant_sharding(job) + _check_distributed(job) + _check_ray(job))
+            + _check_quant_sharding(job) + _check_distributed(job) + _check_ray(job)
+            + check_optimizers(job))
 
 
 def _check_template(job: LlamaFactoryJob) -> list[Problem]:
