@@ -37,7 +37,7 @@ def asked_custom(job: LlamaFactoryJob) -> list[str]:
 def check_optimizers(job: LlamaFactoryJob) -> list[Problem]:
     """Every optimizer rule of a LLaMA-Factory job."""
     return (_one_custom(job) + _finetuning_type(job) + _optim_used(job) + _transformers_optim(job)
-            + _muon_zero(job) + _offload(job))
+            + _flat_shards(job) + _offload(job))
 
 
 def _one_custom(job: LlamaFactoryJob) -> list[Problem]:
@@ -94,14 +94,23 @@ def _transformers_optim(job: LlamaFactoryJob) -> list[Problem]:
     return []
 
 
-def _muon_zero(job: LlamaFactoryJob) -> list[Problem]:
-    """LLaMA-Factory's Muon marks each 2-D weight in its state; ZeRO-1/2/3 hand it flat shards."""
+# What each optimizer needs that ZeRO-1/2/3's flat 1-D shards lack, and how every rank then stops
+# at the first step (both reproduced with 2 CPU processes, ZeRO-2 and ZeRO-3).
+_NEEDS_2D = {"use_muon": ("LLaMA-Factory's Muon", "orthogonalises whole 2-D weights",
+                          "KeyError: 'use_muon'"),
+             "use_adam_mini": ("Adam-mini 1.1", "splits each 2-D weight into heads and neurons",
+                               "IndexError: too many indices for tensor of dimension 1")}
+
+
+def _flat_shards(job: LlamaFactoryJob) -> list[Problem]:
+    """Optimizers that need the 2-D weights, which ZeRO (stage 1 and up) hands over flattened."""
     stage = zero_of(job)[0]
-    if not job.passthrough.get("use_muon") or not stage:
+    if not stage:
         return []
-    return [Problem("passthrough.use_muon", f"LLaMA-Factory's Muon cannot run under DeepSpeed ZeRO-{stage}: "
-                    "it orthogonalises whole 2-D weights and ZeRO gives it flat shards (every rank stops "
-                    "at the first step with KeyError: 'use_muon'); remove the deepspeed section (plain DDP)")]
+    return [Problem(f"passthrough.{k}", f"{name} cannot run under DeepSpeed ZeRO-{stage}: it {why} and "
+                    f"ZeRO gives it flat shards (every rank stops at the first step with {error}); "
+                    "remove the deepspeed section (plain DDP)")
+            for k, (name, why, error) in _NEEDS_2D.items() if job.passthrough.get(k)]
 
 
 def _offload(job: LlamaFactoryJob) -> list[Problem]:
