@@ -1,12 +1,13 @@
-"""LLaMA-Factory's own optimizers and transformers' `optim` choices under DeepSpeed: real runs.
+"""LLaMA-Factory's own optimizers and transformers' `optim` choices: real runs, and refusals.
 
 mlaunch's ds_config states no optimizer block, so the Trainer (LLaMA-Factory's
 create_custom_optimizer, or transformers' `optim`) builds the optimizer and DeepSpeed wraps
 it (transformers sets zero_allow_untested_optimizer itself). Each run proves that the asked
-optimizer is the one that stepped: the class DeepSpeed (or DDP) wrapped, named on rank 0's
-log, and the optimizer's own state read back from the checkpoint (8-bit state buffers,
-Adam-mini's per-block `vmean`, Adafactor's factors, Muon's momentum, BAdam's untouched
-blocks), never only "it trained".
+optimizer is the one that stepped: the class the Trainer built (mlaunch's rank-0 line, under
+DeepSpeed) and the optimizer's own state read back from the checkpoint (8-bit state buffers,
+Adam-mini's per-block `vmean`, Adafactor's `RMS`, Muon's momentum) or, for BAdam, which
+weights changed; never only "it trained". Adam-mini and Muon run under DDP: under ZeRO they
+stop at the first step, and are refused (the refusal tests at the end).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import subprocess
 import pytest
 
 from .test_training import assert_trained
-from .training import TRAINER_PYTHON, build_tiny, lf_spec, require_trainer, submit_timed
+from .training import TRAINER_PYTHON, TRAINER_VENV, build_tiny, lf_spec, require_trainer, submit_timed
 
 pytestmark = [pytest.mark.training]
 
@@ -51,9 +52,18 @@ print(json.dumps({"groups": groups, "state": {k: sorted(v) for k, v in keys.item
 """
 
 
+OPTIMIZER_PACKAGES = ("badam", "adam_mini", "bitsandbytes")   # tests/env/trainer-requirements.txt
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    require_trainer()
+    python = require_trainer()
+    code = "import importlib.util, sys; print([m for m in sys.argv[1:] if not importlib.util.find_spec(m)])"
+    r = subprocess.run([python, "-c", code, *OPTIMIZER_PACKAGES], capture_output=True, text=True, timeout=120)
+    missing = r.stdout.strip()
+    if missing != "[]":
+        pytest.skip(f"the trainer venv {TRAINER_VENV} lacks {missing} (an older build): run "
+                    f"`bash tests/env/make_trainer_venv.sh {TRAINER_VENV}`")
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
@@ -111,10 +121,10 @@ OPTIM = {
 }
 
 
-@pytest.mark.parametrize("optim", list(OPTIM))
-def test_optim_choice_runs_under_zero2(tmp_path, tiny, optim):
+@pytest.mark.parametrize("optim,stage", [(o, 2) for o in OPTIM] + [("adafactor", 3), ("adamw_8bit", 3)])
+def test_optim_choice_runs_under_zero(tmp_path, tiny, optim, stage):
     """Full fine-tuning (the flat ZeRO partitions are large enough for 8-bit state)."""
-    r, out = run_local(tmp_path, tiny, deepspeed={"stage": 2}, finetuning=FULL, max_steps=4,
+    r, out = run_local(tmp_path, tiny, deepspeed={"stage": stage}, finetuning=FULL, max_steps=4,
                        save_steps=4, passthrough={"optim": optim})
     assert_trained(r, out, 4)
     cls, has_own_state = OPTIM[optim]
@@ -231,7 +241,8 @@ OPTIM_REFUSALS = [
      "runs (16 processes); use apollo_adamw"),
     (dict(finetuning=FULL, deepspeed=None, passthrough={"optim": "galore_adamw"}),
      "passthrough.optim: galore_adamw needs passthrough.optim_target_modules"),
-    (dict(finetuning=FULL, deepspeed={"stage": 3, "offload_optimizer": "cpu"}, passthrough={"use_badam": True}),
+    (dict(finetuning=FULL, deepspeed={"stage": 3, "offload_optimizer": "cpu"},
+          passthrough={"use_badam": True}),
      "deepspeed.offload_optimizer: offloading the optimizer replaces the one passthrough.use_badam (BAdam) "
      "asks for with DeepSpeed's CPUAdam (accelerate does so unless zero_force_ds_cpu_optimizer is false); "
      "remove offload_optimizer, or use a ds_config file with \"zero_force_ds_cpu_optimizer\": false"),
