@@ -99,6 +99,9 @@ def optimizer_class(r) -> str:
     return line.split("mlaunch: optimizer ", 1)[1].split(":", 1)[0]
 
 
+UNTESTED = "You are using ZeRO with an untested optimizer"
+
+
 def adam_8bit(saved: dict) -> bool:
     """bitsandbytes' 8-bit state: both moments stored as uint8 (groups above its 4096-element
     minimum; smaller ones stay 32-bit)."""
@@ -131,6 +134,9 @@ def test_optim_choice_runs_under_zero(tmp_path, tiny, optim, stage):
     assert optimizer_class(r) == cls
     saved = saved_optimizer(os.path.join(out, "checkpoint-4"))
     assert has_own_state(saved), saved
+    # DeepSpeed accepts a class outside its tested list (torch's Adam/AdamW/Adagrad, its own)
+    # because transformers sets zero_allow_untested_optimizer; it says so on rank 0.
+    assert (UNTESTED in r.stdout) == (optim != "adamw_torch_fused")
     if optim.startswith("paged"):   # on CPU bitsandbytes pages nothing, and says so
         assert "Paged optimizers are not supported on CPU" in r.stdout
 
@@ -161,7 +167,7 @@ def test_badam_layer_mode_zero3_trains_one_block(make_hostset, tmp_path, tiny):
                                     "badam_switch_mode": "ascending", "badam_switch_interval": 50})
     assert_trained(r, out, 4)
     assert "Using BAdam optimizer with layer-wise update, switch mode is ascending" in r.stdout
-    assert optimizer_class(r) == "BlockOptimizer"
+    assert optimizer_class(r) == "BlockOptimizer" and UNTESTED in r.stdout
     changed = changed_tensors(tiny["model"], out)
     assert changed and {n.split(".")[2] for n in changed} == {"1"}, changed
     assert "model.layers.1.self_attn.q_proj.weight" in changed, changed
