@@ -33,6 +33,8 @@ sd = torch.load(sys.argv[1], map_location="cpu", weights_only=False)
 if "optimizer_state_dict" in sd:            # a ZeRO shard: DeepSpeed's wrapper, then the base
     sd = sd["optimizer_state_dict"]
     sd = sd.get("base_optimizer_state", sd.get("optimizer_state_dict", sd))
+elif "optimizer" in sd:                     # ZeRO-0: the optimizer is in the model states
+    sd = sd["optimizer"]
 plain = lambda v: v if isinstance(v, (int, float, str, bool, type(None))) else (
     list(v) if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v) else None)
 groups = [{k: plain(v) for k, v in g.items() if k != "params" and plain(v) is not None}
@@ -68,9 +70,11 @@ def tiny(tmp_path_factory):
 
 
 def saved_optimizer(ckpt: str) -> dict:
-    """The optimizer state of rank 0 in a checkpoint (ZeRO shard, or DDP's optimizer.pt)."""
+    """The optimizer state of rank 0 in a checkpoint (ZeRO shard, DDP's optimizer.pt, or
+    ZeRO-0's model states)."""
     found = (glob.glob(os.path.join(ckpt, "global_step*", "*zero_pp_rank_0_mp_rank_00_optim_states.pt"))
-             or glob.glob(os.path.join(ckpt, "optimizer.pt")))
+             or glob.glob(os.path.join(ckpt, "optimizer.pt"))
+             or glob.glob(os.path.join(ckpt, "global_step*", "mp_rank_00_model_states.pt")))
     assert len(found) == 1, os.listdir(ckpt)
     r = subprocess.run([TRAINER_PYTHON, "-c", _SUMMARY, found[0]], capture_output=True, text=True,
                        timeout=300)
@@ -173,13 +177,18 @@ def test_badam_layer_mode_zero3_trains_one_block(make_hostset, tmp_path, tiny):
     assert "model.layers.1.self_attn.q_proj.weight" in changed, changed
 
 
-def test_adam_mini_runs_with_ddp(tmp_path, tiny):
-    """Adam-mini on 2 processes without DeepSpeed (under ZeRO it stops: refused, see below):
-    one second moment per block (`vmean`) instead of one per weight, groups named per weight."""
-    r, out = run_local(tmp_path, tiny, finetuning=FULL, max_steps=4, save_steps=4,
+NO_ZERO = [None, {"stage": 0}]   # DDP, and DeepSpeed without ZeRO (it keeps the weights whole)
+
+
+@pytest.mark.parametrize("deepspeed", NO_ZERO, ids=["ddp", "zero0"])
+def test_adam_mini_runs_without_zero(tmp_path, tiny, deepspeed):
+    """Adam-mini on 2 processes (under ZeRO-1/2/3 it stops: refused, see below): one second
+    moment per block (`vmean`) instead of one per weight, groups named per weight."""
+    r, out = run_local(tmp_path, tiny, finetuning=FULL, max_steps=4, save_steps=4, deepspeed=deepspeed,
                        passthrough={"use_adam_mini": True})
     assert_trained(r, out, 4)
     assert "Using Adam-mini optimizer." in r.stdout
+    assert deepspeed is None or optimizer_class(r) == "Adam_mini"
     saved = saved_optimizer(os.path.join(out, "checkpoint-4"))
     st = saved["state"]   # per-block second moments of query/key heads and neurons, no AdamW keys
     assert {"vmean", "head_per_gpu", "neuron_per_gpu"} <= set(st) and "exp_avg_sq" not in st, saved
@@ -187,13 +196,15 @@ def test_adam_mini_runs_with_ddp(tmp_path, tiny):
     assert "model.layers.0.self_attn.q_proj.weight" in names, names
 
 
-def test_muon_runs_with_ddp(tmp_path, tiny):
-    """Muon (bundled with LLaMA-Factory) on 2 processes without DeepSpeed: the 2-D weights
-    get Muon's momentum, the rest (embedding, norms, biases) its inner AdamW."""
-    r, out = run_local(tmp_path, tiny, finetuning=FULL, max_steps=4, save_steps=4,
+@pytest.mark.parametrize("deepspeed", NO_ZERO, ids=["ddp", "zero0"])
+def test_muon_runs_without_zero(tmp_path, tiny, deepspeed):
+    """Muon (bundled with LLaMA-Factory) on 2 processes: the 2-D weights get Muon's momentum,
+    the rest (embedding, norms, biases) its inner AdamW."""
+    r, out = run_local(tmp_path, tiny, finetuning=FULL, max_steps=4, save_steps=4, deepspeed=deepspeed,
                        passthrough={"use_muon": True})
     assert_trained(r, out, 4)
     assert "Using Muon optimizer with 14 Muon params and 12 AdamW params." in r.stdout
+    assert deepspeed is None or optimizer_class(r) == "Muon"
     saved = saved_optimizer(os.path.join(out, "checkpoint-4"))
     assert saved["tensors"] == 26, saved
     assert saved["state"]["use_muon"] == ["False", "True"], saved
