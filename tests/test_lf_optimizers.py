@@ -305,3 +305,17 @@ def test_user_file_offload_refused_unless_it_frees_the_optimizer(tmp_path):
 def test_supported_optimizers_validate(changes):
     from launcher.spec import validate
     validate(_spec(**changes))
+
+
+def test_badam_accepts_zero3_from_a_user_file(tmp_path):
+    """LLaMA-Factory's ZeRO-3 rule for BAdam reads the stage of the user's file too."""
+    from launcher.spec import validate
+    from .test_lf_spec import problems
+    files = {}
+    for stage in (2, 3):
+        files[stage] = tmp_path / f"z{stage}.json"
+        files[stage].write_text(json.dumps({"zero_optimization": {"stage": stage}}))
+    pt = {"finetuning": FULL, "passthrough": {"use_badam": True}}
+    validate(_spec(deepspeed={"config": str(files[3])}, **pt))
+    assert "passthrough.use_badam: layer-wise BAdam runs distributed only under ZeRO-3; set deepspeed: " \
+        "{stage: 3}" in problems(_spec(deepspeed={"config": str(files[2])}, **pt))

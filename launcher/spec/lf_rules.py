@@ -7,6 +7,7 @@ only when it runs distributed, which mlaunch knows from the cluster block.
 from __future__ import annotations
 
 from ..errors import Problem
+from .ds_rules import zero_of
 from .lf_optim_rules import check_optimizers
 from .models import LlamaFactoryJob
 from .select import world_size
@@ -102,7 +103,7 @@ def _check_fsdp(job: LlamaFactoryJob) -> list[Problem]:
 def _check_quant_sharding(job: LlamaFactoryJob) -> list[Problem]:
     """Which quantized models can be sharded (LLaMA-Factory's quantization.py)."""
     f = job.finetuning
-    zero3 = job.deepspeed is not None and job.deepspeed.stage == 3
+    zero3 = zero_of(job)[0] == 3   # the spec's stage, or the user file's
     if not f.quantization_bit or not (zero3 or job.fsdp):
         return []
     how = "ZeRO-3" if zero3 else "FSDP"
@@ -119,7 +120,7 @@ def _check_distributed(job: LlamaFactoryJob) -> list[Problem]:
     """Rules LLaMA-Factory applies only to distributed runs, and its optimizer exclusions."""
     procs = world_size(job)
     pt, p = job.passthrough, []
-    zero3 = job.deepspeed is not None and job.deepspeed.stage == 3
+    zero3 = zero_of(job)[0] == 3   # the spec's stage, or the user file's
     if procs > 1:
         for method, name in (("galore", "GaLore"), ("apollo", "APOLLO")):
             if pt.get(f"use_{method}") and pt.get(f"{method}_layerwise"):
