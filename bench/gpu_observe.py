@@ -15,7 +15,9 @@ class Observer:
         self.cpu, self.log = cpu, os.path.join(out_dir, "trainer_log.jsonl") if out_dir else None
         self.steps: list[tuple[float, int]] = []
         self.peak: dict[int, int] = {}
+        self.trace: list[tuple[float, int, int]] = []   # (s since start, gpu, MiB): when the peak came
         self._stop = threading.Event()
+        self.t0 = time.monotonic()
 
     def __enter__(self):
         self.smi = None if self.cpu else subprocess.Popen(
@@ -37,6 +39,7 @@ class Observer:
         for line in (self.smi.stdout if self.smi else []):
             idx, used = (int(x) for x in line.split(","))
             self.peak[idx] = max(self.peak.get(idx, 0), used)
+            self.trace.append((round(time.monotonic() - self.t0, 2), idx, used))
 
     def _clock(self):
         seen = 0

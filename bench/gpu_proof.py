@@ -113,7 +113,7 @@ def mlaunch(*args: str) -> list[str]:
 
 
 def train(s: Setup, out: str, part: str, kind: str, i: int, cmd: list[str], out_dir: str,
-          global_batch: int, save: bool = True, **extra) -> dict:
+          global_batch: int, save: bool = True, trace: bool = False, **extra) -> dict:
     """One training run, observed; its record is appended to results.jsonl (save=False: the
     caller completes the record and writes it itself)."""
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -125,6 +125,8 @@ def train(s: Setup, out: str, part: str, kind: str, i: int, cmd: list[str], out_
     rec = {"part": part, "kind": kind, "i": i, "rc": rc, "wall_s": wall,
            "samples_per_s": res.get("train_samples_per_second"),
            "steady_samples_per_s": obs.steady(global_batch), "peak_mib": obs.peak, **extra}
+    if trace:   # nvidia-smi every 200 ms and when each logged step landed, both from the start
+        rec.update(mem_trace=obs.trace, step_times=[(round(t - obs.t0, 2), n) for t, n in obs.steps])
     return record(out, rec) if save else rec
 
 

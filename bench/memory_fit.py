@@ -2,7 +2,7 @@
 
 Reads results files (JSON lines with "model" = config.json fields, "setting" = memory.Setting
 fields, "peak_mib" = the nvidia-smi peak, as bench/memory_proof.py writes them; lines without
-peak_mib or with rc != 0 are skipped), solves the linear least-squares problem of relative
+peak_mib, with rc != 0 or marked "superseded" are skipped), solves the linear least-squares problem of relative
 errors for the chosen constants (the others keep their current values), prints every row's
 estimate / measured, and with --write rewrites the FIT block of launcher/memory.py.
 
@@ -33,7 +33,9 @@ def load(paths: list[str]) -> list[dict]:
             for line in fh:
                 if line.strip():
                     rec = json.loads(line)
-                    if rec.get("peak_mib") and rec.get("rc", 0) == 0 and "setting" in rec:
+                    # "superseded": measured with a render mlaunch no longer produces (kept, not fitted)
+                    if rec.get("peak_mib") and rec.get("rc", 0) == 0 and "setting" in rec \
+                            and not rec.get("superseded"):
                         rows.append({**rec, "peak_mib": peak_of(rec)})
     return rows
 

@@ -14,7 +14,9 @@ Parts (each run appends one JSON line to OUTDIR/results.jsonl, also kept in /tmp
             whether any run ran out of memory
 Usage, from the repo root of a machine with one GPU:
     python3 bench/memory_proof.py OUTDIR [--parts estimate,choice] [--shapes 0.39b,1.5b-150k]
-            [--steps 10] [--runs 3] [--wheels DIR]
+            [--steps 10] [--runs 3] [--wheels DIR] [--settings 4,8 --repeat 3] [--env KEY=VALUE]
+--repeat runs the chosen estimate rows in that many alternating rounds; --env adds cluster.env
+to every job (e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False against mlaunch's default).
 --cpu rehearses every part on CPU with tiny shapes (gloo, the trainer venv: MLAUNCH_TRAINER_VENV
 or .venvs/trainer); it checks this script, not the figures. --summarize FILE... prints the tables.
 """
@@ -54,6 +56,7 @@ ESTIMATE = [
     ("1.5b-150k", LORA, None, True, 8), ("1.5b-150k", LORA, None, False, 4), ("1.5b-150k", LORA, 3, False, 4),
     ("1.5b-150k", FULL, 3, True, 4), ("1.5b-150k", FULL, 0, False, 4),
 ]
+EXTRA_ENV: dict[str, str] = {}   # --env KEY=VALUE: cluster.env of every job (e.g. the allocator)
 SWEEP = [(False, 16, 4), (False, 32, 2), (False, 64, 1), (True, 64, 1)]
 # Written next to the job as sitecustomize.py: each rank's allocator peak at exit. It shadows
 # any other sitecustomize (the trainer venv's sets TORCH_EXTENSIONS_DIR), so it runs that one too.
@@ -71,9 +74,14 @@ def _mlaunch_memprobe():
         if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return
         path = os.path.join(os.environ["MLAUNCH_MEMPROBE_DIR"], "rank%s.json" % os.environ.get("RANK", "0"))
+        st = torch.cuda.memory_stats()
         with open(path, "w") as fh:
             json.dump({"max_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
-                       "max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20}, fh)
+                       "max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20,
+                       "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                       "stats": {k: st.get(k) for k in ("num_alloc_retries", "num_ooms", "num_device_alloc",
+                                                        "num_device_free", "active_bytes.all.peak",
+                                                        "inactive_split_bytes.all.peak")}}, fh)
     except Exception:
         pass
 if os.environ.get("MLAUNCH_MEMPROBE_DIR"):
@@ -142,7 +150,7 @@ def job_spec(s: Setup, name: str, shape: str, batch: dict, training: dict, ft: d
     ranks = os.path.join(W, "ranks", name)
     shutil.rmtree(ranks, ignore_errors=True)
     os.makedirs(ranks)
-    env = {**s.env, "MLAUNCH_MEMPROBE_DIR": ranks,
+    env = {**s.env, **EXTRA_ENV, "MLAUNCH_MEMPROBE_DIR": ranks,
            "PYTHONPATH": os.pathsep.join([probe, os.environ.get("PYTHONPATH", "")])}
     job = {"name": name, "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": s.python, "env": env},
            "trainer": "llamafactory", "model": m["model"], "template": m["template"], "dataset": m["dataset"],
@@ -182,17 +190,23 @@ def one_run(s: Setup, out: str, part: str, kind: str, i: int, path: str, global_
     # save=False: results.jsonl gets only the complete record below (the probe's allocator
     # figures included); train's own line lacked them, and was the one copied off the GPU
     rec = train(s, out, part, kind, i, mlaunch("submit", path, "--force"), f"{W}/out-{name}", global_batch,
-                save=False, **extra)
+                save=False, trace=True, **extra)
     ranks = os.path.join(W, "ranks", name)
     probe = [json.load(open(os.path.join(ranks, f))) for f in sorted(os.listdir(ranks))]
     log = open(f"{out}/{part}-{kind}-{i}.log", errors="replace").read()
     chosen = re.search(r"batch: per_device (\d+) × grad_accum (\d+), gradient checkpointing (on|off)", log)
     rec.update(max_reserved_mib=max((p["max_reserved_mib"] for p in probe), default=None),
                max_allocated_mib=max((p["max_allocated_mib"] for p in probe), default=None),
+               rank_alloc_conf=[p.get("alloc_conf") for p in probe],
+               alloc_stats=[p.get("stats") for p in probe],
                oom="out of memory" in log.lower(),
                batch=dict(zip(("per_device", "grad_accum", "checkpointing"),
                               (int(chosen[1]), int(chosen[2]), chosen[3] == "on"))) if chosen else None)
     rec["peak_mib"] = peak_of(rec)
+    run_id = re.search(r"run (\S+):", log)
+    ds = f"/tmp/mlaunch/.mlaunch/{run_id[1]}/ds_config.json" if run_id else ""
+    if os.path.exists(ds) and not os.path.exists(f"{out}/ds_config-{kind}.json"):
+        shutil.copy(ds, f"{out}/ds_config-{kind}.json")   # the ZeRO tuning these peaks came from
     keep(out, rec)
     return rec
 
@@ -212,18 +226,25 @@ def keep(out: str, rec: dict) -> None:
             fh.write(json.dumps(rec) + "\n")
 
 
-def part_estimate(s: Setup, out: str, shapes: list[str], steps: int, only: list[int] | None) -> None:
-    for n, (shape, ft, stage, ckpt, micro) in enumerate(ESTIMATE):
-        if shape not in shapes or (only is not None and n not in only):
-            continue
-        name = f"est{n}"
-        path = job_spec(s, name, shape, {"per_device": micro, "grad_accum": 1},
-                        {"gradient_checkpointing": ckpt}, ft, stage, steps)
-        cfg, st = setting_of(path, micro, ckpt)
-        from launcher import memory
-        exact = memory.estimate(memory.shape_from_config(cfg), memory.Setting(**st)).total / memory.MIB
-        one_run(s, out, "estimate", name, 0, path, micro, name=shape, model=cfg, setting=st,
-                estimate_mib=round(exact), estimate_gib=plan_of(path).get("estimate_gib"))
+def part_estimate(s: Setup, out: str, shapes: list[str], steps: int, only: list[int] | None,
+                  repeat: int = 1) -> None:
+    """Each chosen row of ESTIMATE once per round, `repeat` rounds (alternating, so a cut call
+    still has every row); --env's cluster.env lands in the record as `env`."""
+    rows = [n for n, r in enumerate(ESTIMATE) if r[0] in shapes and (only is None or n in only)]
+    if only is not None:   # the order given on the command line
+        rows = [n for n in only if n in rows]
+    for i in range(repeat):
+        for n in rows:
+            shape, ft, stage, ckpt, micro = ESTIMATE[n]
+            name = f"est{n}"
+            path = job_spec(s, name, shape, {"per_device": micro, "grad_accum": 1},
+                            {"gradient_checkpointing": ckpt}, ft, stage, steps)
+            cfg, st = setting_of(path, micro, ckpt)
+            from launcher import memory
+            exact = memory.estimate(memory.shape_from_config(cfg), memory.Setting(**st)).total / memory.MIB
+            one_run(s, out, "estimate", name, i, path, micro, name=shape, model=cfg, setting=st,
+                    estimate_mib=round(exact), estimate_gib=plan_of(path).get("estimate_gib"),
+                    env=EXTRA_ENV, steps=steps)
 
 
 def part_sweep(s: Setup, out: str, steps: int) -> None:
@@ -264,15 +285,17 @@ def part_choice(s: Setup, out: str, runs: int, steps: int, hand: str) -> None:
 def summarize(paths: list[str]) -> str:
     rows = [json.loads(x) for p in paths for x in open(p) if x.strip()]
     rows = [{**r, "peak_mib": peak_of(r)} for r in rows]   # older files: {gpu: MiB}
-    out = ["| model | method | ZeRO | ckpt | micro-batch | estimate MiB | nvidia-smi peak MiB | "
-           "max_memory_reserved MiB | estimate / peak |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| row | run | model | method | ZeRO | ckpt | micro-batch | estimate MiB | nvidia-smi peak MiB | "
+           "max_memory_reserved MiB | max_memory_allocated MiB | estimate / peak |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["part"] == "estimate"):
         st, peak, est = r["setting"], r.get("peak_mib"), r.get("estimate_mib")
         ratio = f"{est / peak:.3f}" if peak and est else "–"
         failed = "" if r["rc"] == 0 else f" (exit {r['rc']})"
-        out.append(f"| {r['name']} | {st['finetuning']} | {st['zero_stage'] if st['zero_stage'] is not None else '–'} | "
+        out.append(f"| {r['kind']} | {r.get('i', 0)} | {r['name']} | {st['finetuning']} | {st['zero_stage'] if st['zero_stage'] is not None else '–'} | "
                    f"{'on' if st['checkpointing'] else 'off'} | {st['micro_batch']} | {est} | {peak or '–'} | "
-                   f"{round(r['max_reserved_mib']) if r.get('max_reserved_mib') else '–'} | {ratio}"
+                   f"{round(r['max_reserved_mib']) if r.get('max_reserved_mib') else '–'} | "
+                   f"{round(r['max_allocated_mib']) if r.get('max_allocated_mib') else '–'} | {ratio}"
                    f"{failed} |")
     runs = [r for r in rows if r["part"] in ("choice", "sweep")]
     if runs:
@@ -303,6 +326,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="0.39b,1.5b-150k", help="estimate part: which model shapes")
     ap.add_argument("--settings", help="estimate part: only these rows of ESTIMATE, e.g. 0,3,9")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=1, help="estimate part: rounds over the settings")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="cluster.env of every job, e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
     ap.add_argument("--runs", type=int, default=3, help="choice part: runs of each kind")
     ap.add_argument("--hand", default="off,64,1", help="choice part without a sweep: ckpt,per_device,accum")
     ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
@@ -327,7 +353,8 @@ def main() -> None:
         s.python = os.path.join(os.environ["MLAUNCH_TRAINER_VENV"], "bin", "python")
         s.bin = os.path.dirname(s.python)
     only = [int(x) for x in a.settings.split(",")] if a.settings else None
-    parts = {"estimate": lambda: part_estimate(s, a.out, a.shapes.split(","), a.steps, only),
+    EXTRA_ENV.update(kv.split("=", 1) for kv in a.env)
+    parts = {"estimate": lambda: part_estimate(s, a.out, a.shapes.split(","), a.steps, only, a.repeat),
              "sweep": lambda: part_sweep(s, a.out, a.steps),
              "choice": lambda: part_choice(s, a.out, a.runs, a.steps, a.hand)}
     for name in a.parts.split(","):

@@ -44,17 +44,39 @@ def _age(seconds: float) -> str:
 
 
 @click.command()
+@click.argument("run", required=False)
 @click.option("--all", "show_all", is_flag=True, help="Also runs that have ended.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON list on stdout.")
-def ps(show_all: bool, as_json: bool) -> None:
-    """List runs: active ones (and lost ones), or every run with --all."""
+def ps(run: str | None, show_all: bool, as_json: bool) -> None:
+    """List runs: active ones (and lost ones), or every run with --all; with RUN, that run
+    and each node's last state, step and GPU (or CPU) sample."""
     reg = _registry()
+    if run is not None:
+        return _ps_one(_resolve(reg, run), as_json)
     runs = [refresh(reg, r) for r in reg.runs(include_final=show_all)]
     if not show_all:
         runs = [r for r in runs if r.active or r.state == "lost"]
     if as_json:
         click.echo(json.dumps([r.public() for r in runs], indent=None))
         return
+    _table(runs)
+
+
+def _ps_one(r, as_json: bool) -> None:
+    from .nodeview import read_snapshot, status_lines
+    snap = read_snapshot(r.log_dir)
+    if as_json:
+        click.echo(json.dumps({**r.public(), "live": snap}))
+        return
+    _table([r])
+    if snap is None:
+        click.echo(f"no node samples in {r.log_dir} (health.sample_every_s: 0, or none yet)")
+        return
+    click.echo("")
+    click.echo("\n".join(status_lines(snap, 200, age_s=max(0.0, time.time() - snap["time"]))))
+
+
+def _table(runs) -> None:
     now = time.time()
     rows = [("ID", "NAME", "STATE", "NODES", "AGE", "ATTEMPTS", "EXIT")]
     rows += [(r.id, r.name, r.state, str(len(r.hosts)), _age(now - r.created), str(r.attempts),
@@ -92,10 +114,12 @@ def attach(run: str) -> None:
     click.echo(f"[mlaunch] attached to run {r.id}: Ctrl-C detaches, the run keeps running "
                f"(stop it with `mlaunch stop {r.id}`)", err=True)
     view = View(reg, r, None, None)
+    view.live()
     try:
         view.show(40)
         code = view.follow()
     except KeyboardInterrupt:
+        view.printer.set_status(None)
         click.echo(f"\n[mlaunch] detached from run {r.id}; it keeps running", err=True)
         sys.exit(0)
     sys.exit(code)

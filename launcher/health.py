@@ -141,6 +141,8 @@ class Monitor:
     zero_losses: int = 0
     last_loss: float | None = None
     saving: str | None = None       # a checkpoint being written: complete once training moves on
+    total_steps: int | None = None
+    node_steps: dict = field(default_factory=dict)   # node -> (its last step, total): the live view
     _hung: bool = False
 
     def __post_init__(self) -> None:
@@ -157,6 +159,9 @@ class Monitor:
                 self.saving = saving.group(1).rstrip(".")
             step = read_step(line)
             if step is not None:
+                if step.step is not None:
+                    self.total_steps = step.total or self.total_steps
+                    self.node_steps[node] = (step.step, step.total or self.total_steps)
                 out += self._progress(step)
         return out
 

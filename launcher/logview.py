@@ -82,8 +82,15 @@ class View:
         return [_Tail(pick.log_paths[k], self._node_emit(k)) for k in ranks]
 
     def _raw(self, lines: list[str]) -> None:
-        sys.stdout.write("".join(line + "\n" for line in lines))
-        sys.stdout.flush()
+        self.printer.raw_lines(lines)
+
+    def live(self) -> None:
+        """Keep the run's per-node status lines (its live.json) under the stream, on a terminal."""
+        from .nodeview import read_snapshot, status_lines
+        def lines(width: int) -> list[str]:
+            snap = read_snapshot(self.run.log_dir)
+            return [] if snap is None else status_lines(snap, width, max(0.0, time.time() - snap["time"]))
+        self.printer.set_status(lines)
 
     def _node_emit(self, rank: int):
         host = self.run.hosts[rank] if rank < len(self.run.hosts) else "?"
@@ -102,12 +109,14 @@ class View:
                 t.read()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STATE_POLL_S
+                self.printer.redraw()
                 self.run = refresh(self.reg, self.reg.get(self.run.id))
                 if self.node is not None or self.attempt is not None:
                     self._next_attempt()
                 if not self.run.active:
                     for t in self.tails:
                         t.flush()
+                    self.printer.set_status(None)
                     return LOST_EXIT if self.run.exit_code is None else self.run.exit_code
             time.sleep(FOLLOW_POLL_S)
 

@@ -8,11 +8,20 @@ b micro-batch, t = b·s tokens per micro-batch.
 Model states (DeepSpeed's estimate_zero*_model_states_mem_needs, made per term):
   no DeepSpeed, full  fp32 weights 4Ψ (LLaMA-Factory upcasts trainable params) + fp32 grads
                       4Ψ + Adam 8Ψ + autocast's bf16 weight cache 2Ψ; DDP's buckets +4Ψ at N > 1
-  ZeRO-0 (bf16)       DeepSpeed's BF16_Optimizer: 2Ψ weights, 2Ψ+4Ψ grads, 12Ψ master+Adam
+  ZeRO-0 (bf16)       2Ψ weights, 4Ψ grads, 12Ψ fp32 master+Adam = 18Ψ. DeepSpeed 0.19.8 takes
+                      bf16 with the default grad_accum_dtype (bf16) to its DDP_BFLOAT16 path, the
+                      unfused fp16 wrapper, not BF16_Optimizer: its fp32 grads live only inside
+                      step(). At the activation peak the states measured 14Ψ for the 1.54 B full
+                      ×4 (2026-12-01b: 42,625 MiB) but about 21Ψ for the 0.39 B full ×8 (2026-12-01,
+                      the older render): 18Ψ keeps both within the goal (1.13 and 0.96), where
+                      20Ψ overestimated the first by 20 % and 14Ψ would underestimate the second
   ZeRO-1              2Ψ weights, 2Ψ grads, (4Ψ fp32 grads + 12Ψ master+Adam)/N
   ZeRO-2              2Ψ weights, (2Ψ+4Ψ)/N grads, 12Ψ/N master+Adam, plus reduce buckets
-  ZeRO-3              (2Ψ weights + 6Ψ grads + 12Ψ master+Adam)/N = 20Ψ/N (DeepSpeed: 18Ψ/N),
-                      plus the parameters gathered at once (two of the largest layer, 16-bit)
+  ZeRO-3              (2Ψ weights + 4Ψ fp32 grads + 12Ψ master+Adam)/N = 18Ψ/N, DeepSpeed's
+                      own count, plus the parameters gathered at once (two of the largest layer,
+                      16-bit). Measured at N = 1 (2026-12-01b): 1.54 B full ×4 peaked at 37,453
+                      MiB, 18Ψ gives 37,493; 20Ψ (the 16-bit gradient partition counted too)
+                      overestimated it by 8 %
   offload_optimizer   moves master, Adam and fp32 grads to the CPU; offload_param the weights
   LoRA / freeze       frozen weights in 16 bit (4-/8-bit with QLoRA: 0.55 / 1.05 bytes);
                       only trainable params (fp32 in LLaMA-Factory) carry grads and Adam: 16 B each
@@ -33,25 +42,20 @@ arXiv:2205.05198, §4.1, redone for a LLaMA/Qwen decoder layer as HF transformer
 Logits: the loss upcasts b·s·V logits to fp32, keeps log-softmax's fp32 output, and backward
 holds its fp32 and 16-bit gradients: about 12-14 bytes per vocabulary entry per token; at a
 150k vocabulary this is the largest activation term. Its constant is fitted (logit_bytes).
-ZeRO-3's missing term (issue 15, GPU run of 2026-12-01; fitted on TWO rows only: 0.39 B full
-ckpt on ×16 and 1.54 B LoRA ckpt off ×4, both one GPU). DeepSpeed 0.19.8's stage3 at N = 1 keeps:
-the 16-bit partitions (frozen base weights included: with LoRA every parameter is a ZeRO-3
-parameter), one contiguous 16-bit flat copy of the trainable partitions, their fp32 master and
-Adam, a 16-bit gradient partition buffer plus the IPG bucket (reduce_bucket_size = h², small
-here), fp32 gradients made per sub-group at the step, and the gathered 16-bit parameters held
-up to stage3_max_live_parameters / max_reuse_distance (1e9 each) while the layers run. Those are
-what `states` counts. The measured peaks exceeded that estimate by 2.6 GiB and 6.8 GiB; per
-parameter the gap is 7.1 and 4.7 bytes (no consistent per-parameter term: a fitted multiple of
-2Ψ would be 3.6 for one and 2.4 for the other), but per activation byte it is 0.34 and 0.36.
-So the term is proportional to what the micro-batch keeps: zero3_scale × (layer activations +
-12 bytes per logit entry), the physical logit count of the derivation above. Its likely cause
-is the caching allocator: ZeRO-3 allocates and frees every layer's gathered parameters (and
-its reduce buckets) in forward and again in backward, between the activations that stay, so
-freed blocks are split around them and reserved memory outgrows allocated memory in
-proportion to the activations. That reading is not yet proven: the next GPU run records
-max_memory_reserved and max_memory_allocated per rank (bench/memory_proof.py); if reserved −
-allocated carries the gap, it is fragmentation. Two points cannot tell a slope from a
-coincidence; ZeRO-3 at N > 1 and with offload is unmeasured.
+ZeRO-3's extra term, without checkpointing only (issue 15). It was first fitted on two rows
+of 2026-12-01 (0.39 B full ckpt on ×16 and 1.54 B LoRA ckpt off ×4) that exceeded the states
+by 2.6 and 6.8 GiB, 0.34 and 0.36 per activation byte, hence its form: zero3_scale × (layer
+activations + 12 bytes per logit entry). Both were measured with the ds_config mlaunch rendered
+then (DeepSpeed's fixed buckets, reduce 5e8 and prefetch 5e7, and an optimizer block with
+torch_adam). With today's render (buckets from the hidden size, the Trainer's own fused AdamW)
+the 0.39 B row peaked at 16,771 MiB in 3 runs and 16,899 in 2 with expandable_segments off,
+identical to the MiB run to run, against 20,157 before: its gap is gone, and the 1.54 B full
+ckpt-on row needs none either (2026-12-01b). The allocator was not it: with
+expandable_segments:True inactive split bytes stay 0, and without them the peak is 128 MiB
+higher, not 3.4 GiB. So the term now applies only without recomputation, where its one row
+(the 1.54 B LoRA ckpt off, old render: its 5e8 reduce bucket explains at most 1 GiB of the
+gap) still says it is needed; that row is all it rests on, and it is unmeasured with today's
+render, at N > 1 and with offload.
 Overhead: the CUDA context, cuBLAS workspaces, the caching allocator's slack and NCCL
 buffers: a fitted constant (overhead_mib); act_scale absorbs fragmentation that grows with
 the activations.
@@ -69,13 +73,13 @@ GIB = 2 ** 30
 
 # BEGIN FIT (bench/memory_fit.py rewrites this block)
 FIT = {
-    "overhead_mib": 1336.0033,
-    "act_scale": 1.0254,
-    "logit_bytes": 13.448,
+    "overhead_mib": 1396.8613,
+    "act_scale": 1.0165,
+    "logit_bytes": 13.347,
     "state_scale": 1.0,
-    "zero3_scale": 0.3647,
+    "zero3_scale": 0.3771,
     "params": 'overhead_mib,act_scale,logit_bytes,zero3_scale',
-    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl',
+    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl',
 }
 # END FIT
 
@@ -209,8 +213,8 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
         g = train * 4
         o = train * 8
         buf = train * 4 if n > 1 else 0
-    elif z == 0:
-        w, g, o, buf = frozen_b + train * w16, train * (w16 + 4), train * 12, 0
+    elif z == 0:       # 18Ψ: between the two measured ZeRO-0 rows (see above)
+        w, g, o, buf = frozen_b + train * w16, train * 4, train * 12, 0
     elif z in (1, 2):
         off = st.offload_optimizer
         w = frozen_b + train * w16
@@ -222,7 +226,8 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
         largest = max(shape.layer_params(), shape.vocab * shape.hidden)
         live = 2 * largest * w16                              # gathered (prefetched) 16-bit params
         w = 0 if st.offload_param else (frozen_b + train * w16) / n
-        g = train * (w16 + (0 if st.offload_optimizer else 4)) / n
+        # 18Ψ/N in all, as DeepSpeed says (above); with offload the 16-bit partition stays
+        g = train * (w16 if st.offload_optimizer else 4) / n
         o = 0 if st.offload_optimizer else train * 12 / n
         buf = live
     return {"weights": w, "gradients": g, "optimizer": o, "buffers": buf}
@@ -262,8 +267,9 @@ def features(shape: Shape, st: Setting) -> dict[str, float]:
 
 
 def zero3_bytes(act: float, logit_units: float, st: Setting) -> float:
-    """ZeRO-3's extra per GPU before zero3_scale: what the micro-batch keeps (see above)."""
-    return act + 12 * logit_units if st.zero_stage == 3 else 0.0
+    """ZeRO-3's extra per GPU before zero3_scale: what the micro-batch keeps, when the layers
+    are not recomputed (see above; with checkpointing on the 2026-12-01b rows need none)."""
+    return act + 12 * logit_units if st.zero_stage == 3 and not st.checkpointing else 0.0
 
 
 def estimate(shape: Shape, st: Setting, fit: dict | None = None) -> Estimate:

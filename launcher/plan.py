@@ -153,7 +153,10 @@ def remote_python(job: JobBase) -> str:
 def in_process(job: JobBase) -> bool:
     """The whole job is one process and its trainer runs that without torchrun."""
     return (job.cluster.torchrun == "auto" and world_size(job) == 1
-            and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None))
+            and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None)
+            # The HF Trainer refuses FSDP outside a process group ("only works in
+            # distributed training"), even for one process: torchrun makes one.
+            and not getattr(job, "fsdp", None))
 
 
 def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
@@ -176,7 +179,8 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
     ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=nnodes(job), host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
                hangup_after=f"{c.hangup_after_s:g}", solo=solo, slurm=slurm,
-               secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None)
+               secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None,
+               sampler=_sampler(job, run.run_id))
     masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
     if slurm:  # Slurm keeps what it runs: secret values stay in a 0600 file the node sources
         env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
@@ -187,6 +191,14 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))
+
+
+def _sampler(job: JobBase, run_id: str) -> str | None:
+    """The live view's sampler for a node session; none under Slurm, whose output goes to files."""
+    every = job.health.sample_every_s
+    if not every or job.cluster.scheduler == "slurm":
+        return None
+    return render.sampler_script(run_id, every)
 
 
 def nnodes(job: JobBase) -> int:

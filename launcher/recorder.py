@@ -39,6 +39,19 @@ class Tee:
     def log_only(self, text: str) -> None:
         self._file.write(text)
 
+    def terminal_only(self, text: str) -> None:
+        """What belongs on the screen and not in the log: the live view's status lines."""
+        if self.primary is not None:
+            try:
+                self.primary.write(text)
+            except (OSError, ValueError):
+                self.primary = None
+
+    def fileno(self) -> int:
+        if self.primary is None:
+            raise OSError("no terminal")
+        return self.primary.fileno()
+
     def flush(self) -> None:
         self._file.flush()
 

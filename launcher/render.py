@@ -82,6 +82,15 @@ def node_script(**context: Any) -> str:
     return render("node.sh.j2", **context)
 
 
+def sampler_script(run_id: str, every_s: float) -> str:
+    """Shell text that prints a node's GPU (or CPU) figures every every_s seconds, marked for
+    the live view (launcher/nodeview.py reads them)."""
+    ms = max(100, int(every_s * 1000))
+    text = render("sampler.sh.j2", run_id=run_id, every_ms=ms, every_s=f"{ms / 1000:g}")
+    # Its comments stay in the template: the node script carries only the commands.
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
 def bootstrap() -> str:
     """The whole command line of every shell mlaunch starts on a node (both executors).
 

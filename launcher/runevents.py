@@ -1,5 +1,6 @@
 """What the launcher's own events.jsonl says about a run (see launcher/events.py): its wall
-time, its restarts (reason, checkpoint) and the health events a person should read."""
+time, its restarts (reason, checkpoint) and the health events a person should read; and
+the JSON-lines reader launcher/runlog.py uses for the trainers' logs too."""
 from __future__ import annotations
 
 import json
@@ -13,18 +14,25 @@ HEALTH = ("hang", "stacks", "nan", "world_size_mismatch")
 def read(log_dir: str) -> list[dict]:
     """Every whole event line of log_dir/events.jsonl ([] when there is none, a torn last
     line of a run still writing is skipped)."""
+    return [e for e in jsonl(os.path.join(log_dir, "events.jsonl")) if "event" in e]
+
+
+def jsonl(path: str) -> list[dict]:
+    """Every JSON object line of a file; a torn last line (a run still writing) is skipped."""
     try:
-        with open(os.path.join(log_dir, "events.jsonl"), encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return []
     out = []
     for line in lines:
         try:
-            out.append(json.loads(line))
+            obj = json.loads(line)
         except ValueError:
             continue
-    return [e for e in out if isinstance(e, dict) and "event" in e]
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def wall_s(events: list[dict]) -> float | None:

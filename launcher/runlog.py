@@ -121,7 +121,7 @@ def step_records(output_dir: str, resumed_at: set[int] = frozenset()) -> tuple[l
     swift = sorted(glob.glob(os.path.join(output_dir, "v*-*", "logging.jsonl")))
     for path in ([lf] if os.path.exists(lf) else []) + swift:
         sources.append(path)
-        raw += [_record(r) for r in _jsonl(path)]
+        raw += [_record(r) for r in runevents.jsonl(path)]
     steps, seg, last = {}, 0, None
     for rec in (r for r in raw if r and r[1] is not None):   # records with a loss: one per step
         step, loss, lr, elapsed = rec
@@ -241,7 +241,7 @@ def _total_steps(output_dir: str | None) -> int | None:
     """The planned step count the trainer's last record states."""
     paths = [os.path.join(output_dir, "trainer_log.jsonl")] + \
         sorted(glob.glob(os.path.join(output_dir, "v*-*", "logging.jsonl"))) if output_dir else []
-    for r in reversed([r for p in paths for r in _jsonl(p)]):
+    for r in reversed([r for p in paths for r in runevents.jsonl(p)]):
         if "total_steps" in r or "global_step/max_steps" in r:
             return int(r.get("total_steps") or str(r["global_step/max_steps"]).split("/")[1])
     return None
@@ -253,24 +253,6 @@ def _trainer_figure(output_dir: str | None) -> float | None:
         if "train_samples_per_second" in r:
             return float(r["train_samples_per_second"])
     return None
-
-
-def _jsonl(path: str) -> list[dict]:
-    """Every JSON object line of a file; a torn last line (a run still writing) is skipped."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
 
 
 def _read(path: str) -> str:

@@ -23,6 +23,51 @@ def seed000() -> dict:
     return copy.deepcopy(load_yaml(SEED000))
 
 
+DELETE = object()   # set_path's value that removes the key
+
+
+def set_path(data: dict, path: str, value) -> dict:
+    """data with the dotted key path set to value (parents created), or removed for DELETE."""
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+def check_golden(folder: str, got: dict[str, str]) -> None:
+    """The rendered files `got` (name -> text) are exactly the golden files in folder;
+    MLAUNCH_UPDATE_GOLDEN=1 rewrites the folder from them first."""
+    if os.environ.get("MLAUNCH_UPDATE_GOLDEN"):
+        os.makedirs(folder, exist_ok=True)
+        for name, text in got.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
+    assert sorted(os.listdir(folder)) == sorted(got), "golden file set differs"
+    for name, text in got.items():
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            assert text == fh.read(), f"{folder}/{name} differs from golden"
+
+
+def preflight(spec: dict, fast_only: bool = True):
+    """The preflight Report of spec's job on its hosts (every host must connect)."""
+    from launcher.execute.job import make_executor
+    from launcher.plan import build_plan
+    from launcher.preflight import run_checks
+    from launcher.spec import validate
+    plan = build_plan(validate(spec))
+    ex = make_executor(plan)
+    assert ex.connect() == []
+    try:
+        return run_checks(plan, ex, fast_only=fast_only)
+    finally:
+        ex.close()
+
+
 def write_spec(tmp_path, data: dict, name: str = "job.yaml") -> str:
     path = os.path.join(str(tmp_path), name)
     with open(path, "w", encoding="utf-8") as fh:
@@ -50,9 +95,14 @@ def script_job(hosts: list[str], nproc: int, script: str, args: list[str], out_d
             "script": {"path": os.path.join(SCRIPTS, script), "args": args},
             "output_dir": out_dir}
     if hs is not None:
-        spec["cluster"].setdefault("ssh", {"user": "root", "key_file": hs.key_file,
-                                           "known_hosts": hs.known_hosts, "connect_timeout": 3})
+        spec["cluster"].setdefault("ssh", ssh_of(hs, 3))
     return spec
+
+
+def ssh_of(hs, connect_timeout: int) -> dict:
+    """cluster.ssh for the namespace hosts of HostSet hs: root, with the fixture's key."""
+    return {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts,
+            "connect_timeout": connect_timeout}
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from launcher.batchplan import MemoryInputs, resolve
 from launcher.plan import build_plan
 from launcher.spec import validate
 
-from .helpers import mlaunch, seed000, write_spec
+from .helpers import mlaunch, preflight, seed000, write_spec
 from .test_memory import LLAMA_7, QWEN_039, QWEN_15
 
 MODELS = {"0.39b": QWEN_039, "1.5b-150k": QWEN_15, "7b": LLAMA_7}
@@ -274,8 +274,6 @@ def test_preflight_brings_back_node0s_model_config(make_hostset, tmp_path):
     """The facts probe reads config.json on node 0 over SSH; no GPU here, so no memory figure."""
     import sys
 
-    from launcher.execute.job import make_executor
-    from launcher.preflight import run_checks
     with make_hostset(2) as hs:
         data = job(2, 1, batch={"global": 64})
         data["cluster"] = {"hosts": [h.ip for h in hs.hosts], "gpus_per_node": 1, "python": sys.executable,
@@ -283,13 +281,7 @@ def test_preflight_brings_back_node0s_model_config(make_hostset, tmp_path):
                            "ssh": {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts}}
         data["model"], data["output_dir"] = model_dir(tmp_path, QWEN_15), str(tmp_path / "out")
         data["preflight"] = {"min_free_gb": 0.5, "min_shm_mb": 16, "check_timeout_s": 10}
-        plan = build_plan(validate(data))
-        ex = make_executor(plan)
-        assert ex.connect() == []
-        try:
-            report = run_checks(plan, ex, fast_only=True)
-        finally:
-            ex.close()
+        report = preflight(data)
     assert report.memory == {"gpu_mib": None, "model_config": QWEN_15}
 
 

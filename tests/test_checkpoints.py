@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.nodeprog import checkpoints
+from launcher.nodeprog import source
 from launcher.nodeprog.checkpoints import Discovery, Skipped, find_latest_complete, has_checkpoints
 
-SOURCE = Path(checkpoints.__file__)
+SOURCE = source("checkpoints")   # the text the launcher ships: ckpt_checks.py inlined
 
 
 def make_ckpt(root, name, step=None, state=True, weights=("model.safetensors",),
@@ -249,7 +249,7 @@ def test_json_round_trip(tmp_path):
 
 def run_script(*args):
     """Run the module source via `python -` on stdin, as the launcher does remotely."""
-    proc = subprocess.run([sys.executable, "-", *args], input=SOURCE.read_text(),
+    proc = subprocess.run([sys.executable, "-", *args], input=SOURCE,
                           capture_output=True, text=True, timeout=60, cwd="/")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -300,9 +300,8 @@ def test_ignore_json_through_the_script_mode(tmp_path):
     make_ckpt(tmp_path, "checkpoint-100", 100)
     before = find_latest_complete(str(tmp_path))
     make_ckpt(tmp_path, "checkpoint-5", 5)
-    out = subprocess.run([sys.executable, checkpoints.__file__, str(tmp_path), "--ignore-json",
-                          json.dumps(list(before.stamps))], capture_output=True, text=True, check=True)
-    got = Discovery.from_json(out.stdout)
+    got = Discovery.from_json(json.dumps(run_script(str(tmp_path), "--ignore-json",
+                                                    json.dumps(list(before.stamps)))))
     assert got.step == 5 and len(got.stamps) == 2
 
 
@@ -388,6 +387,4 @@ def test_megatron_tracker_without_metadata_is_skipped(tmp_path):
 
 def test_megatron_mode_through_the_script(tmp_path):
     plant_megatron(tmp_path, "v0-20260101-000000", 10)
-    out = subprocess.run([sys.executable, checkpoints.__file__, str(tmp_path), "--megatron"],
-                         capture_output=True, text=True, check=True)
-    assert Discovery.from_json(out.stdout).step == 10
+    assert Discovery.from_json(json.dumps(run_script(str(tmp_path), "--megatron"))).step == 10

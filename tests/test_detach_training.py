@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from .runs import Runs
-from .training import build_tiny, kill_worker_when, lf_spec, require_trainer, trainer_state
+from .training import build_tiny, lf_spec, require_trainer, trainer_state, worker_killed
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -22,19 +21,12 @@ def test_detached_lora_resumes_after_a_killed_worker(make_hostset, tmp_path, tin
     runs = Runs(str(tmp_path / "home"))
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        done, killed = threading.Event(), []
-        watcher = threading.Thread(target=kill_worker_when, args=(
-            hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
-            b"llamafactory.launcher", done, killed))
-        watcher.start()
-        try:
-            spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=10,
-                           save_steps=5, max_restarts=1, restart_backoff_s=1)
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=10,
+                       save_steps=5, max_restarts=1, restart_backoff_s=1)
+        with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                           b"llamafactory.launcher") as killed:
             run_id = runs.detach(tmp_path, spec)
             row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"), timeout=900)
-        finally:
-            done.set()
-            watcher.join()
     assert killed, "no worker was killed"
     console = open(runs.console_path(run_id)).read()
     assert row["state"] == "succeeded" and row["exit_code"] == 0, console[-4000:]

@@ -18,6 +18,28 @@ from .helpers import ROOT, mlaunch, script_job, write_spec
 
 
 
+def start(tmp_path, spec: dict, name: str = "job.yaml") -> subprocess.Popen:
+    """`mlaunch submit` of spec in the background; its stdout and stderr together on .stdout."""
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec, name)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+READY = re.compile(r"ready rank (\d+) pid (\d+)")   # tests/scripts/fail_or_sleep.py
+
+
+def wait_ready(proc: subprocess.Popen, n: int, deadline_s: float | None = None) -> dict[str, int]:
+    """Read proc's output until n ranks said they are ready (or it ends, or deadline_s passed
+    when a line comes): {rank: pid} of those that did."""
+    ready: dict[str, int] = {}
+    deadline = time.monotonic() + deadline_s if deadline_s else None
+    for line in proc.stdout:
+        if m := READY.search(line):
+            ready[m.group(1)] = int(m.group(2))
+        if len(ready) == n or (deadline and time.monotonic() > deadline):
+            break
+    return ready
+
+
 def job_pids(host, keep: set[int]) -> set[int]:
     """Processes left in a host's namespace other than its sshd daemon and `keep`.
 
@@ -107,17 +129,8 @@ def test_sigint_tears_down_exit_130(make_hostset, tmp_path):
     with make_hostset(2) as hs:
         spec = script_job([h.ip for h in hs.hosts], 2, "fail_or_sleep.py", ["-1", "0", "0"],
                           str(tmp_path / "out"), hs=hs)
-        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        ready = set()
-        deadline = time.monotonic() + 240   # generous: a loaded 2-core machine
-        for line in proc.stdout:
-            m = re.search(r"ready rank (\d+)", line)
-            if m:
-                ready.add(m.group(1))
-            if len(ready) == 4 or time.monotonic() > deadline:
-                break
-        assert len(ready) == 4
+        proc = start(tmp_path, spec)
+        assert len(wait_ready(proc, 4, deadline_s=240)) == 4   # generous: a loaded 2-core machine
         proc.send_signal(signal.SIGINT)
         rest = proc.communicate(timeout=180)[0]
         assert proc.returncode == 130, rest
@@ -148,13 +161,8 @@ def test_link_down_mid_run_detected(make_hostset, tmp_path):
     with make_hostset(2) as hs:
         spec = script_job([h.ip for h in hs.hosts], 1, "fail_or_sleep.py", ["-1", "0", "0"],
                           str(tmp_path / "out"), hs=hs, hangup_after_s=6)
-        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        ready = 0
-        for line in proc.stdout:
-            ready += "ready rank" in line
-            if ready == 2:
-                break
+        proc = start(tmp_path, spec)
+        wait_ready(proc, 2)
         hs.hosts[1].link_down()
         t0 = time.monotonic()
         rest = proc.communicate(timeout=90)[0]
@@ -208,14 +216,8 @@ def test_launcher_killed_leaves_no_orphans(make_hostset, tmp_path):
     with make_hostset(2) as hs:
         spec = script_job([h.ip for h in hs.hosts], 2, "fail_or_sleep.py", ["-1", "0", "0"],
                           str(tmp_path / "out"), hs=hs)
-        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        ready = 0
-        for line in proc.stdout:
-            ready += "ready rank" in line
-            if ready == 4:
-                break
-        assert ready == 4
+        proc = start(tmp_path, spec)
+        assert len(wait_ready(proc, 4)) == 4
         proc.kill()
         proc.wait()
         for h in hs.hosts:
@@ -224,15 +226,8 @@ def test_launcher_killed_leaves_no_orphans(make_hostset, tmp_path):
 
 def test_local_launcher_killed_leaves_no_orphans(tmp_path):
     spec = script_job(["localhost"], 2, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "out"))
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    pids = []
-    for line in proc.stdout:
-        m = re.search(r"ready rank \d+ pid (\d+)", line)
-        if m:
-            pids.append(int(m.group(1)))
-        if len(pids) == 2:
-            break
+    proc = start(tmp_path, spec)
+    pids = list(wait_ready(proc, 2).values())
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
@@ -269,16 +264,8 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
         other_spec = script_job(hosts, 1, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "other"), hs=hs)
-        other = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit",
-                                  write_spec(tmp_path, other_spec, "other.yaml")],
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        pids = []
-        for line in other.stdout:
-            m = re.search(r"ready rank \d+ pid (\d+)", line)
-            if m:
-                pids.append(int(m.group(1)))
-            if len(pids) == 2:
-                break
+        other = start(tmp_path, other_spec, "other.yaml")
+        pids = list(wait_ready(other, 2).values())
         try:
             r = submit(tmp_path, script_job(hosts, 1, "fail_or_sleep.py", ["1", "5", "1"],
                                             str(tmp_path / "failing"), hs=hs), timeout=300)

@@ -15,7 +15,7 @@ import yaml
 from launcher.plan import build_plan
 from launcher.spec import LLAMAFACTORY_OWNED, load_spec, node_procs
 
-from .helpers import CONFIGS, ROOT
+from .helpers import CONFIGS, ROOT, check_golden
 
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 EXAMPLES = sorted(glob.glob(f"{CONFIGS}/*.yaml"))
@@ -32,18 +32,7 @@ def outputs(path: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])
 def test_golden(path):
-    name = os.path.splitext(os.path.basename(path))[0]
-    folder = os.path.join(GOLDEN, name)
-    got = outputs(path)
-    if os.environ.get("MLAUNCH_UPDATE_GOLDEN"):
-        os.makedirs(folder, exist_ok=True)
-        for fname, text in got.items():
-            with open(os.path.join(folder, fname), "w", encoding="utf-8") as fh:
-                fh.write(text)
-    assert sorted(os.listdir(folder)) == sorted(got), "golden file set differs"
-    for fname, text in got.items():
-        with open(os.path.join(folder, fname), encoding="utf-8") as fh:
-            assert text == fh.read(), f"{name}/{fname} differs from golden"
+    check_golden(os.path.join(GOLDEN, os.path.splitext(os.path.basename(path))[0]), outputs(path))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 import time
 
 import pytest
@@ -233,18 +232,13 @@ def tiny(tmp_path_factory):
 def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_path, tiny):
     """A real LLaMA-Factory run (2 local ranks); rank 1 is SIGSTOPped after checkpoint-5."""
     from .test_training import assert_trained
-    from .training import kill_worker_when, lf_spec, local_job_pids, submit_timed
+    from .training import lf_spec, local_job_pids, submit_timed, worker_killed
     out = str(tmp_path / "out")
     spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=10, save_steps=5, max_restarts=1,
                    restart_backoff_s=1, name="health-stop", health={"hang_after_s": 15})
-    done, stopped = threading.Event(), []
-    watcher = threading.Thread(target=kill_worker_when, args=(
-        local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
-        b"llamafactory.launcher", done, stopped), kwargs={"sig": signal.SIGSTOP, "local_rank": 1})
-    watcher.start()
-    r = submit_timed(tmp_path, spec)
-    done.set()
-    watcher.join()
+    with worker_killed(local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                       b"llamafactory.launcher", sig=signal.SIGSTOP, local_rank=1) as stopped:
+        r = submit_timed(tmp_path, spec)
     assert stopped, "no worker was stopped"
     assert_trained(r, out, 10)
     assert "health: hang: no training step for" in r.stdout
@@ -264,14 +258,10 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
 
 def _seed_job(**changes):
     from launcher.spec import validate
-    from .helpers import seed000
+    from .helpers import seed000, set_path
     raw = seed000()
     for path, value in changes.items():
-        node = raw
-        *parents, leaf = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        set_path(raw, path, value)
     return validate(raw)
 
 

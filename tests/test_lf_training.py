@@ -12,11 +12,7 @@ import shutil
 
 import pytest
 
-from launcher.execute.job import make_executor
-from launcher.plan import build_plan
-from launcher.preflight import run_checks
-from launcher.spec import validate
-
+from .helpers import preflight
 from .training import (SWIFT_VENV, TRAINER_PYTHON, build_tiny, lf_spec, require_trainer, submit_timed,
                        trainer_state)
 
@@ -107,22 +103,12 @@ def test_tensorboard_events_come_from_node0_only(make_hostset, tmp_path, tiny):
     assert b"train/loss" in blob and b"tb-" in blob   # the scalars, and the run id as run_name
 
 
-def check_here(spec: dict):
-    plan = build_plan(validate(spec))
-    ex = make_executor(plan)
-    assert ex.connect() == []
-    try:
-        return run_checks(plan, ex, fast_only=True)
-    finally:
-        ex.close()
-
-
 def test_preflight_checks_data_forms_model_paths_and_tracker(tmp_path, tiny):
     data = preference_data(tiny, tmp_path)
     spec = lf_spec(tiny, ["localhost"], 1, str(tmp_path / "out"), stage="dpo", report_to="tensorboard")
     spec.update(dataset=tiny["dataset"], dataset_dir=data,
                 preflight={"min_free_gb": 0, "min_shm_mb": 0})
-    report = check_here(spec)
+    report = preflight(spec)
     row = report.get("storage/inputs", 0)
     assert row.status == "fail" and row.detail == (f"dataset: {tiny['dataset']}: stage dpo needs a preference "
                                                    "dataset (ranking: true, with chosen/rejected)"), row
@@ -132,24 +118,24 @@ def test_preflight_checks_data_forms_model_paths_and_tracker(tmp_path, tiny):
     assert row.fix == f"{TRAINER_PYTHON} -m pip install tensorboard, or set report_to: none"
 
     spec.update(stage="sft", dataset="tiny_pref", report_to="none")
-    row = check_here(spec).get("storage/inputs", 0)
+    row = preflight(spec).get("storage/inputs", 0)
     assert row.detail == "dataset: tiny_pref: a ranking dataset (ranking: true) cannot train stage sft; use dpo or rm"
     spec.update(stage="kto", dataset="tiny_kto")
-    row = check_here(spec).get("storage/inputs", 0)
+    row = preflight(spec).get("storage/inputs", 0)
     assert row.detail.startswith("dataset: tiny_kto: stage kto needs a kto_tag column"), row
 
     spec.update(stage="sft", dataset=tiny["dataset"], dataset_dir="REMOTE:llamafactory/demo_data",
                 model="models/nothere/tiny")
     spec["cluster"]["workdir"] = str(tmp_path)
-    row = check_here(spec).get("storage/inputs", 0)
+    row = preflight(spec).get("storage/inputs", 0)
     assert row.status == "fail" and row.detail == (f"model: {tmp_path}/models/nothere/tiny: no such directory "
                                                    f"(relative to {tmp_path}), and not a hub id (those are org/name)")
     spec["model"] = "org/tiny-model"
     spec["cluster"]["env"].pop("HF_HUB_OFFLINE")
-    row = check_here(spec).get("storage/inputs", 0)
+    row = preflight(spec).get("storage/inputs", 0)
     assert row.status == "pass", row
     assert (f"org/tiny-model is not a local path (no {tmp_path}/org/tiny-model here): a hub id, fetched at start"
             in row.detail and "dataset_dir REMOTE:llamafactory/demo_data is fetched from the hub at start" in row.detail)
     spec["cluster"]["env"]["HF_HUB_OFFLINE"] = "1"
-    row = check_here(spec).get("storage/inputs", 0)
+    row = preflight(spec).get("storage/inputs", 0)
     assert row.status == "fail" and "HF_HUB_OFFLINE=1 forbids fetching it as a hub id" in row.detail

@@ -16,16 +16,16 @@ import time
 
 import pytest
 
-from launcher.execute.job import JobResult, NodeOutcome, make_executor
+from launcher.execute.job import JobResult, NodeOutcome
 from launcher.execute.base import Exit
 from launcher.plan import build_plan
-from launcher.preflight import CheckResult, Report, check_command, run_checks
+from launcher.preflight import CheckResult, Report, check_command
 from launcher.preflight import collective, gpu, ifname, software, storage
 from launcher.preflight.probe import Ctx
 from launcher.preflight.runner import ssh_fix
 from launcher.spec import validate
 
-from .helpers import mlaunch, script_job, write_spec
+from .helpers import mlaunch, preflight, script_job, write_spec
 
 PF = {"min_free_gb": 0.5, "min_shm_mb": 16, "check_timeout_s": 10,
       "collective_timeout_s": 60, "collective_mb": 4}
@@ -44,13 +44,7 @@ def base_spec(hs, tmp_path, nproc: int = 1, **cluster) -> dict:
 
 
 def check(spec: dict, fast_only: bool = True) -> Report:
-    plan = build_plan(validate(spec))
-    ex = make_executor(plan)
-    assert ex.connect() == []
-    try:
-        return run_checks(plan, ex, fast_only=fast_only)
-    finally:
-        ex.close()
+    return preflight(spec, fast_only)
 
 
 def fails(report: Report) -> set[tuple[str, int | None]]:

@@ -8,13 +8,12 @@ import os
 import re
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from .helpers import ROOT, mlaunch
-from .training import (build_tiny, kill_worker_when, lf_spec, local_job_pids, losses, require_trainer,
-                       submit_timed, trainer_state)
+from .training import (build_tiny, lf_spec, local_job_pids, losses, require_trainer,
+                       submit_timed, trainer_state, worker_killed)
 
 STEPS, SAVE = 120, 60
 
@@ -27,16 +26,11 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("report")
     tiny = build_tiny(str(base / "tiny"))
     out = str(base / "out")
-    done, killed = threading.Event(), []
-    watcher = threading.Thread(target=kill_worker_when, args=(
-        local_job_pids("report-restart"), os.path.join(out, f"checkpoint-{SAVE}", "trainer_state.json"),
-        b"llamafactory.launcher", done, killed))
-    watcher.start()
     spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=STEPS, save_steps=SAVE, max_restarts=1,
                    restart_backoff_s=1, name="report-restart")
-    r = submit_timed(base, spec)
-    done.set()
-    watcher.join()
+    with worker_killed(local_job_pids("report-restart"),
+                       os.path.join(out, f"checkpoint-{SAVE}", "trainer_state.json"), b"llamafactory.launcher") as killed:
+        r = submit_timed(base, spec)
     assert r.returncode == 0 and killed, r.stdout[-3000:]
     assert f"restart 1/1: resuming from {out}/checkpoint-{SAVE}" in r.stdout
     plain = str(base / "plain")

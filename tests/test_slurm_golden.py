@@ -12,7 +12,7 @@ from launcher import sbatch
 from launcher.plan import build_plan
 from launcher.spec import load_spec
 
-from .helpers import CONFIGS, ROOT, mlaunch
+from .helpers import CONFIGS, ROOT, check_golden, mlaunch
 
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 EXAMPLES = sorted(glob.glob(f"{CONFIGS}/slurm/*.yaml"))
@@ -31,17 +31,7 @@ def outputs(path: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])
 def test_golden(path):
-    folder = os.path.join(GOLDEN, "slurm-" + os.path.splitext(os.path.basename(path))[0])
-    got = outputs(path)
-    if os.environ.get("MLAUNCH_UPDATE_GOLDEN"):
-        os.makedirs(folder, exist_ok=True)
-        for name, text in got.items():
-            with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
-                fh.write(text)
-    assert sorted(os.listdir(folder)) == sorted(got)
-    for name, text in got.items():
-        with open(os.path.join(folder, name), encoding="utf-8") as fh:
-            assert text == fh.read(), f"{folder}/{name} differs from golden"
+    check_golden(os.path.join(GOLDEN, "slurm-" + os.path.splitext(os.path.basename(path))[0]), outputs(path))
 
 
 def test_the_cli_dry_run_is_the_golden_one():

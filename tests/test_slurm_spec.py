@@ -9,7 +9,7 @@ import pytest
 from launcher.errors import SpecError
 from launcher.spec import load_spec, node_procs, parse_spec, validate
 
-from .helpers import CONFIGS, load_yaml, write_spec
+from .helpers import CONFIGS, DELETE, load_yaml, set_path, write_spec
 
 LORA = os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")
 
@@ -31,19 +31,7 @@ def test_examples_validate_with_the_allocation_as_world():
 
 
 def with_(path: str, value, base=None) -> dict:
-    data = base or lora()
-    *parents, last = path.split(".")
-    node = data
-    for key in parents:
-        node = node.setdefault(key, {})
-    if value is DELETE:
-        node.pop(last)
-    else:
-        node[last] = value
-    return data
-
-
-DELETE = object()
+    return set_path(base or lora(), path, value)
 
 CASES = [
     ("cluster.hosts", ["a", "b"], "cluster.hosts: with scheduler slurm the nodes come from the allocation; remove hosts"),

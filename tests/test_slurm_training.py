@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from .runs import Runs
 from .slurmjobs import baseline, leftovers, slurm_cluster, submit
-from .training import (TRAINER_PYTHON, build_tiny, kill_worker_when, lf_spec, losses,
-                       require_trainer, trainer_state)
+from .training import (TRAINER_PYTHON, build_tiny, lf_spec, losses,
+                       require_trainer, trainer_state, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -50,17 +49,10 @@ def test_killed_worker_restarts_from_its_checkpoint_as_a_new_job(slurm2, tmp_pat
     runs.env["SLURM_CONF"] = slurm2.conf
     spec = slurm_lf(tmp_path, tiny, out, max_steps=10, save_steps=5, max_restarts=1,
                     restart_backoff_s=1)
-    done, killed = threading.Event(), []
-    watcher = threading.Thread(target=kill_worker_when, args=(
-        slurm2.hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
-        b"llamafactory.launcher", done, killed))
-    watcher.start()
-    try:
+    with worker_killed(slurm2.hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                       b"llamafactory.launcher") as killed:
         run_id = runs.detach(tmp_path, spec)
         row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"), timeout=900)
-    finally:
-        done.set()
-        watcher.join()
     assert killed, "no worker was killed"
     console = open(runs.console_path(run_id)).read()
     assert row["state"] == "succeeded" and row["exit_code"] == 0, console[-4000:]

@@ -8,7 +8,7 @@ import pytest
 from launcher.errors import SpecError
 from launcher.spec import load_spec, parse_hostfile, validate
 
-from .helpers import CONFIGS, seed000, write_spec
+from .helpers import CONFIGS, DELETE, seed000, set_path, write_spec
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(f"{CONFIGS}/*.yaml")))
@@ -31,19 +31,7 @@ def problems(data: dict) -> list[str]:
 
 
 def mutate(path: str, value):
-    data = seed000()
-    *parents, last = path.split(".")
-    node = data
-    for key in parents:
-        node = node.setdefault(key, {})
-    if value is DELETE:
-        del node[last]
-    else:
-        node[last] = value
-    return data
-
-
-DELETE = object()
+    return set_path(seed000(), path, value)
 
 CASES = [
     ("batch.global", 64, "batch.global: 64 ≠ 4 nodes × 4 GPUs × 2 per device × 8 accumulation = 256"),

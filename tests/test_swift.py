@@ -12,7 +12,7 @@ from launcher.plan import build_plan
 from launcher.spec import SWIFT_OWNED, load_spec, validate
 from launcher.trainers import TRAINERS, RunContext
 
-from .helpers import CONFIGS, load_yaml
+from .helpers import CONFIGS, load_yaml, set_path
 
 SWIFT_LORA = os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-lora.yaml")
 SWIFT_MEGATRON = os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-megatron.yaml")
@@ -263,13 +263,7 @@ CASES = [
 
 @pytest.mark.parametrize("path,value,expected", CASES, ids=[c[0] + "=" + repr(c[1])[:24] for c in CASES])
 def test_each_swift_mistake_has_its_line(path, value, expected):
-    data = swift_lora()
-    *parents, last = path.split(".")
-    node = data
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[last] = value
-    lines = problems(data)
+    lines = problems(set_path(swift_lora(), path, value))
     assert any(line.startswith(expected) for line in lines), lines
 
 
@@ -284,13 +278,7 @@ MEGATRON_CASES = [
 
 @pytest.mark.parametrize("path,value,expected", MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
 def test_each_megatron_mistake_has_its_line(path, value, expected):
-    data = swift_megatron()
-    *parents, last = path.split(".")
-    node = data
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[last] = value
-    lines = problems(data)
+    lines = problems(set_path(swift_megatron(), path, value))
     assert any(line.startswith(expected) for line in lines), lines
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import threading
 
 import pytest
 
-from .helpers import free_port
-from .training import (SWIFT_PYTHON, build_tiny, kill_worker_when, losses, require_swift,
-                       require_trainer, submit_timed)
+from .helpers import free_port, ssh_of
+from .training import (SWIFT_PYTHON, build_tiny, losses, require_swift,
+                       require_trainer, submit_timed, tiny_schedule, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -36,18 +35,13 @@ def swift_spec(tiny: dict, hosts: list[str], nproc: int, out_dir: str, *, hs,
                     "master_port": free_port(),
                     "env": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                             "MODELSCOPE_OFFLINE": "1"},
-                    "ssh": {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts,
-                            "connect_timeout": 5}},
+                    "ssh": ssh_of(hs, 5)},
         "model": tiny["model"], "model_type": "qwen2", "template": tiny["template"],
         "dataset": os.path.join(tiny["dataset_dir"], "tiny_alpaca.json"), "max_length": 64,
         # dropout 0: a resumed run must reproduce the reference losses exactly (swift's own
         # default 0.05 draws dropout masks that a resume does not replay bit for bit)
         "finetuning": {"type": "lora", "lora_rank": 4, "lora_target": "all", "lora_dropout": 0.0},
-        "batch": {"per_device": 2, "grad_accum": 1},
-        "precision": "fp32",
-        "training": {"learning_rate": 1.0e-3, "max_steps": max_steps, "save_steps": save_steps,
-                     "logging_steps": 1, "lr_scheduler": "constant", "gradient_checkpointing": False,
-                     "seed": 7},
+        **tiny_schedule(max_steps, save_steps),
         "output_dir": out_dir,
         **extra,
     }
@@ -97,16 +91,11 @@ def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, t
         hosts = [h.ip for h in hs.hosts]
         ref = submit_timed(tmp_path, swift_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
         ref_state = assert_trained(ref, ref_out, 10)
-        done, killed = threading.Event(), []
-        watcher = threading.Thread(target=kill_worker_when,
-                                   args=(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),
-                                         b"swift.cli.sft", done, killed))
-        watcher.start()
         spec = swift_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                           restart_backoff_s=1)
-        r = submit_timed(tmp_path, spec)
-        done.set()
-        watcher.join()
+        with worker_killed(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),
+                           b"swift.cli.sft") as killed:
+            r = submit_timed(tmp_path, spec)
     assert killed, "no worker was killed"
     state = assert_trained(r, out, 10)
     first = checkpoint(out, 5)

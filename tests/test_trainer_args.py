@@ -16,13 +16,11 @@ import subprocess
 import pytest
 import yaml
 
-from launcher.execute.job import make_executor
 from launcher.plan import build_plan
-from launcher.preflight import run_checks
 from launcher.spec import validate
 from launcher.trainers import warmup_arg
 
-from .helpers import CONFIGS
+from .helpers import CONFIGS, preflight
 from .training import SWIFT_PYTHON, TRAINER_PYTHON, require_swift, require_trainer
 
 pytestmark = pytest.mark.training
@@ -124,13 +122,7 @@ def test_preflight_reports_the_transformers_version(tmp_path):
     spec = quickstart({"warmup_ratio": 0.1, "epochs": 1}, str(tmp_path / "out"))
     spec["cluster"]["python"] = require_trainer()
     spec["preflight"] = {"min_free_gb": 0, "min_shm_mb": 0}
-    plan = build_plan(validate(spec))
-    ex = make_executor(plan)
-    assert ex.connect() == []
-    try:
-        report = run_checks(plan, ex, fast_only=True)
-    finally:
-        ex.close()
+    report = preflight(spec)
     assert report.stack["transformers"] == installed_transformers(TRAINER_PYTHON)
     row = report.get("software/versions", 0)
     assert row.status == "pass" and f"transformers {report.stack['transformers']}" in row.detail

@@ -9,13 +9,12 @@ import json
 import os
 import re
 import subprocess
-import threading
 
 import pytest
 
 
-from .training import (TRAINER_PYTHON, build_tiny, kill_worker_when, lf_spec, local_job_pids, losses,
-                       require_trainer, submit_timed, trainer_state)
+from .training import (TRAINER_PYTHON, build_tiny, lf_spec, local_job_pids, losses,
+                       require_trainer, submit_timed, trainer_state, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -104,16 +103,11 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
         hosts = [h.ip for h in hs.hosts]
         ref = submit_timed(tmp_path, lf_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
         ref_state = assert_trained(ref, ref_out, 10)
-        done, killed = threading.Event(), []
-        watcher = threading.Thread(target=kill_worker_when,
-                                   args=(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
-                                         b"llamafactory.launcher", done, killed))
-        watcher.start()
         spec = lf_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                        restart_backoff_s=1)
-        r = submit_timed(tmp_path, spec)
-        done.set()
-        watcher.join()
+        with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                           b"llamafactory.launcher") as killed:
+            r = submit_timed(tmp_path, spec)
     assert killed, "no worker was killed"
     state = assert_trained(r, out, 10)
     assert "restart 1/1: resuming from" in r.stdout and f"{out}/checkpoint-5" in r.stdout
@@ -136,16 +130,11 @@ def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tin
     state_path = os.path.join(old, "trainer_state.json")
     state = json.load(open(state_path))
     json.dump({**state, "global_step": 100}, open(state_path, "w"))
-    done, killed = threading.Event(), []
-    watcher = threading.Thread(target=kill_worker_when, args=(
-        local_job_pids("overwrite-restart"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
-        b"llamafactory.launcher", done, killed))
-    watcher.start()
     spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=10, save_steps=5, max_restarts=1,
                    restart_backoff_s=1, name="overwrite-restart")
-    r = submit_timed(tmp_path, spec, "--overwrite")
-    done.set()
-    watcher.join()
+    with worker_killed(local_job_pids("overwrite-restart"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                       b"llamafactory.launcher") as killed:
+        r = submit_timed(tmp_path, spec, "--overwrite")
     assert killed, "no worker was killed"
     assert f"restart 1/1: resuming from {out}/checkpoint-5" in r.stdout, r.stdout[-3000:]
     assert_trained(r, out, 10)

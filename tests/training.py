@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+from contextlib import contextmanager
 
 import pytest
 
-from .helpers import ROOT, free_port
+from .helpers import ROOT, free_port, ssh_of
 
 TRAINER_VENV = os.environ.get("MLAUNCH_TRAINER_VENV", os.path.join(ROOT, ".venvs", "trainer"))
 TRAINER_PYTHON = os.path.join(TRAINER_VENV, "bin", "python")
@@ -51,20 +53,24 @@ def lf_spec(tiny: dict, hosts: list[str], nproc: int, out_dir: str, *, hs=None,
         "model": tiny["model"], "template": tiny["template"], "dataset": tiny["dataset"],
         "dataset_dir": tiny["dataset_dir"], "cutoff_len": 64,
         "finetuning": finetuning or {"type": "lora", "lora_rank": 4, "lora_target": "all"},
-        "batch": {"per_device": 2, "grad_accum": 1},
-        "precision": "fp32",
-        "training": {"learning_rate": 1.0e-3, "max_steps": max_steps, "save_steps": save_steps,
-                     "logging_steps": 1, "lr_scheduler": "constant", "gradient_checkpointing": False,
-                     "seed": 7},
+        **tiny_schedule(max_steps, save_steps),
         "output_dir": out_dir,
         **extra,
     }
     if deepspeed:
         spec["deepspeed"] = deepspeed
     if hs is not None:
-        spec["cluster"]["ssh"] = {"user": "root", "key_file": hs.key_file,
-                                  "known_hosts": hs.known_hosts, "connect_timeout": 5}
+        spec["cluster"]["ssh"] = ssh_of(hs, 5)
     return spec
+
+
+def tiny_schedule(max_steps: int, save_steps: int) -> dict:
+    """batch, precision and training of the tiny jobs: per-device batch 2, fp32, a constant
+    learning rate and a fixed seed (a resumed run must match an uninterrupted one)."""
+    return {"batch": {"per_device": 2, "grad_accum": 1}, "precision": "fp32",
+            "training": {"learning_rate": 1.0e-3, "max_steps": max_steps, "save_steps": save_steps,
+                         "logging_steps": 1, "lr_scheduler": "constant", "gradient_checkpointing": False,
+                         "seed": 7}}
 
 
 def trainer_state(out_dir: str) -> dict:
@@ -96,6 +102,21 @@ def local_job_pids(name: str):
     (never another job's, e.g. a second test run on the same machine)."""
     from .procs import job_pids
     return lambda: job_pids(f"{name}-")
+
+
+@contextmanager
+def worker_killed(pids, state_glob: str, module: bytes, **kw):
+    """While the block runs, kill_worker_when(pids, state_glob, module, **kw) watches in a
+    thread; yields the list of the pids it signalled (empty when the file never came)."""
+    done, killed = threading.Event(), []
+    watcher = threading.Thread(target=kill_worker_when, args=(pids, state_glob, module, done, killed),
+                               kwargs=kw)
+    watcher.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        watcher.join()
 
 
 def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *,

@@ -6,60 +6,20 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import render
+from .. import nodeview, render
 from ..errors import UserError
 from ..plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
+from .outcome import JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 
 SIGINT_EXIT = 130
 TIMEOUT_EXIT = 124
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
-
-
-@dataclass
-class NodeOutcome:
-    """What became of one node."""
-
-    rank: int
-    host: str
-    exit: Exit | None = None
-    terminated: bool = False     # it was still running when mlaunch tore the job down
-    tail: list[str] = field(default_factory=list)
-
-    @property
-    def result(self) -> str:
-        if self.exit is None:
-            return "not started"
-        if self.exit.lost:
-            return self.exit.detail or "connection lost"
-        if self.terminated:
-            return f"terminated by mlaunch (exit {self.exit.code})"
-        return f"exit {self.exit.code}"
-
-
-@dataclass
-class JobResult:
-    """The job's single exit status and every node's outcome."""
-
-    code: int
-    nodes: list[NodeOutcome]
-    interrupted: bool = False
-    timed_out: bool = False
-    first_failure: int | None = None
-    teardown: dict[str, str] = field(default_factory=dict)
-    failed_at: float | None = None      # monotonic time the first failure was seen
-    torn_down_at: float | None = None   # monotonic time teardown finished on every host
-    health: object | None = None        # the health verdict that stopped the job, if any
-
-    @property
-    def restartable(self) -> bool:
-        """A restart may help: not a NaN or a wrong world, which would only happen again."""
-        return self.health is None or bool(getattr(self.health, "restartable", False))
+LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
 
 
 def make_executor(plan: LaunchPlan) -> Executor:
@@ -116,6 +76,9 @@ class _Session:
         self.result = JobResult(code=0, nodes=self.outcomes)
         self._teardown: threading.Thread | None = None
         self.watch = Watch(plan, executor, printer.say, time.monotonic)
+        self.view = nodeview.LiveView(plan.run_id.split(".a")[0],
+                                      [(n.rank, n.host) for n in plan.nodes])
+        self._live_at = 0.0
 
     def run(self) -> JobResult:
         try:
@@ -128,6 +91,7 @@ class _Session:
         return self.result
 
     def _start_all(self) -> None:
+        self.printer.set_status(self.view.status_lines)
         with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
             started = list(pool.map(self._start, self.plan.nodes))
         threading.Thread(target=self._heartbeats, daemon=True).start()
@@ -176,7 +140,11 @@ class _Session:
 
     def _emit(self, node: NodePlan, log: NodeLog, cause: TorchrunRootCause,
               lines: list[str]) -> None:
+        lines, samples = nodeview.split(lines)
+        if samples:
+            self.view.output(node.rank, samples)
         if lines:
+            self.view.lines_seen(node.rank)
             cause.see(lines)
             log.write(lines)
             self.printer.node_lines(node.rank, node.host, lines)
@@ -193,12 +161,28 @@ class _Session:
             except queue.Empty:
                 deadline = self._settle(deadline)
                 self._check_deadline()
+                self._live()
                 verdict = self.watch.tick() if self._teardown is None else None
                 if verdict is not None:
                     self._health_stop(verdict)
                 continue
             pending.discard(rank)
             self._record(rank, outcome)
+
+    def _live(self, force: bool = False) -> None:
+        # Once a second: fresh status lines, live.json for `ps RUN`, a gpu_sample a minute.
+        now = time.monotonic()
+        if now - self._live_at < LIVE_EVERY_S and not force:
+            return
+        self._live_at = now
+        self.view.steps(*self.watch.steps())
+        self.printer.redraw()
+        for fields in self.view.due_events():
+            self.watch.events.emit("gpu_sample", **fields)
+        try:
+            nodeview.write_snapshot(self.plan.log_dir, self.view.snapshot())
+        except OSError:
+            pass  # the view is a convenience: a full disk must not stop the job
 
     def _record(self, rank: int, outcome: Exit) -> None:
         node = self.outcomes[rank]
@@ -212,6 +196,8 @@ class _Session:
             node.terminated = False
             self.printer.say(f"node{rank} {node.host}: {node.result}; tearing down the job on every host")
             self._begin_teardown()
+        self.view.ended(rank, "lost" if outcome.lost else
+                        f"{'killed' if node.terminated else 'exit'} {outcome.code}")
 
     def _settle(self, deadline: float | None) -> float | None:
         # Once teardown is done, a node that still has not reported gets its session cut.
@@ -291,6 +277,8 @@ class _Session:
         # whatever of that node is still alive (e.g. orphaned dataloader workers).
         if self._teardown is not None:
             self._teardown.join()
+        self._live(force=True)
+        self.printer.set_status(None)
         r = self.result
         self.watch.finish(ok=all(o.exit is not None and o.exit.code == 0 for o in self.outcomes))
         if r.health is not None:

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import codecs
 import collections
+import io
+import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -93,6 +96,55 @@ class Printer:
         self.color = self.out.isatty() if color is None else color
         self.mask = mask
         self._lock = threading.Lock()
+        self._status: Callable[[int], list[str]] | None = None
+        self._shown = 0   # status lines now on the screen, below the stream
+
+    @property
+    def live(self) -> bool:
+        """A terminal that can take status lines redrawn in place."""
+        return self.out.isatty() and os.environ.get("TERM", "") != "dumb" \
+            and os.environ.get("MLAUNCH_LIVE", "1") != "0"
+
+    def set_status(self, lines: Callable[[int], list[str]] | None) -> None:
+        """Keep the lines that `lines(width)` returns under the stream (on a terminal only)."""
+        if lines is None:
+            with self._lock:
+                self._erase()
+                self.out.flush()
+        self._status = lines if lines is None or self.live else None
+
+    def redraw(self) -> None:
+        """Draw the status lines again with fresh figures."""
+        if self._status is not None:
+            self._write("")
+
+    def _write(self, text: str) -> None:
+        # Erase the status block, write the stream's text where it was, draw the block below.
+        with self._lock:
+            self._erase()
+            if text:
+                self.out.write(text)
+            if self._status is not None:
+                rows = self._status(self._width())
+                self._screen("".join(f"\033[2m{self.mask(r)}\033[0m\n" for r in rows))
+                self._shown = len(rows)
+            self.out.flush()
+
+    def _screen(self, text: str) -> None:
+        # Status lines and their erasure go to the terminal only, never into a console log.
+        getattr(self.out, "terminal_only", self.out.write)(text)
+
+    def _width(self) -> int:
+        # The terminal's own size first: COLUMNS in the environment may be stale.
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns
+        except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+            return shutil.get_terminal_size((120, 24)).columns
+
+    def _erase(self) -> None:
+        if self._shown:
+            self._screen(f"\033[{self._shown}F\033[J")   # up to the block's first line, clear below
+            self._shown = 0
 
     def node_lines(self, rank: int, host: str, lines: list[str]) -> None:
         """Print lines from one node, each prefixed."""
@@ -102,17 +154,16 @@ class Printer:
         else:  # the high-volume case: one join, no per-line work
             head = self._tag(rank, f"node{rank} {host}")
             text = head + body.replace("\n", "\n" + head) + "\n"
-        text = self.mask(text)
-        with self._lock:
-            self.out.write(text)
-            self.out.flush()
+        self._write(self.mask(text))
+
+    def raw_lines(self, lines: list[str]) -> None:
+        """Lines printed as they are (a console log that already has its prefixes)."""
+        self._write(self.mask("".join(line + "\n" for line in lines)))
 
     def say(self, line: str) -> None:
         """A launcher message (not from a node)."""
         tag = "\033[1mmlaunch\033[0m" if self.color else "mlaunch"
-        with self._lock:
-            self.out.write(self.mask(f"[{tag}] {line}\n"))
-            self.out.flush()
+        self._write(self.mask(f"[{tag}] {line}\n"))
 
     def _prefixed(self, rank: int, host: str, line: str) -> str:
         m = TORCHRUN_PREFIX.match(line)

@@ -64,6 +64,12 @@ class Watch:
         with self._lock:
             return self._take(self.monitor.tick())
 
+    def steps(self) -> tuple[tuple, dict]:
+        """(the job's last step and total, each node's (step, total)) for the live view."""
+        with self._lock:
+            m = self.monitor
+            return (m.last_step, m.total_steps), dict(m.node_steps)
+
     def finish(self, ok: bool) -> None:
         with self._lock:
             if ok:

@@ -1,7 +1,8 @@
 """Find the latest *complete* training checkpoint in an output_dir.
 
 Standard library only and no imports from ``launcher``: the launcher ships this
-file's source to the remote master node and runs it as ``python3 - OUTPUT_DIR
+program's text (``nodeprog.source``: this file with its part ckpt_checks.py, the per-layout
+completeness checks, inlined) to the remote master node and runs it as ``python3 - OUTPUT_DIR
 [--deepspeed] [--dp-size N]``, which prints one JSON object (see ``Discovery``)
 and exits 0 even when no checkpoint is complete. Nothing is ever deleted or
 modified; the scan only lists directories and reads small JSON/text files.
@@ -29,15 +30,11 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from .ckpt_checks import (TRACKER, _list_dir, _state_step, _tracked_iteration, check_checkpoint,
+                          check_megatron)
+
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 VERSION_RE = re.compile(r"^v(\d+)-")
-TRACKER = "latest_checkpointed_iteration.txt"
-# Megatron's dist_checkpointing writes metadata.json after every shard: the completion mark.
-MEGATRON_FILES = ("common.pt", "metadata.json")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin",
-                "adapter_model.safetensors", "adapter_model.bin")
-INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-NO_WEIGHTS = "no model or adapter weights"
 
 
 @dataclass(frozen=True)
@@ -93,14 +90,6 @@ def _display_name(path: str) -> str:
     return pbase + "/" + base if VERSION_RE.match(pbase) else base
 
 
-def _list_dir(path: str) -> list[str]:
-    """Sorted entry names of a directory; empty when missing or unreadable."""
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
 def _candidates(output_dir: str) -> list[tuple[int, int, str]]:
     """(step, version, relative name) of every checkpoint-like dir, newest first.
 
@@ -127,138 +116,10 @@ def _megatron_candidates(output_dir: str) -> list[tuple[int, int, str]]:
     return [c for c in _candidates(output_dir) if c[1] >= 0]
 
 
-def _tracked_iteration(ckpt: str) -> int | None:
-    try:
-        with open(os.path.join(ckpt, TRACKER)) as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def check_megatron(ckpt: str, step: int) -> str | None:
-    """Why Megatron-SWIFT's ``checkpoint-<step>`` dir cannot be resumed, or None.
-
-    The master writes the tracker after every rank passed the save barrier, and
-    dist_checkpointing's metadata.json marks a finished sharded save. With
-    ``no_save_optim`` (and safetensors on) only common.pt is written: no weights or
-    optimizer in Megatron's format, so nothing to resume from."""
-    if _tracked_iteration(ckpt) != step:
-        return "no readable %s naming %d (interrupted save?)" % (TRACKER, step)
-    it = os.path.join(ckpt, "iter_%07d" % step)
-    names = set(_list_dir(it))
-    if names and names <= {"common.pt"}:
-        return ("iter_%07d/ holds only common.pt: saved with no_save_optim, "
-                "not resumable" % step)
-    missing = [f for f in MEGATRON_FILES if f not in names]
-    if missing:
-        return "iter_%07d/ lacks %s (interrupted save?)" % (step, ", ".join(missing))
-    return None
-
-
 def _outside(output_dir: str, path: str) -> bool:
     """True when ``path`` resolves (through symlinks) outside output_dir."""
     root = os.path.realpath(output_dir)
     return os.path.commonpath([root, os.path.realpath(path)]) != root
-
-
-def _check_trainer_state(path: str, step: int) -> str | None:
-    """Reason trainer_state.json (written last by HF Trainer) is unusable, or None."""
-    fname = os.path.join(path, "trainer_state.json")
-    if not os.path.isfile(fname):
-        return "no trainer_state.json (interrupted save?)"
-    try:
-        with open(fname, encoding="utf-8") as f:
-            state = json.load(f)
-    except ValueError as e:
-        return "trainer_state.json is not valid JSON: %s" % e
-    except OSError as e:
-        return "cannot read trainer_state.json: %s" % e
-    gs = state.get("global_step") if isinstance(state, dict) else None
-    if not isinstance(gs, int) or isinstance(gs, bool):
-        return "trainer_state.json has no integer global_step"
-    if gs != step:
-        return "trainer_state.json says global_step %d, expected %d" % (gs, step)
-    return None
-
-
-def _check_index(path: str, index: str) -> str | None:
-    """Reason a sharded-weights index is unusable (bad JSON, missing shard), or None."""
-    try:
-        with open(os.path.join(path, index), encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
-        return "%s is not a valid index: %s" % (index, e)
-    if not shards:
-        return "%s lists no shards" % index
-    for shard in shards:
-        if not os.path.isfile(os.path.join(path, shard)):
-            return "shard %s listed in the index is missing" % shard
-    return None
-
-
-def _check_weights(path: str) -> str | None:
-    """Reason model/adapter weights are absent or incomplete, or None when present."""
-    if any(os.path.isfile(os.path.join(path, w)) for w in WEIGHT_FILES):
-        return None
-    indexes = [i for i in INDEX_FILES if os.path.isfile(os.path.join(path, i))]
-    if not indexes:
-        return NO_WEIGHTS
-    reasons = [_check_index(path, i) for i in indexes]
-    return None if None in reasons else reasons[0]
-
-
-def _check_deepspeed(path: str, step: int, dp_size: int | None) -> str | None:
-    """Reason the DeepSpeed ``global_step<N>/`` engine state is unusable, or None.
-
-    HF resume calls ``engine.load_checkpoint(path)`` with no tag, so DeepSpeed
-    reads the tag from the ``latest`` file; when present it must name this
-    step. A missing ``latest`` is tolerated (only ``save_latest=False`` omits
-    it and the tag dir is then checked directly)."""
-    tag = "global_step%d" % step
-    latest = os.path.join(path, "latest")
-    if os.path.isfile(latest):
-        try:
-            with open(latest, encoding="utf-8") as f:
-                named = f.read().strip()
-        except OSError as e:
-            return "cannot read DeepSpeed latest file: %s" % e
-        if named != tag:
-            return "DeepSpeed latest file names %r, expected %r" % (named, tag)
-    gdir = os.path.join(path, tag)
-    if not os.path.isdir(gdir):
-        return "no DeepSpeed %s/ directory" % tag
-    names = _list_dir(gdir)
-    if not any(n.endswith("model_states.pt") for n in names):
-        return "DeepSpeed %s/ has no model states (*model_states.pt)" % tag
-    optim = sum(1 for n in names if n.endswith("optim_states.pt"))
-    need = max(dp_size or 1, 1)
-    if optim < need:
-        return ("DeepSpeed %s/ has %d optimizer shard%s, expected %d"
-                " (one per data-parallel rank)" % (tag, optim, "" if optim == 1 else "s", need))
-    return None
-
-
-def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
-                     dp_size: int | None = None) -> str | None:
-    """Why checkpoint-``step`` at ``path`` is incomplete, or None when usable.
-
-    HF Trainer with DeepSpeed calls ``engine.save_checkpoint`` inside
-    ``save_model``; under ZeRO-3 without ``stage3_gather_16bit_weights_on_model_save``
-    it writes no model.safetensors at all (weights live only in the
-    ``global_step<N>/`` model states, recoverable with zero_to_fp32.py), and
-    resume loads from that dir. So with DeepSpeed a valid global_step dir
-    stands in for absent weights files; a sharded index with missing shards is
-    still rejected, as that is a half-written checkpoint either way."""
-    reason = _check_trainer_state(path, step)
-    if reason:
-        return reason
-    weights = _check_weights(path)
-    if deepspeed:
-        reason = _check_deepspeed(path, step, dp_size)
-        if reason or weights == NO_WEIGHTS:
-            return reason
-    return weights
 
 
 def _progress(path: str) -> dict:
@@ -330,15 +191,6 @@ def check_explicit(path: str, *, deepspeed: bool = False, dp_size: int | None = 
     if reason:
         return Discovery(None, None, (Skipped(path, path, reason),), True)
     return Discovery(path, step, (), True)
-
-
-def _state_step(path: str) -> int | None:
-    try:
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
-            gs = json.load(fh).get("global_step")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return gs if isinstance(gs, int) and not isinstance(gs, bool) else None
 
 
 def has_checkpoints(output_dir: str) -> bool:

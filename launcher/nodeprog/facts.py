@@ -1,6 +1,7 @@
 # mlaunch preflight facts: everything cheap about this node, printed as one JSON line.
 # Each fact runs in its own thread under one deadline: a hung NFS mount or GPU driver
 # costs its own fact, never the whole probe. Standard library only; Python >= 3.6.
+# Its port and input checks are the parts ports.py and inputs.py (nodeprog.source inlines them).
 import glob
 import json
 import os
@@ -12,6 +13,9 @@ import sys
 import tempfile
 import threading
 import time
+
+from .inputs import check_input, full
+from .ports import bind, holder
 
 P = json.loads(sys.argv[1])
 MISSING = sys.argv[2] == "1"   # the job's interpreter is absent: this is a stand-in python3
@@ -157,23 +161,6 @@ def ifaces():
     return out
 
 
-def bind(port):
-    # Dual-stack like torch's TCPStore; SO_REUSEADDR so a TIME_WAIT leftover is not "in use".
-    try:
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        addr = ("::", port)
-    except OSError:
-        s, addr = socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("", port)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(addr)
-    except OSError:
-        s.close()
-        raise
-    return s
-
-
 def port_facts():
     port = P["master_port"]
     try:
@@ -183,39 +170,12 @@ def port_facts():
         return {"free": False, "error": e.strerror or str(e), "holder": holder(port)}
 
 
-def holder(port):
-    inodes = set()
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as fh:
-                rows = fh.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            f = row.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add("socket:[%s]" % f[9])
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            links = [os.readlink("/proc/%s/fd/%s" % (pid, fd)) for fd in os.listdir("/proc/%s/fd" % pid)]
-            if inodes.intersection(links):
-                with open("/proc/%s/comm" % pid) as fh:
-                    return {"pid": int(pid), "name": fh.read().strip()}
-        except OSError:
-            continue
-    return {"pid": None, "name": None}
-
-
 def mesh_port_facts():
     # A free ephemeral port for the node-to-node reachability test, like NCCL/gloo use.
     s = bind(0)
     port = s.getsockname()[1]
     s.close()
     return {"port": port}
-
-
-def full(path):
-    return os.path.abspath(os.path.expanduser(path))
 
 
 def out_facts():
@@ -249,77 +209,6 @@ def shared_facts():
 
 def input_facts():
     return [dict(i, **check_input(i)) for i in P["inputs"]]
-
-
-def check_input(i):
-    kind, path = i["kind"], i["path"]
-    if kind == "module":
-        import importlib.util
-        sys.path.insert(0, os.getcwd())   # torchrun -m finds modules in the working directory
-        try:
-            found = importlib.util.find_spec(path) is not None
-        except Exception:
-            found = False
-        return {"ok": True} if found else {"ok": False, "error": "module %s not importable" % path}
-    p = full(path)
-    if kind == "file":
-        return {"ok": True} if os.path.isfile(p) else {"ok": False, "error": "%s: no such file" % p}
-    if kind == "path":
-        return {"ok": True} if os.path.exists(p) else {"ok": False, "error": "%s: no such file or directory" % p}
-    if kind == "model":
-        if os.path.exists(p):
-            return {"ok": True}
-        if not path.startswith(("/", ".", "~")) and re.match(r"^[\w.-]+/[\w.-]+$", path):
-            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-                return {"ok": False, "error": "%s: not here (%s), and HF_HUB_OFFLINE=1 forbids "
-                        "fetching it as a hub id" % (path, p)}
-            return {"ok": True, "note": "%s is not a local path (no %s here): a hub id, fetched at "
-                    "start" % (path, p)}
-        if not path.startswith(("/", "~")):
-            return {"ok": False, "error": "%s: no such directory (relative to %s), and not a hub id "
-                    "(those are org/name)" % (p, os.getcwd())}
-        return {"ok": False, "error": "%s: no such file or directory" % p}
-    if path == "ONLINE" or path.startswith("REMOTE:"):
-        return {"ok": True, "note": "dataset_dir %s is fetched from the hub at start" % path}
-    return dataset(p, i["names"], i.get("stage"))
-
-
-def dataset(d, names, stage=None):
-    info = os.path.join(d, "dataset_info.json")
-    if not os.path.isdir(d):
-        return {"ok": False, "error": "dataset_dir %s: no such directory" % d}
-    try:
-        with open(info) as fh:
-            data = json.load(fh)
-    except OSError as e:
-        return {"ok": False, "error": "%s: %s" % (info, e.strerror)}
-    except ValueError as e:
-        return {"ok": False, "error": "%s is not valid JSON: %s" % (info, e)}
-    unknown = [n for n in names if n not in data]
-    if unknown:
-        return {"ok": False, "error": "%s not listed in %s" % (", ".join(unknown), info)}
-    wrong = [n for n in names if isinstance(data[n], dict) and form_error(data[n], stage)]
-    if wrong:
-        return {"ok": False, "error": "; ".join("%s: %s" % (n, form_error(data[n], stage)) for n in wrong)}
-    remote = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")
-    absent = [os.path.join(d, data[n]["file_name"]) for n in names
-              if isinstance(data[n], dict) and data[n].get("file_name")
-              and not any(k in data[n] for k in remote)
-              and not os.path.exists(os.path.join(d, data[n]["file_name"]))]
-    return {"ok": False, "error": "missing: " + ", ".join(absent)} if absent else {"ok": True}
-
-
-def form_error(entry, stage):
-    # LLaMA-Factory loads dpo and rm data as pairwise rankings and refuses any mix
-    # ("The dataset is not applicable in the current training stage"); KTO needs a tag column.
-    ranking = bool(entry.get("ranking"))
-    if stage in ("dpo", "rm") and not ranking:
-        return "stage %s needs a preference dataset (ranking: true, with chosen/rejected)" % stage
-    if stage not in (None, "dpo", "rm") and ranking:
-        return "a ranking dataset (ranking: true) cannot train stage %s; use dpo or rm" % stage
-    if stage == "kto" and not (entry.get("columns") or {}).get("kto_tag"):
-        return "stage kto needs a kto_tag column (columns: {kto_tag: ...}) marking each answer good or bad"
-    return None
 
 
 def shm_facts():

@@ -1,13 +1,15 @@
 # mlaunch preflight mesh: listen where the job will listen, dial what the job will dial.
 # Every node runs this at the same time. Listeners greet with "mlaunch-preflight NONCE RANK"
 # so a dialer knows whether it reached the node it meant or some other process.
-# Standard library only; Python >= 3.6.
+# Standard library only; Python >= 3.6. It binds with the part ports.py (inlined when shipped).
 import json
 import os
 import socket
 import sys
 import threading
 import time
+
+from .ports import bind
 
 P = json.loads(sys.argv[1])
 RANK, NONCE = P["rank"], P["nonce"]
@@ -16,15 +18,9 @@ GREETING = ("mlaunch-preflight %s %d\n" % (NONCE, RANK)).encode()
 OUT = {"listen": {}, "dials": {}, "shared": {}}
 
 
-def bind(port):
-    try:
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        addr = ("::", port)
-    except OSError:
-        s, addr = socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("", port)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(addr)
+def listener(port):
+    """A listening socket on port, bound as the job will bind it (ports.bind)."""
+    s = bind(port)
     s.listen(256)
     s.settimeout(0.1)
     return s
@@ -49,7 +45,7 @@ def serve(spec):
     rec = {"ok": False, "got": []}
     OUT["listen"][spec["key"]] = rec
     try:
-        s = bind(spec["port"])
+        s = listener(spec["port"])
     except OSError as e:
         rec["error"] = e.strerror or str(e)
         return

@@ -42,19 +42,20 @@ def lock(output_dir: str, host: str, pid: int, run_id: str, now: float | None = 
 
 def unlock(output_dir: str, run_id: str) -> bool:
     """Remove the lock if (and only if) this run holds it."""
-    path = os.path.join(output_dir, LOCK_NAME)
-    if _read(path).get("run_id") != run_id:
-        return False
-    os.remove(path)
-    return True
+    return _if_held(output_dir, run_id, os.remove)
 
 
 def touch(output_dir: str, run_id: str) -> bool:
     """Heartbeat: refresh the lock's mtime while this run holds it."""
+    return _if_held(output_dir, run_id, os.utime)
+
+
+def _if_held(output_dir: str, run_id: str, act) -> bool:
+    """act(lock path) when run run_id holds output_dir's lock; whether it did."""
     path = os.path.join(output_dir, LOCK_NAME)
     if _read(path).get("run_id") != run_id:
         return False
-    os.utime(path)
+    act(path)
     return True
 
 

@@ -9,33 +9,28 @@ from .report import CheckResult
 
 def check_output(ctx: Ctx, facts: dict) -> list[CheckResult]:
     """Per node: the output directory (or its nearest parent) is writable with enough free space."""
+    return _per_node(ctx, facts, "storage/output", "out", _output_row)
+
+
+def _output_row(ctx: Ctx, r: int, host: str, f: dict, o: dict) -> CheckResult:
     need = ctx.pf.min_free_gb
-    out = []
-    for r in ctx.live:
-        host, f = ctx.nodes[r].host, facts.get(r)
-        o = f.get("out") if isinstance(f, dict) else None
-        if not o:
-            out.append(_skip("storage/output", ctx, r, f))
-        elif f.get("workdir_error"):
-            out.append(CheckResult("storage/output", r, host, "fail", f"workdir {f['workdir_error']}",
-                                   f"create cluster.workdir on {host}: mkdir -p {ctx.job.cluster.workdir}"))
-        elif "error" in o and "base" not in o:
-            out.append(CheckResult("storage/output", r, host, "fail", o["error"],
-                                   f"check the filesystem under the output directory on {host}"))
-        elif not o.get("writable"):
-            user = f.get("python", {}).get("user", "the ssh user")
-            out.append(CheckResult("storage/output", r, host, "fail",
-                                   f"{o['base']} is not writable by {user}: {o.get('error')}",
-                                   f"on {host}: mkdir -p {o['path']} && chown {user} {o['path']}"))
-        elif o["free_gb"] < need:
-            out.append(CheckResult("storage/output", r, host, "fail",
-                                   f"{o['free_gb']:.1f} GB free under {o['base']}, need {need:g} GB",
-                                   f"free space on {host}:{o['base']}, point output_dir at a larger disk, "
-                                   "or lower preflight.min_free_gb"))
-        else:
-            out.append(CheckResult("storage/output", r, host, "pass",
-                                   f"{o['path']} writable, {o['free_gb']:.0f} GB free"))
-    return out
+    if f.get("workdir_error"):
+        return CheckResult("storage/output", r, host, "fail", f"workdir {f['workdir_error']}",
+                           f"create cluster.workdir on {host}: mkdir -p {ctx.job.cluster.workdir}")
+    if "error" in o and "base" not in o:
+        return CheckResult("storage/output", r, host, "fail", o["error"],
+                           f"check the filesystem under the output directory on {host}")
+    if not o.get("writable"):
+        user = f.get("python", {}).get("user", "the ssh user")
+        return CheckResult("storage/output", r, host, "fail",
+                           f"{o['base']} is not writable by {user}: {o.get('error')}",
+                           f"on {host}: mkdir -p {o['path']} && chown {user} {o['path']}")
+    if o["free_gb"] < need:
+        return CheckResult("storage/output", r, host, "fail",
+                           f"{o['free_gb']:.1f} GB free under {o['base']}, need {need:g} GB",
+                           f"free space on {host}:{o['base']}, point output_dir at a larger disk, "
+                           "or lower preflight.min_free_gb")
+    return CheckResult("storage/output", r, host, "pass", f"{o['path']} writable, {o['free_gb']:.0f} GB free")
 
 
 def check_shared(ctx: Ctx, facts: dict, mesh: dict) -> list[CheckResult]:
@@ -122,24 +117,30 @@ def _input_fix(ctx: Ctx, host: str, item: dict) -> str:
 
 def check_shm(ctx: Ctx, facts: dict) -> list[CheckResult]:
     """Per node: /dev/shm holds at least min_shm_mb (Docker's 64 MB default gives Bus errors)."""
+    return _per_node(ctx, facts, "container/shm", "shm", _shm_row)
+
+
+def _shm_row(ctx: Ctx, r: int, host: str, f: dict, s: dict) -> CheckResult:
     need = ctx.pf.min_shm_mb
     gb = max(1, -(-need // 1024) * 2)  # advise twice the minimum, in whole GB
+    if "error" in s:
+        return CheckResult("container/shm", r, host, "fail", f"/dev/shm: {s['error']}",
+                           f"docker run --shm-size={gb}g (or mount a tmpfs at /dev/shm on {host})")
+    if s["mb"] < need:
+        return CheckResult("container/shm", r, host, "fail", f"/dev/shm is {_mb(s['mb'])}, need {need} MB",
+                           f"docker run --shm-size={gb}g (Kubernetes: an emptyDir with medium: Memory at "
+                           f"/dev/shm; bare metal: mount -o remount,size={gb}g /dev/shm)")
+    return CheckResult("container/shm", r, host, "pass", f"/dev/shm {_mb(s['mb'])}")
+
+
+def _per_node(ctx: Ctx, facts: dict, check: str, key: str, row) -> list[CheckResult]:
+    """One row per live node: row(ctx, rank, host, its facts, its `key` fact), or a skip row
+    where the node sent no such fact."""
     out = []
     for r in ctx.live:
-        host, f = ctx.nodes[r].host, facts.get(r)
-        s = f.get("shm") if isinstance(f, dict) else None
-        if not s:
-            out.append(_skip("container/shm", ctx, r, f))
-        elif "error" in s:
-            out.append(CheckResult("container/shm", r, host, "fail", f"/dev/shm: {s['error']}",
-                                   f"docker run --shm-size={gb}g (or mount a tmpfs at /dev/shm on {host})"))
-        elif s["mb"] < need:
-            out.append(CheckResult("container/shm", r, host, "fail",
-                                   f"/dev/shm is {_mb(s['mb'])}, need {need} MB",
-                                   f"docker run --shm-size={gb}g (Kubernetes: an emptyDir with medium: Memory at "
-                                   f"/dev/shm; bare metal: mount -o remount,size={gb}g /dev/shm)"))
-        else:
-            out.append(CheckResult("container/shm", r, host, "pass", f"/dev/shm {_mb(s['mb'])}"))
+        f = facts.get(r)
+        fact = f.get(key) if isinstance(f, dict) else None
+        out.append(row(ctx, r, ctx.nodes[r].host, f, fact) if fact else _skip(check, ctx, r, f))
     return out
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Problem
+from .swift_zero import AUTO, SWIFT_ZERO
 
-AUTO = "auto"
 PLANNED = "chosen by mlaunch's batch planning"
 SPEC_TUNING = ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
                "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
@@ -35,25 +35,6 @@ HIDDEN_RULES = {"zero_optimization.reduce_bucket_size": ("h²", lambda h: h * h)
 CUSTOM_OPTIMIZERS = ("loraplus_lr_ratio", "use_galore", "use_apollo", "use_badam", "use_adam_mini",
                      "use_muon")
 HF_ADAM = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_decay": 0.0}
-_ZERO_COMMON = {"allgather_partitions": True, "allgather_bucket_size": 200000000, "overlap_comm": False,
-                "reduce_scatter": True, "reduce_bucket_size": 200000000, "contiguous_gradients": True}
-_ZERO3 = {"stage": 3, "overlap_comm": False, "contiguous_gradients": True, "sub_group_size": 1000000000,
-          "reduce_bucket_size": AUTO, "zero_quantized_weights": False, "zero_quantized_gradients": False,
-          "stage3_prefetch_bucket_size": AUTO, "stage3_param_persistence_threshold": AUTO,
-          "stage3_max_live_parameters": 1000000000, "stage3_max_reuse_distance": 1000000000,
-          "stage3_gather_16bit_weights_on_model_save": True}
-_OFF = {"device": "none", "pin_memory": True}
-_CPU = {"device": "cpu", "pin_memory": True}
-# The zero_optimization of ms-swift 4.6's swift/config/<name>.json (its other keys are "auto"
-# batch/clipping/precision, which the spec sets, and steps_per_print / wall_clock_breakdown).
-SWIFT_ZERO = {
-    "zero0": {"stage": 0, **_ZERO_COMMON},
-    "zero1": {"stage": 1, "offload_optimizer": _OFF, **_ZERO_COMMON},
-    "zero2": {"stage": 2, "offload_optimizer": _OFF, **_ZERO_COMMON},
-    "zero2_offload": {"stage": 2, "offload_optimizer": _CPU, **_ZERO_COMMON},
-    "zero3": {**_ZERO3, "offload_optimizer": _OFF, "offload_param": _OFF},
-    "zero3_offload": {**_ZERO3, "offload_optimizer": _CPU, "offload_param": _CPU},
-}
 
 
 @dataclass

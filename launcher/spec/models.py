@@ -248,6 +248,9 @@ class Health(Strict):
     world_size_check: bool = True
     stack_dumps: bool = Field(True, description="py-spy dump of every rank on a hang")
     log_every: int = Field(10, ge=1, description="a step event in events.jsonl every N logged steps")
+    sample_every_s: float = Field(2.0, ge=0, le=3600, description=(
+        "GPU (or CPU) figures of every node, over its open session, for the live view, "
+        "`mlaunch ps RUN` and a gpu_sample event a minute; 0: off"))
 
 
 class JobBase(Strict):

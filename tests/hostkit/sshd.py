@@ -357,7 +357,8 @@ def _sshd_config(h: Host, hostkey: str, authorized_keys: str, pidfile: str) -> s
         "MaxStartups 100:30:200",
         "LoginGraceTime 30",
         "Subsystem sftp internal-sftp",
-        "LogLevel INFO",
+        # VERBOSE logs "Starting session: ..." per session: tests count sessions with it.
+        "LogLevel VERBOSE",
         "",
     ])
 

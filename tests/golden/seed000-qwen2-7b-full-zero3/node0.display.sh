@@ -38,4 +38,35 @@ exec 3<&0 </dev/null
 (while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
  exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
+# The live view's GPU/CPU samples (health.sample_every_s; templates/sampler.sh.j2), in a
+# session of its own so that it can end all of itself. Without MLAUNCH_IN_PROCESS: the stack
+# dump takes a process with it for the job's one rank.
+sampler='main=$1
+if nvidia-smi -L >/dev/null 2>&1; then
+  nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} \
+    --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits \
+    -lms 2000 2>/dev/null </dev/null |
+    while IFS= read -r row; do printf "\036mlaunch-gpu %s\n" "$row"; done &
+else
+  while :; do
+    read -r _ u n s i w q sq st _ </proc/stat
+    mt=0 ma=0
+    while read -r k v _; do
+      case $k in MemTotal:) mt=$v ;; MemAvailable:) ma=$v ;; esac
+    done </proc/meminfo
+    printf "\036mlaunch-cpu %s %s %s %s\n" $((u + n + s + q + sq + ${st:-0})) $((i + w)) "$mt" "$ma"
+    sleep 2 >/dev/null 2>&1
+  done </dev/null &
+fi
+exec >/dev/null 2>&1
+alive() {
+  [ -r "/proc/$1/status" ] || { kill -0 "$1" 2>/dev/null; return; }
+  while read -r k v _; do [ "$k" = State: ] && break; done <"/proc/$1/status" 2>/dev/null
+  [ "$k" = State: ] && [ "$v" != Z ]
+}
+while alive "$main"; do sleep 0.5; done
+kill -TERM 0'
+if command -v setsid >/dev/null 2>&1; then
+  env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" </dev/null &
+fi
 exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 0 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/GOLDEN/torchrun/node0 /mnt/shared/work/.mlaunch/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/GOLDEN/llamafactory.yaml

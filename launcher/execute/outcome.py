@@ -1,0 +1,47 @@
+"""What a run of a plan came to: each node's outcome and the job's one exit status."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .base import Exit
+
+
+@dataclass
+class NodeOutcome:
+    """What became of one node."""
+
+    rank: int
+    host: str
+    exit: Exit | None = None
+    terminated: bool = False     # it was still running when mlaunch tore the job down
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def result(self) -> str:
+        if self.exit is None:
+            return "not started"
+        if self.exit.lost:
+            return self.exit.detail or "connection lost"
+        if self.terminated:
+            return f"terminated by mlaunch (exit {self.exit.code})"
+        return f"exit {self.exit.code}"
+
+
+@dataclass
+class JobResult:
+    """The job's single exit status and every node's outcome."""
+
+    code: int
+    nodes: list[NodeOutcome]
+    interrupted: bool = False
+    timed_out: bool = False
+    first_failure: int | None = None
+    teardown: dict[str, str] = field(default_factory=dict)
+    failed_at: float | None = None      # monotonic time the first failure was seen
+    torn_down_at: float | None = None   # monotonic time teardown finished on every host
+    health: object | None = None        # the health verdict that stopped the job, if any
+
+    @property
+    def restartable(self) -> bool:
+        """A restart may help: not a NaN or a wrong world, which would only happen again."""
+        return self.health is None or bool(getattr(self.health, "restartable", False))

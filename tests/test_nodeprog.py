@@ -1,0 +1,109 @@
+"""The node programs as they are shipped: one self-contained text each (launcher/nodeprog
+parts inlined), run here with `python -` exactly as a node runs it."""
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from launcher import nodeprog
+
+PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir")
+PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt_checks",)}
+
+
+def ship(program: str, *args: str) -> subprocess.CompletedProcess:
+    """Run node program `program`'s shipped text on stdin, with argv args."""
+    return subprocess.run([sys.executable, "-", *args], input=nodeprog.source(program),
+                          capture_output=True, text=True, timeout=120, cwd="/")
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_shipped_text_is_one_program(program):
+    """No import of a sibling is left, and every part's code stands in the text."""
+    text = nodeprog.source(program)
+    tree = ast.parse(text)
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+    for part in PARTS.get(program, ()):
+        defs = [n.name for n in ast.parse(nodeprog._read(part)).body if isinstance(n, ast.FunctionDef)]
+        assert defs and all(f"\ndef {d}(" in text for d in defs), part
+
+
+def facts_params(**over) -> str:
+    p = {"rank": 0, "nonce": "n1", "bindir": None, "workdir": None, "trainer_pkg": None,
+         "tracker": None, "master_port": None, "out_dir": "/tmp", "shared_file": None,
+         "inputs": [], "model_config": None, "budget": 20.0, "import_torch": False,
+         "marker": "MLAUNCH-TEST"}
+    return json.dumps({**p, **over})
+
+
+def facts(**over) -> dict:
+    out = ship("facts", facts_params(**over), "0")
+    assert out.returncode == 0, out.stderr
+    line = [x for x in out.stdout.splitlines() if x.startswith("MLAUNCH-TEST ")][-1]
+    return json.loads(line.split(" ", 1)[1])
+
+
+def test_facts_names_the_holder_of_the_master_port(tmp_path):
+    """ports.bind and ports.holder, inlined: a port this test listens on is in use, by us."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        got = facts(master_port=port, inputs=[{"kind": "file", "path": str(tmp_path / "nope")}])
+    assert got["port"]["free"] is False and got["port"]["holder"]["pid"] == os.getpid()
+    assert got["inputs"][0]["ok"] is False
+    assert got["inputs"][0]["error"] == f"{tmp_path / 'nope'}: no such file"
+    assert isinstance(got["mesh_port"]["port"], int) and got["mesh_port"]["port"] > 0
+
+
+def test_mesh_dials_its_own_listener():
+    """mesh with ports.bind inlined: listen on a free port and reach it over loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = {"rank": 0, "nonce": "n1", "window": 20.0, "shared": {}, "marker": "MLAUNCH-TEST",
+         "listen": [{"key": "mesh", "port": port, "expect": 1}],
+         "dials": [{"key": "node0", "addr": "127.0.0.1", "port": port}]}
+    out = ship("mesh", json.dumps(p))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.split("MLAUNCH-TEST ", 1)[1])
+    assert got["listen"]["mesh"] == {"ok": True, "got": [0]}
+    assert got["dials"]["node0"]["ok"] is True and got["dials"]["node0"]["peer"] == 0
+
+
+def test_a_part_that_imports_a_part_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "prog.py").write_text("from .a import x\nx()\n")
+    (tmp_path / "a.py").write_text("from .b import y\ndef x():\n    y()\n")
+    monkeypatch.setattr(nodeprog, "HERE", str(tmp_path))
+    with pytest.raises(ValueError, match="part a imports another part"):
+        nodeprog.source("prog")
+
+
+def test_outdir_lock_touch_unlock_through_the_shipped_text(tmp_path):
+    """Only the run that holds output_dir's lock may refresh or remove it."""
+    out, lock = str(tmp_path / "out"), tmp_path / "out" / ".mlaunch.lock"
+
+    def op(*args):
+        r = ship("outdir", *args)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    assert op("lock", out, "here", str(os.getpid()), "run-a")["ok"] is True
+    os.utime(lock, (1000, 1000))
+    assert op("touch", out, "run-b") == {"ok": False} and lock.stat().st_mtime == 1000
+    assert op("unlock", out, "run-b") == {"ok": False} and lock.exists()
+    assert op("touch", out, "run-a") == {"ok": True} and lock.stat().st_mtime > 1000
+    assert op("unlock", out, "run-a") == {"ok": True} and not lock.exists()
+
+
+def test_a_part_imported_twice_stands_once_at_its_first_import(tmp_path, monkeypatch):
+    (tmp_path / "prog.py").write_text("from .a import x\nx()\nfrom .a import x\nprint('ok')\n")
+    (tmp_path / "a.py").write_text("def x():\n    print('x')\n")
+    monkeypatch.setattr(nodeprog, "HERE", str(tmp_path))
+    text = nodeprog.source("prog")
+    assert text == "def x():\n    print('x')\nx()\nprint('ok')"
+    assert subprocess.run([sys.executable, "-c", text], capture_output=True, text=True).stdout == "x\nok\n"
