@@ -7,6 +7,8 @@ only when it runs distributed, which mlaunch knows from the cluster block.
 from __future__ import annotations
 
 from ..errors import Problem
+from .ds_rules import zero_of
+from .lf_optim_rules import check_optimizers
 from .models import LlamaFactoryJob
 from .select import world_size
 
@@ -21,7 +23,8 @@ RAY_KEYS = ("use_ray", "ray_num_workers", "ray_run_name", "ray_storage_path", "r
 def check_llamafactory(job: LlamaFactoryJob) -> list[Problem]:
     """Every LLaMA-Factory-specific rule of a validated job."""
     return (_check_template(job) + _check_preference(job) + _check_stage(job) + _check_fsdp(job)
-            + _check_quant_sharding(job) + _check_distributed(job) + _check_ray(job))
+            + _check_quant_sharding(job) + _check_distributed(job) + _check_ray(job)
+            + check_optimizers(job))
 
 
 def _check_template(job: LlamaFactoryJob) -> list[Problem]:
@@ -100,7 +103,7 @@ def _check_fsdp(job: LlamaFactoryJob) -> list[Problem]:
 def _check_quant_sharding(job: LlamaFactoryJob) -> list[Problem]:
     """Which quantized models can be sharded (LLaMA-Factory's quantization.py)."""
     f = job.finetuning
-    zero3 = job.deepspeed is not None and job.deepspeed.stage == 3
+    zero3 = zero_of(job)[0] == 3   # the spec's stage, or the user file's
     if not f.quantization_bit or not (zero3 or job.fsdp):
         return []
     how = "ZeRO-3" if zero3 else "FSDP"
@@ -117,7 +120,7 @@ def _check_distributed(job: LlamaFactoryJob) -> list[Problem]:
     """Rules LLaMA-Factory applies only to distributed runs, and its optimizer exclusions."""
     procs = world_size(job)
     pt, p = job.passthrough, []
-    zero3 = job.deepspeed is not None and job.deepspeed.stage == 3
+    zero3 = zero_of(job)[0] == 3   # the spec's stage, or the user file's
     if procs > 1:
         for method, name in (("galore", "GaLore"), ("apollo", "APOLLO")):
             if pt.get(f"use_{method}") and pt.get(f"{method}_layerwise"):

@@ -46,9 +46,12 @@ import peft  # noqa: F401
 import tokenizers  # noqa: F401
 import transformers  # noqa: F401
 import trl  # noqa: F401
+import adam_mini  # noqa: F401
+import badam  # noqa: F401
+import bitsandbytes  # noqa: F401
 
 names = ["torch", "transformers", "tokenizers", "accelerate", "datasets", "peft", "trl",
-         "deepspeed", "llamafactory"]
+         "deepspeed", "llamafactory", "badam", "adam-mini", "bitsandbytes"]
 print("trainer venv:", " ".join(f"{n}=={md.version(n)}" for n in names))
 PYEOF
 }
