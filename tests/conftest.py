@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sys
 import tempfile
@@ -78,5 +79,8 @@ def slurm2(make_hostset):
     reason = _slurm.skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    with make_hostset(2) as hs, _slurm.make_slurm(hs) as cluster:
-        yield cluster
+    # One Slurm cluster at a time on this machine, also when pytest-xdist runs tests in parallel.
+    with open(os.path.join(tempfile.gettempdir(), "mlaunch-tests-slurm.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with make_hostset(2) as hs, _slurm.make_slurm(hs) as cluster:
+            yield cluster
