@@ -238,3 +238,14 @@ def test_render_resume_and_overwrite(tmp_path):
     assert r.returncode == 0 and f"resume from: {out}/checkpoint-5" in r.stdout
     assert f'resume_from_checkpoint: "{out}/checkpoint-5"' in r.stdout
     assert json.loads((out / "checkpoint-5" / "trainer_state.json").read_text())["global_step"] == 5
+
+
+def test_ppo_is_refused_with_why_and_the_way_out(tmp_path):
+    # LLaMA-Factory 0.9.5 itself: ppo/trainer.py checks trl<=0.9.6, extras/misc.py trl>=0.18.
+    assert problems(spec(stage="ppo")) == [
+        "stage: 'ppo' is not one of sft, pt, dpo, kto, rm: LLaMA-Factory 0.9.5's PPO trainer needs "
+        "trl 0.8.6-0.9.6 while the rest of 0.9.5 needs trl >= 0.18 (both are its own version "
+        "checks), so no one install runs it; for PPO use trainer: swift with stage: rlhf, "
+        "rlhf_type: ppo and its reward_model in passthrough"]
+    r = mlaunch("validate", write_spec(tmp_path, spec(stage="ppo")))
+    assert r.returncode == 2 and r.stderr.count("\n") == 2 and "rlhf_type: ppo" in r.stderr

@@ -217,6 +217,15 @@ def _translate(err: ValidationError, raw: dict) -> list[Problem]:
     return list(out.values())
 
 
+# Values users bring that a trainer's own stack cannot run, with the reason and the way out.
+NOT_OFFERED = {
+    ("llamafactory", "stage", "ppo"): (
+        "LLaMA-Factory 0.9.5's PPO trainer needs trl 0.8.6-0.9.6 while the rest of 0.9.5 needs "
+        "trl >= 0.18 (both are its own version checks), so no one install runs it; for PPO use "
+        "trainer: swift with stage: rlhf, rlhf_type: ppo and its reward_model in passthrough"),
+}
+
+
 def _describe(e: dict, loc: list, trainer: Any) -> str:
     """Human text for one pydantic error."""
     kind, given = e["type"], e.get("input")
@@ -227,8 +236,9 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
         return "required field missing"
     if kind in ("literal_error", "union_tag_invalid"):
         choices = list(TRAINER_MODELS) if kind == "union_tag_invalid" else _choices(e)
+        why = NOT_OFFERED.get((trainer, ".".join(map(str, loc)), given))
         return (f"{shown} is not one of {', '.join(choices)}"
-                + _did_you_mean(str(given), choices))
+                + (f": {why}" if why else _did_you_mean(str(given), choices)))
     if kind == "union_tag_not_found":
         return f"required: one of {', '.join(TRAINER_MODELS)}"
     if kind == "string_pattern_mismatch":
