@@ -23,7 +23,15 @@ def seed000() -> dict:
     return copy.deepcopy(load_yaml(SEED000))
 
 
-DELETE = object()   # set_path's value that removes the key
+class _Delete:
+    """set_path's value that removes the key; a fixed repr keeps parametrized test ids stable
+    across processes (pytest-xdist requires every worker to collect the same ids)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 
 
 def set_path(data: dict, path: str, value) -> dict:
