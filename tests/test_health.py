@@ -251,7 +251,10 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     restart = next(e for e in ev if e["event"] == "restart")
     assert restart["reason"] == "hang" and restart["resume_from"].endswith("checkpoint-5")
     ckpts = [(e["attempt"], os.path.basename(e["path"])) for e in ev if e["event"] == "checkpoint"]
-    assert (0, "checkpoint-5") in ckpts and (1, "checkpoint-10") in ckpts
+    # A checkpoint event means the trainer moved past the save; rank 1 may be stopped before
+    # attempt 0 logs another step, so its checkpoint-5 event may be missing, never wrong.
+    assert (1, "checkpoint-10") in ckpts
+    assert {name for attempt, name in ckpts if attempt == 0} <= {"checkpoint-5"}
     assert [e["attempt"] for e in ev] == sorted(e["attempt"] for e in ev)
     assert sum(e["event"] == "node_start" for e in ev) == 2
 
