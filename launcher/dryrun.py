@@ -78,14 +78,18 @@ def _hosts(group: list[NodePlan], how, pattern: str) -> str:
 
 
 def _footer(plan: LaunchPlan) -> list[str]:
-    """What every node script adds around the command, in two lines."""
+    """What every node script adds around the command, in two or three lines."""
     n = plan.nodes[0]
     defaults = " ".join(f"{k}={v}" for k, v in n.env if DEFAULT_ENV.get(k) == v)
     path = posixpath.dirname(n.argv[0])
+    every = plan.job.health.sample_every_s
+    sampler = ([f"  a GPU sampler for the live view (nvidia-smi every {every:g}s, over the node's own "
+                "session; health.sample_every_s: 0 turns it off);"]
+               if every and plan.job.cluster.scheduler != "slurm" else [])
     return [f"every node also: {defaults}{', PATH=' + path + ':$PATH' if path else ''}, the MLAUNCH_* "
             "process tags,",
             f"  a hang-up guard ({plan.job.cluster.hangup_after_s:g}s without the launcher ends the node's "
-            "processes); --dry-run --full prints the exact scripts"]
+            "processes);", *sampler, "  --dry-run --full prints the exact scripts"]
 
 
 def _flag(argv: tuple[str, ...], name: str) -> str | None:
