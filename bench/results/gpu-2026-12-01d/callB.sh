@@ -11,7 +11,6 @@ timeout 150 python3 bench/memory_proof.py $R/est7 --parts estimate --settings 7 
     --steps 10 > $R/est7.log 2>&1
 echo "est7 exit $?" >> $R/est7.log
 cp $R/choice/results.jsonl $OUT/choiceB.jsonl; cp $R/est7/results.jsonl $OUT/est7.jsonl
-cp /tmp/mlaunch/.mlaunch/*/ds_config.json $OUT/ds_config-est7.json 2>/dev/null
 tar czf $OUT/rB.tgz -C /tmp rB
 tail -3 $R/choice.log $R/est7.log | cut -c1-300
 python3 bench/memory_proof.py --summarize $R/choice/results.jsonl $R/est7/results.jsonl
