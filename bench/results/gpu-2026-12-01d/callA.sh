@@ -10,5 +10,5 @@ timeout 520 python3 bench/memory_proof.py $R/choice --parts choice --hand sweep 
 echo "choice exit $?" >> $R/choice.log
 cp $R/choice/results.jsonl $OUT/choiceA.jsonl
 tar czf $OUT/rA.tgz -C /tmp rA
-tail -3 $R/choice.log | cut -c1-300
+tail -n 3 $R/choice.log | cut -c1-300
 python3 bench/memory_proof.py --summarize $R/choice/results.jsonl
