@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from gpu_proof import NO_MULTICAST, Setup, install, mlaunch, train  # noqa: E402 (bench/ on sys.path)
+from gpu_proof import machine_args, mlaunch, prepare, Setup, train  # noqa: E402 (bench/ on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 W = "/tmp/memory-proof"
@@ -350,8 +350,7 @@ def main() -> None:
     ap.add_argument("--hand", default="off,64,1",
                     help="choice part: ckpt,per_device,accum when no sweep was recorded, or 'sweep'")
     ap.add_argument("--first", type=int, default=0, help="choice part: number of the first round")
-    ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
-    ap.add_argument("--cpu", action="store_true")
+    machine_args(ap)
     ap.add_argument("--build", nargs=2, metavar=("DEST", "SHAPE"), help=argparse.SUPPRESS)
     ap.add_argument("--summarize", nargs="+")
     a = ap.parse_args()
@@ -359,18 +358,9 @@ def main() -> None:
         return build(*a.build, a.cpu)
     if a.summarize:
         return print(summarize(a.summarize))
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(W, exist_ok=True)
+    s = prepare(a.out, a.wheels, a.cpu, work=W)
     if a.wheels:
-        install(a.wheels)
         install_deepspeed(a.wheels)
-    os.environ.update(NO_MULTICAST)
-    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-    sys.path.insert(0, ROOT)
-    s = Setup(a.cpu)
-    if a.cpu and os.environ.get("MLAUNCH_TRAINER_VENV"):
-        s.python = os.path.join(os.environ["MLAUNCH_TRAINER_VENV"], "bin", "python")
-        s.bin = os.path.dirname(s.python)
     only = [int(x) for x in a.settings.split(",")] if a.settings else None
     EXTRA_ENV.update(kv.split("=", 1) for kv in a.env)
     parts = {"estimate": lambda: part_estimate(s, a.out, a.shapes.split(","), a.steps, only, a.repeat),
