@@ -1,6 +1,7 @@
 """The `mlaunch` command line. Heavy imports (fabric, torch) stay off this module's import path."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
@@ -21,14 +22,16 @@ def cli() -> None:
     """mlaunch: multi-node, multi-GPU fine-tuning in one command."""
 
 
-def _submit_options(f):
+def _submit_options(f, start_flags: bool = True):
+    """submit's options; start_flags False (`resume`): without --resume and --overwrite."""
+    starts = [_resume_option(),
+              click.option("--overwrite", is_flag=True, help="Start fresh although output_dir holds checkpoints.")]
     for opt in reversed([
         click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere."),
         click.option("--full", is_flag=True, help="With --dry-run: every node's exact script."),
         click.option("--run-id", help="Use this run id instead of a fresh one."),
         click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
-        _resume_option(),
-        click.option("--overwrite", is_flag=True, help="Start fresh although output_dir holds checkpoints."),
+        *(starts if start_flags else []),
         click.option("--max-restarts", type=click.IntRange(0, 100),
                      help="After a node failure, relaunch from the latest checkpoint up to N times."),
         click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
@@ -49,9 +52,13 @@ def _resume_option():
 def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
                 no_preflight, force=False, detach=False) -> None:
     from .plan import build_plan
+    from .submit import SubmitOptions, check_flags, launch
     if full and not dry_run:
         raise UserError("--full only goes with --dry-run")
     spec = _load(job)
+    opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
+                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
+    check_flags(spec, opts)   # a dry run refuses what submit would refuse
     if dry_run:
         from .execute.backend import backend_for, backend_name
         from .meminputs import inputs
@@ -64,27 +71,45 @@ def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, ov
         if resume and not explicit:
             click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
         return
-    from .submit import SubmitOptions, launch
-    opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
-                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
     sys.exit(launch(spec, opts, detach=detach))
 
 
 @cli.command()
-@click.argument("job", type=click.Path(dir_okay=False))
+@click.argument("job", type=click.Path(dir_okay=False), required=False, metavar="JOB")
 @_submit_options
-def submit(job: str, **kw) -> None:
+def submit(job: str | None, **kw) -> None:
     """Run JOB on every node (or print the plan with --dry-run)."""
+    job, kw["resume"] = _job_after_resume(job, kw["resume"])
     _run_submit(job, **kw)
+
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _job_after_resume(job: str | None, resume: str | None) -> tuple[str, str | None]:
+    """`submit --resume job.yaml`: --resume took the spec as its checkpoint PATH and left no
+    JOB. A spec file there and no JOB is unambiguous: JOB it is, resuming from the latest."""
+    is_spec = bool(resume) and resume.endswith(SPEC_SUFFIXES) and os.path.isfile(resume)
+    if job is None and is_spec:
+        return resume, "latest"
+    if job is None and resume not in (None, "latest", "auto"):
+        raise UserError(f"JOB missing: --resume took {resume!r} as its checkpoint; put JOB first "
+                        "(mlaunch submit JOB --resume), or write --resume=PATH")
+    if job is None:
+        raise click.MissingParameter(param_type="argument", param_hint="'JOB'")
+    if is_spec:
+        raise UserError(f"--resume {resume}: a job spec file, not a checkpoint directory; give "
+                        "--resume alone (the latest checkpoint), --resume=auto, or --resume=PATH")
+    return job, resume
 
 
 @cli.command()
 @click.argument("job", type=click.Path(dir_okay=False))
-@_submit_options
+@functools.partial(_submit_options, start_flags=False)
 def resume(job: str, **kw) -> None:
-    """Same as `submit --resume`: continue JOB from its latest complete checkpoint."""
-    kw["resume"] = kw["resume"] or "latest"
-    _run_submit(job, **kw)
+    """Same as `submit --resume`: continue JOB from its latest complete checkpoint (another
+    checkpoint, or a fresh start if none: `submit --resume=PATH`, `submit --resume=auto`)."""
+    _run_submit(job, resume="latest", overwrite=False, **kw)
 
 
 @cli.command()

@@ -64,13 +64,22 @@ def ps(run: str | None, show_all: bool, as_json: bool) -> None:
 
 def _ps_one(r, as_json: bool) -> None:
     from .nodeview import read_snapshot, status_lines
-    snap = read_snapshot(r.log_dir)
+    from .registry import locate
+    log_dir, gone = None, None
+    try:
+        log_dir = locate(r.log_dir, "log dir") if r.log_dir else None
+    except LookupError as e:
+        gone = str(e)
+    snap = read_snapshot(log_dir)
     if as_json:
         click.echo(json.dumps({**r.public(), "live": snap}))
         return
     _table([r])
+    if gone:
+        click.echo(f"no node samples: {gone}")
+        return
     if snap is None:
-        click.echo(f"no node samples in {r.log_dir} (health.sample_every_s: 0, or none yet)")
+        click.echo(f"no node samples in {log_dir} (health.sample_every_s: 0, or none yet)")
         return
     click.echo("")
     click.echo("\n".join(status_lines(snap, 200, age_s=max(0.0, time.time() - snap["time"]))))
@@ -96,7 +105,7 @@ def logs(run: str, node: int | None, attempt: int | None, follow: bool, tail: in
     from .logview import View
     reg = _registry()
     r = _resolve(reg, run)
-    view = View(reg, r, node, attempt)
+    view = View(reg, r, node, attempt, wait=follow)
     view.show(tail)
     if follow:
         sys.exit(view.follow())
@@ -113,7 +122,7 @@ def attach(run: str) -> None:
         raise UserError(f"run {r.id} is {r.state}, not running; see `mlaunch logs {r.id}`")
     click.echo(f"[mlaunch] attached to run {r.id}: Ctrl-C detaches, the run keeps running "
                f"(stop it with `mlaunch stop {r.id}`)", err=True)
-    view = View(reg, r, None, None)
+    view = View(reg, r, None, None, wait=True)
     view.live()
     try:
         view.show(40)

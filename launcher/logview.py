@@ -9,7 +9,7 @@ import sys
 import time
 
 from .execute.stream import Printer
-from .registry import console_path
+from .registry import console_path, locate
 
 FOLLOW_POLL_S = 0.1   # how often a follower looks for new bytes
 STATE_POLL_S = 0.5    # ... and asks the registry whether the run has ended
@@ -32,8 +32,8 @@ def refresh(reg, run):
 class _Tail:
     """One file read incrementally; only whole lines are handed on."""
 
-    def __init__(self, path: str, emit):
-        self.path, self.emit, self.pos, self.rest = path, emit, 0, b""
+    def __init__(self, path: str, emit, what: str = "log"):
+        self.path, self.emit, self.what, self.pos, self.rest = path, emit, what, 0, b""
 
     def read(self, tail: int | None = None) -> None:
         try:
@@ -58,15 +58,29 @@ class _Tail:
 class View:
     """What `mlaunch logs` / `attach` show of one run: its console, one node, or one attempt."""
 
-    def __init__(self, reg, run, node: int | None, attempt: int | None):
+    def __init__(self, reg, run, node: int | None, attempt: int | None, wait: bool = False):
+        """wait: the caller follows, so files an active run has yet to write are no error."""
         self.reg, self.run, self.node, self.attempt = reg, run, node, attempt
         self.printer = Printer(lambda s: s, sys.stdout)
         self.seen_attempts = -1
         self.tails: list[_Tail] = self._tails()
+        if not (wait and run.active):
+            self._require()
+
+    def _require(self) -> None:
+        """Every file this view reads exists: a missing log is said, never shown as empty."""
+        if not self.tails:
+            raise _user(f"run {self.run.id} ({self.run.state}) has started no node"
+                        + (" yet; `mlaunch logs -f` waits for it" if self.run.active else ""))
+        for t in self.tails:
+            try:
+                t.path = locate(t.path, t.what)
+            except LookupError as e:
+                raise _user(f"run {self.run.id}: {e}") from None
 
     def _tails(self) -> list[_Tail]:
         if self.node is None and self.attempt is None:
-            return [_Tail(console_path(self.run.id), self._raw)]
+            return [_Tail(console_path(self.run.id), self._raw, "console log")]
         attempts = self.reg.attempts(self.run.id)
         if not attempts:
             return []
@@ -79,7 +93,8 @@ class View:
         ranks = range(len(pick.log_paths)) if self.node is None else [self.node]
         if self.node is not None and not 0 <= self.node < len(pick.log_paths):
             raise _user(f"--node {self.node}: run {self.run.id} has nodes 0..{len(pick.log_paths) - 1}")
-        return [_Tail(pick.log_paths[k], self._node_emit(k)) for k in ranks]
+        return [_Tail(pick.log_paths[k], self._node_emit(k), f"node {k}'s log (attempt {pick.n})")
+                for k in ranks]
 
     def _raw(self, lines: list[str]) -> None:
         self.printer.raw_lines(lines)

@@ -46,6 +46,27 @@ def home() -> str:
     return os.environ.get("MLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".mlaunch")
 
 
+def absolute(path: str | None) -> str | None:
+    """A path as the registry stores it: absolute, so that `mlaunch logs/ps/report` find it
+    from any directory (resolved against the cwd of the writer, i.e. of `mlaunch submit`)."""
+    return os.path.abspath(os.path.expanduser(path)) if path else path
+
+
+def locate(path: str, what: str) -> str:
+    """A stored path, made absolute, if it exists; else LookupError naming it and why.
+
+    Runs recorded by an older mlaunch may hold paths relative to the directory they were
+    submitted from: those resolve only from there, and the message says so."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(full):
+        return full
+    if not os.path.isabs(os.path.expanduser(path)):
+        raise LookupError(f"{what} {path} was recorded relative to the directory the run was "
+                          f"submitted from (an older mlaunch) and is not under {os.getcwd()}; "
+                          "run this command from that directory")
+    raise LookupError(f"{what} {path} does not exist (deleted or moved?)")
+
+
 def console_path(run_id: str) -> str:
     """The run's console log: on this machine, never in output_dir (a refused submit must
     leave output_dir as it was)."""
@@ -131,7 +152,8 @@ class Registry:
             " supervisor_start, detached, log_dir, output_dir, created) VALUES"
             " (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?)",
             (run_id, name, backend, json.dumps(hosts), json.dumps(spec), json.dumps(handle or {}),
-             supervisor[0], supervisor[1], int(detached), log_dir, output_dir, time.time()))
+             supervisor[0], supervisor[1], int(detached), absolute(log_dir), absolute(output_dir),
+             time.time()))
 
     def attempt_started(self, run_id: str, n: int, tag: str, log_paths: list[str],
                         resumed_from: str | None) -> None:
@@ -141,7 +163,7 @@ class Registry:
             self._db.execute(
                 "INSERT OR REPLACE INTO attempts (run_id, n, tag, state, resumed_from, log_paths,"
                 " started) VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                (run_id, n, tag, resumed_from, json.dumps(log_paths), now))
+                (run_id, n, tag, resumed_from, json.dumps([absolute(p) for p in log_paths]), now))
             self._db.execute(
                 "UPDATE runs SET state='running', attempts=?, started=COALESCE(started, ?),"
                 " resumed_from=COALESCE(?, resumed_from) WHERE id=? AND state IN"

@@ -78,11 +78,11 @@ class Run:
 def resolve_run(ref: str, output_dir: str | None = None) -> RunPaths:
     """RUN as given: a run's log dir, an output_dir (its newest run), or a run id under
     output_dir. The one place that knows how runs are found."""
-    if os.path.isdir(ref) and _node_logs(ref):
+    if os.path.isdir(ref) and node_logs(ref):
         log_dir = os.path.abspath(ref)
-        return RunPaths(os.path.basename(log_dir), log_dir, _output_dir_of(log_dir))
+        return RunPaths(os.path.basename(log_dir), log_dir, output_dir_of(log_dir))
     if os.path.isdir(os.path.join(ref, "logs")):
-        runs = sorted(d for d in os.listdir(os.path.join(ref, "logs")) if _node_logs(os.path.join(ref, "logs", d)))
+        runs = sorted(d for d in os.listdir(os.path.join(ref, "logs")) if node_logs(os.path.join(ref, "logs", d)))
         if runs:
             return RunPaths(runs[-1], os.path.abspath(os.path.join(ref, "logs", runs[-1])), os.path.abspath(ref))
     if output_dir and os.path.isdir(os.path.join(output_dir, "logs", ref)):
@@ -93,7 +93,7 @@ def resolve_run(ref: str, output_dir: str | None = None) -> RunPaths:
 
 def read_run(paths: RunPaths) -> Run:
     """Read one run's logs, step records and checkpoints."""
-    logs = _node_logs(paths.log_dir)            # {(attempt, rank): path}
+    logs = node_logs(paths.log_dir)            # {(attempt, rank): path}
     text = {k: _read(p) for k, p in logs.items()}
     attempts = sorted({a for a, _ in logs})
     out = paths.output_dir
@@ -202,7 +202,7 @@ def _wall(paths: RunPaths, text: dict) -> float | None:
     return max(0.0, (end - start).total_seconds())
 
 
-def _node_logs(log_dir: str) -> dict[tuple[int, int], str]:
+def node_logs(log_dir: str) -> dict[tuple[int, int], str]:
     if not os.path.isdir(log_dir):
         return {}
     out = {}
@@ -212,13 +212,13 @@ def _node_logs(log_dir: str) -> dict[tuple[int, int], str]:
     return out
 
 
-def _output_dir_of(log_dir: str) -> str | None:
+def output_dir_of(log_dir: str) -> str | None:
     """output_dir/logs/<run-id> is the default layout; else where the logs say checkpoints went."""
     parent = os.path.dirname(os.path.dirname(log_dir))
     if os.path.basename(os.path.dirname(log_dir)) == "logs" and (
             glob.glob(os.path.join(parent, "checkpoint-*")) or glob.glob(os.path.join(parent, "*.json*"))):
         return parent
-    for path in _node_logs(log_dir).values():
+    for path in node_logs(log_dir).values():
         if m := SAVED.search(_read(path)):
             return m.group(1)
     return None

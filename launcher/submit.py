@@ -39,9 +39,7 @@ class SubmitOptions:
 def launch(job: JobBase, opts: SubmitOptions, detach: bool = False) -> int:
     """The CLI's submit: through the run's backend, registered; detached or in the foreground."""
     from .execute.backend import backend_for, backend_name
-    if opts.resume and opts.overwrite:
-        raise UserError("--resume and --overwrite contradict each other; pick one")
-    _check_resumable(job, opts)
+    check_flags(job, opts)
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     backend = backend_for(backend_name(plan))
     request = backend.dryrun(plan)
@@ -54,9 +52,7 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
     """Run job to completion (with restarts); return its exit code.
 
     recorder: registers the run and its attempts (the CLI's runs are all registered)."""
-    if opts.resume and opts.overwrite:
-        raise UserError("--resume and --overwrite contradict each other; pick one")
-    _check_resumable(job, opts)
+    check_flags(job, opts)
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     rec = recorder or NullRecorder()
     printer = Printer(plan.mask, rec.begin(plan, job, out or sys.stdout))
@@ -102,6 +98,13 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
             master.unlock()
     finally:
         executor.close()
+
+
+def check_flags(job: JobBase, opts: SubmitOptions) -> None:
+    """The refusals of the options themselves, before anything runs (--dry-run makes them too)."""
+    if opts.resume and opts.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    _check_resumable(job, opts)
 
 
 def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
