@@ -147,7 +147,8 @@ def stop(run: str, force: bool) -> None:
     left = sum(result.left.values())
     final = reg.get(r.id)
     click.echo(f"[mlaunch] run {r.id}: {result.how}; {final.state}; "
-               f"{left} processes left on {len(result.left)} hosts")
+               f"{left} process{'' if left == 1 else 'es'} left on {len(result.left)} "
+               f"host{'' if len(result.left) == 1 else 's'}")
     sys.exit(0 if result.clean else 1)
 
 

@@ -10,11 +10,16 @@ import os
 from .batchplan import MemoryInputs
 from .spec import JobBase, model_config
 
+DRY_RUN = "a dry run asks no node"
+PLAN = "`mlaunch plan` asks no node; submit reads node 0's copy in preflight"
+NO_PREFLIGHT = "no preflight ran to read node 0's copy (--no-preflight, or slurm)"
 
-def inputs(job: JobBase, preflight: dict | None = None) -> MemoryInputs:
-    """MemoryInputs for job; preflight: Report.memory (None for a dry run or --no-preflight)."""
+
+def inputs(job: JobBase, preflight: dict | None = None, unasked: str = DRY_RUN) -> MemoryInputs:
+    """MemoryInputs for job; preflight: Report.memory (None for a dry run, `mlaunch plan` or
+    --no-preflight); unasked: why no node was asked, for the message when that left a gap."""
     gpu, gpu_src = gpu_memory(job, preflight)
-    cfg, cfg_src = config(job, preflight)
+    cfg, cfg_src = config(job, preflight, unasked)
     return MemoryInputs(gpu_gib=gpu, gpu_source=gpu_src, model_config=cfg, config_source=cfg_src)
 
 
@@ -35,7 +40,7 @@ def gpu_memory(job: JobBase, preflight: dict | None) -> tuple[float | None, str]
     return None, "not known without preflight"
 
 
-def config(job: JobBase, preflight: dict | None) -> tuple[dict | None, str]:
+def config(job: JobBase, preflight: dict | None, unasked: str = DRY_RUN) -> tuple[dict | None, str]:
     """(config.json, where from): this machine's copy, else the one node 0 read in preflight."""
     model = getattr(job, "model", None)
     if not isinstance(model, str):
@@ -48,5 +53,5 @@ def config(job: JobBase, preflight: dict | None) -> tuple[dict | None, str]:
     if isinstance(remote, dict):
         return remote, f"{path}, read on node 0"
     if preflight is None:
-        return None, f"{path} is not on this machine and a dry run asks no node"
+        return None, f"{path} is not on this machine and {unasked}"
     return None, f"{path} is readable neither here nor on node 0"

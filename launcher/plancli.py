@@ -23,7 +23,7 @@ def plan_cmd(job: str, as_json: bool, force: bool) -> None:
     from .batchplan import resolve
     from .spec import load_spec
     spec = load_spec(job)
-    decision = resolve(spec, meminputs.inputs(spec))
+    decision = resolve(spec, meminputs.inputs(spec, unasked=meminputs.PLAN))
     if decision is None:
         raise UserError(f"{job}: trainer {spec.trainer} has no batch to plan")
     if as_json:

@@ -38,7 +38,8 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     if job.cluster.scheduler == "slurm":
-        lines.append(f"scheduler: slurm, {len(plan.nodes)} nodes from the allocation")
+        n = len(plan.nodes)
+        lines.append(f"scheduler: slurm, {n} node{'' if n == 1 else 's'} from the allocation")
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")
     if not full:

@@ -130,7 +130,8 @@ def _plan_batch(job: JobBase, report, opts: SubmitOptions, printer: Printer) -> 
     not fit, unless --force): the job with them filled in, for every attempt."""
     from . import batchplan, meminputs, memview
     from .plancli import refuse_unfit
-    decision = batchplan.resolve(job, meminputs.inputs(job, report.memory if report else None))
+    decision = batchplan.resolve(job, meminputs.inputs(job, report.memory if report else None,
+                                                       unasked=meminputs.NO_PREFLIGHT))
     if decision is None:
         return job
     if decision.chosen or decision.problems or decision.estimate:

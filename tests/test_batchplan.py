@@ -189,8 +189,8 @@ def test_unreadable_config_falls_back_cautiously_and_says_so():
 @pytest.mark.parametrize("batch,line", [
     ({}, "batch.global: required when mlaunch chooses per_device or grad_accum (omitted or auto): "
          "give the global batch, e.g. global: 64"),
-    ({"global": 60}, "batch.global: 60 is not a multiple of 1 nodes × 8 GPUs = 8; set global to a multiple of 8"),
-    ({"global": 64, "grad_accum": 3}, "batch.global: 64 is not a multiple of 1 nodes × 8 GPUs × 3 accumulation "
+    ({"global": 60}, "batch.global: 60 is not a multiple of 1 node × 8 GPUs = 8; set global to a multiple of 8"),
+    ({"global": 64, "grad_accum": 3}, "batch.global: 64 is not a multiple of 1 node × 8 GPUs × 3 accumulation "
                                       "= 24; set global to a multiple of 24"),
 ])
 def test_spec_refusals_are_one_line(batch, line):

@@ -48,7 +48,8 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
     except OSError as e:
         raise UserError(f"cannot create log directory {plan.log_dir}: {e.strerror}; "
                         "pass --log-dir DIR") from None
-    printer.say(f"run {plan.run_id}: {len(plan.nodes)} nodes; logs in {plan.log_dir}")
+    n = len(plan.nodes)
+    printer.say(f"run {plan.run_id}: {n} node{'' if n == 1 else 's'}; logs in {plan.log_dir}")
     try:
         problems = [] if connected else executor.connect()
         if problems:

@@ -125,7 +125,8 @@ class SlurmExecutor:
                 raise sbatch_error(r.stderr or r.stdout)
             job_id = r.stdout.strip().split(";")[0]
             self.job_ids.append(job_id)
-            printer.say(f"slurm job {job_id}: {len(plan.nodes)} nodes requested; "
+            n = len(plan.nodes)
+            printer.say(f"slurm job {job_id}: {n} node{'' if n == 1 else 's'} requested; "
                         f"batch script {req.script_path}")
             on_started(queued=True, handle={"job_id": job_id, "job_ids": list(self.job_ids)})
             return Follow(plan, req, job_id, printer, on_started).run()

@@ -33,12 +33,17 @@ def world_size(job: JobBase) -> int:
 
 
 def world_text(c: Cluster, unit: str = "GPUs") -> str:
-    """`4 nodes × 4 GPUs`, or `2 nodes × (2+1) GPUs` when the counts differ."""
+    """`4 nodes × 4 GPUs`, `1 node × 1 GPU`, or `2 nodes × (2+1) GPUs` when the counts differ."""
     procs = node_procs(c)
+    nodes = f"{len(procs)} node{'' if len(procs) == 1 else 's'}"
     if len(set(procs)) <= 1:
-        return f"{len(procs)} nodes × {procs[0] if procs else 0} {unit}"
+        n = procs[0] if procs else 0
+        return f"{nodes} × {n} {_ONE.get(unit, unit) if n == 1 else unit}"
     shown = "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
-    return f"{len(procs)} nodes × ({shown}) {unit}"
+    return f"{nodes} × ({shown}) {unit}"
+
+
+_ONE = {"GPUs": "GPU", "processes": "process"}   # world_text's units, for a count of 1
 
 
 def select(c: Cluster) -> tuple[dict | None, list[Problem], list[str]]:
