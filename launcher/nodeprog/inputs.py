@@ -22,9 +22,9 @@ def check_input(i):
         return module_input(path)
     p = full(path)
     if kind == "file":
-        return {"ok": True} if os.path.isfile(p) else absent(p, "%s: no such file" % p)
+        return {"ok": True} if os.path.isfile(p) else missing_path(p, "%s: no such file" % p)
     if kind == "path":
-        return {"ok": True} if os.path.exists(p) else absent(p, "%s: no such file or directory" % p)
+        return {"ok": True} if os.path.exists(p) else missing_path(p, "%s: no such file or directory" % p)
     if kind == "model":
         return model_input(path, p)
     if path == "ONLINE" or path.startswith("REMOTE:"):
@@ -55,10 +55,10 @@ def model_input(path, p):
     if not path.startswith(("/", "~")):
         return {"ok": False, "error": "%s: no such directory (relative to %s), and not a hub id "
                 "(those are org/name)" % (p, os.getcwd())}
-    return absent(p, "%s: no such file or directory" % p)
+    return missing_path(p, "%s: no such file or directory" % p)
 
 
-def absent(p, error):
+def missing_path(p, error):
     """The answer for a missing path p, with the close names beside it (a misspelling?)."""
     out = {"ok": False, "error": error}
     parent, name = os.path.split(p)
@@ -76,7 +76,7 @@ def absent(p, error):
 def dataset(d, names, stage=None):
     info = os.path.join(d, "dataset_info.json")
     if not os.path.isdir(d):
-        return absent(d, "dataset_dir %s: no such directory" % d)
+        return missing_path(d, "dataset_dir %s: no such directory" % d)
     try:
         with open(info) as fh:
             data = json.load(fh)
