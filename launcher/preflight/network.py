@@ -120,7 +120,9 @@ def port_reachable(ctx: Ctx, mesh: dict) -> list[CheckResult]:
                 "network/port-reachable", r, host, "fail",
                 f"cannot connect to {addr}:{port} from {host}: {d['error']}{extra}",
                 f"open TCP {port} on {addr} to the workers (security group / firewall)"
-                + (" and check the route between them" if "route" in d["error"].lower() else "")))
+                + (" and check the route between them" if "route" in d["error"].lower() else
+                   f"; no route leads to {addr} from {host}: is it node 0's cluster address?"
+                   if "unreachable" in d["error"].lower() else "")))
     return out
 
 
