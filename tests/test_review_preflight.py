@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -205,8 +206,7 @@ def test_misspelt_swift_dataset_path_says_did_you_mean(tmp_path):
     (data / "tiny_alpaca.json").write_text("[]")
     (tmp_path / "model").mkdir()
     spec = {"name": "t", "trainer": "swift",
-            "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": script_job(
-                ["localhost"], 1, "allreduce.py", [], "")["cluster"]["python"]},
+            "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": sys.executable},
             "model": str(tmp_path / "model"), "model_type": "qwen2", "template": "qwen",
             "dataset": [str(data / "tiny_alpacca.json") + "#32"], "max_length": 64,
             "finetuning": {"type": "lora"}, "batch": {"per_device": 1},
