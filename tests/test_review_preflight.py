@@ -236,3 +236,21 @@ def test_dataset_listed_on_one_node_only_keeps_copy_advice(make_hostset, tmp_pat
         assert row.detail == f"dataset: tiny_alpaca_v2 not listed in {data}/dataset_info.json"
         assert row.fix.startswith(f"copy the dataset directory {data} (with dataset_info.json and its files) "
                                   f"to {hs.hosts[1].ip}"), row.fix
+
+
+@pytest.mark.parametrize("error", ["PermissionError: [Errno 13] Permission denied: '/data/m'",
+                                   "no answer within 8s (hung mount or driver?)"])
+def test_an_input_check_that_crashed_or_hung_fails_the_row(error):
+    """A node that answered, but whose input check crashed or timed out, has unverified inputs:
+    a ✗ with the error and a fix, never a – that lets submit go on."""
+    from launcher.preflight import storage
+    from launcher.preflight.report import Report
+    from .test_preflight import ctx_for
+    ctx = ctx_for(["a", "b"])
+    facts = {0: {"inputs": [{"what": "script", "path": "x.py", "ok": True}]}, 1: {"inputs": {"error": error}}}
+    rows = storage.check_inputs(ctx, facts)
+    assert [r.status for r in rows] == ["pass", "fail"]
+    assert error in rows[1].detail and "on b by hand" in rows[1].fix
+    assert not Report(tuple(rows), 0.0).ok
+    # a node with no facts at all is another row's failure (SSH, python): a skip here
+    assert storage.check_inputs(ctx, {0: facts[0]})[1].status == "skip"

@@ -90,7 +90,7 @@ def check_inputs(ctx: Ctx, facts: dict) -> list[CheckResult]:
     for r in ctx.live:
         host = ctx.nodes[r].host
         if r not in items:
-            out.append(_skip("storage/inputs", ctx, r, facts.get(r)))
+            out.append(_unchecked_inputs(ctx, r, facts.get(r)))
             continue
         bad = [(k, i) for k, i in enumerate(items[r]) if not i.get("ok")]
         if not bad:
@@ -184,6 +184,19 @@ def _per_node(ctx: Ctx, facts: dict, check: str, key: str, row) -> list[CheckRes
 def _mb(mb: float) -> str:
     """A size in MB, human-readable."""
     return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB" if mb >= 1 else f"{mb * 1024:.0f} KB"
+
+
+def _unchecked_inputs(ctx: Ctx, r: int, node_facts) -> CheckResult:
+    """A node that answered but whose input check crashed or hung fails: a job started on
+    unverified inputs is what the check exists to prevent (a node that did not answer at
+    all is another row's failure, and skips here)."""
+    err = node_facts.get("inputs") if isinstance(node_facts, dict) else None
+    if not (isinstance(err, dict) and err.get("error")):
+        return _skip("storage/inputs", ctx, r, node_facts)
+    host = ctx.nodes[r].host
+    return CheckResult("storage/inputs", r, host, "fail", f"the input check did not finish: {err['error']}",
+                       f"check the model, dataset and script paths on {host} by hand (`ls` them); "
+                       "a hung network mount makes this check time out")
 
 
 def _skip(check: str, ctx: Ctx, r: int, why) -> CheckResult:
