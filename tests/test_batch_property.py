@@ -36,7 +36,8 @@ def test_accepts_exactly_consistent(nodes, gpus, per_device, accum, global_):
     except SpecError as e:
         accepted = False
         assert [str(p) for p in e.problems] == [
-            f"batch.global: {global_} ≠ {nodes} nodes × {gpus} GPUs × {per_device} per device × "
+            f"batch.global: {global_} ≠ {nodes} node{'s' * (nodes != 1)} × {gpus} GPU{'s' * (gpus != 1)}"
+            f" × {per_device} per device × "
             f"{accum} accumulation = {product}; set global to {product}, change per_device/"
             "grad_accum, or omit global"]
     assert accepted == (global_ is None or global_ == product)
