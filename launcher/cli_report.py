@@ -18,7 +18,7 @@ from .errors import UserError
 def report(runs: tuple[str, ...], out: str | None, output_dir: str | None, window_s: float) -> None:
     """Plot and summarise RUN (a log dir, an output_dir, or a run id); RUN RUN_B overlays two."""
     from .report import require_matplotlib, write_report
-    from .runlog import read_run, resolve_run
+    from .runlog import read_run
     if len(runs) > 2:
         raise UserError(f"report takes one run, or two to compare; got {len(runs)}")
     require_matplotlib()
