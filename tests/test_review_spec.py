@@ -117,7 +117,8 @@ def test_env_reference_masked_in_dry_run(tmp_path):
 
 @pytest.mark.parametrize("path,value,expected", [
     ("cluster.gpus_per_node", "two", "cluster.gpus_per_node: 'two' is not accepted: write an "
-     "integer from 1 to 1024, or a list, each an integer from 1 to 1024"),
+     "integer from 1 to 1024, or a list of them, or leave it out; processes per node: one count "
+     "for every node, or one per host"),
     ("cluster.gpus_per_node", 0, "cluster.gpus_per_node: 0 is not accepted: write an integer from 1 to 1024"),
     ("batch.per_device", 0, "batch.per_device: 0 is not accepted: write an integer ≥ 1, or auto, or leave it out"),
     ("batch.grad_accum", "x", "batch.grad_accum: 'x' is not accepted: write an integer ≥ 1, or auto"),
@@ -205,3 +206,29 @@ def test_misspelt_required_key_is_one_line(parent, good, bad):
 
 def test_missing_required_key_without_typo_still_reported():
     assert problems(mutate("training.learning_rate", DELETE)) == ["training.learning_rate: required field missing"]
+
+
+def test_swift_deepspeed_file_name_points_at_config():
+    assert problems(set_path(swift_spec(), "deepspeed", "ds_z2_config.json")) == [
+        "deepspeed.name: 'ds_z2_config.json' is a file name: write `deepspeed: {config: ds_z2_config.json}`"]
+
+
+def test_swift_raw_deepspeed_block_points_at_config_file():
+    line, = problems(set_path(swift_spec(), "deepspeed", {"zero_optimization": {"stage": 3}}))
+    assert "deepspeed: {config: FILE}" in line
+
+
+def test_misspelt_trainer_key_is_named():
+    data = seed000()
+    data["trainr"] = data.pop("trainer")
+    assert problems(data) == ["trainer: required: one of llamafactory, swift, script; "
+                              "did you misspell it as 'trainr'?"]
+
+
+@pytest.mark.parametrize("path,value,expected", [
+    ("finetuning.lora_target", 5, "finetuning.lora_target: 5 is not accepted: write text, or a list of them"),
+    ("cluster.slurm", {"extra_sbatch": {"mem": [1]}},
+     "cluster.slurm.extra_sbatch.mem: [1] is not accepted: write text, or an integer, or true or false"),
+])
+def test_forms_through_lists_and_mappings(path, value, expected):
+    assert problems(mutate(path, value)) == [expected]

@@ -41,7 +41,7 @@ def translate(err: ValidationError, raw: dict, tagged: bool) -> list[Problem]:
     out: dict[str, Problem] = {}
     for path, loc, e in _one_branch(err.errors(), trainer if tagged else None):
         if e["type"].startswith("union_tag"):
-            path, e = "trainer", {**e, "input": trainer}
+            path, e = "trainer", {**e, "input": raw if e["type"] == "union_tag_not_found" else trainer}
         if path not in out:
             out[path] = Problem(path, _describe(e, loc, trainer))
     return _drop_missing_named(list(out.values()))
@@ -105,13 +105,18 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
     if kind == "string_type" and isinstance(given, (bool, int, float)):
         what = "a YAML boolean (true/false/yes/no/on/off)" if isinstance(given, bool) else "a YAML number"
         return f"{shown} is {what}, not text: quote it, e.g. \"{given}\""
+    if kind == "literal_error" and loc == ["deepspeed", "name"] and str(given).endswith(".json"):
+        return f"{shown} is a file name: write `deepspeed: {{config: {given}}}`"
     if kind in ("literal_error", "union_tag_invalid"):
         choices = list(TRAINER_MODELS) if kind == "union_tag_invalid" else _choices(e)
         why = NOT_OFFERED.get((trainer, ".".join(map(str, loc)), given))
         return (f"{shown} is not one of {', '.join(choices)}"
                 + (f": {why}" if why else _did_you_mean(str(given), choices)))
     if kind == "union_tag_not_found":
-        return f"required: one of {', '.join(TRAINER_MODELS)}"
+        typo = difflib.get_close_matches("trainer", [str(k) for k in given or {}], n=1, cutoff=0.6) \
+            if isinstance(given, dict) else []
+        return f"required: one of {', '.join(TRAINER_MODELS)}" + (
+            f"; did you misspell it as {typo[0]!r}?" if typo else "")
     if kind == "string_pattern_mismatch":
         return f"{shown} must be letters, digits, '.', '_' or '-' (at most 64)"
     return f"{e['msg'].rstrip('.')} (got {shown})"
@@ -145,14 +150,14 @@ def _mapping_text(shown: str, given: Any, trainer: Any, loc: list) -> str:
 
 
 def _forms_text(shown: str, trainer: Any, loc: list) -> str:
-    """`'two' is not accepted: write an integer from 1 to 1024, or a list of ...` from the type."""
-    field = _field_info(trainer, loc)
-    if field is None:
+    """`'two' is not accepted: write an integer from 1 to 1024, or a list of them` from the type."""
+    leaf = _leaf(trainer, loc)
+    if leaf is None:
         return f"{shown} is not accepted here"
-    forms = _forms(field.annotation, field.metadata)
-    optional = _allows_none(field.annotation)
-    text = f"{shown} is not accepted: write " + ", or ".join(forms + (["leave it out"] if optional else []))
-    return text + (f" ({field.description})" if field.description else "")
+    tp, meta, description = leaf
+    forms = _forms(tp, meta) + (["leave it out"] if _allows_none(tp) else [])
+    text = f"{shown} is not accepted: write " + ", or ".join(forms)
+    return text + (f"; {description}" if description else "")
 
 
 def _forms(tp: Any, meta: list | tuple = ()) -> list[str]:
@@ -162,7 +167,14 @@ def _forms(tp: Any, meta: list | tuple = ()) -> list[str]:
         base, *extra = typing.get_args(tp)
         return _forms(base, [m for x in extra for m in getattr(x, "metadata", [x])])
     if origin in (Union, types.UnionType):
-        return [f for a in typing.get_args(tp) if a is not type(None) for f in _forms(a, meta)]
+        out: list[str] = []
+        for a in typing.get_args(tp):
+            if a is not type(None):
+                here = _forms(a, meta)
+                # `int | list[int]`: "an integer, or a list of them"
+                same = typing.get_origin(a) is list and out and _forms(typing.get_args(a)[0]) == out[-1:]
+                out += ["a list of them"] if same else here
+        return out
     if origin is Literal:
         return [" or ".join(map(str, typing.get_args(tp)))]
     if origin is list:
@@ -190,14 +202,37 @@ def _allows_none(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
 
 
-def _field_info(trainer: Any, loc: list):
-    """The pydantic FieldInfo at loc (names or aliases), or None."""
-    model: Any = TRAINER_MODELS.get(trainer, JobBase)
-    for part in loc[:-1]:
-        model = _field_model(model, part)
-        if model is None:
+def _leaf(trainer: Any, loc: list) -> tuple[Any, list, str | None] | None:
+    """(type, constraints, description) of the value at loc, through models, dicts and lists."""
+    tp: Any = TRAINER_MODELS.get(trainer, JobBase)
+    meta: list = []
+    description = None
+    for part in loc:
+        tp = _container(tp, part)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = next((f for n, f in tp.model_fields.items() if part in (n, f.alias)), None)
+            if field is None:
+                return None
+            tp, meta, description = field.annotation, field.metadata, field.description
+        elif typing.get_origin(tp) in (dict, list):
+            tp, meta, description = typing.get_args(tp)[-1], [], None
+        else:
             return None
-    return next((f for n, f in model.model_fields.items() if loc[-1] in (n, f.alias)), None)
+    return tp, meta, description
+
+
+def _container(tp: Any, part: Any) -> Any:
+    """The model, dict or list inside Annotated / Optional wrappers that `part` indexes."""
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return tp
+    want = (list,) if isinstance(part, int) else (dict,)
+    for a in typing.get_args(tp):
+        if (isinstance(a, type) and issubclass(a, BaseModel) and isinstance(part, str)) or \
+                typing.get_origin(a) in want:
+            return a
+    return tp
 
 
 def _choices(e: dict) -> list[str]:
