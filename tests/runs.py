@@ -12,7 +12,6 @@ import time
 from .helpers import ROOT, write_spec
 
 CLI = [sys.executable, "-m", "launcher.cli"]
-PS_EVERY_S = 2.0   # wait_state: how often it asks `ps` (the CLI) between registry looks
 
 
 class Runs:
@@ -46,31 +45,13 @@ class Runs:
         return next(r for r in self.ps() if r["id"] == run_id)
 
     def wait_state(self, run_id: str, states: tuple[str, ...], timeout: float = 180) -> dict:
-        """The run's `ps` row once its state is one of states. Between two `ps` calls the
-        registry itself is watched: each `ps` is a Python start-up (for Slurm also a squeue)
-        that took a third of a core away from the very trainers being waited on, at one call
-        every 0.3 s. A state only `ps` finds (a lost supervisor) is seen within PS_EVERY_S."""
         deadline = time.monotonic() + timeout
         while True:
             row = self.run(run_id)
             if row["state"] in states or time.monotonic() > deadline:
                 assert row["state"] in states, row
                 return row
-            self._wait_stored_state(run_id, row["state"], min(PS_EVERY_S, deadline - time.monotonic()))
-
-    def _wait_stored_state(self, run_id: str, state: str, up_to: float) -> None:
-        """Until the registry records another state for the run, or up_to seconds pass."""
-        from launcher.registry import Registry
-        end = time.monotonic() + up_to
-        reg = Registry(os.path.join(self.home, "runs.db"))
-        try:
-            while time.monotonic() < end:
-                run = reg.get(run_id)
-                if run is None or run.state != state:
-                    return
-                time.sleep(0.2)
-        finally:
-            reg.close()
+            time.sleep(0.3)
 
     def wait_console(self, run_id: str, pattern: str, count: int = 1, timeout: float = 120) -> str:
         """The console log once it holds pattern count times."""
