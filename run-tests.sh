@@ -28,17 +28,8 @@ fi
 python -m pip install -q -e '.[test]'
 
 # The "remote" trainer interpreters for the training tests: LLaMA-Factory and ms-swift on CPU.
-# The two builds share nothing (own DEST, own lock), so they run side by side: each is mostly
-# one pip process, so two at once use both cores. Each writes its own log, shown when done.
-mkdir -p .venvs
-build_venv() { bash "tests/env/make_$1_venv.sh" ".venvs/$1" >".venvs/$1.build.log" 2>&1; }
-build_venv trainer & trainer_pid=$!
-build_venv swift & swift_pid=$!
-venv_rc=0
-wait "$trainer_pid" || venv_rc=1
-wait "$swift_pid" || venv_rc=1
-cat .venvs/trainer.build.log .venvs/swift.build.log
-[ "$venv_rc" = 0 ] || { echo "run-tests: building a trainer venv failed (log above)" >&2; exit 1; }
+bash tests/env/make_trainer_venv.sh .venvs/trainer
+bash tests/env/make_swift_venv.sh .venvs/swift
 
 echo "run-tests: setup took $(( $(date +%s) - start ))s"
 set +e
