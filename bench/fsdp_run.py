@@ -62,19 +62,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--per-device", type=int, default=8)
-    ap.add_argument("--wheels", nargs="+")
-    ap.add_argument("--cpu", action="store_true")
+    gp.machine_args(ap)
     a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(gp.W, exist_ok=True)
-    if a.wheels:
-        gp.install(a.wheels)
-    os.environ.update(gp.NO_MULTICAST)
-    os.environ["PYTHONPATH"] = os.pathsep.join([gp.ROOT, os.environ.get("PYTHONPATH", "")])
-    s = gp.Setup(a.cpu, a.per_device)
-    if a.cpu and os.environ.get("MLAUNCH_TRAINER_VENV"):
-        s.python = os.path.join(os.environ["MLAUNCH_TRAINER_VENV"], "bin", "python")
-        s.bin = os.path.dirname(s.python)
+    s = gp.prepare(a.out, a.wheels, a.cpu, a.per_device)
     steps = 6 if a.cpu else a.steps
     for mode in a.torchrun.split(","):
         name = f"fsdp-{a.finetuning}-{mode}"

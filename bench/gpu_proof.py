@@ -48,7 +48,9 @@ class Setup:
 
     def __init__(self, cpu: bool, per_device: int = 8):
         self.cpu = cpu
-        self.python = os.path.join(ROOT, ".venvs/trainer/bin/python") if cpu else sys.executable
+        # on CPU the trainer venv: MLAUNCH_TRAINER_VENV's (a venv outside the checkout), else ours
+        venv = os.environ.get("MLAUNCH_TRAINER_VENV") or os.path.join(ROOT, ".venvs/trainer")
+        self.python = os.path.join(venv, "bin", "python") if cpu else sys.executable
         self.bin = os.path.dirname(self.python)
         env = {**NO_MULTICAST, "DISABLE_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -251,6 +253,25 @@ def install(wheels: list[str]) -> None:
     sys.path[:0] = ["/tmp/site"]
 
 
+def machine_args(ap: argparse.ArgumentParser) -> None:
+    """The options every GPU proof script takes: carried wheels, and the CPU rehearsal."""
+    ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
+    ap.add_argument("--cpu", action="store_true", help="rehearse on CPU (gloo, the trainer venv)")
+
+
+def prepare(out: str, wheels: list[str] | None, cpu: bool, per_device: int = 8, work: str = W) -> Setup:
+    """The machine for a proof script: OUTDIR and its work folder, the carried wheels installed,
+    mlaunch importable by every child, multicast off, and the Setup of this machine."""
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    if wheels:
+        install(wheels)
+    os.environ.update(NO_MULTICAST)
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    sys.path.insert(0, ROOT)
+    return Setup(cpu, per_device)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?")
@@ -260,20 +281,13 @@ def main() -> None:
     ap.add_argument("--nodes2-runs", type=int, default=1)
     ap.add_argument("--lora-steps", type=int, default=150)
     ap.add_argument("--per-device", type=int, default=8, help="per-GPU batch of the LoRA jobs")
-    ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
-    ap.add_argument("--cpu", action="store_true")
+    machine_args(ap)
     ap.add_argument("--summarize", nargs="+")
     a = ap.parse_args()
     from gpu_proof_report import summarize   # bench/ is on sys.path (this file's folder)
     if a.summarize:
         return print(summarize(a.summarize))
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(W, exist_ok=True)
-    if a.wheels:
-        install(a.wheels)
-    os.environ.update(NO_MULTICAST)
-    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-    s = Setup(a.cpu, a.per_device)
+    s = prepare(a.out, a.wheels, a.cpu, a.per_device)
     steps = 12 if a.cpu else a.lora_steps
     parts = {"check": lambda: part_check(s, a.out, a.check_runs),
              "lora": lambda: part_lora(s, a.out, a.runs, steps),

@@ -32,16 +32,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--per-device", type=int, default=32)
-    ap.add_argument("--wheels", nargs="+")
-    ap.add_argument("--cpu", action="store_true")
+    gp.machine_args(ap)
     a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(gp.W, exist_ok=True)
-    if a.wheels:
-        gp.install(a.wheels)
-    os.environ.update(gp.NO_MULTICAST)
-    os.environ["PYTHONPATH"] = os.pathsep.join([gp.ROOT, os.environ.get("PYTHONPATH", "")])
-    s = gp.Setup(a.cpu, a.per_device)
+    s = gp.prepare(a.out, a.wheels, a.cpu, a.per_device)
     steps = 12 if a.cpu else a.steps
     kinds = {"lf-env": gp.spec(s, "lfenv-on", steps=steps, gpus=a.gpus)}
     s.env = {**s.env, **TORCH_DEFAULTS}

@@ -9,9 +9,10 @@ Parts (each run appends one JSON line to OUTDIR/results.jsonl, also kept in /tmp
   sweep     a hand sweep at global batch 64 (0.39 B LoRA): checkpointing off 16×4, 32×2, 64×1,
             on 64×1, one run each; the fastest becomes `choice`'s hand setting
   choice    `batch: {global: 64}` chosen by mlaunch vs LLaMA-Factory's example habits
-            (checkpointing on, 8 × 8) vs the best hand setting (the sweep's, else --hand,
-            default the issue's fastest: off 64 × 1), alternating, --runs each; samples/s, peaks,
-            whether any run ran out of memory
+            (checkpointing on, 8 × 8; also under torch's allocator default) vs the best hand
+            setting (the sweep's, else --hand, default the issue's fastest: off 64 × 1; with
+            `--hand sweep` every SWEEP setting runs in every round), alternating, --runs rounds
+            from round --first; samples/s, peaks, whether any run ran out of memory
 Usage, from the repo root of a machine with one GPU:
     python3 bench/memory_proof.py OUTDIR [--parts estimate,choice] [--shapes 0.39b,1.5b-150k]
             [--steps 10] [--runs 3] [--wheels DIR] [--settings 4,8 --repeat 3] [--env KEY=VALUE]
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from gpu_proof import NO_MULTICAST, Setup, install, mlaunch, train  # noqa: E402 (bench/ on sys.path)
+from gpu_proof import machine_args, mlaunch, prepare, Setup, train  # noqa: E402 (bench/ on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 W = "/tmp/memory-proof"
@@ -140,7 +141,8 @@ def model(s: Setup, shape: str) -> dict:
         return json.load(fh)
 
 
-def job_spec(s: Setup, name: str, shape: str, batch: dict, training: dict, ft: dict, stage, steps: int) -> str:
+def job_spec(s: Setup, name: str, shape: str, batch: dict, training: dict, ft: dict, stage, steps: int,
+             env: dict | None = None) -> str:
     """A spec like gpu_proof's: localhost, one GPU, the built model; the memory probe on PYTHONPATH."""
     m = model(s, shape)
     probe = os.path.join(W, "probe")
@@ -150,7 +152,7 @@ def job_spec(s: Setup, name: str, shape: str, batch: dict, training: dict, ft: d
     ranks = os.path.join(W, "ranks", name)
     shutil.rmtree(ranks, ignore_errors=True)
     os.makedirs(ranks)
-    env = {**s.env, **EXTRA_ENV, "MLAUNCH_MEMPROBE_DIR": ranks,
+    env = {**s.env, **EXTRA_ENV, **(env or {}), "MLAUNCH_MEMPROBE_DIR": ranks,
            "PYTHONPATH": os.pathsep.join([probe, os.environ.get("PYTHONPATH", "")])}
     job = {"name": name, "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": s.python, "env": env},
            "trainer": "llamafactory", "model": m["model"], "template": m["template"], "dataset": m["dataset"],
@@ -271,14 +273,26 @@ def best_hand(default: str) -> tuple[bool, int, int]:
     return ck == "on", int(micro), int(accum)
 
 
-def part_choice(s: Setup, out: str, runs: int, steps: int, hand: str) -> None:
-    ck, micro, accum = best_hand(hand)
-    kinds = {"auto": ({"global": 64}, {}),
-             "lf-habit": ({"per_device": 8, "grad_accum": 8, "global": 64}, {"gradient_checkpointing": True}),
-             "hand-best": ({"per_device": micro, "grad_accum": accum, "global": 64}, {"gradient_checkpointing": ck})}
-    for i in range(runs):
-        for kind, (batch, training) in kinds.items():
-            path = job_spec(s, f"choice-{kind}", "0.39b", batch, training, LORA, None, steps)
+def choice_kinds(hand: str) -> dict:
+    """The kinds `choice` alternates: mlaunch's pick, LLaMA-Factory's habits (also under torch's
+    own allocator setting, to see what mlaunch's launch environment does to them), and the best
+    sweep setting recorded here or --hand; `--hand sweep` runs the whole SWEEP in every round
+    instead, so the best hand setting is judged on as many runs as the pick."""
+    torch_alloc = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    habit = ({"per_device": 8, "grad_accum": 8, "global": 64}, {"gradient_checkpointing": True})
+    kinds = {"auto": ({"global": 64}, {}, {}), "lf-habit": (*habit, {}), "lf-habit-torch-alloc": (*habit, torch_alloc)}
+    hands = SWEEP if hand == "sweep" else [best_hand(hand)]
+    for ck, micro, accum in hands:
+        label = "hand-best" if hand != "sweep" else f"hand-{'on' if ck else 'off'}-{micro}x{accum}"
+        kinds[label] = ({"per_device": micro, "grad_accum": accum, "global": 64}, {"gradient_checkpointing": ck}, {})
+    return kinds
+
+
+def part_choice(s: Setup, out: str, runs: int, steps: int, hand: str, first: int = 0) -> None:
+    """`runs` alternating rounds over choice_kinds, numbered from `first` (a later call goes on)."""
+    for i in range(first, first + runs):
+        for kind, (batch, training, env) in choice_kinds(hand).items():
+            path = job_spec(s, f"choice-{kind}", "0.39b", batch, training, LORA, None, steps, env)
             one_run(s, out, "choice", kind, i, path, 64)
 
 
@@ -312,10 +326,13 @@ def summarize(paths: list[str]) -> str:
             out.append(f"| {part} | {label} | {len(rs)} | {sum(sps) / len(sps) if sps else 0:.1f} | "
                        f"{means[(part, kind)] or 0:.1f} | {max((r.get('peak_mib') or 0) for r in rs)} | "
                        f"{sum(1 for r in rs if r.get('oom') or r['rc'])} |")
-        a, h, b = (means.get(("choice", k)) for k in ("auto", "lf-habit", "hand-best"))
-        if a and h and b:
+        a, h = means.get(("choice", "auto")), means.get(("choice", "lf-habit"))
+        hands = {k: v for (part, k), v in means.items() if part == "choice" and k.startswith("hand-") and v}
+        if a and h and hands:
+            best = max(hands, key=hands.get)
             out.append(f"\nsteady samples/s: auto / LLaMA-Factory habits {a / h:.2f}× (goal ≥ 2.5×); "
-                       f"auto / best hand {a / b:.3f} (goal ≥ 0.95)")
+                       f"auto / best hand ({best}) {a / hands[best]:.3f} (goal ≥ 0.95); "
+                       f"best hand / habits {hands[best] / h:.2f}×")
     return "\n".join(out)
 
 
@@ -330,9 +347,10 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="cluster.env of every job, e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
     ap.add_argument("--runs", type=int, default=3, help="choice part: runs of each kind")
-    ap.add_argument("--hand", default="off,64,1", help="choice part without a sweep: ckpt,per_device,accum")
-    ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
-    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--hand", default="off,64,1",
+                    help="choice part: ckpt,per_device,accum when no sweep was recorded, or 'sweep'")
+    ap.add_argument("--first", type=int, default=0, help="choice part: number of the first round")
+    machine_args(ap)
     ap.add_argument("--build", nargs=2, metavar=("DEST", "SHAPE"), help=argparse.SUPPRESS)
     ap.add_argument("--summarize", nargs="+")
     a = ap.parse_args()
@@ -340,23 +358,14 @@ def main() -> None:
         return build(*a.build, a.cpu)
     if a.summarize:
         return print(summarize(a.summarize))
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(W, exist_ok=True)
+    s = prepare(a.out, a.wheels, a.cpu, work=W)
     if a.wheels:
-        install(a.wheels)
         install_deepspeed(a.wheels)
-    os.environ.update(NO_MULTICAST)
-    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-    sys.path.insert(0, ROOT)
-    s = Setup(a.cpu)
-    if a.cpu and os.environ.get("MLAUNCH_TRAINER_VENV"):
-        s.python = os.path.join(os.environ["MLAUNCH_TRAINER_VENV"], "bin", "python")
-        s.bin = os.path.dirname(s.python)
     only = [int(x) for x in a.settings.split(",")] if a.settings else None
     EXTRA_ENV.update(kv.split("=", 1) for kv in a.env)
     parts = {"estimate": lambda: part_estimate(s, a.out, a.shapes.split(","), a.steps, only, a.repeat),
              "sweep": lambda: part_sweep(s, a.out, a.steps),
-             "choice": lambda: part_choice(s, a.out, a.runs, a.steps, a.hand)}
+             "choice": lambda: part_choice(s, a.out, a.runs, a.steps, a.hand, a.first)}
     for name in a.parts.split(","):
         t0 = time.monotonic()
         parts[name]()

@@ -29,7 +29,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 
 import gpu_proof as gp   # bench/ is on sys.path (this file's folder)
@@ -146,21 +145,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--per-device", type=int, default=8)
     ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--wheels", nargs="+", help="folders of carried wheels")
-    ap.add_argument("--cpu", action="store_true")
+    gp.machine_args(ap)
     ap.add_argument("--summarize", nargs="+")
     a = ap.parse_args()
     if a.summarize:
         return print(table(a.summarize))
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(gp.W, exist_ok=True)
-    if a.wheels:
-        gp.install(a.wheels)
-    os.environ["PYTHONPATH"] = os.pathsep.join([gp.ROOT, os.environ.get("PYTHONPATH", "")])
-    s = gp.Setup(a.cpu, a.per_device)
-    if a.cpu and os.environ.get("MLAUNCH_TRAINER_VENV"):   # a venv outside the checkout
-        s.python = os.path.join(os.environ["MLAUNCH_TRAINER_VENV"], "bin", "python")
-        s.bin = os.path.dirname(s.python)
+    s = gp.prepare(a.out, a.wheels, a.cpu, a.per_device)
     cmds = commands(s, 6 if a.cpu else a.steps)
     kinds = a.kinds.split(",")
     results = f"{a.out}/results.jsonl"

@@ -53,9 +53,10 @@ identical to the MiB run to run, against 20,157 before: its gap is gone, and the
 ckpt-on row needs none either (2026-12-01b). The allocator was not it: with
 expandable_segments:True inactive split bytes stay 0, and without them the peak is 128 MiB
 higher, not 3.4 GiB. So the term now applies only without recomputation, where its one row
-(the 1.54 B LoRA ckpt off, old render: its 5e8 reduce bucket explains at most 1 GiB of the
-gap) still says it is needed; that row is all it rests on, and it is unmeasured with today's
-render, at N > 1 and with offload.
+(the 1.54 B LoRA ckpt off) still says it is needed. Remeasured with today's render it peaked
+at 32,765 MiB, 404 below the old render's 33,169 (2026-12-01d; the old row is kept, superseded):
+the gap is real, not the old buckets. That row is all the term rests on; it is unmeasured at
+N > 1 and with offload.
 Overhead: the CUDA context, cuBLAS workspaces, the caching allocator's slack and NCCL
 buffers: a fitted constant (overhead_mib); act_scale absorbs fragmentation that grows with
 the activations.
@@ -77,9 +78,9 @@ FIT = {
     "act_scale": 1.0165,
     "logit_bytes": 13.347,
     "state_scale": 1.0,
-    "zero3_scale": 0.3771,
+    "zero3_scale": 0.3562,
     "params": 'overhead_mib,act_scale,logit_bytes,zero3_scale',
-    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl',
+    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl, bench/results/memory/h200-2026-12-01d.jsonl',
 }
 # END FIT
 
