@@ -12,7 +12,7 @@ larger micro-batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import memory
 from .errors import Problem
@@ -59,6 +59,7 @@ class Decision:
     why: tuple[str, ...] = ()
     problems: tuple[Problem, ...] = ()          # refusals; --force overrides them
     candidates: tuple[Candidate, ...] = field(default=())
+    defaulted: tuple[str, ...] = ()             # the fields the spec left to their defaults
 
 
 def plannable(job: JobBase) -> bool:
@@ -83,9 +84,11 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
         ga = b.global_ // (size * pd)    # arithmetic, not a choice (validation checked it divides)
     chosen = tuple(n for n, v in (("per_device", pd), ("grad_accum", ga),
                                   ("gradient_checkpointing", ck)) if v is None)
+    defaulted = ("gradient_checkpointing",) if ck is not None and \
+        "gradient_checkpointing" not in tr.model_fields_set else ()
     shape = memory.shape_from_config(inputs.model_config)
     if not plannable(job) or shape is None:
-        return _blind(job, inputs, pd, ga, ck, chosen, size)
+        return replace(_blind(job, inputs, pd, ga, ck, chosen, size), defaulted=defaulted)
     gpu = inputs.gpu_gib if inputs.gpu_gib is not None else ASSUMED_GIB
     budget = gpu * (1 - b.memory_margin) * memory.GIB
     per_rank = b.global_ // size if b.global_ else None
@@ -101,7 +104,7 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
         problems = []
     return Decision(_concrete(job, pick.micro_batch, acc, pick.checkpointing), pick.micro_batch, acc,
                     pick.checkpointing, chosen, inputs, est, budget, tuple(why), tuple(problems),
-                    tuple(cands))
+                    tuple(cands), defaulted)
 
 
 def setting(job, shape: memory.Shape, micro: int, ckpt: bool) -> memory.Setting:

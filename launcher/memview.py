@@ -20,7 +20,9 @@ def lines(d: Decision) -> list[str]:
         out += [f"  {LABELS[k]:<{width}}{v / GIB:>8.2f}" for k, v in d.estimate.terms]
         out.append(f"  {'total':<{width}}{d.estimate.total / GIB:>8.2f}   of "
                    f"{d.budget / GIB:.1f} usable")
-    who = f"chosen by mlaunch: {', '.join(d.chosen)}" if d.chosen else "all given in the spec"
+    who = "; ".join(([f"chosen by mlaunch: {', '.join(d.chosen)}"] if d.chosen else [])
+                    + ([f"{', '.join(d.defaulted)}: the default"] if d.defaulted else [])) \
+        or "all given in the spec"
     out.append(f"batch: per_device {d.per_device} × grad_accum {d.grad_accum}, gradient "
                f"checkpointing {'on' if d.checkpointing else 'off'} ({who})")
     out += [f"  {w}" for w in d.why]

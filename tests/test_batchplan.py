@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from launcher import batchplan, memory
+from launcher import batchplan, memory, memview
 from launcher.batchplan import MemoryInputs, resolve
 from launcher.plan import build_plan
 from launcher.spec import validate
@@ -137,6 +137,9 @@ def test_explicit_settings_are_never_changed(batch, training, gib):
     assert (d.per_device, d.grad_accum) == (batch["per_device"], batch.get("grad_accum", 1))
     assert d.checkpointing == training.get("gradient_checkpointing", True)
     assert d.chosen == ()
+    # and the plan says which came from the spec and which from the default
+    said = [ln for ln in memview.lines(d) if ln.startswith("batch:")][0]
+    assert said.endswith("(gradient_checkpointing: the default)" if not training else "(all given in the spec)")
 
 
 def test_partial_auto_keeps_the_given_half():

@@ -15,7 +15,7 @@ import threading
 import time
 
 from .inputs import check_input, full
-from .ports import bind, holder
+from .ports import bind, holder, own_address
 
 P = json.loads(sys.argv[1])
 MISSING = sys.argv[2] == "1"   # the job's interpreter is absent: this is a stand-in python3
@@ -257,6 +257,8 @@ FACTS = {"python": python_facts, "torch": torch_facts, "trainer": trainer_facts,
          "gpu": gpu_facts, "ext_locks": ext_lock_facts, "pyspy": pyspy_facts}
 if P["master_port"] is not None:
     FACTS["port"] = port_facts
+if P.get("master_addr"):   # node 0: torchrun's store listens here, so master_addr must lead here
+    FACTS["master"] = lambda: own_address(P["master_addr"])
 if P.get("model_config"):
     FACTS["model_config"] = model_config_facts
 

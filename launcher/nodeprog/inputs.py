@@ -1,9 +1,13 @@
 # mlaunch node program part (facts): are the job's inputs (model, datasets, script) where
 # the job will look for them on this node? Standard library only; Python >= 3.6.
+import difflib
 import json
 import os
 import re
 import sys
+
+LISTED = 8          # names of dataset_info.json sent back when no name is close
+MAX_SIBLINGS = 5000  # a directory larger than this is not searched for close names
 
 
 def full(path):
@@ -18,9 +22,9 @@ def check_input(i):
         return module_input(path)
     p = full(path)
     if kind == "file":
-        return {"ok": True} if os.path.isfile(p) else {"ok": False, "error": "%s: no such file" % p}
+        return {"ok": True} if os.path.isfile(p) else missing_path(p, "%s: no such file" % p)
     if kind == "path":
-        return {"ok": True} if os.path.exists(p) else {"ok": False, "error": "%s: no such file or directory" % p}
+        return {"ok": True} if os.path.exists(p) else missing_path(p, "%s: no such file or directory" % p)
     if kind == "model":
         return model_input(path, p)
     if path == "ONLINE" or path.startswith("REMOTE:"):
@@ -51,13 +55,28 @@ def model_input(path, p):
     if not path.startswith(("/", "~")):
         return {"ok": False, "error": "%s: no such directory (relative to %s), and not a hub id "
                 "(those are org/name)" % (p, os.getcwd())}
-    return {"ok": False, "error": "%s: no such file or directory" % p}
+    return missing_path(p, "%s: no such file or directory" % p)
+
+
+def missing_path(p, error):
+    """The answer for a missing path p, with the close names beside it (a misspelling?)."""
+    out = {"ok": False, "error": error}
+    parent, name = os.path.split(p)
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return out
+    if len(entries) <= MAX_SIBLINGS:
+        close = difflib.get_close_matches(name, entries, n=3, cutoff=0.6)
+        if close:
+            out["close"] = [os.path.join(parent, c) for c in close]
+    return out
 
 
 def dataset(d, names, stage=None):
     info = os.path.join(d, "dataset_info.json")
     if not os.path.isdir(d):
-        return {"ok": False, "error": "dataset_dir %s: no such directory" % d}
+        return missing_path(d, "dataset_dir %s: no such directory" % d)
     try:
         with open(info) as fh:
             data = json.load(fh)
@@ -67,7 +86,11 @@ def dataset(d, names, stage=None):
         return {"ok": False, "error": "%s is not valid JSON: %s" % (info, e)}
     unknown = [n for n in names if n not in data]
     if unknown:
-        return {"ok": False, "error": "%s not listed in %s" % (", ".join(unknown), info)}
+        keys = [str(k) for k in data] if isinstance(data, dict) else []
+        return {"ok": False, "error": "%s not listed in %s" % (", ".join(unknown), info),
+                "unknown": [{"name": n, "close": difflib.get_close_matches(n, keys, n=3, cutoff=0.6)}
+                            for n in unknown],
+                "listed": keys[:LISTED], "n_listed": len(keys), "info": info}
     wrong = [n for n in names if isinstance(data[n], dict) and form_error(data[n], stage)]
     if wrong:
         return {"ok": False, "error": "; ".join("%s: %s" % (n, form_error(data[n], stage)) for n in wrong)}

@@ -1,5 +1,6 @@
-# mlaunch node program part (facts, mesh): bind a TCP port the way the job will, and name
-# the process that holds one. Standard library only; Python >= 3.6.
+# mlaunch node program part (facts, mesh): bind a TCP port the way the job will, name
+# the process that holds one, and tell whether an address is this machine's own.
+# Standard library only; Python >= 3.6.
 import os
 import socket
 
@@ -42,3 +43,23 @@ def holder(port):
         except OSError:
             continue
     return {"pid": None, "name": None}
+
+
+def own_address(name):
+    # Where name resolves here, and which of those addresses are this machine's: the kernel
+    # lets a socket bind only a local address (EADDRNOTAVAIL otherwise), whatever the interface.
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return {"error": e.strerror or str(e)}
+    own = []
+    for family, _, _, _, sockaddr in infos:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.bind((sockaddr[0], 0) + tuple(sockaddr[2:]))
+            own.append(sockaddr[0])
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return {"addrs": list(dict.fromkeys(i[4][0] for i in infos)), "own": list(dict.fromkeys(own))}

@@ -2,7 +2,7 @@
 
 `mlaunch check JOB` runs every check (check_command); `mlaunch submit` runs the fast ones
 (run_checks(..., fast_only=True)) and refuses to start on a failure. Modules:
-probe (talking to nodes), software, gpu, network, ifname, storage, clock, collective
+probe (talking to nodes), software, gpu, network, master, ifname, storage, clock, collective
 (the checks), report (table and JSON), runner (putting it together).
 """
 from .report import CHECKS, CheckResult, Report

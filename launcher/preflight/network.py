@@ -103,6 +103,13 @@ def port_reachable(ctx: Ctx, mesh: dict) -> list[CheckResult]:
         d = m.get("dials", {}).get("master") if isinstance(m, dict) else None
         if d is None:
             out.append(_skip("network/port-reachable", ctx, r, m))
+        elif d["ok"] and d.get("peer") is None and heard.get("ok"):
+            # node 0's listener held the port, so whatever answered is not on node 0
+            out.append(CheckResult(
+                "network/port-reachable", r, host, "fail",
+                f"{addr}:{port} answered {host}, but not node 0's listener: the address leads "
+                "to another machine or a proxy",
+                "point cluster.master_addr at node 0 (see network/master-addr)"))
         elif d["ok"]:
             who = "" if d.get("peer") == 0 else " (answered by the process holding the port)"
             out.append(CheckResult("network/port-reachable", r, host, "pass",
@@ -113,7 +120,9 @@ def port_reachable(ctx: Ctx, mesh: dict) -> list[CheckResult]:
                 "network/port-reachable", r, host, "fail",
                 f"cannot connect to {addr}:{port} from {host}: {d['error']}{extra}",
                 f"open TCP {port} on {addr} to the workers (security group / firewall)"
-                + (" and check the route between them" if "route" in d["error"].lower() else "")))
+                + (" and check the route between them" if "route" in d["error"].lower() else
+                   f"; no route leads to {addr} from {host}: is it node 0's cluster address?"
+                   if "unreachable" in d["error"].lower() else "")))
     return out
 
 

@@ -133,6 +133,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
         "tracker": TRACKER_MODULES.get(getattr(job, "report_to", "none")),
         "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,
+        "master_addr": ctx.master_addr if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
         # node 0 sends the model's config.json back for batch planning (launcher/batchplan.py)

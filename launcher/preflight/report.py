@@ -14,7 +14,7 @@ _ANSI = {"pass": "32", "fail": "31", "skip": "2"}
 # end-to-end proof.
 CHECKS = (
     "ssh", "allocation", "software/python", "software/versions", "software/jit-lock", "gpu",
-    "network/port-free", "network/port-reachable", "network/hostname", "network/ifname",
+    "network/port-free", "network/master-addr", "network/port-reachable", "network/hostname", "network/ifname",
     "storage/output", "storage/shared", "storage/inputs",
     "clock", "container/shm", "collective", "collective/transport",
 )

@@ -11,12 +11,13 @@ from ..execute.base import Executor
 from ..plan import LaunchPlan
 from ..spec import world_size
 from ..spec.hosts import HostAddr, parse_host
-from . import clock, collective, gpu, ifname, network, software, storage
+from . import clock, collective, gpu, ifname, master, network, software, storage
 from .probe import Ctx, cleanup, gather_facts
 from .report import CheckResult, Report, sort_results
 
-# Checks that give one row per node (port-free: node 0 only), for the "no SSH" skips.
-PER_NODE = ("software/python", "software/versions", "software/jit-lock", "gpu", "network/port-free",
+# Checks that give one row per node (NODE0_ONLY: node 0 only), for the "no SSH" skips.
+NODE0_ONLY = ("network/port-free", master.CHECK)
+PER_NODE = ("software/python", "software/versions", "software/jit-lock", "gpu", *NODE0_ONLY,
             "network/port-reachable", "network/hostname", "network/ifname", "storage/output",
             "storage/shared", "storage/inputs", "clock", "container/shm")
 
@@ -56,14 +57,14 @@ def judge(ctx: Ctx, facts: dict, mesh: dict, samples: dict) -> list[CheckResult]
     out = software.check_python(ctx, facts) + software.check_versions(ctx, facts)
     out += software.check_ext_locks(ctx, facts) + software.check_pyspy(ctx, facts) + gpu.check(ctx, facts)
     if 0 in ctx.live:
-        out += network.port_free(ctx, facts)
+        out += network.port_free(ctx, facts) + master.check(ctx, facts, mesh)
     out += network.port_reachable(ctx, mesh) + network.hostname(ctx, facts, mesh)
     out += ifname.check(ctx, facts)
     out += storage.check_output(ctx, facts) + storage.check_shared(ctx, facts, mesh)
     out += storage.check_inputs(ctx, facts) + clock.check(ctx, samples) + storage.check_shm(ctx, facts)
     for r in ctx.unreachable:
         out += [CheckResult(c, r, ctx.nodes[r].host, "skip", "not checked: no SSH")
-                for c in PER_NODE if c != "network/port-free" or r == 0]
+                for c in PER_NODE if c not in NODE0_ONLY or r == 0]
     return out
 
 
@@ -107,7 +108,7 @@ def _collective(ctx: Ctx, results: list[CheckResult], printer) -> list[CheckResu
     """The all-reduce (and the transport it used), unless a fast check shows it cannot start."""
     def failed(check: str) -> list[str]:
         return [f"node{r.node}" for r in results if r.check == check and r.status == "fail"]
-    blocked = ("ssh", "software/python", "network/port-free")
+    blocked = ("ssh", "software/python", "network/port-free", master.CHECK)
     why = next((f"{c} failed on {', '.join(failed(c))}" for c in blocked if failed(c)), None)
     if why:
         return [CheckResult("collective", None, None, "skip", f"not run: {why}")]

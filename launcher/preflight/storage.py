@@ -84,27 +84,41 @@ def _ranks(rs: set[int]) -> str:
 
 def check_inputs(ctx: Ctx, facts: dict) -> list[CheckResult]:
     """Per node: model, dataset_dir/dataset_info.json (and its files), or the script, exist."""
+    items = {r: f.get("inputs") for r in ctx.live if isinstance(f := facts.get(r), dict)
+             and isinstance(f.get("inputs"), list)}
     out = []
     for r in ctx.live:
-        host, f = ctx.nodes[r].host, facts.get(r)
-        items = f.get("inputs") if isinstance(f, dict) else None
-        if not isinstance(items, list):
-            out.append(_skip("storage/inputs", ctx, r, f))
+        host = ctx.nodes[r].host
+        if r not in items:
+            out.append(_unchecked_inputs(ctx, r, facts.get(r)))
             continue
-        bad = [i for i in items if not i.get("ok")]
+        bad = [(k, i) for k, i in enumerate(items[r]) if not i.get("ok")]
         if not bad:
-            notes = [i["note"] for i in items if i.get("note")]
-            text = ", ".join(f"{i['what']} {i['path']}" for i in items) or "nothing to check"
+            notes = [i["note"] for i in items[r] if i.get("note")]
+            text = ", ".join(f"{i['what']} {i['path']}" for i in items[r]) or "nothing to check"
             out.append(CheckResult("storage/inputs", r, host, "pass", "; ".join([text] + notes)))
             continue
+        k, first = bad[0]
+        # Where another node has this input, it is missing here; where none has it, a
+        # close name beside it is most likely what the spec meant.
+        has = [j for j, its in items.items() if j != r and k < len(its) and its[k].get("ok")]
         out.append(CheckResult("storage/inputs", r, host, "fail",
-                               "; ".join(f"{i['what']}: {i.get('error')}" for i in bad),
-                               _input_fix(ctx, host, bad[0])))
+                               "; ".join(f"{i['what']}: {i.get('error')}" for _, i in bad),
+                               _input_fix(ctx, host, first, has)))
     return out
 
 
-def _input_fix(ctx: Ctx, host: str, item: dict) -> str:
-    """How to get a missing input onto the node."""
+# The spec key that names each kind of input, for "fix the name there".
+FIELD = {"dataset": "dataset", "script": "script.path", "model": "model"}
+
+
+def _input_fix(ctx: Ctx, host: str, item: dict, has: list[int]) -> str:
+    """How to get a missing input onto the node, or which name the spec likely meant."""
+    if not has and item.get("unknown"):
+        return _name_fix(item)
+    if not has and item.get("close"):
+        key = "dataset_dir" if item["kind"] == "dataset" else FIELD.get(item["what"], item["what"])
+        return f"did you mean {_alternatives(item['close'])}? (fix `{key}` in the spec)"
     where = f"or keep it under cluster.shared_dir ({ctx.job.cluster.shared_dir})" if ctx.job.cluster.shared_dir \
         else "or put it on storage every node mounts"
     if item["kind"] == "dataset":
@@ -113,6 +127,29 @@ def _input_fix(ctx: Ctx, host: str, item: dict) -> str:
     if item["what"] == "module":
         return f"install the package providing {item['path']} into the job's environment on {host}"
     return f"copy {item['path']} to {host} at the same path, {where}"
+
+
+def _name_fix(item: dict) -> str:
+    """Dataset names that dataset_info.json lists on no node: the close ones, or what it lists."""
+    parts = [_one_name(item, u) for u in item["unknown"]]
+    if len(parts) == 1:
+        return parts[0]
+    return "; ".join(f"{u['name']!r}: {p}" for u, p in zip(item["unknown"], parts))
+
+
+def _one_name(item: dict, u: dict) -> str:
+    """The fix for one unknown name."""
+    if u["close"]:
+        return f"did you mean {_alternatives(u['close'])}? (fix `dataset` in the spec)"
+    more = item["n_listed"] - len(item["listed"])
+    listed = ", ".join(item["listed"]) + (f", … ({item['n_listed']} in all)" if more > 0 else "")
+    return (f"{item['info']} lists {listed or 'no dataset'}: set `dataset` to one of those, "
+            f"or add an entry for {u['name']!r} to it")
+
+
+def _alternatives(names: list[str]) -> str:
+    """'a' or 'b' or 'c'."""
+    return " or ".join(repr(n) for n in names)
 
 
 def check_shm(ctx: Ctx, facts: dict) -> list[CheckResult]:
@@ -147,6 +184,19 @@ def _per_node(ctx: Ctx, facts: dict, check: str, key: str, row) -> list[CheckRes
 def _mb(mb: float) -> str:
     """A size in MB, human-readable."""
     return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB" if mb >= 1 else f"{mb * 1024:.0f} KB"
+
+
+def _unchecked_inputs(ctx: Ctx, r: int, node_facts) -> CheckResult:
+    """A node that answered but whose input check crashed or hung fails: a job started on
+    unverified inputs is what the check exists to prevent (a node that did not answer at
+    all is another row's failure, and skips here)."""
+    err = node_facts.get("inputs") if isinstance(node_facts, dict) else None
+    if not (isinstance(err, dict) and err.get("error")):
+        return _skip("storage/inputs", ctx, r, node_facts)
+    host = ctx.nodes[r].host
+    return CheckResult("storage/inputs", r, host, "fail", f"the input check did not finish: {err['error']}",
+                       f"check the model, dataset and script paths on {host} by hand (`ls` them); "
+                       "a hung network mount makes this check time out")
 
 
 def _skip(check: str, ctx: Ctx, r: int, why) -> CheckResult:
