@@ -232,3 +232,10 @@ def test_misspelt_trainer_key_is_named():
 ])
 def test_forms_through_lists_and_mappings(path, value, expected):
     assert problems(mutate(path, value)) == [expected]
+
+
+def test_secret_reference_under_a_plain_name_is_refused(monkeypatch):
+    monkeypatch.setenv("MLAUNCH_TEST_TOKEN", SECRET)
+    line, = problems(mutate("cluster.env", {"HUB": "${MLAUNCH_TEST_TOKEN}"}))
+    assert line.startswith("cluster.env.HUB: ${MLAUNCH_TEST_TOKEN} is a secret but HUB is not a "
+                           "secret's name") and SECRET not in line

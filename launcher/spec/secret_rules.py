@@ -12,6 +12,7 @@ import os
 import re
 
 from ..errors import Problem
+from .explain import SECRET_NAME
 
 # The last word of a key or flag (split at _ - .) that names a secret. Only the last word:
 # calculate_per_token_loss and --max-new-tokens count tokens, hf_hub_token is one.
@@ -76,7 +77,12 @@ def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
         m = _REF.fullmatch(value) if isinstance(value, str) else None
         if not m:
             continue
-        if m[1] in os.environ:
+        if SECRET_NAME.search(m[1]) and not SECRET_NAME.search(str(name)):
+            # Masking and the Slurm secrets file go by the env name: this one would print.
+            problems.append(Problem(f"cluster.env.{name}", f"{value} is a secret but {name} is "
+                                    "not a secret's name, so mlaunch would print it; use a name "
+                                    f"with TOKEN/KEY/SECRET/PASSW (e.g. {m[1]}: {value})"))
+        elif m[1] in os.environ:
             new[name] = os.environ[m[1]]
         else:
             problems.append(Problem(f"cluster.env.{name}", f"{value} is not set in this shell: "
