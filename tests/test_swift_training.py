@@ -70,27 +70,38 @@ def assert_trained(r, out: str, steps: int) -> dict:
     return state
 
 
-def test_swift_lora_trains(make_hostset, tmp_path, tiny):
-    out = str(tmp_path / "out")
-    with make_hostset(2) as hs:
-        r = submit_timed(tmp_path, swift_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs))
-    assert_trained(r, out, 6)
-    first = checkpoint(out, 3)
-    assert os.path.dirname(first) == os.path.dirname(checkpoint(out, 6))  # one v<N>-<ts> dir
+@pytest.fixture(scope="module")
+def lora10(tiny, tmp_path_factory):
+    """(submit result, output_dir) of an uninterrupted 10-step LoRA run, checkpoints 5 and 10,
+    on 2 hosts × 2: what test_swift_lora_trains checks, and the restart test's reference
+    losses (one swift run fewer than a reference run of its own)."""
+    from . import hosts as _hosts
+    if (reason := _hosts.skip_reason()) is not None:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("lora10")
+    out = str(base / "out")
+    with _hosts.make_hosts(2) as hs:
+        r = submit_timed(base, swift_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs,
+                                          max_steps=10, save_steps=5))
+    return r, out
+
+
+def test_swift_lora_trains(lora10):
+    r, out = lora10
+    assert_trained(r, out, 10)
+    first = checkpoint(out, 5)
+    assert os.path.dirname(first) == os.path.dirname(checkpoint(out, 10))  # one v<N>-<ts> dir
     names = set(os.listdir(first))
     assert {"adapter_model.safetensors", "trainer_state.json", "optimizer.pt"} <= names
     # Real DDP over the 4 ranks: one RNG state per rank (a rank training alone writes one).
     assert {f"rng_state_{i}.pth" for i in range(4)} <= names, names
 
 
-
-
-def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, tiny):
-    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
+def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, tiny, lora10):
+    ref_state = assert_trained(*lora10, 10)   # the same job, uninterrupted
+    out = str(tmp_path / "out")
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        ref = submit_timed(tmp_path, swift_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
-        ref_state = assert_trained(ref, ref_out, 10)
         spec = swift_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                           restart_backoff_s=1)
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),

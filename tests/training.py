@@ -1,9 +1,14 @@
 """Helpers for the real-training tests: the trainer venv, the tiny model, LLaMA-Factory specs."""
 from __future__ import annotations
 
+import fcntl
+import glob
+import hashlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 from contextlib import contextmanager
 
@@ -35,10 +40,38 @@ def require_swift() -> str:
 
 
 def build_tiny(dest: str) -> dict:
-    """Build the tiny model and dataset with the trainer venv (it has transformers)."""
-    out = subprocess.run([require_trainer(), os.path.join(ROOT, "tests", "tinymodel.py"), dest],
-                         capture_output=True, text=True, timeout=300, check=True)
-    return json.loads(out.stdout)
+    """The tiny model and dataset in dest. Built with the trainer venv (it has transformers)
+    once per machine and inputs, then copied: a build is a trainer-venv start-up of about
+    5 s of CPU, and fifteen test modules ask for it (each gets its own copy to write in)."""
+    python = require_trainer()
+    src = os.path.join(ROOT, "tests", "tinymodel.py")
+    cache = _tiny_cache(python, src)
+    with open(cache + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # another xdist worker may be building it
+        if not os.path.isfile(os.path.join(cache, "info.json")):
+            tmp = cache + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            out = subprocess.run([python, src, os.path.join(tmp, "tiny")], capture_output=True,
+                                 text=True, timeout=300, check=True)
+            with open(os.path.join(tmp, "info.json"), "w") as fh:
+                fh.write(out.stdout)
+            os.rename(tmp, cache)
+    shutil.copytree(os.path.join(cache, "tiny"), dest, dirs_exist_ok=True)
+    info = json.load(open(os.path.join(cache, "info.json")))
+    built = info["root"]
+    return {k: dest + v[len(built):] if isinstance(v, str) and v.startswith(built) else v
+            for k, v in info.items()}
+
+
+def _tiny_cache(python: str, src: str) -> str:
+    """Where the tiny model built by python from src lies: keyed by tinymodel.py and by the
+    venv's own input stamp (a rebuilt venv with other libraries builds it anew)."""
+    h = hashlib.sha256(open(src, "rb").read())
+    venv = os.path.dirname(os.path.dirname(python))
+    h.update(os.path.realpath(venv).encode())
+    for stamp in sorted(glob.glob(os.path.join(venv, ".*-venv.sha256"))):
+        h.update(open(stamp, "rb").read())
+    return os.path.join(tempfile.gettempdir(), f"mlaunch-tests-tiny-{h.hexdigest()[:16]}")
 
 
 def lf_spec(tiny: dict, hosts: list[str], nproc: int, out_dir: str, *, hs=None,

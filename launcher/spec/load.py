@@ -1,27 +1,21 @@
 """Loading a job spec: YAML text -> validated, cross-checked Job, or a SpecError."""
 from __future__ import annotations
 
-import difflib
 import os
-import re
-import reprlib
-import typing
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ..errors import Problem, SpecError
 from .hosts import parse_hostfile
+from .explain import NOT_OFFERED, SECRET_NAME, translate  # noqa: F401  (importable from here)
 from .models import TRAINER_MODELS, Job, JobBase
 from .rules import check_job, output_dir_note
+from .secret_rules import resolve_env_refs
 from .select import select
 
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
 _ADAPTER: TypeAdapter | None = None
-# A value shown in an error stays one readable line, however large (YAML aliases can nest).
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 160, 160
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -92,7 +86,8 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
 
 def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) -> JobBase:
     """Pydantic validation, host selection and the cross-field rules; all problems together."""
-    bad = _bad_strings(raw, "")
+    raw, bad = resolve_env_refs(raw)
+    bad += _bad_strings(raw, "")
     if bad:
         raise SpecError(bad, header=f"{source}: invalid job spec")
     model = TRAINER_MODELS.get(raw.get("trainer"))
@@ -100,7 +95,7 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) 
         # One model per trainer tag: cheaper to build than the discriminated union's adapter.
         job = model.model_validate(raw) if model else _adapter().validate_python(raw)
     except ValidationError as e:
-        raise SpecError(_translate(e, raw), header=f"{source}: invalid job spec") from None
+        raise SpecError(translate(e, raw, tagged=model is None), header=f"{source}: invalid job spec") from None
     update, problems, selected = select(job.cluster)
     if update:
         job = job.model_copy(update={"cluster": job.cluster.model_copy(update=update)})
@@ -199,90 +194,6 @@ def _absolute_ds_config(raw: dict, base: str) -> None:
     ds = raw.get("deepspeed")
     if isinstance(ds, dict) and isinstance(ds.get("config"), str) and ds["config"]:
         ds["config"] = os.path.join(base, os.path.expanduser(ds["config"]))
-
-
-def _translate(err: ValidationError, raw: dict) -> list[Problem]:
-    """Pydantic errors -> one Problem per field path, with the value given and a fix."""
-    out: dict[str, Problem] = {}
-    trainer = raw.get("trainer")
-    for e in err.errors():
-        loc = [x for x in e["loc"] if not _is_type_tag(x)]
-        if loc and loc[0] == trainer:
-            loc = loc[1:]
-        path = ".".join(_fmt_loc(x) for x in loc).replace(".[", "[")
-        if e["type"].startswith("union_tag"):
-            path, e = "trainer", {**e, "input": trainer}
-        if path not in out:
-            out[path] = Problem(path, _describe(e, loc, trainer))
-    return list(out.values())
-
-
-# Values users bring that a trainer's own stack cannot run, with the reason and the way out.
-NOT_OFFERED = {
-    ("llamafactory", "stage", "ppo"): (
-        "LLaMA-Factory 0.9.5's PPO trainer needs trl 0.8.6-0.9.6 while the rest of 0.9.5 needs "
-        "trl >= 0.18 (both are its own version checks), so no one install runs it; for PPO use "
-        "trainer: swift with stage: rlhf, rlhf_type: ppo and its reward_model in passthrough"),
-}
-
-
-def _describe(e: dict, loc: list, trainer: Any) -> str:
-    """Human text for one pydantic error."""
-    kind, given = e["type"], e.get("input")
-    shown = "***" if any(SECRET_NAME.search(str(x)) for x in loc) else _REPR.repr(given)
-    if kind == "extra_forbidden":
-        return "unknown key" + _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1]))
-    if kind == "missing":
-        return "required field missing"
-    if kind in ("literal_error", "union_tag_invalid"):
-        choices = list(TRAINER_MODELS) if kind == "union_tag_invalid" else _choices(e)
-        why = NOT_OFFERED.get((trainer, ".".join(map(str, loc)), given))
-        return (f"{shown} is not one of {', '.join(choices)}"
-                + (f": {why}" if why else _did_you_mean(str(given), choices)))
-    if kind == "union_tag_not_found":
-        return f"required: one of {', '.join(TRAINER_MODELS)}"
-    if kind == "string_pattern_mismatch":
-        return f"{shown} must be letters, digits, '.', '_' or '-' (at most 64)"
-    return f"{e['msg'].rstrip('.')} (got {shown})"
-
-
-def _choices(e: dict) -> list[str]:
-    """The allowed values of a literal error, from pydantic's "'a', 'b' or 'c'" / "4 or 8"."""
-    expected = (e.get("ctx") or {}).get("expected") or e["msg"].removeprefix("Input should be ")
-    return [c.strip().strip("'\"") for c in re.split(r",\s*|\s+or\s+", expected) if c.strip()]
-
-
-def _did_you_mean(word: Any, choices: list[str]) -> str:
-    match = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
-
-
-def _known_fields(trainer: Any, loc: list) -> list[str]:
-    """Field names (and aliases) valid at loc, for did-you-mean suggestions."""
-    model: Any = TRAINER_MODELS.get(trainer, JobBase)
-    for part in loc:
-        model = _field_model(model, part)
-        if model is None:
-            return []
-    return [f.alias or n for n, f in model.model_fields.items()]
-
-
-def _field_model(model: Any, name: Any) -> type[BaseModel] | None:
-    field = model.model_fields.get(name) if isinstance(name, str) else None
-    if field is None:
-        return None
-    for cand in [field.annotation, *typing.get_args(field.annotation)]:
-        if isinstance(cand, type) and issubclass(cand, BaseModel):
-            return cand
-    return None
-
-
-def _is_type_tag(x: Any) -> bool:
-    return isinstance(x, str) and bool(re.fullmatch(r"(str|int|float|bool|[\w-]+\[.*\])", x))
-
-
-def _fmt_loc(x: Any) -> str:
-    return f"[{x}]" if isinstance(x, int) else str(x)
 
 
 def _join(path: str, key: Any) -> str:

@@ -140,12 +140,21 @@ class Preference(Strict):
     ref_model_quantization_bit: Literal[4, 8] | None = None
 
 
+def _number_args(value: Any) -> Any:
+    """YAML numbers in script.args (`[--epochs, 3]`) pass as their text; booleans do not, since
+    yes/on/true all read as one value (explain.py asks to quote them)."""
+    if not isinstance(value, list):
+        return value
+    return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+
+
 class Script(Strict):
     """Any Python script or module, started by torchrun on every node."""
 
     path: str | None = None
     module: str | None = None
-    args: list[str] = Field(default_factory=list)
+    args: Annotated[list[str], BeforeValidator(_number_args)] = Field(default_factory=list, description=(
+        "the script's arguments; YAML numbers pass as their text (3 -> \"3\"), booleans must be quoted"))
 
 
 class Preflight(Strict):

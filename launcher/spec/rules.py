@@ -17,6 +17,7 @@ from .cluster_rules import _check_shared_hosts, machines, node_devices, output_d
 from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
 from .models import JobBase, LlamaFactoryJob, ScriptJob
+from .secret_rules import check_passthrough_secrets, check_script_secrets
 from .select import world_size, world_text  # noqa: F401  (importable from here)
 
 # LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
@@ -188,6 +189,8 @@ def check_passthrough(job: LlamaFactoryJob) -> list[Problem]:
                              "(as seed 003's DDP example does) runs DeepSpeed, not DDP"))
         elif owner:
             p.append(Problem(f"passthrough.{key}", f"mlaunch owns this key; set {owner} instead"))
+    p += [q for q in check_passthrough_secrets(job.passthrough, "LLaMA-Factory")
+          if q.path not in {x.path for x in p}]
     flagged = {q.path for q in p[before:]}
     free = [k for k in job.passthrough if f"passthrough.{k}" not in flagged]
     return p + known_args.check("llamafactory", "llamafactory", free,
@@ -199,4 +202,4 @@ def check_script(job: ScriptJob) -> list[Problem]:
     s = job.script
     if (s.path is None) == (s.module is None):
         return [Problem("script", "give exactly one of path (a .py file) or module (python -m)")]
-    return []
+    return check_script_secrets(s.args)

@@ -28,8 +28,16 @@ def procs_of(c: Cluster, rank: int) -> int:
 
 
 def world_size(job: JobBase) -> int:
-    """All processes of a job whose cluster validated: Σ over nodes of their process counts."""
-    return sum(node_procs(job.cluster))
+    """All processes of a job whose cluster validated: Σ over nodes of their process counts.
+
+    0 while gpus_per_node lists a count per host for other hosts than cluster.hosts (or under
+    Slurm, which refuses a list): that problem has its own line, and rules sized from this world
+    (batch, layout) wait for it."""
+    c = job.cluster
+    if isinstance(c.gpus_per_node, list) and (c.scheduler == "slurm" or
+                                              len(c.gpus_per_node) != len(c.hosts or [])):
+        return 0
+    return sum(node_procs(c))
 
 
 def world_text(c: Cluster, unit: str = "GPUs") -> str:

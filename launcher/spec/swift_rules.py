@@ -10,6 +10,7 @@ from .models import SwiftJob
 from . import known_args
 from .models import MEGATRON_RLHF_TYPES, RLHF_TYPES
 from .rules import USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning, check_training
+from .secret_rules import check_passthrough_secrets, secret_name
 
 # ms-swift arguments that mlaunch renders from the spec (HF-Trainer mode and Megatron-SWIFT
 # mode), with the field that owns each. A passthrough key may not collide with these.
@@ -168,12 +169,13 @@ def check_swift_passthrough(job: SwiftJob) -> list[Problem]:
     p: list[Problem] = []
     if job.cluster.env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         p.append(Problem("cluster.env.ACCELERATE_USE_CPU", USE_CPU_WHY))
+    p += check_passthrough_secrets(job.passthrough, "ms-swift")
     free = []
     for key, value in job.passthrough.items():
-        line = _passthrough_problem(job, key, value)
+        line = None if secret_name(key) else _passthrough_problem(job, key, value)
         if line:
             p.append(Problem(f"passthrough.{key}", line))
-        elif not (key == "finetune" and value is True):
+        elif not (key == "finetune" and value is True) and not secret_name(key):
             free.append(key)
     where = f"ms-swift {known_args.version('swift')} `{entry_name(job).replace('.', ' ')}`"
     return p + known_args.check("swift", entry_name(job), free, where)

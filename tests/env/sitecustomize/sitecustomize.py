@@ -37,6 +37,14 @@ import sys
 # ~/.cache/torch_extensions; a build killed half-way leaves the lock and every later run
 # waits on it forever. This venv builds the op once, at creation, into its own folder.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+# torch builds and checks that op with whatever `ninja` is first on PATH, and ninja 1.11
+# (/usr/bin) and the venv's 1.13 hash build commands differently: one run without the venv
+# on PATH (a test's own torchrun, not mlaunch's) made the next run rebuild the op, 25-65 s
+# of both cores. So every process of the venv finds the venv's bin/ first, as mlaunch's
+# workers do.
+_BIN = os.path.join(sys.prefix, "bin")
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 _TARGET = "torch.serialization"
 _PRIORITY = 15  # after torch's own "cpu" (10), before cuda (20)

@@ -1,0 +1,274 @@
+"""Pydantic's validation errors as mlaunch's Problem lines: one per field, naming the value
+given and the forms the field accepts, with no internal names (constrained-int, list[...])."""
+from __future__ import annotations
+
+import difflib
+import re
+import reprlib
+import types
+import typing
+from typing import Any, Literal, Union
+
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel, ValidationError
+
+from ..errors import Problem
+from .models import TRAINER_MODELS, JobBase
+
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
+# A value shown in an error stays one readable line, however large (YAML aliases can nest).
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 160, 160
+
+# Values users bring that a trainer's own stack cannot run, with the reason and the way out.
+NOT_OFFERED = {
+    ("llamafactory", "stage", "ppo"): (
+        "LLaMA-Factory 0.9.5's PPO trainer needs trl 0.8.6-0.9.6 while the rest of 0.9.5 needs "
+        "trl >= 0.18 (both are its own version checks), so no one install runs it; for PPO use "
+        "trainer: swift with stage: rlhf, rlhf_type: ppo and its reward_model in passthrough"),
+}
+DS_OWN_JSON = ("is DeepSpeed's own JSON, which mlaunch writes from the spec: save your block to a "
+               "file and give `deepspeed: {config: FILE}`, or use `deepspeed: {stage: N}` "
+               "(offload_optimizer, offload_param and the tuning fields beside it)")
+DDP_WHY = ("mlaunch runs plain DDP when `deepspeed` (and `fsdp`) are left out; remove ddp "
+           "(and any deepspeed block)")
+
+
+def translate(err: ValidationError, raw: dict, tagged: bool) -> list[Problem]:
+    """Pydantic errors -> one Problem per field path. tagged: validated through the trainer
+    union, whose locations start with the trainer tag."""
+    trainer = raw.get("trainer")
+    out: dict[str, Problem] = {}
+    for path, loc, e in _one_branch(err.errors(), trainer if tagged else None):
+        if e["type"].startswith("union_tag"):
+            path, e = "trainer", {**e, "input": raw if e["type"] == "union_tag_not_found" else trainer}
+        if path not in out:
+            out[path] = Problem(path, _describe(e, loc, trainer))
+    return _drop_missing_named(list(out.values()))
+
+
+def _one_branch(errors: list[dict], tag: Any) -> list[tuple[str, list, dict]]:
+    """(path, loc, error) with a union's branches reduced to what helps: the branch the value
+    entered (its errors are inside it), else one "accepted forms" error for the field."""
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    plain: list[tuple[tuple, dict]] = []
+    for e in errors:
+        raw = list(e["loc"][1:] if tag is not None and e["loc"][:1] == (tag,) else e["loc"])
+        at = next((i for i, x in enumerate(raw) if _is_type_tag(x)), None)
+        if at is None:
+            plain.append((tuple(raw), e))
+        else:
+            groups.setdefault(tuple(raw[:at]), {}).setdefault(raw[at], []).append(e)
+    for prefix, branches in groups.items():
+        inside = [b for b in branches.values() if any(_depth(e, prefix, tag) for e in b)]
+        if inside:
+            plain += [(_untagged(e["loc"], tag), e) for e in min(inside, key=len)]
+        else:
+            first = next(iter(branches.values()))[0]
+            plain.append((prefix, {**first, "type": "mlaunch_forms"}))
+    return [(_path(list(loc)), list(loc), e) for loc, e in plain]
+
+
+def _depth(e: dict, prefix: tuple, tag: Any) -> int:
+    """How far past the union's branch tag the error lies (0: the value failed the branch's type)."""
+    return len(_untagged(e["loc"], tag)) - len(prefix)
+
+
+def _untagged(loc: tuple, tag: Any) -> tuple:
+    loc = loc[1:] if tag is not None and loc[:1] == (tag,) else loc
+    return tuple(x for x in loc if not _is_type_tag(x))
+
+
+def _drop_missing_named(problems: list[Problem]) -> list[Problem]:
+    """A misspelt required key gives `missing` and `unknown key; did you mean it`: keep the latter."""
+    named = set()
+    for p in problems:
+        m = re.search(r"unknown key; did you mean '([^']+)'\?", p.message)
+        if m:
+            named.add(p.path.rpartition(".")[0] + ("." if "." in p.path else "") + m[1])
+    return [p for p in problems if not (p.path in named and p.message == "required field missing")]
+
+
+def _describe(e: dict, loc: list, trainer: Any) -> str:
+    """Human text for one pydantic error."""
+    kind, given = e["type"], e.get("input")
+    shown = "***" if any(SECRET_NAME.search(str(x)) for x in loc) else _REPR.repr(given)
+    if kind == "extra_forbidden":
+        return "unknown key" + (_unknown_hint(loc, trainer)
+                                or _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1])))
+    if kind == "missing":
+        return "required field missing"
+    if kind == "mlaunch_forms":
+        return _forms_text(shown, trainer, loc)
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return _mapping_text(shown, given, trainer, loc)
+    if kind == "string_type" and isinstance(given, (bool, int, float)):
+        what = "a YAML boolean (true/false/yes/no/on/off)" if isinstance(given, bool) else "a YAML number"
+        return f"{shown} is {what}, not text: quote it, e.g. \"{given}\""
+    if kind == "literal_error" and loc == ["deepspeed", "name"] and str(given).endswith(".json"):
+        return f"{shown} is a file name: write `deepspeed: {{config: {given}}}`"
+    if kind in ("literal_error", "union_tag_invalid"):
+        choices = list(TRAINER_MODELS) if kind == "union_tag_invalid" else _choices(e)
+        why = NOT_OFFERED.get((trainer, ".".join(map(str, loc)), given))
+        return (f"{shown} is not one of {', '.join(choices)}"
+                + (f": {why}" if why else _did_you_mean(str(given), choices)))
+    if kind == "union_tag_not_found":
+        typo = difflib.get_close_matches("trainer", [str(k) for k in given or {}], n=1, cutoff=0.6) \
+            if isinstance(given, dict) else []
+        return f"required: one of {', '.join(TRAINER_MODELS)}" + (
+            f"; did you misspell it as {typo[0]!r}?" if typo else "")
+    if kind == "string_pattern_mismatch":
+        return f"{shown} must be letters, digits, '.', '_' or '-' (at most 64)"
+    return f"{e['msg'].rstrip('.')} (got {shown})"
+
+
+def _unknown_hint(loc: list, trainer: Any) -> str:
+    """Unknown keys people bring from other launchers' configs, with where they belong."""
+    if len(loc) == 2 and loc[0] == "deepspeed" and trainer in ("llamafactory", "swift") and \
+            not _did_you_mean(loc[1], _known_fields(trainer, loc[:1])):
+        return f": {loc[1]} {DS_OWN_JSON}"
+    if loc == ["ddp"] and trainer in ("llamafactory", "swift"):
+        return f": {DDP_WHY}"
+    return ""
+
+
+def _mapping_text(shown: str, given: Any, trainer: Any, loc: list) -> str:
+    """A scalar where a section (mapping) belongs; for deepspeed, the mapping it meant."""
+    path = ".".join(map(str, loc))
+    if path == "deepspeed" and isinstance(given, str):
+        word = given.strip().lower()
+        stage = re.fullmatch(r"(?:zero|z|stage)[-_ ]?([0-3])(?:[-_ ].*)?", word)
+        if word.endswith(".json"):
+            return f"{shown} is a file name: write `deepspeed: {{config: {given}}}`"
+        if stage:
+            off = (", offload_optimizer: cpu" + (", offload_param: cpu" if stage[1] == "3" else "")
+                   if "offload" in word else "")
+            return f"{shown} is a ZeRO stage: write `deepspeed: {{stage: {stage[1]}{off}}}`"
+    names = _known_fields(trainer, loc)[:4]
+    fields = f" ({', '.join(names)}, ...)" if names else ""
+    return f"{shown} is not a mapping: write {path}: {{key: value}} with its fields{fields}"
+
+
+def _forms_text(shown: str, trainer: Any, loc: list) -> str:
+    """`'two' is not accepted: write an integer from 1 to 1024, or a list of them` from the type."""
+    leaf = _leaf(trainer, loc)
+    if leaf is None:
+        return f"{shown} is not accepted here"
+    tp, meta, description = leaf
+    forms = _forms(tp, meta) + (["leave it out"] if _allows_none(tp) else [])
+    text = f"{shown} is not accepted: write " + ", or ".join(forms)
+    return text + (f"; {description}" if description else "")
+
+
+def _forms(tp: Any, meta: list | tuple = ()) -> list[str]:
+    """The accepted forms of a type, in words."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        base, *extra = typing.get_args(tp)
+        return _forms(base, [m for x in extra for m in getattr(x, "metadata", [x])])
+    if origin in (Union, types.UnionType):
+        out: list[str] = []
+        for a in typing.get_args(tp):
+            if a is not type(None):
+                here = _forms(a, meta)
+                # `int | list[int]`: "an integer, or a list of them"
+                same = typing.get_origin(a) is list and out and _forms(typing.get_args(a)[0]) == out[-1:]
+                out += ["a list of them"] if same else here
+        return out
+    if origin is Literal:
+        return [" or ".join(map(str, typing.get_args(tp)))]
+    if origin is list:
+        return [f"a list, each {' or '.join(_forms(typing.get_args(tp)[0]))}"]
+    if origin is dict:
+        return ["a mapping"]
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return ["a mapping of its fields"]
+    names = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
+    return [names.get(tp, getattr(tp, "__name__", str(tp))) + _bounds(meta)]
+
+
+def _bounds(meta) -> str:
+    """` from 1 to 1024`, ` ≥ 1`, ` > 0`: the numeric constraints of a Field."""
+    ge = next((m.ge for m in meta if isinstance(m, Ge)), None)
+    le = next((m.le for m in meta if isinstance(m, Le)), None)
+    if ge is not None and le is not None:
+        return f" from {ge} to {le}"
+    parts = [f"{sym} {getattr(m, attr)}" for m in meta for cls, sym, attr in
+             ((Ge, "≥", "ge"), (Gt, ">", "gt"), (Le, "≤", "le"), (Lt, "<", "lt")) if isinstance(m, cls)]
+    return "".join(f" {x}" for x in parts)
+
+
+def _allows_none(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _leaf(trainer: Any, loc: list) -> tuple[Any, list, str | None] | None:
+    """(type, constraints, description) of the value at loc, through models, dicts and lists."""
+    tp: Any = TRAINER_MODELS.get(trainer, JobBase)
+    meta: list = []
+    description = None
+    for part in loc:
+        tp = _container(tp, part)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = next((f for n, f in tp.model_fields.items() if part in (n, f.alias)), None)
+            if field is None:
+                return None
+            tp, meta, description = field.annotation, field.metadata, field.description
+        elif typing.get_origin(tp) in (dict, list):
+            tp, meta, description = typing.get_args(tp)[-1], [], None
+        else:
+            return None
+    return tp, meta, description
+
+
+def _container(tp: Any, part: Any) -> Any:
+    """The model, dict or list inside Annotated / Optional wrappers that `part` indexes."""
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return tp
+    want = (list,) if isinstance(part, int) else (dict,)
+    for a in typing.get_args(tp):
+        if (isinstance(a, type) and issubclass(a, BaseModel) and isinstance(part, str)) or \
+                typing.get_origin(a) in want:
+            return a
+    return tp
+
+
+def _choices(e: dict) -> list[str]:
+    """The allowed values of a literal error, from pydantic's "'a', 'b' or 'c'" / "4 or 8"."""
+    expected = (e.get("ctx") or {}).get("expected") or e["msg"].removeprefix("Input should be ")
+    return [c.strip().strip("'\"") for c in re.split(r",\s*|\s+or\s+", expected) if c.strip()]
+
+
+def _did_you_mean(word: Any, choices: list[str]) -> str:
+    match = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _known_fields(trainer: Any, loc: list) -> list[str]:
+    """Field names (and aliases) valid at loc, for did-you-mean suggestions."""
+    model: Any = TRAINER_MODELS.get(trainer, JobBase)
+    for part in loc:
+        model = _field_model(model, part)
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _field_model(model: Any, name: Any) -> type[BaseModel] | None:
+    field = model.model_fields.get(name) if isinstance(name, str) else None
+    if field is None:
+        return None
+    for cand in [field.annotation, *typing.get_args(field.annotation)]:
+        if isinstance(cand, type) and issubclass(cand, BaseModel):
+            return cand
+    return None
+
+
+def _is_type_tag(x: Any) -> bool:
+    return isinstance(x, str) and bool(re.fullmatch(r"(str|int|float|bool|[\w-]+\[.*\]|constrained-\w+)", x))
+
+
+def _path(loc: list) -> str:
+    return ".".join(f"[{x}]" if isinstance(x, int) else str(x) for x in loc).replace(".[", "[")

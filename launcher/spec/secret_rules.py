@@ -1,0 +1,91 @@
+"""Secrets outside cluster.env: refused where they would land in a file or on a command line,
+and `${NAME}` env values taken from the launcher's shell.
+
+cluster.env is the one place a secret may live: mlaunch masks its secret-named values in
+everything it prints and sends them to the nodes in no argv and no file (render.bootstrap).
+A token in passthrough lands in llamafactory.yaml / on `swift sft`'s command line; one in
+script.args lands on torchrun's.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from ..errors import Problem
+from .explain import SECRET_NAME
+
+# The last word of a key or flag (split at _ - .) that names a secret. Only the last word:
+# calculate_per_token_loss and --max-new-tokens count tokens, hf_hub_token is one.
+_SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credentials", "cookie",
+                 "apikey"}
+# The variable each trainer (or its hub library) reads in place of a secret argument.
+ENV_FOR = {"hf_hub_token": "HF_TOKEN", "push_to_hub_token": "HF_TOKEN",
+           "ms_hub_token": "MODELSCOPE_API_TOKEN", "om_hub_token": "OPENMIND_HUB_TOKEN",
+           "hub_token": "HF_TOKEN",
+           "swanlab_api_key": "SWANLAB_API_KEY", "wandb_api_key": "WANDB_API_KEY"}
+_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def secret_name(name: str) -> bool:
+    """Whether a passthrough key or a command-line flag names a secret value."""
+    words = [w for w in re.split(r"[_.\-]+", name.lower().lstrip("-")) if w]
+    return bool(words) and (words[-1] in _SECRET_WORDS or words[-2:] == ["api", "key"])
+
+
+def check_passthrough_secrets(passthrough: dict, trainer: str) -> list[Problem]:
+    """A secret-named passthrough key would be written into the trainer's config or argv."""
+    where = "llamafactory.yaml" if trainer == "LLaMA-Factory" else "ms-swift's command line"
+    out = []
+    for key in passthrough:
+        if isinstance(key, str) and secret_name(key):
+            env = ENV_FOR.get(key, key.upper())
+            if key == "hub_token" and trainer == "ms-swift":
+                env = "MODELSCOPE_API_TOKEN, or HF_TOKEN with use_hf"
+            out.append(Problem(f"passthrough.{key}", f"a secret here lands in {where} and the dry "
+                               f"run; remove it and put it in cluster.env (e.g. {env}: ..., which "
+                               f"{trainer} reads), which mlaunch sends on no command line and in "
+                               "no file"))
+    return out
+
+
+def check_script_secrets(args: list[str]) -> list[Problem]:
+    """An argument after a secret-named flag (or --flag=value) would show on torchrun's argv."""
+    out = []
+    for i, arg in enumerate(args):
+        flag, eq, _ = arg.partition("=")
+        after = i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1] \
+            and secret_name(args[i - 1]) and not arg.startswith("-")
+        if (eq and flag.startswith("-") and secret_name(flag)) or after:
+            name = flag if eq else args[i - 1]
+            out.append(Problem(f"script.args[{i}]", f"the value of {name} would show on torchrun's "
+                               "command line (ps, logs); put it in cluster.env and read it from "
+                               "the environment in the script (os.environ)"))
+    return out
+
+
+def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
+    """raw with every cluster.env value that is exactly `${NAME}` taken from this shell.
+
+    Only the whole-value form, as docker-compose does: a token stays out of the job file. The
+    caller's dict is not changed (it must not come to hold the secret)."""
+    cluster = raw.get("cluster")
+    env = cluster.get("env") if isinstance(cluster, dict) else None
+    if not isinstance(env, dict):
+        return raw, []
+    problems, new = [], dict(env)
+    for name, value in env.items():
+        m = _REF.fullmatch(value) if isinstance(value, str) else None
+        if not m:
+            continue
+        if SECRET_NAME.search(m[1]) and not SECRET_NAME.search(str(name)):
+            # Masking and the Slurm secrets file go by the env name: this one would print.
+            problems.append(Problem(f"cluster.env.{name}", f"{value} is a secret but {name} is "
+                                    "not a secret's name, so mlaunch would print it; use a name "
+                                    f"with TOKEN/KEY/SECRET/PASSW (e.g. {m[1]}: {value})"))
+        elif m[1] in os.environ:
+            new[name] = os.environ[m[1]]
+        else:
+            problems.append(Problem(f"cluster.env.{name}", f"{value} is not set in this shell: "
+                                    f"export {m[1]}=… or write the value"))
+    return {**raw, "cluster": {**cluster, "env": new}}, problems
+
