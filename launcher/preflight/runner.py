@@ -35,7 +35,8 @@ def run_checks(plan: LaunchPlan, executor: Executor, *, fast_only: bool = False,
 def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
     """run_checks for a context that may already know of nodes SSH could not reach."""
     t0 = time.monotonic()
-    _say(printer, f"preflight: checking {len(ctx.live)} of {len(ctx.nodes)} nodes")
+    n = len(ctx.nodes)
+    _say(printer, f"preflight: checking {len(ctx.live)} of {n} node{'' if n == 1 else 's'}")
     results = ssh_rows(ctx)
     facts = gather_facts(ctx) if ctx.live else {}
     # The mesh and the clock samples are independent round trips: overlap them.
