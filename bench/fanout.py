@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 from launcher.execute.job import run_job  # noqa: E402
 from launcher.execute.ssh import SSHExecutor  # noqa: E402
 from launcher.execute.stream import Printer  # noqa: E402
-from launcher.plan import build_plan  # noqa: E402
+from launcher.plan.launch_plan import build_plan  # noqa: E402
 from launcher.spec import SSH, validate  # noqa: E402
 from tests.helpers import script_job  # noqa: E402
 from tests.hosts import make_hosts  # noqa: E402

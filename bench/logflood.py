@@ -19,7 +19,7 @@ import time
 from launcher.execute.job import run_job
 from launcher.execute.ssh import SSHExecutor
 from launcher.execute.stream import Printer
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import SSH, validate
 from tests.helpers import script_job
 from tests.hosts import make_hosts

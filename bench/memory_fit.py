@@ -1,10 +1,10 @@
-"""Refit launcher/memory.py's constants to measured peak memory (issue 15).
+"""Refit launcher/plan/memory.py's constants to measured peak memory (issue 15).
 
 Reads results files (JSON lines with "model" = config.json fields, "setting" = memory.Setting
 fields, "peak_mib" = the nvidia-smi peak, as bench/memory_proof.py writes them; lines without
 peak_mib, with rc != 0 or marked "superseded" are skipped), solves the linear least-squares problem of relative
 errors for the chosen constants (the others keep their current values), prints every row's
-estimate / measured, and with --write rewrites the FIT block of launcher/memory.py.
+estimate / measured, and with --write rewrites the FIT block of launcher/plan/memory.py.
 
 Usage:
     python3 bench/memory_fit.py bench/results/memory/*.jsonl [--params overhead_mib,act_scale,logit_bytes]
@@ -20,7 +20,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from launcher import memory  # noqa: E402
+from launcher.plan import memory  # noqa: E402
 
 DEFAULT = ("overhead_mib", "act_scale", "logit_bytes", "zero3_scale")
 
@@ -100,7 +100,7 @@ def report(rows: list[dict], fitted: dict) -> tuple[str, bool]:
 
 
 def write(fitted: dict, sources: list[str], params: tuple[str, ...]) -> None:
-    """Rewrite the FIT block of launcher/memory.py."""
+    """Rewrite the FIT block of launcher/plan/memory.py."""
     path = os.path.join(ROOT, "launcher", "memory.py")
     text = open(path, encoding="utf-8").read()
     body = {k: v for k, v in fitted.items() if k not in ("source", "params")}
@@ -117,7 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+")
     ap.add_argument("--params", default=",".join(DEFAULT), help="constants to fit (others kept)")
-    ap.add_argument("--write", action="store_true", help="rewrite the FIT block of launcher/memory.py")
+    ap.add_argument("--write", action="store_true", help="rewrite the FIT block of launcher/plan/memory.py")
     a = ap.parse_args()
     rows = load(a.files)
     params = tuple(p for p in a.params.split(",") if p)
@@ -130,7 +130,7 @@ def main() -> None:
     print(f"{len(rows)} rows; goals (-5% .. +15%) {'met' if ok else 'NOT met'}")
     if a.write:
         write(fitted, a.files, params)
-        print("wrote launcher/memory.py FIT")
+        print("wrote launcher/plan/memory.py FIT")
 
 
 if __name__ == "__main__":

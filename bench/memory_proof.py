@@ -179,7 +179,7 @@ def setting_of(path: str, micro: int, ckpt: bool) -> tuple[dict, dict]:
     """(config.json, memory.Setting as a dict) of a spec: what bench/memory_fit.py reads."""
     from dataclasses import asdict
 
-    from launcher import batchplan, memory
+    from launcher.plan import batch as batchplan, memory
     from launcher.spec import load_spec, model_config
     job = load_spec(path)
     cfg = model_config(job.model)
@@ -242,7 +242,7 @@ def part_estimate(s: Setup, out: str, shapes: list[str], steps: int, only: list[
             path = job_spec(s, name, shape, {"per_device": micro, "grad_accum": 1},
                             {"gradient_checkpointing": ckpt}, ft, stage, steps)
             cfg, st = setting_of(path, micro, ckpt)
-            from launcher import memory
+            from launcher.plan import memory
             exact = memory.estimate(memory.shape_from_config(cfg), memory.Setting(**st)).total / memory.MIB
             one_run(s, out, "estimate", name, i, path, micro, name=shape, model=cfg, setting=st,
                     estimate_mib=round(exact), estimate_gib=plan_of(path).get("estimate_gib"),

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from launcher.execute.job import make_executor  # noqa: E402
-from launcher.plan import build_plan  # noqa: E402
+from launcher.plan.launch_plan import build_plan  # noqa: E402
 from launcher.preflight import check_command, run_checks  # noqa: E402
 from launcher.spec import validate  # noqa: E402
 from tests.helpers import script_job, write_spec  # noqa: E402

@@ -20,7 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from launcher.registry import Registry  # noqa: E402
+from launcher.record.registry import Registry  # noqa: E402
 from tests.helpers import script_job, write_spec  # noqa: E402
 
 CLI = [sys.executable, "-m", "launcher.cli"]
@@ -65,7 +65,7 @@ def bench_ps(repeat: int) -> None:
 
 
 def _start(pid: int) -> int:
-    from launcher.execute.process import proc_start
+    from launcher.launch.process import proc_start
     return proc_start(pid)
 
 

@@ -1,4 +1,7 @@
-"""The only producer of command and config text: jinja2 templates from templates/."""
+"""The only producer of command and config text: jinja2 templates from templates/.
+
+The bottom layer beside errors.py: it imports nothing of the launcher's, and every layer
+above asks it for text (shell scripts, YAML, ds_config.json, the sbatch script)."""
 from __future__ import annotations
 
 import json
@@ -84,7 +87,7 @@ def node_script(**context: Any) -> str:
 
 def sampler_script(run_id: str, every_s: float) -> str:
     """Shell text that prints a node's GPU (or CPU) figures every every_s seconds, marked for
-    the live view (launcher/nodeview.py reads them)."""
+    the live view (launcher/view/nodeview.py reads them)."""
     ms = max(100, int(every_s * 1000))
     text = render("sampler.sh.j2", run_id=run_id, every_ms=ms, every_s=f"{ms / 1000:g}")
     # Its comments stay in the template: the node script carries only the commands.
@@ -117,15 +120,14 @@ def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: boo
 
 def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: float = 20) -> str:
     """Shell text that prints a py-spy dump of every rank process whose environment holds
-    `match` (NAME=value), each behind a header line (launcher/stacks.py reads it)."""
+    `match` (NAME=value), each behind a header line (launcher/execute/stacks.py reads it)."""
     return render("stacks.sh.j2", match=match, pyspy=pyspy, native=native, timeout=f"{timeout:g}")
 
 
 def llamafactory_yaml(job: Any, run_id: str, ds_path: str | None, resume_from: str | None,
                       overwrite: bool | str | None = False, warmup: Any = None) -> str:
     """LLaMA-Factory's training YAML for job (warmup: trainers.Warmup or None)."""
-    from .spec.models import Preference
-    pref = job.preference or (Preference() if job.stage in ("dpo", "kto") else None)
+    pref = job.effective_preference()
     return render("llamafactory.yaml.j2", job=job, ft=job.finetuning, tr=job.training,
                   run_id=run_id, ds_path=ds_path, resume_from=resume_from, overwrite=overwrite,
                   warmup=warmup, pref=pref, fsdp=fsdp_args(job.fsdp) if job.fsdp else None,

@@ -64,7 +64,7 @@ def check_golden(folder: str, got: dict[str, str]) -> None:
 def preflight(spec: dict, fast_only: bool = True):
     """The preflight Report of spec's job on its hosts (every host must connect)."""
     from launcher.execute.job import make_executor
-    from launcher.plan import build_plan
+    from launcher.plan.launch_plan import build_plan
     from launcher.preflight import run_checks
     from launcher.spec import validate
     plan = build_plan(validate(spec))

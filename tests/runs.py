@@ -68,7 +68,7 @@ class Runs:
         return os.path.join(self.home, "runs", run_id, "console.log")
 
     def attempts(self, run_id: str):
-        from launcher.registry import Registry
+        from launcher.record.registry import Registry
         reg = Registry(os.path.join(self.home, "runs.db"))
         try:
             return reg.attempts(run_id)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.errors import SpecError
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
 from .helpers import seed000

@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from launcher import batchplan, memory, memview
-from launcher.batchplan import MemoryInputs, resolve
-from launcher.plan import build_plan
+from launcher.plan import batch as batchplan, memory
+from launcher.view import memview
+from launcher.plan.batch import MemoryInputs, resolve
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
 from .helpers import mlaunch, preflight, seed000, write_spec
@@ -267,7 +268,7 @@ def test_preflight_memory_facts_take_the_smallest_used_gpu_and_node0s_config():
              1: {"gpu": {"smi": "/x", "code": 0, "gpus": smi.format(a=143771, b=81559)}}}
     got = memory_facts(Ctx(plan, executor=None), facts)
     assert got == {"gpu_mib": 81559, "model_config": QWEN_039}   # GPU 2 (1000 MiB) is not used
-    from launcher.meminputs import inputs as mem_inputs
+    from launcher.plan.meminputs import inputs as mem_inputs
     m = mem_inputs(j.model_copy(update={"cluster": j.cluster.model_copy(update={"gpu_memory_gb": 70})}), got)
     assert m.gpu_gib == 70 and m.model_config == QWEN_039 and m.config_source.endswith("read on node 0")
 
@@ -289,7 +290,7 @@ def test_preflight_brings_back_node0s_model_config(make_hostset, tmp_path):
 
 
 def test_swift_jobs_are_planned_too_and_megatron_is_refused():
-    from launcher.trainers import TRAINERS, RunContext
+    from launcher.plan.trainers import TRAINERS, RunContext
     from .test_swift import swift_lora, swift_megatron
     data = swift_lora()
     data["batch"] = {"global": 64}

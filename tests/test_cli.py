@@ -45,7 +45,7 @@ def test_dry_run_full_prints_every_node_script(tmp_path):
 def test_dry_run_connects_nowhere_and_imports_no_ssh_or_torch():
     code = (
         "import sys\n"
-        "from launcher.cli import main\n"
+        "from launcher.cli.main import main\n"
         "try:\n"
         f"    main(['submit', {SEED000!r}, '--dry-run'])\n"
         "except SystemExit as e:\n"

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from launcher.errors import SpecError
-from launcher.plan import build_plan
-from launcher.present import describe_plan
+from launcher.plan.launch_plan import build_plan
+from launcher.view.present import describe_plan
 from launcher.spec import load_spec, validate
 from launcher.spec.deepspeed import build_for
 

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from launcher import dryrun
-from launcher.plan import build_plan
-from launcher.present import describe_plan
+from launcher.view import dryrun
+from launcher.plan.launch_plan import build_plan
+from launcher.view.present import describe_plan
 from launcher.spec import load_spec, validate
 
 from .helpers import CONFIGS, ROOT, SEED000, seed000

@@ -8,7 +8,7 @@ import stat
 import pytest
 import yaml
 
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import load_spec
 
 from .helpers import mlaunch, write_spec

@@ -12,7 +12,7 @@ import posixpath
 import pytest
 import yaml
 
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import LLAMAFACTORY_OWNED, load_spec, node_procs
 
 from .helpers import CONFIGS, ROOT, check_golden

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from launcher.errors import Problem, SpecError, UserError
-from launcher.plan import build_plan
-from launcher.present import describe_plan
+from launcher.plan.launch_plan import build_plan
+from launcher.view.present import describe_plan
 from launcher.spec import hosts as hosts_mod
 from launcher.spec import load_spec, validate
 from launcher.spec.hosts import HostAddr, parse_host

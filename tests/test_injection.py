@@ -12,7 +12,7 @@ import subprocess
 
 import yaml
 
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
 from .helpers import seed000

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from launcher.errors import SpecError
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
 from .helpers import CONFIGS, ROOT, free_port, load_yaml

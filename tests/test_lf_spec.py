@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from launcher.errors import SpecError
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
 from .helpers import mlaunch, seed000, write_spec

@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from launcher import nodeview, render
+from launcher.view import nodeview
+from launcher import render
 from launcher.execute.stream import Printer
-from launcher.events import read_events
+from launcher.record.events import read_events
 
 from .helpers import ROOT, SCRIPTS, mlaunch, script_job, write_spec
 from .test_fanout import job_pids
@@ -128,7 +129,7 @@ def test_no_status_lines_off_a_terminal():
 
 
 def test_sampler_is_rendered_only_when_asked_and_not_under_slurm():
-    from launcher.plan import _sampler
+    from launcher.plan.launch_plan import _sampler
     from launcher.spec import validate as load_job
     spec = script_job(["h1", "h2"], 1, "steps.py", [], "/tmp/out")
     job = load_job(spec)

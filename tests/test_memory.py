@@ -1,4 +1,4 @@
-"""The memory estimator (launcher/memory.py) against the GPU measurements checked in as data."""
+"""The memory estimator (launcher/plan/memory.py) against the GPU measurements checked in as data."""
 from __future__ import annotations
 
 import glob
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from launcher import memory
+from launcher.plan import memory
 
 from .helpers import ROOT
 

@@ -18,7 +18,7 @@ import pytest
 
 from launcher.execute.job import JobResult, NodeOutcome
 from launcher.execute.base import Exit
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.preflight import CheckResult, Report, check_command
 from launcher.preflight import collective, gpu, ifname, software, storage
 from launcher.preflight.probe import Ctx

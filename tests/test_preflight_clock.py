@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.preflight.clock import Sample, best, check, parse_remote, verdict
 from launcher.preflight.probe import Ctx
 from launcher.spec import validate

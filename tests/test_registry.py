@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from launcher.execute.process import proc_start
-from launcher.registry import ACTIVE, FINAL, STATES, Registry
+from launcher.launch.process import proc_start
+from launcher.record.registry import ACTIVE, FINAL, STATES, Registry
 
 from .helpers import ROOT, free_port
 from .runs import CLI, Runs

@@ -109,7 +109,7 @@ def test_report_overlays_two_runs_and_finds_runs_by_id(runs, tmp_path):
 
 def test_missing_matplotlib_is_one_line():
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from launcher.cli import main\n"
+            "from launcher.cli.main import main\n"
             "main(['report', '/nonexistent'])\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2
@@ -122,8 +122,8 @@ def test_missing_matplotlib_is_one_line():
 # --------------------------------------------------------------------------------------
 
 def test_windows_per_launch_and_steady_state():
-    from launcher.report import windows
-    from launcher.runlog import Step
+    from launcher.view.report import windows
+    from launcher.record.runlog import Step
     # Launch 0: steps 1..20 at 2 s each; launch 1 resumes at 20: steps 21..40 at 1 s each.
     # Windows close at the first step >= 10 s after the last; a tail shorter than that is dropped.
     steps = [Step(s, 1.0, 1e-3, 2.0 * s, 0) for s in range(1, 21)]
@@ -135,7 +135,7 @@ def test_windows_per_launch_and_steady_state():
 
 
 def test_swift_logging_jsonl_records(tmp_path):
-    from launcher.runlog import step_records
+    from launcher.record.runlog import step_records
     run = tmp_path / "v0-20261201-101010"
     run.mkdir()
     recs = [{"loss": 2.0 - s / 10, "grad_norm": 1.0, "learning_rate": 1e-4, "epoch": s / 10,
@@ -150,7 +150,7 @@ def test_swift_logging_jsonl_records(tmp_path):
 
 
 def test_steps_after_a_resumed_checkpoint_start_a_new_launch(tmp_path):
-    from launcher.runlog import step_records
+    from launcher.record.runlog import step_records
     recs = [{"current_steps": s, "total_steps": 6, "loss": 1.0, "lr": 1e-3, "elapsed_time": "0:00:00"}
             for s in range(1, 7)]
     (tmp_path / "trainer_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -159,7 +159,7 @@ def test_steps_after_a_resumed_checkpoint_start_a_new_launch(tmp_path):
 
 
 def test_health_events_and_wall_time_from_events_jsonl(tmp_path):
-    from launcher import runevents
+    from launcher.record import runevents
     lines = [{"time": "2026-12-01T09:00:00.000Z", "run_id": "r", "attempt": 0, "event": "run_start"},
              {"time": "2026-12-01T09:05:00.000Z", "run_id": "r", "attempt": 0, "event": "hang",
               "phase": "training", "silent_s": 300, "limit_s": 300, "last_step": 40},

@@ -8,8 +8,9 @@ import posixpath
 
 import pytest
 
-from launcher import sbatch
-from launcher.plan import build_plan
+from launcher.plan import sbatch
+from launcher.plan.launch_plan import build_plan
+from launcher.view.present import describe_sbatch
 from launcher.spec import load_spec
 
 from .helpers import CONFIGS, ROOT, check_golden, mlaunch
@@ -19,12 +20,12 @@ EXAMPLES = sorted(glob.glob(f"{CONFIGS}/slurm/*.yaml"))
 
 
 def outputs(path: str) -> dict[str, str]:
-    from launcher.meminputs import inputs
+    from launcher.plan.meminputs import inputs
     job = load_spec(path)
     plan = build_plan(job, run_id="GOLDEN", memory=inputs(job))   # as the CLI's dry run
     req = sbatch.request(plan)
     out = {"job.sbatch": req.script, "node.sh": req.node_script.content,
-           "dry-run.txt": sbatch.describe(plan)}
+           "dry-run.txt": describe_sbatch(plan)}
     out.update({posixpath.basename(f.path): f.content for f in plan.files})
     return out
 
@@ -50,7 +51,7 @@ def test_secrets_stay_out_of_what_slurm_stores():
     assert "HF_TOKEN" not in req.node_script.content
     assert req.secrets.content == f"export HF_TOKEN={secret}\n"
     assert f". {req.secrets.path}" in req.node_script.content
-    assert secret not in sbatch.describe(plan)
+    assert secret not in describe_sbatch(plan)
 
 
 def test_render_writes_job_sbatch(tmp_path):

@@ -86,7 +86,7 @@ def two_nodes_one_host(devices):
 
 
 def test_two_nodes_on_one_host_with_their_own_gpus():
-    from launcher.plan import build_plan
+    from launcher.plan.launch_plan import build_plan
     plan = build_plan(validate(two_nodes_one_host([[0], [1]])), run_id="r")
     assert [dict(n.env)["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["0", "1"]
     assert [n.argv[n.argv.index("--node-rank") + 1] for n in plan.nodes] == ["0", "1"]

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from launcher.errors import SpecError
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import SWIFT_OWNED, load_spec, validate
-from launcher.trainers import TRAINERS, RunContext
+from launcher.plan.trainers import TRAINERS, RunContext
 
 from .helpers import CONFIGS, load_yaml, set_path
 

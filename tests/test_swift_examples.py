@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from launcher.spec import load_spec
-from launcher.trainers import TRAINERS, RunContext
+from launcher.plan.trainers import TRAINERS, RunContext
 
 from .helpers import ROOT
 from .training import require_swift

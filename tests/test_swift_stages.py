@@ -9,11 +9,11 @@ import json
 import pytest
 
 from launcher.errors import UserError
-from launcher.plan import build_plan
-from launcher.present import describe_plan
+from launcher.plan.launch_plan import build_plan
+from launcher.view.present import describe_plan
 from launcher.spec import validate
-from launcher.submit import SubmitOptions, submit
-from launcher.trainers import TRAINERS, RunContext
+from launcher.launch.attempts import SubmitOptions, submit
+from launcher.plan.trainers import TRAINERS, RunContext
 
 from .test_swift import argv, flags, problems, swift_lora, swift_megatron
 

@@ -16,9 +16,9 @@ import subprocess
 import pytest
 import yaml
 
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
-from launcher.trainers import warmup_arg
+from launcher.plan.trainers import warmup_arg
 
 from .helpers import CONFIGS, preflight
 from .training import SWIFT_PYTHON, TRAINER_PYTHON, require_swift, require_trainer

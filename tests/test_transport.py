@@ -11,7 +11,7 @@ from launcher.execute.base import Exit
 from launcher.execute.job import JobResult, NodeOutcome
 from launcher.preflight import Report, collective, transport
 
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.preflight.probe import Ctx
 from launcher.spec import validate
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from launcher.plan import build_plan
+from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
 from .helpers import ROOT, write_spec
@@ -184,7 +184,7 @@ def test_stack_dump_finds_the_in_process_rank(tmp_path):
     """Without torchrun there is no RANK: MLAUNCH_IN_PROCESS=1 marks the rank for py-spy."""
     from launcher import render
     from launcher.execute.local import LocalExecutor
-    from launcher.stacks import split_dump
+    from launcher.execute.stacks import split_dump
     run_id = "w1stack-" + secrets.token_hex(3)
     env = {**os.environ, "MLAUNCH_RUN_ID": run_id, "MLAUNCH_IN_PROCESS": "1", "MLAUNCH_NODE_RANK": "0"}
     env.pop("RANK", None)

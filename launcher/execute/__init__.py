@@ -1,7 +1,14 @@
-"""The only code that touches SSH, subprocesses or a scheduler: backends, executors, the job runner.
+"""Side effects on nodes: the only code below launch/ that touches SSH, subprocesses or a
+scheduler.
 
-Names are imported lazily: `mlaunch ps` imports the backend seam without the runner's
-dependencies (jinja2, pydantic, fabric).
+Holds base (the Executor interface, exits, timing), ssh and local (executors), slurm
+(sbatch/squeue/scancel), slurm_executor and slurm_follow (one attempt as a batch job),
+slurm_alloc (helpers inside an allocation), job (one attempt on every node: start, stream,
+fail fast, tear down), stream (node-prefixed printing and the node logs), watch, health and
+stacks (progress, hangs, NaNs, world size, py-spy dumps), outcome (what each node came to).
+
+May import: errors, render, nodeprog, spec, plan, record, view. Names are imported lazily:
+nothing here loads the runner's dependencies (jinja2, pydantic, fabric) on `mlaunch ps`'s path.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from ..errors import Problem
-from ..plan import LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan
 
 LOST = 255            # exit code reported for a node whose connection dropped
 HEARTBEAT_S = 5.0     # longest launcher -> node heartbeat period (see heartbeat_period)

@@ -8,16 +8,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from .. import nodeview, render
+from ..view import nodeview
+from .. import render
 from ..errors import UserError
-from ..plan import LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
-from .outcome import JobResult, NodeOutcome
+from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 
-SIGINT_EXIT = 130
-TIMEOUT_EXIT = 124
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
 LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
 
@@ -25,7 +24,7 @@ LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample even
 def make_executor(plan: LaunchPlan) -> Executor:
     """Local subprocesses when every host is this machine, sbatch under Slurm, else SSH."""
     if plan.job.cluster.scheduler == "slurm":
-        from .slurm import SlurmExecutor
+        from .slurm_executor import SlurmExecutor
         return SlurmExecutor()
     if plan.local:
         from .local import LocalExecutor

@@ -6,7 +6,7 @@ import subprocess
 
 from .. import render
 from ..errors import Problem
-from ..plan import LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import Exit
 
 

@@ -1,6 +1,6 @@
 """Running one attempt as a Slurm batch job: sbatch, follow the per-node logs, scancel.
 
-The executor of a Slurm plan. submit's flow stays what it is (output_dir guard, lock,
+The scheduler's commands (slurm_executor.py holds the executor). submit's flow stays what it is (output_dir guard, lock,
 attempts and restarts): the short helpers it runs "on node 0" (checkpoint discovery, the
 output_dir lock) run here on the login node, which sees output_dir on shared storage; an
 attempt is one `sbatch --parsable` job whose state comes from `scontrol show job` (no
@@ -8,13 +8,11 @@ sacct: accounting may not exist). Imports at module level are standard library o
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import time
 
-from ..errors import Problem, UserError
+from ..errors import UserError
 from .base import LOST, Exit
 
 POLL_S = 0.25          # how often the job's state and its log files are read
@@ -73,88 +71,6 @@ def sbatch_error(stderr: str) -> UserError:
     low = msg.lower()
     field = next((f for word, f in SBATCH_FIELDS if word in low), "cluster.slurm")
     return UserError(f"{field}: sbatch refused the job: {msg}; fix {field} (nothing was queued)")
-
-
-class SlurmExecutor:
-    """Executor of a Slurm plan: login-node helpers, and one batch job per attempt."""
-
-    def __init__(self) -> None:
-        self.job_ids: list[str] = []
-
-    def connect(self) -> list[Problem]:
-        if not shutil.which("sbatch"):
-            return [Problem("cluster.scheduler", "slurm: sbatch is not on PATH; run mlaunch on a "
-                            "Slurm login node (or set scheduler: ssh)")]
-        r = slurm_cmd(["scontrol", "ping"], timeout=20)
-        if r.returncode != 0 or "UP" not in r.stdout:
-            text = (r.stdout + r.stderr).strip().replace("\n", "; ")
-            return [Problem("cluster.scheduler", f"slurm: the controller does not answer "
-                            f"(scontrol ping: {text}); check SLURM_CONF / slurmctld")]
-        return []
-
-    def stage(self, plan) -> None:
-        """The rendered files, on the shared storage every node reads."""
-        for f in plan.files:
-            _write(f.path, f.content)
-
-    def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
-        """A helper script on the login node (it sees output_dir on shared storage)."""
-        try:
-            done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as e:
-            return 124, str(e.stdout or "")
-        return done.returncode, done.stdout + done.stderr
-
-    def close(self) -> None:
-        pass
-
-    def run_plan(self, plan, printer, on_started):
-        """One attempt: submit, follow the per-node logs until the job ends; its JobResult."""
-        from .slurm_follow import Follow
-        from .. import sbatch
-        req = sbatch.request(plan)
-        self.stage(plan)
-        _write(req.node_script.path, req.node_script.content)
-        if req.secrets:
-            _write_secret(req.secrets.path, req.secrets.content)
-        _write(req.script_path, req.script)
-        try:
-            r = slurm_cmd(["sbatch", "--parsable", req.script_path], timeout=60)
-            if r.returncode != 0:
-                raise sbatch_error(r.stderr or r.stdout)
-            job_id = r.stdout.strip().split(";")[0]
-            self.job_ids.append(job_id)
-            n = len(plan.nodes)
-            printer.say(f"slurm job {job_id}: {n} node{'' if n == 1 else 's'} requested; "
-                        f"batch script {req.script_path}")
-            on_started(queued=True, handle={"job_id": job_id, "job_ids": list(self.job_ids)})
-            return Follow(plan, req, job_id, printer, on_started).run()
-        finally:
-            if req.secrets:
-                _remove(req.secrets.path)
-
-
-def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-
-
-def _write_secret(path: str, text: str) -> None:
-    """A 0600 file in a 0700 directory, created with those modes (never readable first)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    os.chmod(os.path.dirname(path), 0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def node_outcomes(batch_lines: list[str], state: str):

@@ -10,8 +10,7 @@ import dataclasses
 import time
 
 from .base import LOST, Exit
-from .job import SIGINT_EXIT, TIMEOUT_EXIT
-from .outcome import JobResult, NodeOutcome
+from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .slurm import POLL_S, cancel_and_wait, hostnames, is_gone, job_info, node_outcomes
 from .stream import LineSplitter, TorchrunRootCause
 

@@ -13,7 +13,7 @@ from fabric import Config, Connection
 
 from .. import render
 from ..errors import Problem
-from ..plan import LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit

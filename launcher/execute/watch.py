@@ -10,10 +10,11 @@ import posixpath
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import render, stacks
-from ..events import EventLog
-from ..health import HealthConfig, Monitor, Verdict
-from ..plan import LaunchPlan, remote_bin
+from .. import render
+from . import stacks
+from ..record.events import EventLog
+from .health import HealthConfig, Monitor, Verdict
+from ..plan.launch_plan import LaunchPlan, remote_bin
 from .base import Executor
 
 HANG_EXIT = 124       # as GNU timeout: the job made no progress in time

@@ -10,6 +10,9 @@ with one top-level `from .part import ...` statement, which `source()` replaces 
 text, so what is sent is still one self-contained program. Parts are plain modules of this
 package too (the launcher and the tests import them), import no other part, and a
 `from __future__` line in a part must stand in the program too (it has to lead the text).
+
+May import: render (for the here-document around a program). The programs themselves import
+the standard library only.
 """
 from __future__ import annotations
 

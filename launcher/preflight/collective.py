@@ -11,7 +11,7 @@ import tempfile
 from .. import nodeprog
 from ..execute.job import JobResult, run_job
 from ..execute.stream import Printer
-from ..plan import LaunchPlan, build_plan, new_run_id
+from ..plan.launch_plan import LaunchPlan, build_plan, new_run_id
 from ..spec import validate
 from . import transport
 from .probe import Ctx, on_nodes, sh_script

@@ -11,7 +11,7 @@ from typing import Callable
 
 from .. import nodeprog, render
 from ..execute.base import Executor
-from ..plan import LaunchPlan, NodePlan, in_process, remote_bin
+from ..plan.launch_plan import LaunchPlan, NodePlan, in_process, remote_bin
 from ..spec import LlamaFactoryJob, ScriptJob
 
 MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
@@ -136,7 +136,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
         "master_addr": ctx.master_addr if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
-        # node 0 sends the model's config.json back for batch planning (launcher/batchplan.py)
+        # node 0 sends the model's config.json back for batch planning (launcher/plan/batch.py)
         "model_config": job.model if rank == 0 and isinstance(getattr(job, "model", None), str) else None,
         "budget": max(1.0, ctx.pf.check_timeout_s - 2.0), "import_torch": not ctx.fast_only,
     }

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import Problem
 from ..execute.base import Executor
-from ..plan import LaunchPlan
+from ..plan.launch_plan import LaunchPlan
 from ..spec import world_size
 from ..spec.hosts import HostAddr, parse_host
 from . import clock, collective, gpu, ifname, master, network, software, storage
@@ -127,7 +127,7 @@ def unreachable_ranks(plan: LaunchPlan, problems: list[Problem]) -> dict[int, st
 def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) -> int:
     """`mlaunch check JOB`: every check, one table (or JSON) on stdout; 0 all pass, 1 any fail."""
     from ..execute.job import make_executor
-    from ..plan import build_plan
+    from ..plan.launch_plan import build_plan
     from ..spec import load_spec
     plan = build_plan(load_spec(job_path), run_id=run_id)
     slurm = plan.job.cluster.scheduler == "slurm"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ..plan import remote_bin
+from ..plan.launch_plan import remote_bin
 from .probe import Ctx
 from .report import CheckResult
 

@@ -1,4 +1,14 @@
-"""The job spec: models, loading and validation rules."""
+"""The job spec: the pydantic models, loading (YAML, hostfiles, ${NAME} references) and the
+rules between fields, each with the field, the value and the fix.
+
+Holds models and cluster_spec (the schema), load (parse, validate, one line per problem),
+explain (pydantic's errors in mlaunch's words), check (the rules' one entry point), rules,
+cluster_rules, slurm_rules, secret_rules, ds_rules, deepspeed, lf_rules, lf_optim_rules,
+swift_rules, megatron_rules (each trainer's and section's rules), hosts and select (hosts,
+hostfiles, node selection, world size), model_config, known_args, swift_zero.
+
+May import: errors, render (the default DeepSpeed config's template) and nodeprog.
+"""
 from .load import SECRET_NAME, load_spec, parse_hostfile, parse_spec, validate
 from .models import (SSH, Batch, Cluster, DeepSpeed, Finetuning, Job, JobBase, Megatron, Preflight,
                      LlamaFactoryJob, Script, ScriptJob, SwiftJob, Training, TRAINER_MODELS)

@@ -1,7 +1,7 @@
 """The cluster block's cross-field rules: hosts, processes per node, GPUs, the rendezvous
 address, env names, the interpreter, and where a relative output_dir lands on many machines.
 
-Part of the spec rules (launcher/spec/rules.py's check_job calls check_cluster and
+Part of the spec rules (launcher/spec/check.py's check_job calls check_cluster and
 check_output_dir, and re-exports these names).
 """
 from __future__ import annotations

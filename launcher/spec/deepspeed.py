@@ -80,7 +80,7 @@ def build_for(job: Any) -> DsConfig:
 def build(job: Any, base: dict | None = None) -> DsConfig:
     """The job's DeepSpeed config. base: mlaunch's default for a spec-form section."""
     from .select import world_size
-    from .swift_rules import config_int, model_config
+    from .model_config import config_int, model_config
 
     ds = job.deepspeed
     out = DsConfig({})
@@ -149,10 +149,10 @@ def _set(out: DsConfig, key: str, want: Any, why: str, fix: str) -> None:
 
 def _spec_owned(out: DsConfig, job: Any, size: int) -> None:
     """Batch sizes, clipping and precision, exactly as the YAML/arguments give them."""
-    from .rules import auto_batch
+    from .select import auto_batch
 
     b, fix = job.batch, 'set it to "auto" or change the spec\'s batch'
-    pd, ga = auto_batch(b)   # None: mlaunch chooses it later (launcher/batchplan.py)
+    pd, ga = auto_batch(b)   # None: mlaunch chooses it later (launcher/plan/batch.py)
     for key, value, name in (("train_micro_batch_size_per_gpu", pd, "per_device"),
                              ("gradient_accumulation_steps", ga, "grad_accum")):
         if value is not None:

@@ -11,7 +11,8 @@ from ..errors import Problem, SpecError
 from .hosts import parse_hostfile
 from .explain import NOT_OFFERED, SECRET_NAME, translate  # noqa: F401  (importable from here)
 from .models import TRAINER_MODELS, Job, JobBase
-from .rules import check_job, output_dir_note
+from .check import check_job
+from .rules import output_dir_note
 from .secret_rules import resolve_env_refs
 from .select import select
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ..errors import Problem
 from .models import SwiftJob
-from .rules import world_size, world_text
-from .swift_rules import MEGATRON_SCHEDULERS, divisors, config_int, model_config
+from .model_config import MEGATRON_SCHEDULERS, config_int, divisors, model_config
+from .select import world_size, world_text
 
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 

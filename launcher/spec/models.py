@@ -41,7 +41,7 @@ class Batch(Strict):
     """Batch sizes; global must equal nodes x gpus_per_node x per_device x grad_accum.
 
     per_device omitted (or auto) with global given: mlaunch picks the micro-batch, the
-    accumulation and gradient checkpointing from its memory estimate (launcher/batchplan.py).
+    accumulation and gradient checkpointing from its memory estimate (launcher/plan/batch.py).
     """
 
     per_device: PositiveInt | Auto | None = Field(None, description="omit or auto: mlaunch chooses (needs global)")
@@ -225,6 +225,10 @@ class LlamaFactoryJob(JobBase):
     output_dir: str
     passthrough: dict[str, Any] = Field(default_factory=dict)
 
+    def effective_preference(self) -> Preference | None:
+        """The preference settings the run uses: the spec's, else the defaults for dpo/kto."""
+        return self.preference or (Preference() if self.stage in ("dpo", "kto") else None)
+
 
 class Megatron(Strict):
     """Megatron-SWIFT parallelism; world = tp x pp x cp x data-parallel size."""
@@ -251,7 +255,7 @@ MEGATRON_RLHF_TYPES = ("dpo", "kto", "grpo", "gkd", "rm")
 class SwiftJob(JobBase):
     """An ms-swift (4.x) job; with `megatron:` it runs Megatron-SWIFT instead of HF Trainer.
 
-    Fields left out train as ms-swift's own CLI would (launcher/defaults.py)."""
+    Fields left out train as ms-swift's own CLI would (launcher/plan/defaults.py)."""
 
     trainer: Literal["swift"]
     stage: Literal["sft", "pt", "rlhf"] = Field("sft", description="swift sft | pt | rlhf "

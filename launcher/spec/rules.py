@@ -1,7 +1,7 @@
 """Cross-field rules that pydantic's per-field types cannot express.
 
 Each rule returns Problems (field path + what is wrong + how to fix), so that a
-spec with several mistakes reports them all at once. check_job is the one entry point; here
+spec with several mistakes reports them all at once. check_job (check.py) is the one entry point; here
 stand the LLaMA-Factory job's batch, method, schedule and passthrough rules, beside them the
 cluster block's (cluster_rules.py) and each trainer's own (lf_rules.py, swift_rules.py, ...).
 """
@@ -16,9 +16,9 @@ from .cluster_rules import ENV_NAME, LAUNCHER_ENV, OWNED_ENV, RENDEZVOUS_WHY  # 
 from .cluster_rules import _check_shared_hosts, machines, node_devices, output_dir_note  # noqa: F401
 from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
-from .models import JobBase, LlamaFactoryJob, ScriptJob
+from .models import LlamaFactoryJob, ScriptJob
 from .secret_rules import check_passthrough_secrets, check_script_secrets
-from .select import world_size, world_text  # noqa: F401  (importable from here)
+from .select import auto_batch, world_size, world_text  # noqa: F401  (importable from here)
 
 # LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
 LLAMAFACTORY_OWNED = {
@@ -55,27 +55,12 @@ LLAMAFACTORY_OWNED = {
 }
 
 
-def check_job(job: JobBase) -> list[Problem]:
-    """All cross-field problems of a validated job, in field order."""
-    problems = check_cluster(job.cluster) + check_output_dir(job)
-    if isinstance(job, LlamaFactoryJob):
-        problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
-        problems += check_training(job) + check_passthrough(job)
-        from .lf_rules import check_llamafactory   # LLaMA-Factory's own rules live beside it
-        problems += check_llamafactory(job)
-    elif isinstance(job, ScriptJob):
-        problems += check_script(job)
-    else:  # ms-swift's rules live beside it; imported here to keep one entry point
-        from .swift_rules import check_swift
-        problems += check_swift(job)
-    return problems
-
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
     """global = all processes (Σ per node) x per_device x grad_accum, checked before launch.
 
     Fields left to mlaunch (per_device omitted or auto; grad_accum auto) are chosen later
-    (launcher/batchplan.py); here only what the given ones already fix is checked.
+    (launcher/plan/batch.py); here only what the given ones already fix is checked.
     """
     b = job.batch
     size = world_size(job)
@@ -103,14 +88,6 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
                     f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
 
-
-def auto_batch(b) -> tuple[int | None, int | None]:
-    """(per_device, grad_accum) as given; None where mlaunch chooses or derives. An omitted
-    grad_accum is global / (world × per_device) when both are given, else 1 (its default)."""
-    pd = b.per_device if isinstance(b.per_device, int) else None
-    given = "grad_accum" in b.model_fields_set or (pd is not None and b.global_ is None)
-    ga = b.grad_accum if isinstance(b.grad_accum, int) and given else None
-    return pd, ga
 
 
 def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:

@@ -157,3 +157,12 @@ def _parse(text: str, field: str) -> tuple[dict[str, list[int]], list[Problem]]:
 def _count(counts: list[int]) -> int | list[int]:
     """One number when every node runs the same count, else one per node."""
     return counts[0] if counts and all(x == counts[0] for x in counts) else counts
+
+
+def auto_batch(b) -> tuple[int | None, int | None]:
+    """(per_device, grad_accum) as given; None where mlaunch chooses or derives. An omitted
+    grad_accum is global / (world × per_device) when both are given, else 1 (its default)."""
+    pd = b.per_device if isinstance(b.per_device, int) else None
+    given = "grad_accum" in b.model_fields_set or (pd is not None and b.global_ is None)
+    ga = b.grad_accum if isinstance(b.grad_accum, int) and given else None
+    return pd, ga

@@ -1,8 +1,6 @@
 """Cross-field rules of `trainer: swift` jobs: ms-swift's own, and Megatron's arithmetic."""
 from __future__ import annotations
 
-import json
-import os
 import re
 
 from ..errors import Problem
@@ -11,6 +9,7 @@ from . import known_args
 from .models import MEGATRON_RLHF_TYPES, RLHF_TYPES
 from .rules import USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning, check_training
 from .secret_rules import check_passthrough_secrets, secret_name
+from .model_config import MEGATRON_SCHEDULERS, config_int, divisors, model_config  # noqa: F401  (importable from here)
 
 # ms-swift arguments that mlaunch renders from the spec (HF-Trainer mode and Megatron-SWIFT
 # mode), with the field that owns each. A passthrough key may not collide with these.
@@ -46,37 +45,10 @@ SWIFT_OWNED = {
     "rlhf_type": "stage: rlhf and rlhf_type",
 }
 
-# Megatron's lr_decay_style for each spec scheduler it can express.
-MEGATRON_SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant",
-                       "linear": "linear", "cosine": "cosine",
-                       "inverse_sqrt": "inverse-square-root", "warmup_stable_decay": "WSD"}
-
 DDP_NOT_DEEPSPEED = ("mlaunch renders the DeepSpeed config; use `deepspeed: {stage: N}`. For plain "
                      "DDP leave deepspeed out entirely: passing --deepspeed (as seed 003's DDP "
                      "example does with `--deepspeed zero2`) runs DeepSpeed ZeRO, not DDP")
 
-
-def model_config(model: str) -> dict | None:
-    """<model>/config.json when the model is a directory readable here, else None."""
-    try:
-        with open(os.path.join(os.path.expanduser(model), "config.json"), encoding="utf-8") as fh:
-            cfg = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return cfg if isinstance(cfg, dict) else None
-
-
-def config_int(cfg: dict | None, key: str) -> int | None:
-    """An integer field of a HF config, also looked up in text_config (multimodal models)."""
-    for c in (cfg or {}, (cfg or {}).get("text_config") or {}):
-        v = c.get(key) if isinstance(c, dict) else None
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
-def divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 def check_swift(job: SwiftJob) -> list[Problem]:

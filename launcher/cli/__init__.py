@@ -1,0 +1,8 @@
+"""The `mlaunch` commands: parsing the command line, printing, exit codes.
+
+Holds main (the group: validate, check, submit, resume, render, schema), runs (ps, logs,
+stop, attach), plan (`mlaunch plan`), report (`mlaunch report`), logview (reading and
+following a run's logs) and writeout (`render --out`). `python -m launcher.cli` runs main.
+
+May import every layer. Heavy imports (fabric, torch) stay off each command's import path.
+"""

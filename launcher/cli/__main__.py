@@ -1,0 +1,4 @@
+"""`python -m launcher.cli`: the same as the `mlaunch` command."""
+from .main import main
+
+main()

@@ -1,0 +1,148 @@
+"""Reading a registered run's log files: printing them and following them to the run's end.
+
+The console log is printed as it is (it already holds the live stream's prefixes); a node's
+log gets the live stream's `[node<k> <host> local<r>]` prefixes added.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from ..execute.stream import Printer
+from ..record.registry import console_path, locate
+
+FOLLOW_POLL_S = 0.1   # how often a follower looks for new bytes
+STATE_POLL_S = 0.5    # ... and asks the registry whether the run has ended
+LOST_EXIT = 255       # what `logs -f` exits with when the run's supervisor was lost
+
+
+def refresh(reg, run):
+    """The run as its backend describes it now (ssh: a lost supervisor; a scheduler: the
+    job's state), recorded on the way; a compare-and-set, so a concurrent writer wins."""
+    if not run.active:
+        return run
+    from ..launch.backends import backend_for
+    status = backend_for(run.backend).describe(run)
+    if status.state == run.state:
+        return run
+    reg.set_state(run.id, status.state, only_from=(run.state,), exit_code=status.exit_code)
+    return reg.get(run.id)
+
+
+class _Tail:
+    """One file read incrementally; only whole lines are handed on."""
+
+    def __init__(self, path: str, emit, what: str = "log"):
+        self.path, self.emit, self.what, self.pos, self.rest = path, emit, what, 0, b""
+
+    def read(self, tail: int | None = None) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.pos)
+                data = fh.read()
+        except OSError:
+            return
+        self.pos += len(data)
+        data, _, self.rest = (self.rest + data).rpartition(b"\n")
+        if data or _:
+            lines = data.decode("utf-8", "replace").split("\n")
+            self.emit(lines if tail is None else lines[len(lines) - tail:] if tail else [])
+
+    def flush(self) -> None:
+        self.read()
+        if self.rest:
+            self.emit([self.rest.decode("utf-8", "replace")])
+            self.rest = b""
+
+
+class View:
+    """What `mlaunch logs` / `attach` show of one run: its console, one node, or one attempt."""
+
+    def __init__(self, reg, run, node: int | None, attempt: int | None, wait: bool = False):
+        """wait: the caller follows, so files an active run has yet to write are no error."""
+        self.reg, self.run, self.node, self.attempt = reg, run, node, attempt
+        self.printer = Printer(lambda s: s, sys.stdout)
+        self.seen_attempts = -1
+        self.tails: list[_Tail] = self._tails()
+        if not (wait and run.active):
+            self._require()
+
+    def _require(self) -> None:
+        """Every file this view reads exists: a missing log is said, never shown as empty."""
+        if not self.tails:
+            raise _user(f"run {self.run.id} ({self.run.state}) has started no node"
+                        + (" yet; `mlaunch logs -f` waits for it" if self.run.active else ""))
+        for t in self.tails:
+            try:
+                t.path = locate(t.path, t.what)
+            except LookupError as e:
+                raise _user(f"run {self.run.id}: {e}") from None
+
+    def _tails(self) -> list[_Tail]:
+        if self.node is None and self.attempt is None:
+            return [_Tail(console_path(self.run.id), self._raw, "console log")]
+        attempts = self.reg.attempts(self.run.id)
+        if not attempts:
+            return []
+        pick = attempts[-1] if self.attempt is None else next(
+            (a for a in attempts if a.n == self.attempt), None)
+        if pick is None:
+            raise _user(f"--attempt {self.attempt}: run {self.run.id} has attempts "
+                        f"0..{attempts[-1].n}")
+        self.seen_attempts = pick.n
+        ranks = range(len(pick.log_paths)) if self.node is None else [self.node]
+        if self.node is not None and not 0 <= self.node < len(pick.log_paths):
+            raise _user(f"--node {self.node}: run {self.run.id} has nodes 0..{len(pick.log_paths) - 1}")
+        return [_Tail(pick.log_paths[k], self._node_emit(k), f"node {k}'s log (attempt {pick.n})")
+                for k in ranks]
+
+    def _raw(self, lines: list[str]) -> None:
+        self.printer.raw_lines(lines)
+
+    def live(self) -> None:
+        """Keep the run's per-node status lines (its live.json) under the stream, on a terminal."""
+        from ..view.nodeview import read_snapshot, status_lines
+        def lines(width: int) -> list[str]:
+            snap = read_snapshot(self.run.log_dir)
+            return [] if snap is None else status_lines(snap, width, max(0.0, time.time() - snap["time"]))
+        self.printer.set_status(lines)
+
+    def _node_emit(self, rank: int):
+        host = self.run.hosts[rank] if rank < len(self.run.hosts) else "?"
+        return lambda lines: self.printer.node_lines(rank, host, lines) if lines else None
+
+    def show(self, tail: int | None) -> None:
+        """Print what the files hold now (the last `tail` lines of each)."""
+        for t in self.tails:
+            t.read(tail)
+
+    def follow(self) -> int:
+        """Print new lines as they arrive until the run ends; the run's exit code."""
+        next_check = 0.0
+        while True:
+            for t in self.tails:
+                t.read()
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + STATE_POLL_S
+                self.printer.redraw()
+                self.run = refresh(self.reg, self.reg.get(self.run.id))
+                if self.node is not None or self.attempt is not None:
+                    self._next_attempt()
+                if not self.run.active:
+                    for t in self.tails:
+                        t.flush()
+                    self.printer.set_status(None)
+                    return LOST_EXIT if self.run.exit_code is None else self.run.exit_code
+            time.sleep(FOLLOW_POLL_S)
+
+    def _next_attempt(self) -> None:
+        # Following a node through restarts: each attempt writes its own log file.
+        if self.attempt is None and self.run.attempts - 1 > self.seen_attempts:
+            for t in self.tails:
+                t.flush()
+            self.tails = self._tails()
+
+
+def _user(msg: str):
+    from ..errors import UserError
+    return UserError(msg)

@@ -1,0 +1,204 @@
+"""The `mlaunch` command line. Heavy imports (fabric, torch) stay off this module's import path."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+
+import click
+
+from ..errors import UserError
+
+
+def _load(path: str):
+    from ..spec import load_spec
+    return load_spec(path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mlaunch")
+def cli() -> None:
+    """mlaunch: multi-node, multi-GPU fine-tuning in one command."""
+
+
+def _submit_options(f, start_flags: bool = True):
+    """submit's options; start_flags False (`resume`): without --resume and --overwrite."""
+    starts = [_resume_option(),
+              click.option("--overwrite", is_flag=True, help="Start fresh although output_dir holds checkpoints.")]
+    for opt in reversed([
+        click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere."),
+        click.option("--full", is_flag=True, help="With --dry-run: every node's exact script."),
+        click.option("--run-id", help="Use this run id instead of a fresh one."),
+        click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
+        *(starts if start_flags else []),
+        click.option("--max-restarts", type=click.IntRange(0, 100),
+                     help="After a node failure, relaunch from the latest checkpoint up to N times."),
+        click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
+        click.option("--force", is_flag=True, help="Launch although the memory estimate says the batch will not fit."),
+        click.option("-d", "--detach", is_flag=True,
+                     help="Once every node has started, hand the run to a supervisor and return."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _resume_option():
+    return click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[auto|PATH]",
+                        help="Resume from the latest complete checkpoint; --resume=auto starts fresh "
+                             "if none; --resume=PATH from that checkpoint (checked for completeness).")
+
+
+def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
+                no_preflight, force=False, detach=False) -> None:
+    from ..plan.launch_plan import build_plan
+    from ..launch.attempts import SubmitOptions, check_flags
+    from ..launch.backends import launch
+    if full and not dry_run:
+        raise UserError("--full only goes with --dry-run")
+    spec = _load(job)
+    opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
+                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
+    check_flags(spec, opts)   # a dry run refuses what submit would refuse
+    if dry_run:
+        from ..launch.backends import backend_for, backend_name
+        from ..plan.meminputs import inputs
+        from ..plan.batch import refuse_unfit
+        explicit = resume if resume not in (None, "latest", "auto") else None
+        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite, resume_from=explicit,
+                          memory=inputs(spec))
+        refuse_unfit(plan.batch, force)
+        click.echo(backend_for(backend_name(plan)).dryrun(plan, full=full).text, nl=False)
+        if resume and not explicit:
+            click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
+        return
+    sys.exit(launch(spec, opts, detach=detach))
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False), required=False, metavar="JOB")
+@_submit_options
+def submit(job: str | None, **kw) -> None:
+    """Run JOB on every node (or print the plan with --dry-run)."""
+    job, kw["resume"] = _job_after_resume(job, kw["resume"])
+    _run_submit(job, **kw)
+
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _job_after_resume(job: str | None, resume: str | None) -> tuple[str, str | None]:
+    """`submit --resume job.yaml`: --resume took the spec as its checkpoint PATH and left no
+    JOB. A spec file there and no JOB is unambiguous: JOB it is, resuming from the latest."""
+    is_spec = bool(resume) and resume.endswith(SPEC_SUFFIXES) and os.path.isfile(resume)
+    if job is None and is_spec:
+        return resume, "latest"
+    if job is None and resume not in (None, "latest", "auto"):
+        raise UserError(f"JOB missing: --resume took {resume!r} as its checkpoint; put JOB first "
+                        "(mlaunch submit JOB --resume), or write --resume=PATH")
+    if job is None:
+        raise click.MissingParameter(param_type="argument", param_hint="'JOB'")
+    if is_spec:
+        raise UserError(f"--resume {resume}: a job spec file, not a checkpoint directory; give "
+                        "--resume alone (the latest checkpoint), --resume=auto, or --resume=PATH")
+    return job, resume
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@functools.partial(_submit_options, start_flags=False)
+def resume(job: str, **kw) -> None:
+    """Same as `submit --resume`: continue JOB from its latest complete checkpoint (another
+    checkpoint, or a fresh start if none: `submit --resume=PATH`, `submit --resume=auto`)."""
+    _run_submit(job, resume="latest", overwrite=False, **kw)
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout.")
+@click.option("--run-id", help="Use this run id instead of a fresh one.")
+def check(job: str, as_json: bool, run_id: str | None) -> None:
+    """Run the preflight checklist on every node: one table; exit 0 if all pass, 1 if any fails."""
+    from ..preflight import check_command
+    sys.exit(check_command(job, as_json=as_json, run_id=run_id))
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+def validate(job: str) -> None:
+    """Validate JOB and exit 0, or print one line per problem and exit 2."""
+    from ..spec import node_procs, world_size, world_text
+    spec = _load(job)
+    for note in spec._notes:
+        click.echo(f"note: {note}")
+    mixed = len(set(node_procs(spec.cluster))) > 1
+    total = f" = {world_size(spec)}" if mixed else ""
+    via = ", slurm" if spec.cluster.scheduler == "slurm" else ""
+    click.echo(f"{job}: ok ({spec.trainer}, {world_text(spec.cluster, 'processes')}{total}{via})")
+
+
+@cli.command("render")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
+@click.option("--run-id", help="Use this run id instead of a fresh one.")
+@_resume_option()
+@click.option("--overwrite", is_flag=True, help="Render as submit --overwrite would.")
+def render_cmd(job: str, out: str, run_id: str | None, resume: str | None, overwrite: bool) -> None:
+    """Write the rendered files and one node<k>.sh per node (Slurm: job.sbatch, node.sh) into OUT
+    (as submit would run them)."""
+    from ..plan.launch_plan import build_plan
+    from .writeout import render_start, write_rendered
+    spec = _load(job)
+    resume_from, overwrite = render_start(spec, resume, overwrite)
+    plan = build_plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite)
+    for path in write_rendered(plan, out):
+        click.echo(path)
+
+
+@cli.command()
+def schema() -> None:
+    """Print the job spec's JSON Schema (for editor completion)."""
+    import json
+
+    from pydantic import TypeAdapter
+
+    from ..spec import Job
+    click.echo(json.dumps(TypeAdapter(Job).json_schema(by_alias=True), indent=2))
+
+
+def _register() -> None:
+    """Commands that live in their own modules."""
+    from .report import report
+    from .runs import register
+    from .plan import plan_cmd
+    cli.add_command(report)
+    cli.add_command(plan_cmd)
+    register(cli)  # ps, logs, stop, attach
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors become one line per problem and exit 2, no traceback."""
+    try:
+        cli.main(args=argv, prog_name="mlaunch", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        # Outside a running job (connecting, backing off before a restart): nothing to tear down.
+        click.echo("mlaunch: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except UserError as e:
+        if os.environ.get("MLAUNCH_DEBUG"):
+            traceback.print_exc()
+        for line in e.lines():
+            click.echo(f"mlaunch: {line}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

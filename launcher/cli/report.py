@@ -1,0 +1,64 @@
+"""`mlaunch report RUN [RUN_B] [--out DIR]`: registered into the CLI group by launcher/cli/main.py."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..errors import UserError
+
+
+@click.command("report")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Directory for report.md, report.png, series.json (default: <run's log dir>/report).")
+@click.option("--output-dir", help="Find a RUN given as a run id under this output_dir's logs/.")
+@click.option("--window", "window_s", type=click.FloatRange(min=1), default=10.0, show_default=True,
+              help="Seconds per samples/s window (the step records carry whole seconds).")
+def report(runs: tuple[str, ...], out: str | None, output_dir: str | None, window_s: float) -> None:
+    """Plot and summarise RUN (a log dir, an output_dir, or a run id); RUN RUN_B overlays two."""
+    from ..view.report import require_matplotlib, write_report
+    from ..record.runlog import read_run
+    if len(runs) > 2:
+        raise UserError(f"report takes one run, or two to compare; got {len(runs)}")
+    require_matplotlib()
+    read = [read_run(_paths(r, output_dir)) for r in runs]
+    text, png = write_report(read, out or os.path.join(read[0].paths.log_dir, "report"), window_s)
+    click.echo(text, nl=False)
+    click.echo(f"plot: {png}")
+
+
+def _paths(ref: str, output_dir: str | None):
+    """RUN's files: a log dir or output_dir as given (runlog.resolve_run), else a run of the
+    registry (id prefix or job name, as `mlaunch ps` takes it) by the paths it recorded."""
+    from ..record.runlog import resolve_run
+    if os.path.exists(ref) or output_dir:
+        return resolve_run(ref, output_dir)
+    from ..record.registry import Registry
+    found = Registry().resolve(ref)
+    if found is None:
+        raise UserError(f"RUN {ref!r}: not a directory here and no registered run with this id "
+                        "prefix or job name (see `mlaunch ps --all`); give a log dir, an "
+                        "output_dir, or --output-dir")
+    if isinstance(found, list):
+        raise UserError(f"RUN {ref!r}: matches several runs ({', '.join(found[:10])}); give more of the id")
+    return registered_paths(found)
+
+
+def registered_paths(run):
+    """RunPaths of a registry row: its log dir must exist; its output_dir where it still does."""
+    from ..record.registry import locate
+    from ..record.runlog import RunPaths, node_logs, output_dir_of
+    if not run.log_dir:
+        raise UserError(f"run {run.id}: the registry holds no log dir for it")
+    try:
+        log_dir = locate(run.log_dir, "log dir")
+    except LookupError as e:
+        raise UserError(f"run {run.id}: {e}") from None
+    if not node_logs(log_dir):
+        raise UserError(f"run {run.id} ({run.state}): no node logs in {log_dir}; it started no node")
+    try:
+        out = locate(run.output_dir, "output_dir") if run.output_dir else None
+    except LookupError:
+        out = None
+    return RunPaths(run.id, log_dir, out or output_dir_of(log_dir))

@@ -1,0 +1,158 @@
+"""`mlaunch ps / logs / stop / attach`: registered runs, from any terminal.
+
+`ps` stays fast: it reads the registry and checks pid markers in /proc; no SSH, no
+fabric, no spec models on that path.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from ..errors import UserError
+from .logview import refresh
+
+
+
+def _registry():
+    from ..record.registry import Registry
+    return Registry()
+
+
+def _backend(run):
+    from ..launch.backends import backend_for
+    return backend_for(run.backend)
+
+
+def _resolve(reg, ref: str):
+    found = reg.resolve(ref)
+    if found is None:
+        raise UserError(f"RUN {ref!r}: no run with this id prefix or job name; see `mlaunch ps --all`")
+    if isinstance(found, list):
+        more = ", ".join(found[:10]) + (", ..." if len(found) > 10 else "")
+        raise UserError(f"RUN {ref!r}: matches several runs ({more}); give more of the id")
+    return refresh(reg, found)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+@click.command()
+@click.argument("run", required=False)
+@click.option("--all", "show_all", is_flag=True, help="Also runs that have ended.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON list on stdout.")
+def ps(run: str | None, show_all: bool, as_json: bool) -> None:
+    """List runs: active ones (and lost ones), or every run with --all; with RUN, that run
+    and each node's last state, step and GPU (or CPU) sample."""
+    reg = _registry()
+    if run is not None:
+        return _ps_one(_resolve(reg, run), as_json)
+    runs = [refresh(reg, r) for r in reg.runs(include_final=show_all)]
+    if not show_all:
+        runs = [r for r in runs if r.active or r.state == "lost"]
+    if as_json:
+        click.echo(json.dumps([r.public() for r in runs], indent=None))
+        return
+    _table(runs)
+
+
+def _ps_one(r, as_json: bool) -> None:
+    from ..view.nodeview import read_snapshot, status_lines
+    from ..record.registry import locate
+    log_dir, gone = None, None
+    try:
+        log_dir = locate(r.log_dir, "log dir") if r.log_dir else None
+    except LookupError as e:
+        gone = str(e)
+    snap = read_snapshot(log_dir)
+    if as_json:
+        click.echo(json.dumps({**r.public(), "live": snap}))
+        return
+    _table([r])
+    if gone:
+        click.echo(f"no node samples: {gone}")
+        return
+    if snap is None:
+        click.echo(f"no node samples in {log_dir} (health.sample_every_s: 0, or none yet)")
+        return
+    click.echo("")
+    click.echo("\n".join(status_lines(snap, 200, age_s=max(0.0, time.time() - snap["time"]))))
+
+
+def _table(runs) -> None:
+    now = time.time()
+    rows = [("ID", "NAME", "STATE", "NODES", "AGE", "ATTEMPTS", "EXIT")]
+    rows += [(r.id, r.name, r.state, str(len(r.hosts)), _age(now - r.created), str(r.attempts),
+              "" if r.exit_code is None else str(r.exit_code)) for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    click.echo("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows))
+
+
+@click.command()
+@click.argument("run")
+@click.option("--node", type=int, help="Node K's log (default: the run's console stream).")
+@click.option("--attempt", type=int, help="Attempt N (default: the latest).")
+@click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its code.")
+@click.option("--tail", type=click.IntRange(0), help="Only the last N lines first.")
+def logs(run: str, node: int | None, attempt: int | None, follow: bool, tail: int | None) -> None:
+    """Print a run's logs: its console stream, or one node's log with --node."""
+    from .logview import View
+    reg = _registry()
+    r = _resolve(reg, run)
+    view = View(reg, r, node, attempt, wait=follow)
+    view.show(tail)
+    if follow:
+        sys.exit(view.follow())
+
+
+@click.command()
+@click.argument("run")
+def attach(run: str) -> None:
+    """Stream a running run live; Ctrl-C detaches and leaves it running."""
+    from .logview import View
+    reg = _registry()
+    r = _resolve(reg, run)
+    if not r.active:
+        raise UserError(f"run {r.id} is {r.state}, not running; see `mlaunch logs {r.id}`")
+    click.echo(f"[mlaunch] attached to run {r.id}: Ctrl-C detaches, the run keeps running "
+               f"(stop it with `mlaunch stop {r.id}`)", err=True)
+    view = View(reg, r, None, None, wait=True)
+    view.live()
+    try:
+        view.show(40)
+        code = view.follow()
+    except KeyboardInterrupt:
+        view.printer.set_status(None)
+        click.echo(f"\n[mlaunch] detached from run {r.id}; it keeps running", err=True)
+        sys.exit(0)
+    sys.exit(code)
+
+
+@click.command()
+@click.argument("run")
+@click.option("--force", is_flag=True, help="SIGKILL at once instead of TERM, grace, KILL.")
+def stop(run: str, force: bool) -> None:
+    """Stop a run from any terminal (its processes only); exit 0 when none is left anywhere."""
+    reg = _registry()
+    r = _resolve(reg, run)
+    result = _backend(r).cancel(r, force=force)
+    for line in result.problems:
+        click.echo(f"mlaunch: {line}", err=True)
+    left = sum(result.left.values())
+    final = reg.get(r.id)
+    click.echo(f"[mlaunch] run {r.id}: {result.how}; {final.state}; "
+               f"{left} process{'' if left == 1 else 'es'} left on {len(result.left)} "
+               f"host{'' if len(result.left) == 1 else 's'}")
+    sys.exit(0 if result.clean else 1)
+
+
+def register(group: click.Group) -> None:
+    """Add the run commands to the mlaunch command group."""
+    for cmd in (ps, logs, stop, attach):
+        group.add_command(cmd)

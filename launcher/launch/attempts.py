@@ -1,0 +1,216 @@
+"""`mlaunch submit`: connect, check, guard output_dir, run, and restart from checkpoints."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from . import finished
+from ..errors import UserError
+from ..execute.job import JobResult, make_executor, run_job
+from ..record.events import EventLog
+from ..execute.health import timeout_notice
+from ..execute.stream import Printer
+from ..execute.watch import world_size
+from ..plan.launch_plan import LaunchPlan, build_plan
+from ..view.present import describe_result
+from ..record.recorder import NullRecorder, Recorder
+from ..spec import JobBase
+from ..plan.trainers import TRAINERS
+from .outputdir import Master, starting_point
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """What the user asked for on the command line."""
+
+    run_id: str | None = None
+    log_dir: str | None = None
+    resume: str | None = None        # None, "latest" (must exist), "auto" (fresh if none) or a path
+    overwrite: bool = False
+    max_restarts: int | None = None  # overrides the spec's max_restarts
+    preflight: bool = True
+    force: bool = False              # launch although the memory estimate says it will not fit
+
+
+
+def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
+           recorder: Recorder | None = None) -> int:
+    """Run job to completion (with restarts); return its exit code.
+
+    recorder: registers the run and its attempts (the CLI's runs are all registered)."""
+    check_flags(job, opts)
+    plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
+    rec = recorder or NullRecorder()
+    printer = Printer(plan.mask, rec.begin(plan, job, out or sys.stdout))
+    code = 1
+    try:
+        code = _submit(job, opts, plan, printer, rec)
+    except UserError as e:
+        code = e.exit_code
+        rec.note(e.lines())
+        raise
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    finally:
+        rec.end(code)
+    return code
+
+
+def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
+            rec: Recorder) -> int:
+    executor = _connect(plan)
+    try:
+        slurm = job.cluster.scheduler == "slurm"
+        if opts.preflight and slurm:  # no node is allocated before sbatch
+            printer.say("slurm: submit runs no preflight on nodes it does not have yet; "
+                        "`mlaunch check` runs it through srun")
+        report = _preflight(plan, executor, printer) if opts.preflight and not slurm else None
+        versions = report.stack if report else {}
+        job = _plan_batch(job, report, opts, printer)
+        master = Master(plan, executor)
+        resume_from, before = starting_point(job, master, opts, printer)
+        if resume_from and (done := finished.complete_line(job, master.last)):
+            printer.say(done)
+            return 0
+        # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
+        # from checkpoints this launch wrote, never from an older run's left in output_dir.
+        master.ignore = () if resume_from else before
+        master.lock(printer)
+        try:
+            return _attempts(job, plan, executor, printer, opts, master, resume_from,
+                             versions.get("transformers"), rec)
+        finally:
+            master.unlock()
+    finally:
+        executor.close()
+
+
+def check_flags(job: JobBase, opts: SubmitOptions) -> None:
+    """The refusals of the options themselves, before anything runs (--dry-run makes them too)."""
+    if opts.resume and opts.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    _check_resumable(job, opts)
+
+
+def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
+    """--resume / --max-restarts N on a job whose checkpoints cannot be resumed: refused."""
+    why = getattr(TRAINERS[job.trainer], "not_resumable", lambda j: None)(job)
+    asked = "--resume" if opts.resume else (
+        f"--max-restarts {opts.max_restarts}" if opts.max_restarts else None)
+    if why and asked:
+        raise UserError(f"{asked}: nothing can be resumed: {why}; remove that key or drop {asked}")
+
+
+def _connect(plan: LaunchPlan):
+    executor = make_executor(plan)
+    problems = executor.connect()
+    if problems:
+        executor.close()
+        raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
+    return executor
+
+
+def _plan_batch(job: JobBase, report, opts: SubmitOptions, printer: Printer) -> JobBase:
+    """The batch numbers from the nodes' GPU memory and model config (refused when they will
+    not fit, unless --force): the job with them filled in, for every attempt."""
+    from ..plan import batch as batchplan, meminputs
+    from ..view import memview
+    from ..plan.batch import refuse_unfit
+    decision = batchplan.resolve(job, meminputs.inputs(job, report.memory if report else None,
+                                                       unasked=meminputs.NO_PREFLIGHT))
+    if decision is None:
+        return job
+    if decision.chosen or decision.problems or decision.estimate:
+        for line in memview.lines(decision):
+            printer.say(line)
+    refuse_unfit(decision, opts.force)
+    return decision.job
+
+
+def _preflight(plan: LaunchPlan, executor, printer: Printer):
+    """The fast checks; a failure stops the launch before anything starts.
+
+    Returns the Report: the versions the nodes run (which decide some rendered trainer
+    arguments) and their GPU memory and model config (which decide the batch).
+    """
+    from ..preflight import run_checks
+    report = run_checks(plan, executor, fast_only=True, printer=printer)
+    if not report.ok:
+        for line in report.table(color=printer.color).splitlines():
+            printer.say(line)
+        raise UserError("preflight failed (table above); fix it, or skip with --no-preflight")
+    return report
+
+
+def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers, rec) -> int:
+    """The first launch and up to max_restarts relaunches, each resuming from a checkpoint."""
+    limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
+    history: list[tuple[int, JobResult, str | None]] = []
+    attempt, base_id, done = 0, plan.run_id, None
+    events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id)
+    events.emit("run_start", job=job.name, nodes=len(plan.nodes), world_size=world_size(plan),
+                resume_from=resume_from, backend=job.cluster.scheduler if not plan.local else "local")
+    notice = timeout_notice(job)
+    if notice:
+        printer.say(notice)
+    while True:
+        plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
+                          resume_from=resume_from,
+                          overwrite=_overwrite_why(opts, attempt, resume_from, master),
+                          attempt=attempt, transformers=transformers)
+        # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
+        started = lambda p=plan, n=attempt, r=resume_from, **kw: rec.attempt_started(p, n, r, **kw)  # noqa: E731
+        result = run_job(plan, executor, printer, connected=True, on_started=started)
+        rec.attempt_ended(attempt, result.code, result.interrupted)
+        for line in describe_result(plan, result).splitlines():
+            printer.say(line)
+        history.append((attempt, result, resume_from))
+        if result.code == 0 or result.interrupted or attempt >= limit or not result.restartable:
+            break
+        attempt += 1
+        rec.restarting()
+        events.attempt = attempt
+        reason = getattr(result.health, "event", None) or f"exit {result.code}"
+        executor = _restart_wait(job, plan, executor, printer, attempt, limit)
+        master.executor = executor
+        found = master.discover() if TRAINERS[job.trainer].resumable else None
+        resume_from = found.latest if found else None
+        if found and (done := finished.complete_line(job, found)):
+            printer.say(f"restart {attempt}/{limit} not needed: {done}")
+            break
+        events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
+        printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
+                                                       if resume_from else "no complete checkpoint; fresh start"))
+    events.emit("run_end", code=0 if done else history[-1][1].code, attempts=len(history))
+    if len(history) > 1:
+        for n, res, start in history:
+            printer.say(f"attempt {n}: exit {res.code}" + (f", resumed from {start}" if start else ""))
+    return 0 if done else history[-1][1].code
+
+
+def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,
+                   master: "Master") -> str | None:
+    """Why the trainer gets overwrite_output_dir (templates/ says it in the file), or None.
+
+    Whenever output_dir may hold checkpoints mlaunch did not choose, the trainer must not
+    pick one itself: LLaMA-Factory would resume from the last one, complete or not.
+    """
+    if resume_from:   # named below it; overwrite would make LLaMA-Factory delete trainer_log.jsonl
+        return None
+    if attempt:
+        return "restart_fresh"
+    if opts.overwrite:
+        return "flag"
+    return "fresh_over_left" if master.ignore else None
+
+
+def _restart_wait(job, plan, executor, printer, attempt, limit):
+    """Back off, then reconnect everywhere (a failed node may have dropped its connection)."""
+    printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
+    time.sleep(job.restart_backoff_s)
+    executor.close()
+    return _connect(plan)

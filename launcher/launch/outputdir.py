@@ -1,0 +1,118 @@
+"""output_dir, where it lives (node 0): checkpoint discovery, the run's lock, and the
+checkpoint a submit starts from."""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import socket
+import sys
+import threading
+
+from .. import nodeprog
+from ..errors import UserError
+from ..execute.stream import Printer
+from ..nodeprog import checkpoints, outdir
+from ..plan.launch_plan import LaunchPlan, remote_bin
+from ..spec import JobBase
+from ..plan.trainers import TRAINERS
+
+
+def starting_point(job: JobBase, master: "Master", opts,
+                    printer: Printer) -> tuple[str | None, tuple[str, ...]]:
+    """The checkpoint to resume from (None: fresh start) and the stamps of every checkpoint
+    already in output_dir; refuses to clobber."""
+    if not TRAINERS[job.trainer].resumable:
+        if opts.resume:
+            raise UserError(f"--resume needs a trainer that writes checkpoints; trainer "
+                            f"{job.trainer} does not")
+        return None, ()
+    from ..spec.lf_rules import resume_refusal
+    if opts.resume and resume_refusal(job):
+        raise UserError(resume_refusal(job))
+    found = master.discover()
+    for line in found.explain():
+        printer.say(line)
+    if opts.resume not in (None, "latest", "auto"):
+        return _explicit(job, master, opts.resume, printer), found.stamps
+    if opts.resume:
+        if found.latest:
+            printer.say(f"resuming from {found.latest}")
+            return found.latest, found.stamps
+        if opts.resume == "auto":
+            printer.say(f"no complete checkpoint in {job.output_dir}: starting fresh (--resume=auto)")
+            return None, found.stamps
+        raise UserError(f"no complete checkpoint in {job.output_dir} to resume from; "
+                        "start fresh with --resume=auto or --overwrite")
+    if found.found_any and not opts.overwrite:
+        latest = f" (latest complete: {found.latest})" if found.latest else ""
+        raise UserError(f"{job.output_dir} already holds checkpoints{latest}; continue with "
+                        "--resume, or start over with --overwrite")
+    return None, found.stamps
+
+
+def _explicit(job: JobBase, master: "Master", path: str, printer: Printer) -> str:
+    """--resume PATH: that checkpoint, checked on node 0 like the automatic choice."""
+    named = master.discover(checkpoint=path)
+    if not named.latest:
+        why = named.skipped[0].reason if named.skipped else "not usable"
+        raise UserError(f"--resume {path}: {why}; give a complete checkpoint, or --resume to take "
+                        f"the latest complete one in {job.output_dir}")
+    printer.say(f"resuming from {named.latest} (--resume PATH)")
+    return named.latest
+
+
+
+class Master:
+    """output_dir operations, run where output_dir lives: on node 0."""
+
+    def __init__(self, plan: LaunchPlan, executor):
+        self.plan, self.executor = plan, executor
+        self.output_dir = plan.job.output_dir
+        bindir = remote_bin(plan.job)
+        self.python = posixpath.join(bindir, "python") if bindir else "python3"
+        if plan.job.cluster.scheduler == "slurm":  # the helpers run on this login node
+            self.python = sys.executable
+        self._beat: threading.Event | None = None
+        self.last: checkpoints.Discovery | None = None   # the latest discover()
+        self.ignore: tuple[str, ...] = ()   # checkpoint stamps a restart must not resume from
+
+    def discover(self, checkpoint: str | None = None) -> checkpoints.Discovery:
+        job = self.plan.job
+        args = [self.output_dir, *TRAINERS[job.trainer].discovery_args(job)]
+        args += ["--checkpoint", checkpoint] if checkpoint else []
+        if self.ignore:
+            args += ["--ignore-json", json.dumps(list(self.ignore))]
+        self.last = checkpoints.Discovery.from_json(self._run("checkpoints", args))
+        return self.last
+
+    def lock(self, printer: Printer) -> None:
+        if not self.output_dir:
+            return
+        got = json.loads(self._run("outdir", ["lock", self.output_dir, socket.gethostname(),
+                                                     str(os.getpid()), self.plan.run_id]))
+        if not got["ok"]:
+            h = got["holder"]
+            raise UserError(f"{self.output_dir} is in use by run {h.get('run_id')} (launcher pid "
+                            f"{h.get('pid')} on {h.get('host')}); wait for it, or stop it first")
+        if got["took_over"]:
+            printer.say(f"took over a stale lock in {self.output_dir}: {got['why']}")
+        self._beat = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def unlock(self) -> None:
+        if self._beat is not None:
+            self._beat.set()
+            self._run("outdir", ["unlock", self.output_dir, self.plan.run_id], check=False)
+
+    def _heartbeat(self) -> None:
+        while not self._beat.wait(outdir.HEARTBEAT_S):
+            self._run("outdir", ["touch", self.output_dir, self.plan.run_id], check=False)
+
+    def _run(self, program: str, args: list[str], check: bool = True) -> str:
+        script = nodeprog.script(self.python, program, args)
+        code, output = self.executor.run(self.plan.nodes[0].login, script, timeout=60)
+        if code != 0 and check:
+            raise UserError(f"on {self.plan.nodes[0].host}: output_dir helper failed "
+                            f"(exit {code}): {output.strip()[-300:]}")
+        return output.strip().splitlines()[-1] if output.strip() else ""

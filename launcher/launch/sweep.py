@@ -1,0 +1,57 @@
+"""Reaching every node of a registered run directly and ending its processes.
+
+Used by `mlaunch stop` after the supervisor has torn the run down (to prove nothing is
+left) and instead of it when the supervisor is lost. Processes are found by the
+MLAUNCH_RUN_ID of each attempt in their environment, never by name.
+"""
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import render
+from .backend import Cancel
+from ..execute.base import TEARDOWN_GRACE
+
+LEFT = re.compile(r"mlaunch-teardown: (\d+) left")
+
+
+def attempt_tags(run_id: str, attempts: int) -> list[str]:
+    """The MLAUNCH_RUN_ID of every attempt (plan.build_plan's tagging)."""
+    return [run_id] + [f"{run_id}.a{n}" for n in range(1, max(attempts, 1))]
+
+
+def sweep(run, kill_now: bool = False) -> Cancel:
+    """TERM, grace, KILL for every attempt's processes on every host of run; what is left."""
+    from ..plan.launch_plan import build_plan
+    from ..spec.load import validate
+    from ..execute.job import make_executor
+    job = validate(run.spec)  # the masked snapshot: enough to reach the hosts
+    plan = build_plan(job, run_id=run.id, log_dir=run.log_dir)
+    executor = make_executor(plan)
+    try:
+        problems = executor.connect()
+        if problems:
+            return Cancel(problems=[str(p) for p in problems])
+        hosts = list(dict.fromkeys(n.login for n in plan.nodes))
+        # Restarts may have run up to max_restarts more attempts than the registry has seen.
+        tags = attempt_tags(run.id, max(run.attempts, 1) + job.max_restarts + 1)
+        with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+            outs = list(pool.map(lambda h: _host(executor, plan, h, tags, kill_now), hosts))
+    finally:
+        executor.close()
+    result = Cancel()
+    for host, (code, out) in zip(hosts, outs):
+        counts = [int(n) for n in LEFT.findall(out)]
+        if len(counts) != len(tags):
+            result.problems.append(f"host {host}: teardown did not finish (exit {code}): "
+                                   f"{out.strip()[-200:]}")
+        result.left[host] = sum(counts)
+    return result
+
+
+def _host(executor, plan, host: str, tags: list[str], kill_now: bool) -> tuple[int, str]:
+    pidfiles = [n.pidfile for n in plan.nodes if n.login == host]
+    script = "\n".join(render.teardown_script(f"MLAUNCH_RUN_ID={tag}", pidfiles, TEARDOWN_GRACE,
+                                              kill_now) for tag in tags)
+    return executor.run(host, script, timeout=TEARDOWN_GRACE * len(tags) + 20)

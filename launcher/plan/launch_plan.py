@@ -1,0 +1,212 @@
+"""The launch plan: a pure, immutable description of everything `submit` will do."""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import secrets as _secrets
+import time
+from dataclasses import dataclass
+
+from . import batch as batchplan
+from .. import render
+from ..spec import SECRET_NAME, JobBase
+from ..spec.hosts import LOOPBACK, HostAddr, host_addrs
+from ..spec.rules import node_devices
+from ..spec.select import node_procs, procs_of, world_size
+from .trainers import TRAINERS, RenderedFile, RunContext
+
+# Defaults learned the hard way; a user's cluster.env overrides them.
+DEFAULT_ENV = {
+    "PYTHONUNBUFFERED": "1",  # lines reach the launcher as they are printed
+    # A rank whose peer died raises instead of waiting in a collective forever.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+MASK = "***"
+HANGUP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a node loses its launcher
+ALLOCATED = "(allocated)"  # a Slurm node's host before the allocation exists
+SECRETS_FILE = "secrets/env.sh"  # under run_dir (0700 dir, 0600 file): Slurm runs only
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node rank: where it runs, what it runs, and where its log goes."""
+
+    rank: int
+    host: str            # the host name alone: torchrun, preflight and logs see this
+    login: str           # the SSH destination, [user@]host[:port]: the executor's key
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    workdir: str | None
+    pidfile: str
+    log_path: str
+    script: str          # the exact shell text run on the node
+    display: str         # the same text with secret values masked
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything submit does, computed before any connection is made."""
+
+    job: JobBase
+    run_id: str
+    run_dir: str
+    local: bool              # every host is this machine: no SSH
+    shared: bool             # every node sees run_dir at the same path
+    log_dir: str
+    nodes: tuple[NodePlan, ...]
+    files: tuple[RenderedFile, ...]
+    secrets: tuple[str, ...]
+    resume_from: str | None = None
+    attempt: int = 0          # 0 for the first launch, n for the n-th automatic restart
+    batch: batchplan.Decision | None = None   # the batch numbers rendered, and why
+
+    def mask(self, text: str) -> str:
+        """text with every secret value replaced, for anything printed or logged."""
+        for value in self.secrets:
+            text = text.replace(value, MASK)
+        return text
+
+
+def new_run_id(name: str) -> str:
+    """A sortable, unique run id: <job name>-<UTC time>-<random>."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_secrets.token_hex(2)}"
+
+
+def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
+               resume_from: str | None = None, overwrite: bool | str | None = False,
+               attempt: int = 0, transformers: str | None = None,
+               memory: batchplan.MemoryInputs | None = None) -> LaunchPlan:
+    """Turn a validated job into the per-node commands and the files they read.
+
+    Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
+    that teardown and logs of one attempt never mix with another's. Batch fields left to
+    mlaunch are filled in first (batchplan, from `memory`), so every file renders the same
+    numbers; refusing an unfit batch is the caller's (batchplan.Decision.problems).
+    """
+    decision = batchplan.resolve(job, memory)
+    job = decision.job if decision else job
+    run_id = run_id or new_run_id(job.name)
+    c = job.cluster
+    addrs = node_addrs(job)
+    # A loopback host with its own user or port is an sshd to log in to (e.g. a container).
+    local = c.scheduler == "ssh" and all(LOOPBACK.match(a.name) and a.login == a.name for a in addrs)
+    run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
+    tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
+    run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
+                     transformers=transformers)
+    trainer = TRAINERS[job.trainer]
+    log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
+    argv_tail = tuple(trainer.entry(job, run))
+    suffix = f".attempt{attempt}" if attempt else ""
+    solo = in_process(job)
+    # Under Slurm one script serves every node: the rank and the master are the allocation's.
+    master = render.ShellVar("MLAUNCH_MASTER_ADDR") if c.scheduler == "slurm" else c.master_addr or addrs[0].name
+    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix, solo)
+                  for rank, addr in enumerate(addrs))
+    return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
+                      shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
+                      files=tuple(trainer.files(job, run)), secrets=secret_values(job),
+                      resume_from=resume_from, attempt=attempt, batch=decision)
+
+
+def node_addrs(job: JobBase) -> list[HostAddr]:
+    """Each node rank's host; under Slurm a placeholder until the allocation names it."""
+    c = job.cluster
+    if c.scheduler == "slurm":
+        return [HostAddr(ALLOCATED)] * (c.slurm.nodes if c.slurm else 0)
+    return host_addrs(c.hosts)
+
+
+def secret_values(job: JobBase) -> tuple[str, ...]:
+    """Values of env entries whose names look secret (TOKEN, KEY, PASSWORD, ...)."""
+    vals = [v for k, v in job.cluster.env.items() if SECRET_NAME.search(k) and len(v) >= 4]
+    return tuple(sorted(set(vals), key=len, reverse=True))
+
+
+def remote_bin(job: JobBase) -> str | None:
+    """Directory of the remote interpreter, which also holds torchrun."""
+    c = job.cluster
+    if c.venv:
+        return posixpath.join(c.venv, "bin")
+    return posixpath.dirname(c.python) if c.python else None
+
+
+def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
+                   tail: tuple[str, ...]) -> tuple[str, ...]:
+    """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
+    c, bindir = job.cluster, remote_bin(job)
+    slurm = c.scheduler == "slurm"
+    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
+            "--nnodes", str(nnodes(job)), "--nproc-per-node", str(procs_of(c, rank)),
+            "--node-rank", _per_node("", rank, slurm), "--master-addr", master,
+            "--master-port", str(c.master_port), "--max-restarts", "0",
+            "--tee", "3", "--log-dir", _per_node(posixpath.join(run.run_dir, "torchrun", "node"), rank, slurm),
+            *tail)
+
+
+def remote_python(job: JobBase) -> str:
+    """The interpreter the nodes run: cluster.python, the venv's, else python3 on PATH."""
+    c = job.cluster
+    return c.python or (posixpath.join(c.venv, "bin", "python") if c.venv else "python3")
+
+
+def in_process(job: JobBase) -> bool:
+    """The whole job is one process and its trainer runs that without torchrun."""
+    return (job.cluster.torchrun == "auto" and world_size(job) == 1
+            and TRAINERS[job.trainer].in_process and not getattr(job, "deepspeed", None)
+            # The HF Trainer refuses FSDP outside a process group ("only works in
+            # distributed training"), even for one process: torchrun makes one.
+            and not getattr(job, "fsdp", None))
+
+
+def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
+          tail: tuple[str, ...], log_base: str, suffix: str, solo: bool = False) -> NodePlan:
+    c, host = job.cluster, addr.name
+    bindir = remote_bin(job)
+    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, master, run, tail)
+    slurm = c.scheduler == "slurm"
+    node_rank = _per_node("", rank, slurm)
+    node_id = _per_node(f"{run.run_id}.node", rank, slurm)
+    env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": node_rank,
+           "MLAUNCH_NODE_ID": node_id}
+    if solo:   # what tells the stack dump (templates/stacks.sh.j2) which process is the rank
+        env["MLAUNCH_IN_PROCESS"] = "1"
+    devices = node_devices(c, rank)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
+    hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
+    ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=nnodes(job), host=host, bindir=bindir,
+               run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
+               hangup_after=f"{c.hangup_after_s:g}", solo=solo, slurm=slurm,
+               secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None,
+               sampler=_sampler(job, run.run_id))
+    masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
+    if slurm:  # Slurm keeps what it runs: secret values stay in a 0600 file the node sources
+        env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
+        masked = [(k, v) for k, v in masked if not SECRET_NAME.search(k)]
+    safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
+    return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()),
+                    workdir=c.workdir,
+                    pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
+                    script=render.node_script(env=list(env.items()), **ctx),
+                    display=render.node_script(env=masked, **ctx))
+
+
+def _sampler(job: JobBase, run_id: str) -> str | None:
+    """The live view's sampler for a node session; none under Slurm, whose output goes to files."""
+    every = job.health.sample_every_s
+    if not every or job.cluster.scheduler == "slurm":
+        return None
+    return render.sampler_script(run_id, every)
+
+
+def nnodes(job: JobBase) -> int:
+    """torchrun's --nnodes: the hosts, or the nodes Slurm allocates."""
+    return len(node_procs(job.cluster))
+
+
+def _per_node(prefix: str, rank: int, slurm: bool) -> str:
+    """prefix + the node rank; under Slurm the rank the task's shell reads from $SLURM_NODEID."""
+    return render.ShellVar("SLURM_NODEID", prefix) if slurm else f"{prefix}{rank}"

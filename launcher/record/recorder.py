@@ -1,0 +1,179 @@
+"""What submit tells the run registry as a run goes by, and the run's console log.
+
+The console log ($MLAUNCH_HOME/runs/<run id>/console.log) is the run's terminal stream, exactly as the
+foreground shows it (without colour): `mlaunch attach` and `mlaunch logs` read it, so a
+detached run looks the same as a foreground one.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, TextIO
+
+from . import registry
+from ..errors import UserError
+from ..plan.launch_plan import MASK, LaunchPlan
+from ..spec import SECRET_NAME, JobBase
+
+ANSI = re.compile(r"\033\[[0-9;]*m")
+STOPPED_EXIT = 130
+
+
+class Tee:
+    """A text stream writing to the terminal (until detached) and to the console log."""
+
+    def __init__(self, primary: TextIO | None, path: str):
+        self.primary = primary
+        self._file = open(path, "a", encoding="utf-8", buffering=1)
+
+    def write(self, text: str) -> int:
+        if self.primary is not None:
+            try:
+                self.primary.write(text)
+                self.primary.flush()
+            except (OSError, ValueError):  # the terminal went away: keep the log going
+                self.primary = None
+        self._file.write(ANSI.sub("", text))
+        return len(text)
+
+    def log_only(self, text: str) -> None:
+        self._file.write(text)
+
+    def terminal_only(self, text: str) -> None:
+        """What belongs on the screen and not in the log: the live view's status lines."""
+        if self.primary is not None:
+            try:
+                self.primary.write(text)
+            except (OSError, ValueError):
+                self.primary = None
+
+    def fileno(self) -> int:
+        if self.primary is None:
+            raise OSError("no terminal")
+        return self.primary.fileno()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def isatty(self) -> bool:
+        return bool(self.primary is not None and self.primary.isatty())
+
+    def detach(self) -> None:
+        self.primary = None
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def spec_snapshot(job: JobBase) -> dict:
+    """The spec as validated, secrets masked (it is stored and shown)."""
+    data = job.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    env = data.get("cluster", {}).get("env", {})
+    for k in env:
+        if SECRET_NAME.search(k):
+            env[k] = MASK
+    return data
+
+
+class Recorder:
+    """Registers one run and its attempts; submit calls it at each step."""
+
+    def __init__(self, *, detached: bool, supervisor: tuple[int, int | None],
+                 backend: str, on_detach: Callable[[], None] | None = None):
+        self.detached, self.supervisor, self.backend = detached, supervisor, backend
+        self.on_detach = on_detach
+        self.reg: registry.Registry | None = None
+        self.run_id = ""
+        self.console: Tee | None = None
+
+    def begin(self, plan: LaunchPlan, job: JobBase, out: TextIO) -> TextIO:
+        """Register the run (state starting); return the stream the printer writes to."""
+        self.handle = {"backend": self.backend, "run_id": plan.run_id,
+                       "pid": self.supervisor[0], "start": self.supervisor[1]}
+        try:
+            self.reg = registry.Registry()
+            self.run_id = plan.run_id
+            self.reg.create(plan.run_id, name=job.name, backend=self.backend,
+                            hosts=[n.host for n in plan.nodes], spec=spec_snapshot(job),
+                            detached=self.detached, supervisor=self.supervisor,
+                            log_dir=plan.log_dir, output_dir=job.output_dir,
+                            handle=self.handle)
+        except (OSError, registry.sqlite3.Error) as e:
+            raise UserError(f"run registry {registry.home()}/runs.db: {e}; set MLAUNCH_HOME "
+                            "to a writable directory") from None
+        path = registry.console_path(plan.run_id)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.console = Tee(out, path)
+        except OSError as e:
+            self.end(2)
+            raise UserError(f"cannot create {path}: {e.strerror}; set MLAUNCH_HOME to a "
+                            "writable directory") from None
+        return self.console
+
+    def attempt_started(self, plan: LaunchPlan, attempt: int, resumed_from: str | None,
+                        queued: bool = False, handle: dict | None = None) -> None:
+        """Every node of this attempt has started; or (queued) a scheduler holds the attempt
+        under handle, e.g. Slurm's job id: `submit -d` returns then."""
+        if handle:
+            # Lists accumulate across attempts (a chained restart's executor starts afresh).
+            for k, v in handle.items():
+                self.handle[k] = list(dict.fromkeys(self.handle.get(k, []) + v)) if isinstance(v, list) else v
+            self.reg.set_handle(self.run_id, self.handle)
+        if not queued:
+            self.reg.set_hosts(self.run_id, [n.host for n in plan.nodes])
+            self.reg.attempt_started(self.run_id, attempt, plan.run_id,
+                                     [n.log_path for n in plan.nodes], resumed_from)
+        if attempt == 0 and self.on_detach is not None:
+            detach, self.on_detach = self.on_detach, None   # once, at the first of the two
+            detach()
+            if self.console is not None:
+                self.console.detach()
+
+    def attempt_ended(self, attempt: int, code: int, interrupted: bool) -> None:
+        state = "stopped" if interrupted else "succeeded" if code == 0 else "failed"
+        self.reg.attempt_ended(self.run_id, attempt, code, state)
+
+    def note(self, lines: list[str]) -> None:
+        """Error lines for the console log only (the terminal gets them on stderr)."""
+        if self.console is not None:
+            self.console.log_only("".join(f"mlaunch: {line}\n" for line in lines))
+
+    def restarting(self) -> None:
+        self.reg.set_state(self.run_id, "restarting", only_from=("running",))
+
+    def end(self, code: int, interrupted: bool = False) -> None:
+        """The run is over: its final state and exit code."""
+        if self.reg is None:
+            return
+        stopped = interrupted or code == STOPPED_EXIT
+        state = "stopped" if stopped else "succeeded" if code == 0 else "failed"
+        self.reg.set_state(self.run_id, state, only_from=registry.ACTIVE + ("lost",),
+                           exit_code=code)
+        if self.console is not None:
+            self.console.close()
+
+
+class NullRecorder(Recorder):
+    """For callers that register nothing (tests of submit itself, benchmarks)."""
+
+    def __init__(self):
+        super().__init__(detached=False, supervisor=(0, None), backend="")
+
+    def begin(self, plan, job, out):
+        return out
+
+    def attempt_started(self, plan, attempt, resumed_from, queued=False, handle=None):
+        pass
+
+    def attempt_ended(self, attempt, code, interrupted):
+        pass
+
+    def restarting(self):
+        pass
+
+    def note(self, lines):
+        pass
+
+    def end(self, code, interrupted=False):
+        pass

@@ -1,0 +1,67 @@
+"""What the launcher's own events.jsonl says about a run (see launcher/record/events.py): its wall
+time, its restarts (reason, checkpoint) and the health events a person should read; and
+the JSON-lines reader launcher/record/runlog.py uses for the trainers' logs too."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+
+# Events worth a line in the report; step/checkpoint/node_* are the plot's or routine.
+HEALTH = ("hang", "stacks", "nan", "world_size_mismatch")
+
+
+def read(log_dir: str) -> list[dict]:
+    """Every whole event line of log_dir/events.jsonl ([] when there is none, a torn last
+    line of a run still writing is skipped)."""
+    return [e for e in jsonl(os.path.join(log_dir, "events.jsonl")) if "event" in e]
+
+
+def jsonl(path: str) -> list[dict]:
+    """Every JSON object line of a file; a torn last line (a run still writing) is skipped."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def wall_s(events: list[dict]) -> float | None:
+    """run_start to run_end (or to the last event of a run still going)."""
+    times = {e["event"]: _t(e) for e in events if _t(e)}
+    start = times.get("run_start")
+    end = times.get("run_end") or max((t for t in (_t(e) for e in events) if t), default=None)
+    return (end - start).total_seconds() if start and end else None
+
+
+def restarts(events: list[dict]) -> dict[int, dict]:
+    """attempt -> its restart event (reason, resume_from)."""
+    return {e.get("attempt", 0): e for e in events if e["event"] == "restart"}
+
+
+def health_lines(events: list[dict]) -> list[str]:
+    """One line per health event: when, which attempt, what, its fields."""
+    out = []
+    for e in events:
+        if e["event"] in HEALTH:
+            fields = ", ".join(f"{k} {v}" for k, v in e.items()
+                               if k not in ("time", "run_id", "attempt", "event"))
+            out.append(f"{e.get('time', '?')} attempt {e.get('attempt', 0)}: {e['event']}"
+                       + (f" ({fields})" if fields else ""))
+    return out
+
+
+def _t(e: dict) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(e["time"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return None

@@ -1,0 +1,24 @@
+"""The one entry point of the cross-field rules: the rules every job shares (rules.py), then
+its trainer's own (lf_rules.py, swift_rules.py). Above them all, so none imports another back."""
+from __future__ import annotations
+
+from ..errors import Problem
+from .lf_rules import check_llamafactory
+from .models import JobBase, LlamaFactoryJob, ScriptJob
+from .rules import (check_batch, check_cluster, check_deepspeed, check_finetuning,
+                    check_output_dir, check_passthrough, check_script, check_training)
+from .swift_rules import check_swift
+
+
+def check_job(job: JobBase) -> list[Problem]:
+    """All cross-field problems of a validated job, in field order."""
+    problems = check_cluster(job.cluster) + check_output_dir(job)
+    if isinstance(job, LlamaFactoryJob):
+        problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
+        problems += check_training(job) + check_passthrough(job)
+        problems += check_llamafactory(job)
+    elif isinstance(job, ScriptJob):
+        problems += check_script(job)
+    else:
+        problems += check_swift(job)
+    return problems

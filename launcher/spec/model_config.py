@@ -1,0 +1,34 @@
+"""What the spec's rules read of the model itself (its config.json, when readable here) and
+the small arithmetic helpers the Megatron and DeepSpeed rules share."""
+from __future__ import annotations
+
+import json
+import os
+
+# Megatron's lr_decay_style for each spec scheduler it can express.
+MEGATRON_SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant",
+                       "linear": "linear", "cosine": "cosine",
+                       "inverse_sqrt": "inverse-square-root", "warmup_stable_decay": "WSD"}
+
+
+def model_config(model: str) -> dict | None:
+    """<model>/config.json when the model is a directory readable here, else None."""
+    try:
+        with open(os.path.join(os.path.expanduser(model), "config.json"), encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def config_int(cfg: dict | None, key: str) -> int | None:
+    """An integer field of a HF config, also looked up in text_config (multimodal models)."""
+    for c in (cfg or {}, (cfg or {}).get("text_config") or {}):
+        v = c.get(key) if isinstance(c, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

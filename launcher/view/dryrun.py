@@ -1,0 +1,112 @@
+"""The readable dry-run: per node what a person checks before launching (host, the
+environment beyond mlaunch's defaults, the GPUs, the torchrun command), with nodes that
+differ only in their rank folded into one block. Built from NodePlan fields (host, argv,
+env, workdir), never from the script text; `--dry-run --full` prints the scripts."""
+from __future__ import annotations
+
+import posixpath
+import re
+
+from .. import render
+from ..plan.launch_plan import DEFAULT_ENV, MASK, LaunchPlan, NodePlan
+from ..spec import SECRET_NAME
+
+# Set by mlaunch on every node for teardown and logs; listed once in the footer.
+TAGS = ("MLAUNCH_RUN_ID", "MLAUNCH_NODE_RANK", "MLAUNCH_NODE_ID")
+GPUS = "CUDA_VISIBLE_DEVICES"
+
+
+def node_lines(plan: LaunchPlan, how) -> list[str]:
+    """The node blocks and the footer; how(node) says how its host is reached."""
+    lines: list[str] = []
+    for group in groups(plan.nodes):
+        first = group[0]
+        lines += ["", f"node {first.rank}: {first.host} ({how(first)})"] + _body(first)
+        if len(group) > 1:
+            rest = group[1:]
+            lines.append(f"{_nodes(rest)}: as node {first.rank}, with --node-rank {_ranks(rest, '..')}")
+            label = "  hosts: " if len(rest) > 1 else "  host: "
+            lines.append(label + _hosts(rest, how, how(first).replace(first.host, "{}")))
+    lines += [""] + _footer(plan)
+    return lines
+
+
+def groups(nodes: tuple[NodePlan, ...]) -> list[list[NodePlan]]:
+    """Nodes whose argv, env and workdir are the same but for their rank, in rank order."""
+    out: dict[tuple, list[NodePlan]] = {}
+    for n in nodes:
+        out.setdefault(signature(n), []).append(n)
+    return sorted(out.values(), key=lambda g: g[0].rank)
+
+
+def signature(n: NodePlan) -> tuple:
+    """What the node runs with its rank taken out (--node-rank's value, the node<k> directory
+    in paths, the process tags); the host is not part of it: it is listed."""
+    part = re.compile(rf"/node{n.rank}(?=/|$)")
+    argv = [part.sub("/node{rank}", a) for a in n.argv]
+    for i, a in enumerate(argv[:-1]):
+        if a == "--node-rank":
+            argv[i + 1] = "{rank}"
+    env = tuple((k, part.sub("/node{rank}", v)) for k, v in n.env if k not in TAGS)
+    return tuple(argv), env, n.workdir
+
+
+def user_env(n: NodePlan) -> list[tuple[str, str]]:
+    """The environment beyond mlaunch's own (defaults with their values, process tags, GPUs),
+    secret values masked."""
+    return [(k, MASK if SECRET_NAME.search(k) else v) for k, v in n.env
+            if k not in TAGS and k != GPUS and DEFAULT_ENV.get(k) != v]
+
+
+def _body(n: NodePlan) -> list[str]:
+    env = dict(n.env)
+    nproc = _flag(n.argv, "--nproc-per-node") or "?"
+    gpus = f"GPUs {env[GPUS]} ({GPUS})" if GPUS in env else "all GPUs of the host"
+    lines = [f"  processes: {nproc}, {gpus}"]
+    extra = user_env(n)
+    if extra:
+        lines.append("  env: " + " ".join(f"{k}={render.command_line([v])}" for k, v in extra))
+    cd = f"cd {render.command_line([n.workdir])} && " if n.workdir else ""
+    lines.append("  " + cd + render.command_line(n.argv))
+    return lines
+
+
+def _hosts(group: list[NodePlan], how, pattern: str) -> str:
+    """The hosts of a folded block; each with how it is reached when that differs from the first's."""
+    same = all(how(n) == pattern.format(n.host) for n in group)
+    return ", ".join(n.host if same else f"{n.host} ({how(n)})" for n in group)
+
+
+def _footer(plan: LaunchPlan) -> list[str]:
+    """What every node script adds around the command, in two or three lines."""
+    n = plan.nodes[0]
+    defaults = " ".join(f"{k}={v}" for k, v in n.env if DEFAULT_ENV.get(k) == v)
+    path = posixpath.dirname(n.argv[0])
+    every = plan.job.health.sample_every_s
+    sampler = ([f"  a GPU sampler for the live view (nvidia-smi every {every:g}s, over the node's own "
+                "session; health.sample_every_s: 0 turns it off);"]
+               if every and plan.job.cluster.scheduler != "slurm" else [])
+    return [f"every node also: {defaults}{', PATH=' + path + ':$PATH' if path else ''}, the MLAUNCH_* "
+            "process tags,",
+            f"  a hang-up guard ({plan.job.cluster.hangup_after_s:g}s without the launcher ends the node's "
+            "processes);", *sampler, "  --dry-run --full prints the exact scripts"]
+
+
+def _flag(argv: tuple[str, ...], name: str) -> str | None:
+    """The value after a flag in argv, if present."""
+    for a, b in zip(argv, argv[1:]):
+        if a == name:
+            return b
+    return None
+
+
+def _nodes(group: list[NodePlan]) -> str:
+    return ("node " if len(group) == 1 else "nodes ") + _ranks(group, "–")
+
+
+def _ranks(group: list[NodePlan], dash: str) -> str:
+    """1–3 (or 1..3) for a run of ranks, else 1, 3, 4."""
+    r = [n.rank for n in group]
+    if len(r) > 2 and r == list(range(r[0], r[-1] + 1)):
+        return f"{r[0]}{dash}{r[-1]}"
+    return ", ".join(map(str, r))

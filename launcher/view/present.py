@@ -1,0 +1,103 @@
+"""Human-readable views of a plan and of a finished job. Everything printed is masked."""
+from __future__ import annotations
+
+from . import memview
+from ..plan.launch_plan import LaunchPlan
+from ..spec import LlamaFactoryJob, SwiftJob, world_size, world_text
+from ..spec.hosts import HostAddr, parse_host
+from ..plan.trainers import TRAINERS, global_batch
+
+
+def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True) -> str:
+    """The dry-run view: header, the nodes (a readable summary, or with full every node's
+    exact script), then every file (with_nodes False: the header only, for the Slurm view
+    of launcher/plan/sbatch.py)."""
+    job = plan.job
+    size = world_size(job)
+    lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
+             f"world: {world_text(job.cluster, 'processes')} = {size}"]
+    lines += [f"note: {n}" for n in job._notes]
+    if isinstance(job, SwiftJob) and job.megatron:
+        b, m = job.batch, job.megatron
+        dp = size // (m.tp * m.pp * m.cp)
+        lines.append(f"megatron: tp {m.tp} × pp {m.pp} × cp {m.cp} × dp {dp} = {size}"
+                     + (f"; experts: ep {m.ep} × etp {m.etp}" if m.ep * m.etp > 1 else ""))
+        lines.append(f"global batch: {dp * b.per_device * b.grad_accum} = dp {dp} × "
+                     f"{b.per_device} per device × {b.grad_accum} accumulation")
+    elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
+        b = job.batch
+        lines.append(f"global batch: {global_batch(job)} = {world_text(job.cluster)} × "
+                     f"{b.per_device} per device × {b.grad_accum} accumulation")
+    if plan.batch is not None:
+        lines += memview.lines(plan.batch)
+    where = "shared storage" if plan.shared else "uploaded to each node"
+    lines.append(f"files: {plan.run_dir} ({where})")
+    lines.append(f"logs: {plan.log_dir}")
+    if plan.resume_from:
+        lines.append(f"resume from: {plan.resume_from}")
+    notes = getattr(TRAINERS[job.trainer], "notes", None)
+    lines += [f"note: {n}" for n in (notes(job) if notes else [])]
+    if job.cluster.scheduler == "slurm":
+        n = len(plan.nodes)
+        lines.append(f"scheduler: slurm, {n} node{'' if n == 1 else 's'} from the allocation")
+    if not with_nodes:
+        return plan.mask("\n".join(lines) + "\n")
+    if not full:
+        from .dryrun import node_lines
+        lines += node_lines(plan, lambda node: _how(plan, node.login))
+    for node in plan.nodes if full else ():
+        lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.login)}) ===",
+                  node.display.rstrip("\n")]
+    for f in plan.files:
+        lines += ["", f"=== file {f.path} ==="]
+        lines += [f"# {line}" for line in (f.note or "").splitlines()]
+        lines.append(f.content.rstrip("\n"))
+    return plan.mask("\n".join(lines) + "\n")
+
+
+def _how(plan: LaunchPlan, login: str) -> str:
+    if plan.local:
+        return "local, no ssh"
+    ssh = plan.job.cluster.ssh
+    a = parse_host(login)
+    a = a if isinstance(a, HostAddr) else HostAddr(login)
+    user = a.user or ssh.user
+    via = f" via {ssh.jump_host}" if ssh.jump_host else ""
+    return f"ssh {HostAddr(a.name, user, a.port or ssh.port).login}{via}"
+
+
+def describe_result(plan: LaunchPlan, result) -> str:
+    """The end-of-job summary: one row per node, then the last lines of each failed node."""
+    width = max(len(n.host) for n in result.nodes)
+    rows = [f"{'node':<5} {'host':<{width}} result"]
+    rows += [f"{n.rank:<5} {n.host:<{width}} {n.result}" for n in result.nodes]
+    failed = [n for n in result.nodes if n.exit and (n.exit.code or n.exit.lost) and not n.terminated]
+    for n in failed:
+        rows.append(f"--- node{n.rank} {n.host}: last lines ---")
+        rows += [f"  {line}" for line in n.tail] or ["  (no output)"]
+    left = {h: t for h, t in result.teardown.items() if not t.endswith(" 0 left")}
+    for host, text in left.items():
+        rows.append(f"teardown on {host}: {text}")
+    verdict = ("interrupted" if result.interrupted else "timed out" if result.timed_out
+               else "failed" if result.code else "succeeded")
+    rows.append(f"job {plan.run_id} {verdict} (exit {result.code}); logs: {plan.log_dir}")
+    return plan.mask("\n".join(rows))
+
+
+def describe_sbatch(plan: LaunchPlan) -> str:
+    """The dry-run view of a Slurm plan: the batch script, the node script, every file."""
+    from ..plan.sbatch import request
+    req = request(plan)
+    head = describe_plan(plan, with_nodes=False).rstrip("\n")
+    parts = [head, f"sbatch: {req.script_path} (submitted with sbatch --parsable)",
+             f"node logs: {req.node_log_pattern.replace('%%', '%')} (%n node, %N host)", "",
+             f"=== batch script {req.script_path} ===", req.script.rstrip("\n"), "",
+             f"=== node script {req.node_script.path} (every node; rank from $SLURM_NODEID) ===",
+             plan.nodes[0].display.rstrip("\n")]
+    if req.secrets:
+        parts += ["", f"=== file {req.secrets.path} (0600, removed when the job ends) ===",
+                  plan.mask(req.secrets.content).rstrip("\n")]
+    for f in plan.files:
+        parts += ["", f"=== file {f.path} ===", f.content.rstrip("\n")]
+    return plan.mask("\n".join(parts) + "\n")
+

@@ -1,0 +1,194 @@
+"""`mlaunch report`: a run's figures (steady-state samples/s, restarts, final loss), a Markdown
+summary, the plotted series as JSON, and a PNG (loss, learning rate, samples/s per step
+window; restarts as vertical lines). Two runs: their losses overlaid."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+from ..errors import UserError
+from ..record.runlog import Run, Step
+
+MIN_WINDOW_S = 10.0   # step records carry whole seconds: a window this long is within 10 %
+MISSING = ("mlaunch report draws with matplotlib, which is not installed here: "
+           "pip install 'mlaunch[report]'")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the summary states about one run, computed from its records."""
+
+    windows: list[tuple[float, float]]     # (middle step, samples/s, or steps/s without a batch)
+    steady: float | None                   # median window, each launch's first window left out
+    steady_of: int                         # how many windows that median is of
+    final_step: int | None
+    final_loss: float | None
+    unit: str                              # "samples/s" or "steps/s"
+    window_s: float = MIN_WINDOW_S
+
+
+def require_matplotlib() -> None:
+    """A one-line user error when the optional extra is missing."""
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError:
+        raise UserError(MISSING) from None
+
+
+def figures(run: Run, window_s: float = MIN_WINDOW_S) -> Figures:
+    """Throughput windows and the run's last loss."""
+    wins, firsts = windows(run.steps, run.global_batch, window_s)
+    later = [r for i, (_, r) in enumerate(wins) if i not in firsts] or [r for _, r in wins]
+    steady = statistics.median(later) if later else None
+    last = next((s for s in reversed(run.steps) if s.loss is not None), None)
+    return Figures(wins, steady, len(later), last.step if last else None, last.loss if last else None,
+                   "samples/s" if run.global_batch else "steps/s", window_s)
+
+
+def windows(steps: list[Step], global_batch: int | None,
+            min_s: float = MIN_WINDOW_S) -> tuple[list[tuple[float, float]], set[int]]:
+    """Samples/s over windows of consecutive steps of one launch lasting at least min_s;
+    also the indexes of each launch's first window (start-up: not steady state)."""
+    out: list[tuple[float, float]] = []
+    firsts: set[int] = set()
+    per = global_batch or 1
+    for seg in sorted({s.segment for s in steps if s.segment >= 0}):
+        timed = [s for s in steps if s.segment == seg and s.elapsed is not None]
+        anchor, first = (timed[0] if timed else None), True
+        for s in timed[1:]:
+            dt = s.elapsed - anchor.elapsed
+            if dt >= min_s and s.step > anchor.step:
+                if first:
+                    firsts.add(len(out))
+                    first = False
+                out.append(((anchor.step + s.step) / 2, (s.step - anchor.step) * per / dt))
+                anchor = s
+    return out, firsts
+
+
+def markdown(run: Run, fig: Figures, png: str | None, series: str) -> str:
+    """The summary a person reads: one table of figures, the restarts, the checkpoints."""
+    gpus = f"{run.nodes} × {run.world // run.nodes}" if run.world and run.nodes else f"{run.nodes} × ?"
+    steps = f"{fig.final_step if fig.final_step is not None else '?'}" + (
+        f" / {run.total_steps}" if run.total_steps else "")
+    rows = [("job", run.job), ("run", run.paths.run_id),
+            ("nodes × GPUs", gpus + (f" (world {run.world})" if run.world else "")),
+            ("global batch", str(run.global_batch) if run.global_batch else "? (not in the logs)"),
+            ("steps", steps), ("wall time", _duration(run.wall_s)),
+            (f"{fig.unit} (steady state)", _steady(run, fig)),
+            ("restarts", str(len(run.restarts))),
+            ("checkpoints", str(len(run.checkpoints))),
+            ("final loss", f"{fig.final_loss:.4f} (step {fig.final_step})" if fig.final_loss is not None else "?")]
+    lines = [f"# mlaunch report: {run.paths.run_id}", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    if run.restarts:
+        lines += ["", "## Restarts", "", "| attempt | resumed from | at step | why the attempt before ended |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r.attempt} | {r.checkpoint or 'fresh start'} | {r.step if r.step is not None else '–'} "
+                  f"| {r.reason} |" for r in run.restarts]
+    if run.checkpoints:
+        lines += ["", "## Checkpoints", ""] + [f"- {c}" for c in run.checkpoints]
+    health = ["(no events.jsonl in the log dir)"] if run.health is None else \
+        [f"- {h}" for h in run.health] or ["none: no hang, NaN or world-size event"]
+    lines += ["", "## Health events", ""] + health
+    lines += ["", "## Files", "", f"- plot: {png}" if png else "- plot: (not drawn)", f"- series: {series}",
+              f"- logs: {run.paths.log_dir}"] + [f"- step records: {s}" for s in run.sources]
+    return "\n".join(lines) + "\n"
+
+
+def series(run: Run, fig: Figures) -> dict:
+    """Exactly what the PNG plots, for anyone who wants the numbers."""
+    return {"run_id": run.paths.run_id,
+            "loss": [[s.step, s.loss] for s in run.steps if s.loss is not None],
+            "lr": [[s.step, s.lr] for s in run.steps if s.lr is not None],
+            "throughput": {"unit": fig.unit, "window_s": fig.window_s, "points": [list(w) for w in fig.windows]},
+            "restarts": [{"attempt": r.attempt, "step": r.step, "checkpoint": r.checkpoint,
+                          "reason": r.reason} for r in run.restarts]}
+
+
+def plot(data: list[dict], path: str) -> None:
+    """The PNG: loss, learning rate and throughput against step; restarts as labelled lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    for i, d in enumerate(data):
+        color, name = f"C{i}", d["run_id"] if len(data) > 1 else "loss"
+        for ax, key in zip(axes, ("loss", "lr")):
+            pts = d[key]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="." if len(pts) < 60 else None,
+                    label=name if key == "loss" else None)
+        xs, ys = _broken(d["throughput"]["points"], [r["step"] for r in d["restarts"] if r["step"] is not None])
+        axes[2].plot(xs, ys, color=color, marker="o")
+        for r in d["restarts"]:
+            if r["step"] is None:
+                continue
+            for ax in axes:
+                ax.axvline(r["step"], color=color, linestyle="--", alpha=0.7)
+            label = f"restart {r['attempt']}: " + (os.path.basename(r["checkpoint"]) if r["checkpoint"] else "fresh")
+            axes[0].annotate(label, (r["step"], 0.97), xycoords=("data", "axes fraction"), rotation=90,
+                             xytext=(-3, 0), textcoords="offset points", va="top", ha="right",
+                             fontsize=8, color=color)
+    if not any(d["throughput"]["points"] for d in data):
+        axes[2].text(0.5, 0.5, f"no window of ≥ {data[0]['throughput']['window_s']:g} s in the step records "
+                     "(they carry whole seconds)",
+                     transform=axes[2].transAxes, ha="center", va="center", fontsize=9)
+    axes[0].set_ylabel("loss")
+    axes[1].set_ylabel("learning rate")
+    axes[2].set_ylabel(data[0]["throughput"]["unit"] + f"\n(windows ≥ {data[0]['throughput']['window_s']:g} s)")
+    axes[2].set_xlabel("step")
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title(" vs ".join(d["run_id"] for d in data), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(runs: list[Run], out_dir: str, window_s: float = MIN_WINDOW_S) -> tuple[str, str]:
+    """Write report.md, series.json and report.png into out_dir; (markdown text, png path)."""
+    require_matplotlib()
+    os.makedirs(out_dir, exist_ok=True)
+    figs = [figures(r, window_s) for r in runs]
+    data = [series(r, f) for r, f in zip(runs, figs)]
+    png, js, md = (os.path.join(out_dir, n) for n in ("report.png", "series.json", "report.md"))
+    with open(js, "w", encoding="utf-8") as fh:
+        json.dump({"runs": data}, fh, indent=1)
+    plot(data, png)
+    text = "\n".join(markdown(r, f, png, js) for r, f in zip(runs, figs))
+    with open(md, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return text, png
+
+
+def _broken(points: list, cuts: list[int]) -> tuple[list[float], list[float]]:
+    """x and y of points, with a gap (NaN) where a restart lies between two neighbours."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, (x, y) in enumerate(points):
+        if i and any(points[i - 1][0] < c < x for c in cuts):
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs.append(x)
+        ys.append(y)
+    return xs, ys
+
+
+def _steady(run: Run, fig: Figures) -> str:
+    if fig.steady is not None:
+        n, skip = fig.steady_of, len(fig.windows) - fig.steady_of
+        return (f"{fig.steady:.2f} (median of {n} window{'s' if n != 1 else ''} of ≥ {fig.window_s:g} s"
+                + ("; each launch's first window left out" if skip else "; start-up windows included")
+                + ")")
+    own = f"; the trainer's own figure for its last launch: {run.trainer_figure:.2f}" if run.trainer_figure else ""
+    return f"n/a: no window of ≥ {fig.window_s:g} s in the step records{own}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s" if m else f"{seconds:.1f} s"
