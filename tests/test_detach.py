@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from launcher.record.events import read_events
+
 from .helpers import script_job, write_spec
 from .procs import job_pids as local_pids
 from .runs import Runs, hang_up, submit_in_terminal
@@ -85,7 +87,13 @@ def test_supervisor_killed_is_lost_and_stop_still_cleans(make_hostset, tmp_path,
         assert r.returncode == 0, r.stdout + r.stderr
         assert "supervisor is lost" in r.stdout and "0 processes left" in r.stdout
         assert all_gone(hs) == {h.name: set() for h in hs.hosts}
-        assert runs.run(a)["state"] == "stopped"
+        # The record stays what happened (lost, no exit code); the stop is added to it.
+        row = runs.run(a)
+        assert (row["state"], row["exit_code"], row["stop_requested"]) == ("lost", None, True), row
+        assert a not in {x["id"] for x in runs.ps(all_=False)}
+        events = read_events(os.path.join(row["log_dir"], "events.jsonl"))
+        assert events[-1]["event"] == "stop" and events[-1]["after"] == "lost", events[-1]
+        assert events[-1]["left"] == 0 and events[-1]["clean"] is True
         # Without stop: each node's hang-up guard ends its own processes.
         b = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "b"), hangup_after_s=6), name="b.yaml")
         runs.wait_console(b, r"ready rank \d", count=4)

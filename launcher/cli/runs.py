@@ -5,7 +5,9 @@ fabric, no spec models on that path.
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
 import sys
 import time
 
@@ -16,9 +18,36 @@ from .logview import refresh
 
 
 
+# A RUN argument can only name a run by these characters (run ids and job names have no
+# others); anything else, or longer, matches nothing and never reaches SQLite.
+RUN_ARG = re.compile(r"^[A-Za-z0-9._-]{0,128}$")
+MIN_PREFIX = 3   # `stop` of a shorter prefix (or of "") is refused: too easy to hit a neighbour
+
+
 def _registry():
-    from ..record.registry import Registry
-    return Registry()
+    import sqlite3
+
+    from ..record.registry import Registry, home
+    try:
+        return Registry()
+    except (sqlite3.Error, OSError) as e:
+        from ..record.regguard import explain
+        raise explain(f"{home()}/runs.db", e) from None
+
+
+def registry_errors(cmd):
+    """A registry that is locked, damaged, read-only or truncated: one line, exit 2."""
+    @functools.wraps(cmd)
+    def wrapper(*args, **kw):
+        import sqlite3
+
+        from ..record.registry import home
+        try:
+            return cmd(*args, **kw)
+        except sqlite3.Error as e:
+            from ..record.regguard import explain
+            raise explain(f"{home()}/runs.db", e) from None
+    return wrapper
 
 
 def _backend(run):
@@ -26,14 +55,41 @@ def _backend(run):
     return backend_for(run.backend)
 
 
-def _resolve(reg, ref: str):
-    found = reg.resolve(ref)
+def _shown(ref: str) -> str:
+    return repr(ref if len(ref) <= 60 else ref[:57] + "...")
+
+
+def _resolve(reg, ref: str, destructive: bool = False):
+    """RUN as typed: the run, or UserError naming why not (and the candidates)."""
+    if not RUN_ARG.match(ref):
+        raise UserError(f"RUN {_shown(ref)}: not a run id or job name (1-128 letters, digits, "
+                        "'.', '_', '-'); see `mlaunch ps --all` for the runs")
+    found = reg.resolve(ref) if ref else [r.id for r in reg.runs()] or None
+    if destructive and not isinstance(found, list):
+        found = _unambiguous(reg, ref, found)
+    if isinstance(found, list) and len(ref) < MIN_PREFIX:
+        more = ", ".join(found[:10]) + (", ..." if len(found) > 10 else "")
+        raise UserError(f"RUN {_shown(ref)}: too short to pick one run (candidates: {more}); "
+                        f"give at least {MIN_PREFIX} characters of the id, or the job name")
     if found is None:
-        raise UserError(f"RUN {ref!r}: no run with this id prefix or job name; see `mlaunch ps --all`")
+        raise UserError(f"RUN {_shown(ref)}: no run with this id prefix or job name; see `mlaunch ps --all`")
     if isinstance(found, list):
         more = ", ".join(found[:10]) + (", ..." if len(found) > 10 else "")
-        raise UserError(f"RUN {ref!r}: matches several runs ({more}); give more of the id")
+        raise UserError(f"RUN {_shown(ref)}: matches several runs ({more}); give more of the id")
     return refresh(reg, found)
+
+
+def _unambiguous(reg, ref: str, found):
+    """For `stop`: a short prefix, or a job name with several active runs, is ambiguous
+    (the candidates as a list); an exact id, a longer unique prefix or a name stay found."""
+    if found is not None and found.id == ref:
+        return found
+    if found is not None and found.name == ref:
+        active = [r.id for r in reg.runs(include_final=False) if r.name == ref and r.active]
+        return active if len(active) > 1 else found
+    if len(ref) < MIN_PREFIX:
+        return [r.id for r in reg.runs() if r.id.startswith(ref)] or None
+    return found
 
 
 def _age(seconds: float) -> str:
@@ -47,6 +103,7 @@ def _age(seconds: float) -> str:
 @click.argument("run", required=False)
 @click.option("--all", "show_all", is_flag=True, help="Also runs that have ended.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON list on stdout.")
+@registry_errors
 def ps(run: str | None, show_all: bool, as_json: bool) -> None:
     """List runs: active ones (and lost ones), or every run with --all; with RUN, that run
     and each node's last state, step and GPU (or CPU) sample."""
@@ -55,7 +112,8 @@ def ps(run: str | None, show_all: bool, as_json: bool) -> None:
         return _ps_one(_resolve(reg, run), as_json)
     runs = [refresh(reg, r) for r in reg.runs(include_final=show_all)]
     if not show_all:
-        runs = [r for r in runs if r.active or r.state == "lost"]
+        # A lost run is listed until someone has stopped it (its nodes swept).
+        runs = [r for r in runs if r.active or (r.state == "lost" and not r.stop_requested)]
     if as_json:
         click.echo(json.dumps([r.public() for r in runs], indent=None))
         return
@@ -100,6 +158,7 @@ def _table(runs) -> None:
 @click.option("--attempt", type=int, help="Attempt N (default: the latest).")
 @click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its code.")
 @click.option("--tail", type=click.IntRange(0), help="Only the last N lines first.")
+@registry_errors
 def logs(run: str, node: int | None, attempt: int | None, follow: bool, tail: int | None) -> None:
     """Print a run's logs: its console stream, or one node's log with --node."""
     from .logview import View
@@ -113,6 +172,7 @@ def logs(run: str, node: int | None, attempt: int | None, follow: bool, tail: in
 
 @click.command()
 @click.argument("run")
+@registry_errors
 def attach(run: str) -> None:
     """Stream a running run live; Ctrl-C detaches and leaves it running."""
     from .logview import View
@@ -137,19 +197,37 @@ def attach(run: str) -> None:
 @click.command()
 @click.argument("run")
 @click.option("--force", is_flag=True, help="SIGKILL at once instead of TERM, grace, KILL.")
+@registry_errors
 def stop(run: str, force: bool) -> None:
     """Stop a run from any terminal (its processes only); exit 0 when none is left anywhere."""
     reg = _registry()
-    r = _resolve(reg, run)
+    r = _resolve(reg, run, destructive=True)
     result = _backend(r).cancel(r, force=force)
     for line in result.problems:
         click.echo(f"mlaunch: {line}", err=True)
     left = sum(result.left.values())
+    if r.state == "lost":
+        _stopped_after_lost(reg, r, result, left)
     final = reg.get(r.id)
-    click.echo(f"[mlaunch] run {r.id}: {result.how}; {final.state}; "
+    state = "lost, now stopped" if final.state == "lost" and final.stop_requested else final.state
+    click.echo(f"[mlaunch] run {r.id}: {result.how}; {state}; "
                f"{left} process{'' if left == 1 else 'es'} left on {len(result.left)} "
                f"host{'' if len(result.left) == 1 else 's'}")
     sys.exit(0 if result.clean else 1)
+
+
+def _stopped_after_lost(reg, r, result, left: int) -> None:
+    """A lost run keeps what was recorded (state lost, its end, no exit code): the stop is
+    added, as stop_requested and a `stop` event in its events.jsonl."""
+    import os
+
+    from ..record.events import EventLog
+    reg.request_stop(r.id)
+    if not r.log_dir or not os.path.isdir(r.log_dir):
+        click.echo(f"mlaunch: run {r.id}: log dir {r.log_dir} is gone; no stop event written", err=True)
+        return
+    EventLog(os.path.join(r.log_dir, "events.jsonl"), r.id, max(r.attempts - 1, 0)).emit(
+        "stop", after="lost", left=left, clean=result.clean)
 
 
 def register(group: click.Group) -> None:

@@ -38,6 +38,8 @@ def launch(job: JobBase, opts: SubmitOptions, detach: bool = False) -> int:
     check_flags(job, opts)
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     backend = backend_for(backend_name(plan))
+    from ..record.recorder import check_registry
+    check_registry()   # a locked one waits here; a damaged or read-only one: nothing starts
     request = backend.dryrun(plan)
     opts = dataclasses.replace(opts, run_id=plan.run_id)
     return backend.submit(request, opts, job) if detach else backend.run(request, opts, job)

@@ -134,7 +134,7 @@ class ProcessBackend:
             how = "the supervisor is lost: reached every node directly"
         result = sweep(run, kill_now=force)
         result.how = how
-        Registry().set_state(run.id, "stopped", only_from=("starting", "running", "restarting", "lost"),
+        Registry().set_state(run.id, "stopped", only_from=("starting", "running", "restarting"),
                              exit_code=130)
         return result
 

@@ -58,7 +58,7 @@ class SlurmBackend(ProcessBackend):
         result.left = {h: 0 for h in hosts} if not result.problems else {h: 1 for h in hosts}
         result.how = "; ".join(how) or "nothing was running"
         result.how += f" (slurm jobs {', '.join(ids)} gone)" if ids and not result.problems else ""
-        Registry().set_state(run.id, "stopped", only_from=("starting", "running", "restarting", "lost"),
+        Registry().set_state(run.id, "stopped", only_from=("starting", "running", "restarting"),
                              exit_code=130)
         return result
 

@@ -68,6 +68,23 @@ class LaunchPlan:
         return text
 
 
+# A run id names files and directories (logs/<id>/, the run dir) and is matched, as a fixed
+# string, in every process's environment: `name`'s characters, and room for the generated
+# suffix (-<UTC time>-<random>, 21 characters) after a 64-character name.
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """run_id if it is one path component of safe characters; else UserError (exit 2)."""
+    if RUN_ID_RE.match(run_id):
+        return run_id
+    from ..errors import UserError
+    shown = run_id if len(run_id) <= 80 else run_id[:77] + "..."
+    raise UserError(f"--run-id {shown!r}: a run id is 1-128 letters, digits, '.', '_' or '-', "
+                    "starting with a letter or digit (no '/', no '..'); give such an id, or "
+                    "leave --run-id out for a fresh one")
+
+
 def new_run_id(name: str) -> str:
     """A sortable, unique run id: <job name>-<UTC time>-<random>."""
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_secrets.token_hex(2)}"
@@ -86,7 +103,7 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     """
     decision = batchplan.resolve(job, memory)
     job = decision.job if decision else job
-    run_id = run_id or new_run_id(job.name)
+    run_id = check_run_id(new_run_id(job.name) if run_id is None else run_id)
     c = job.cluster
     addrs = node_addrs(job)
     # A loopback host with its own user or port is an sshd to log in to (e.g. a container).

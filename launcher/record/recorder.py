@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Callable, TextIO
 
-from . import registry
+from . import registry, regguard
 from ..errors import UserError
 from ..plan.launch_plan import MASK, LaunchPlan
 from ..spec import SECRET_NAME, JobBase
@@ -75,6 +76,19 @@ def spec_snapshot(job: JobBase) -> dict:
     return data
 
 
+def check_registry() -> None:
+    """Before a submit starts anything: the registry opens, is whole and is writable, else
+    UserError with the file and the fix (a damaged one would fail the run's first write)."""
+    try:
+        reg = registry.Registry()
+        try:
+            regguard.patiently(reg.check, path=reg.path)
+        finally:
+            reg.close()
+    except (OSError, registry.sqlite3.Error) as e:
+        raise regguard.explain(f"{registry.home()}/runs.db", e) from None
+
+
 class Recorder:
     """Registers one run and its attempts; submit calls it at each step."""
 
@@ -93,14 +107,13 @@ class Recorder:
         try:
             self.reg = registry.Registry()
             self.run_id = plan.run_id
-            self.reg.create(plan.run_id, name=job.name, backend=self.backend,
-                            hosts=[n.host for n in plan.nodes], spec=spec_snapshot(job),
-                            detached=self.detached, supervisor=self.supervisor,
-                            log_dir=plan.log_dir, output_dir=job.output_dir,
-                            handle=self.handle)
+            self._write(self.reg.create, plan.run_id, name=job.name, backend=self.backend,
+                        hosts=[n.host for n in plan.nodes], spec=spec_snapshot(job),
+                        detached=self.detached, supervisor=self.supervisor,
+                        log_dir=plan.log_dir, output_dir=job.output_dir, handle=self.handle)
         except (OSError, registry.sqlite3.Error) as e:
-            raise UserError(f"run registry {registry.home()}/runs.db: {e}; set MLAUNCH_HOME "
-                            "to a writable directory") from None
+            self.reg = None
+            raise regguard.explain(f"{registry.home()}/runs.db", e) from None
         path = registry.console_path(plan.run_id)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -119,11 +132,11 @@ class Recorder:
             # Lists accumulate across attempts (a chained restart's executor starts afresh).
             for k, v in handle.items():
                 self.handle[k] = list(dict.fromkeys(self.handle.get(k, []) + v)) if isinstance(v, list) else v
-            self.reg.set_handle(self.run_id, self.handle)
+            self._write(self.reg.set_handle, self.run_id, self.handle)
         if not queued:
-            self.reg.set_hosts(self.run_id, [n.host for n in plan.nodes])
-            self.reg.attempt_started(self.run_id, attempt, plan.run_id,
-                                     [n.log_path for n in plan.nodes], resumed_from)
+            self._write(self.reg.set_hosts, self.run_id, [n.host for n in plan.nodes])
+            self._write(self.reg.attempt_started, self.run_id, attempt, plan.run_id,
+                        [n.log_path for n in plan.nodes], resumed_from)
         if attempt == 0 and self.on_detach is not None:
             detach, self.on_detach = self.on_detach, None   # once, at the first of the two
             detach()
@@ -132,7 +145,18 @@ class Recorder:
 
     def attempt_ended(self, attempt: int, code: int, interrupted: bool) -> None:
         state = "stopped" if interrupted else "succeeded" if code == 0 else "failed"
-        self.reg.attempt_ended(self.run_id, attempt, code, state)
+        self._write(self.reg.attempt_ended, self.run_id, attempt, code, state)
+
+    def _write(self, fn, *args, **kw):
+        """One registry write, waiting out another writer's lock however long it is held:
+        the run's record comes late, the run itself never fails for it."""
+        return regguard.patiently(fn, *args, notice=self._notice, path=self.reg.path, **kw)
+
+    def _notice(self, line: str) -> None:
+        if self.console is not None:
+            self.console.write(f"[mlaunch] {line}\n")
+        else:
+            print(f"mlaunch: {line}", file=sys.stderr, flush=True)
 
     def note(self, lines: list[str]) -> None:
         """Error lines for the console log only (the terminal gets them on stderr)."""
@@ -140,7 +164,7 @@ class Recorder:
             self.console.log_only("".join(f"mlaunch: {line}\n" for line in lines))
 
     def restarting(self) -> None:
-        self.reg.set_state(self.run_id, "restarting", only_from=("running",))
+        self._write(self.reg.set_state, self.run_id, "restarting", only_from=("running",))
 
     def end(self, code: int, interrupted: bool = False) -> None:
         """The run is over: its final state and exit code."""
@@ -148,7 +172,7 @@ class Recorder:
             return
         stopped = interrupted or code == STOPPED_EXIT
         state = "stopped" if stopped else "succeeded" if code == 0 else "failed"
-        self.reg.set_state(self.run_id, state, only_from=registry.ACTIVE + ("lost",),
+        self._write(self.reg.set_state, self.run_id, state, only_from=registry.ACTIVE + ("lost",),
                            exit_code=code)
         if self.console is not None:
             self.console.close()

@@ -13,10 +13,12 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from . import regguard
+
 ACTIVE = ("starting", "running", "restarting")
 FINAL = ("succeeded", "failed", "stopped", "lost")
 STATES = ACTIVE + FINAL
-BUSY_TIMEOUT_MS = 30000
+BUSY_TIMEOUT_MS = 30000   # the default; MLAUNCH_REGISTRY_TIMEOUT_S sets it (regguard.timeout_s)
 CONSOLE = "console.log"   # the run's terminal stream, in its log directory
 
 _SCHEMA = """
@@ -129,17 +131,27 @@ class Registry:
     def __init__(self, path: str | None = None):
         self.path = path or os.path.join(home(), "runs.db")
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
+        regguard.check_before_open(self.path)
+        wait_s = regguard.timeout_s()
+        self._db = sqlite3.connect(self.path, timeout=wait_s,
                                    isolation_level=None, check_same_thread=False)
-        self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        self._db.execute(f"PRAGMA busy_timeout={int(wait_s * 1000)}")
         if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name='attempts'").fetchone():
             self._db.executescript(_SCHEMA)
+        regguard.mark_created(self.path)
 
     def close(self) -> None:
         self._db.close()
+
+    def check(self) -> None:
+        """SQLite's quick_check of every page: DatabaseError when the file is damaged (a
+        write could otherwise land beside pages that no read has touched yet)."""
+        rows = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+        if rows != ["ok"]:
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {rows[0]}")
 
     # -- writes: each one short statement (an implicit transaction of its own) --
 

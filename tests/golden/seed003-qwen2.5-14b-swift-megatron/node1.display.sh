@@ -13,15 +13,17 @@ echo $$ > /data/work/.mlaunch/GOLDEN/node1.pid
 # every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
 # 30s (a network partition the kernel has not noticed), every process of this
 # node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
-hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only processes whose environment carries it.
+hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only this user'"'"'s processes whose environment
+# holds exactly that entry (a fixed string, the whole entry: never a pattern, never a prefix).
 match=MLAUNCH_NODE_ID=GOLDEN.node1
 job_pids() {
-  grep -lzx "$match" /proc/[0-9]*/environ 2>/dev/null \
-    | sed -e '"'"'s#^/proc/##'"'"' -e '"'"'s#/environ$##'"'"' | grep -vx "$$"
+  for f in $(grep -lzxF -e "$match" /proc/[0-9]*/environ 2>/dev/null); do
+    d=${f%/environ}; [ -O "$d" ] && [ "${d#/proc/}" != "$$" ] && echo "${d#/proc/}"
+  done
 }
 leader=$(cat /data/work/.mlaunch/GOLDEN/node1.pid 2>/dev/null)
 # Signal the group only while its leader is still ours: a stale pid may have been reused.
-if [ -n "$leader" ] && grep -qzx "$match" "/proc/$leader/environ" 2>/dev/null; then
+if [ -n "$leader" ] && [ -O "/proc/$leader" ] && grep -qzxF -e "$match" "/proc/$leader/environ" 2>/dev/null; then
   kill -TERM -- "-$leader" 2>/dev/null
 fi
 p=$(job_pids); [ -n "$p" ] && kill -TERM $p 2>/dev/null
