@@ -18,7 +18,7 @@ from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
 from .models import JobBase, LlamaFactoryJob, ScriptJob
 from .secret_rules import check_passthrough_secrets, check_script_secrets
-from .select import world_size, world_text  # noqa: F401  (importable from here)
+from .select import world_factor, world_size, world_text  # noqa: F401  (importable from here)
 
 # LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
 LLAMAFACTORY_OWNED = {
@@ -57,7 +57,7 @@ LLAMAFACTORY_OWNED = {
 
 def check_job(job: JobBase) -> list[Problem]:
     """All cross-field problems of a validated job, in field order."""
-    problems = check_cluster(job.cluster) + check_output_dir(job)
+    problems = check_cluster(job.cluster) + check_output_dir(job) + check_dataset(job)
     if isinstance(job, LlamaFactoryJob):
         problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
         problems += check_training(job) + check_passthrough(job)
@@ -69,6 +69,24 @@ def check_job(job: JobBase) -> list[Problem]:
         from .swift_rules import check_swift
         problems += check_swift(job)
     return problems
+
+
+def check_dataset(job: JobBase) -> list[Problem]:
+    """An empty dataset (`[]`, `""`, or an empty name in a list) would render `dataset: ""`,
+    which the trainer reads as no dataset at all and stops at start on every node."""
+    given = getattr(job, "dataset", None)
+    if given is None:
+        return []
+    names = [given] if isinstance(given, str) else list(given)
+    example = "alpaca_en_demo" if job.trainer == "llamafactory" else "AI-ModelScope/alpaca-gpt4-data-en"
+    if not names or not any(n.strip() for n in names):
+        return [Problem("dataset", f"{given!r} names no dataset; give one, e.g. `dataset: {example}`, "
+                        f"or a list of them")]
+    empty = [i for i, n in enumerate(names) if not n.strip()]
+    if empty and not isinstance(given, str):
+        return [Problem(f"dataset[{empty[0]}]", f"{names[empty[0]]!r} is an empty name; remove it "
+                        "from the list or write the dataset's name")]
+    return []
 
 
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
@@ -88,7 +106,7 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
                             "(omitted or auto): give the global batch, e.g. global: 64")]
         unit = size * (pd or 1) * (ga or 1)
         if b.global_ % unit:
-            what = " × ".join([world_text(job.cluster)] + ([f"{pd} per device"] if pd else [])
+            what = " × ".join([world_factor(job.cluster)] + ([f"{pd} per device"] if pd else [])
                               + ([f"{ga} accumulation"] if ga else []))
             return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
                             f"set global to a multiple of {unit}")]
@@ -99,7 +117,7 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
     if b.global_ == want:
         return []
     return [Problem("batch.global",
-                    f"{b.global_} ≠ {world_text(job.cluster)} × {pd} per device × "
+                    f"{b.global_} ≠ {world_factor(job.cluster)} × {pd} per device × "
                     f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
 
