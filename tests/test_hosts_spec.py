@@ -266,7 +266,7 @@ def test_mixed_slots_batch_and_ds_config(tmp_path):
     data["cluster"]["hostfile"] = "hosts"
     data["batch"] = {"per_device": 2, "grad_accum": 4, "global": 32}
     assert load_problems(write_spec(tmp_path, data)) == [
-        "batch.global: 32 ≠ 2 nodes × (2+1) GPUs × 2 per device × 4 accumulation = 24; set global to "
+        "batch.global: 32 ≠ (2+1) = 3 GPUs × 2 per device × 4 accumulation = 24; set global to "
         "24, change per_device/grad_accum, or omit global"]
     data["batch"]["global"] = 24
     plan = build_plan(load_spec(write_spec(tmp_path, data)), run_id="R")
