@@ -131,12 +131,25 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
+def torchrun_head(job: JobBase) -> tuple[str, ...]:
+    """How the nodes start torchrun. An environment's bin/ (a venv, or conda's: the
+    interpreter is named plain `python`) holds torchrun beside it. Any other interpreter
+    (`/usr/bin/python3`, `python3.11`: a system one, whose scripts pip puts in
+    /usr/local/bin or ~/.local/bin) runs torchrun's own module with itself instead."""
+    c = job.cluster
+    if c.venv or (c.python and posixpath.basename(c.python) == "python"):
+        return (posixpath.join(remote_bin(job), "torchrun"),)
+    if c.python:
+        return (c.python, "-m", "torch.distributed.run")
+    return ("torchrun",)
+
+
 def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
                    tail: tuple[str, ...]) -> tuple[str, ...]:
     """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
-    c, bindir = job.cluster, remote_bin(job)
+    c = job.cluster
     slurm = c.scheduler == "slurm"
-    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
+    return (*torchrun_head(job),
             "--nnodes", str(nnodes(job)), "--nproc-per-node", str(procs_of(c, rank)),
             "--node-rank", _per_node("", rank, slurm), "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",
