@@ -13,7 +13,7 @@ from ..errors import Problem
 from . import known_args
 # The cluster block's rules live beside it (cluster_rules.py); their names stay importable here.
 from .cluster_rules import ENV_NAME, LAUNCHER_ENV, OWNED_ENV, RENDEZVOUS_WHY  # noqa: F401
-from .cluster_rules import _check_shared_hosts, machines, node_devices, output_dir_note  # noqa: F401
+from .cluster_rules import _check_shared_hosts, machines, node_devices, node_path_notes, output_dir_note  # noqa: F401
 from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
 from .models import JobBase, LlamaFactoryJob, ScriptJob
