@@ -123,6 +123,9 @@ def secret_values(job: JobBase) -> tuple[str, ...]:
     return tuple(sorted(set(vals), key=len, reverse=True))
 
 
+SYSTEM_BIN = ("/usr/bin", "/bin")   # the distribution's interpreters: no pip scripts beside them
+
+
 def remote_bin(job: JobBase) -> str | None:
     """Directory of the remote interpreter, which also holds torchrun."""
     c = job.cluster
@@ -132,16 +135,15 @@ def remote_bin(job: JobBase) -> str | None:
 
 
 def torchrun_head(job: JobBase) -> tuple[str, ...]:
-    """How the nodes start torchrun. An environment's bin/ (a venv, or conda's: the
-    interpreter is named plain `python`) holds torchrun beside it. Any other interpreter
-    (`/usr/bin/python3`, `python3.11`: a system one, whose scripts pip puts in
-    /usr/local/bin or ~/.local/bin) runs torchrun's own module with itself instead."""
+    """How the nodes start torchrun: the torchrun beside the interpreter (a venv's, conda's,
+    /usr/local/bin's), except for the distribution's own interpreter in /usr/bin or /bin,
+    beside which pip never installs scripts (root's go to /usr/local/bin, a user's to
+    ~/.local/bin): that one runs torchrun's own module, `python -m torch.distributed.run`."""
     c = job.cluster
-    if c.venv or (c.python and posixpath.basename(c.python) == "python"):
-        return (posixpath.join(remote_bin(job), "torchrun"),)
-    if c.python:
+    if c.python and posixpath.dirname(c.python) in SYSTEM_BIN and not c.venv:
         return (c.python, "-m", "torch.distributed.run")
-    return ("torchrun",)
+    bindir = remote_bin(job)
+    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",)
 
 
 def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
