@@ -533,9 +533,10 @@ def test_dry_run_of_the_mixed_hostfile_example():
     from .helpers import CONFIGS
     r = mlaunch("submit", os.path.join(CONFIGS, "hostfile-mixed-lora.yaml"), "--dry-run")
     assert r.returncode == 0, r.stderr
-    head = r.stdout.splitlines()[1:5]
+    head = r.stdout.splitlines()[1:6]
     assert head == [
         "world: 3 nodes × (4+1+2) processes = 7",
+        "note: cluster.hostfile 'hosts-mixed.txt' is relative: mlaunch reads it from the spec's directory",
         "note: hostfile hosts-mixed.txt: max_slots= ignored on line 2; mlaunch reads only slots=",
         "note: exclude 'gpu-b:1': 3 of 3 hosts, 7 slots; kept slots become CUDA_VISIBLE_DEVICES",
         "global batch: 56 = 3 nodes × (4+1+2) GPUs × 2 per device × 4 accumulation"]
