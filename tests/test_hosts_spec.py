@@ -266,7 +266,7 @@ def test_mixed_slots_batch_and_ds_config(tmp_path):
     data["cluster"]["hostfile"] = "hosts"
     data["batch"] = {"per_device": 2, "grad_accum": 4, "global": 32}
     assert load_problems(write_spec(tmp_path, data)) == [
-        "batch.global: 32 ≠ 2 nodes × (2+1) GPUs × 2 per device × 4 accumulation = 24; set global to "
+        "batch.global: 32 ≠ (2+1) = 3 GPUs × 2 per device × 4 accumulation = 24; set global to "
         "24, change per_device/grad_accum, or omit global"]
     data["batch"]["global"] = 24
     plan = build_plan(load_spec(write_spec(tmp_path, data)), run_id="R")
@@ -533,9 +533,10 @@ def test_dry_run_of_the_mixed_hostfile_example():
     from .helpers import CONFIGS
     r = mlaunch("submit", os.path.join(CONFIGS, "hostfile-mixed-lora.yaml"), "--dry-run")
     assert r.returncode == 0, r.stderr
-    head = r.stdout.splitlines()[1:5]
+    head = r.stdout.splitlines()[1:6]
     assert head == [
         "world: 3 nodes × (4+1+2) processes = 7",
+        "note: cluster.hostfile 'hosts-mixed.txt' is relative: mlaunch reads it from the spec's directory",
         "note: hostfile hosts-mixed.txt: max_slots= ignored on line 2; mlaunch reads only slots=",
         "note: exclude 'gpu-b:1': 3 of 3 hosts, 7 slots; kept slots become CUDA_VISIBLE_DEVICES",
         "global batch: 56 = 3 nodes × (4+1+2) GPUs × 2 per device × 4 accumulation"]

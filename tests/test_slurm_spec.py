@@ -49,7 +49,7 @@ CASES = [
     ("cluster.slurm.time", "2 days", "cluster.slurm.time: '2 days' is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"),
     ("cluster.slurm.time", "1:2:3:4", "cluster.slurm.time: '1:2:3:4' is not a Slurm time"),
     ("cluster.slurm.partition", "gpu a100", "cluster.slurm.partition: 'gpu a100': one word"),
-    ("cluster.slurm.nodes", 0, "cluster.slurm.nodes: Input should be greater than or equal to 1"),
+    ("cluster.slurm.nodes", 0, "cluster.slurm.nodes: 0 is too small: write an integer from 1 to 100000"),
     ("cluster.slurm.nodez", 2, "cluster.slurm.nodez: unknown key; did you mean 'nodes'?"),
     ("cluster.scheduler", "pbs", "cluster.scheduler: 'pbs' is not one of ssh, slurm"),
     ("batch.global", 64, "batch.global: 64 ≠ 4 nodes × 4 GPUs × 2 per device × 8 accumulation = 256"),

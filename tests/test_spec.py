@@ -35,11 +35,11 @@ def mutate(path: str, value):
 
 CASES = [
     ("batch.global", 64, "batch.global: 64 ≠ 4 nodes × 4 GPUs × 2 per device × 8 accumulation = 256"),
-    ("cluster.master_port", 80, "cluster.master_port: Input should be greater than or equal to 1024"),
+    ("cluster.master_port", 80, "cluster.master_port: 80 is too small: write an integer from 1024 to 65535"),
     ("cluster.sshh", {"user": "x"}, "cluster.sshh: unknown key; did you mean 'ssh'?"),
     ("training.learning_rat", 0.1, "training.learning_rat: unknown key; did you mean 'learning_rate'?"),
     ("precision", "bf61", "precision: 'bf61' is not one of bf16, fp16, fp32"),
-    ("model", DELETE, "model: required field missing"),
+    ("model", DELETE, "model: required field missing; add `model: /path/to/model`"),
     ("trainer", "llamafactroy", "trainer: 'llamafactroy' is not one of llamafactory, swift, script; did you mean 'llamafactory'?"),
     ("cluster.cuda_visible_devices", [0, 1], "cluster.cuda_visible_devices: 2 devices listed but gpus_per_node is 4"),
     ("cluster.master_addr", "192.168.1.12", "cluster.master_addr: 192.168.1.12 is hosts[2], but node rank 0"),
@@ -162,7 +162,7 @@ def test_hostfile_uneven_slots(tmp_path):
     data["cluster"]["hostfile"] = "hosts"
     with pytest.raises(SpecError) as err:
         load_spec(write_spec(tmp_path, data))
-    assert ("batch.global: 256 ≠ 2 nodes × (4+8) GPUs × 2 per device × 8 accumulation = 192; "
+    assert ("batch.global: 256 ≠ (4+8) = 12 GPUs × 2 per device × 8 accumulation = 192; "
             "set global to 192") in str(err.value)
     data["batch"]["global"] = 192
     assert load_spec(write_spec(tmp_path, data)).cluster.gpus_per_node == [4, 8]

@@ -131,8 +131,7 @@ def test_union_mistake_is_one_line_with_the_forms(path, value, expected):
 
 def test_union_list_branch_names_the_bad_item():
     lines = problems(mutate("cluster.gpus_per_node", [4, 4, "x", 4]))
-    assert lines == ["cluster.gpus_per_node[2]: Input should be a valid integer, unable to parse "
-                     "string as an integer (got 'x')"]
+    assert lines == ["cluster.gpus_per_node[2]: 'x' is not an integer: write an integer from 1 to 1024"]
 
 
 def test_yaml_boolean_where_text_belongs_says_quote_it():
@@ -205,7 +204,7 @@ def test_misspelt_required_key_is_one_line(parent, good, bad):
 
 
 def test_missing_required_key_without_typo_still_reported():
-    assert problems(mutate("training.learning_rate", DELETE)) == ["training.learning_rate: required field missing"]
+    assert problems(mutate("training.learning_rate", DELETE)) == ["training.learning_rate: required field missing; add `learning_rate: 1.0e-4` under training"]
 
 
 def test_swift_deepspeed_file_name_points_at_config():
@@ -221,8 +220,8 @@ def test_swift_raw_deepspeed_block_points_at_config_file():
 def test_misspelt_trainer_key_is_named():
     data = seed000()
     data["trainr"] = data.pop("trainer")
-    assert problems(data) == ["trainer: required: one of llamafactory, swift, script; "
-                              "did you misspell it as 'trainr'?"]
+    assert problems(data) == ["trainer: required: one of llamafactory, swift, script; add e.g. "
+                              "`trainer: llamafactory`; did you misspell it as 'trainr'?"]
 
 
 @pytest.mark.parametrize("path,value,expected", [

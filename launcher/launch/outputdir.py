@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import socket
 import sys
 import threading
@@ -13,7 +12,7 @@ from .. import nodeprog
 from ..errors import UserError
 from ..execute.stream import Printer
 from ..nodeprog import checkpoints, outdir
-from ..plan.launch_plan import LaunchPlan, remote_bin
+from ..plan.launch_plan import LaunchPlan, remote_python
 from ..spec import JobBase
 from ..plan.trainers import TRAINERS
 
@@ -69,8 +68,7 @@ class Master:
     def __init__(self, plan: LaunchPlan, executor):
         self.plan, self.executor = plan, executor
         self.output_dir = plan.job.output_dir
-        bindir = remote_bin(plan.job)
-        self.python = posixpath.join(bindir, "python") if bindir else "python3"
+        self.python = remote_python(plan.job)   # cluster.python itself, e.g. /usr/bin/python3
         if plan.job.cluster.scheduler == "slurm":  # the helpers run on this login node
             self.python = sys.executable
         self._beat: threading.Event | None = None

@@ -106,8 +106,9 @@ def trainer_facts():
 
 
 def torchrun_facts():
-    b = P["bindir"]
-    want = os.path.join(b, "torchrun") if b else None
+    want = P.get("torchrun")   # None: mlaunch runs torchrun as a module of the interpreter
+    if want is None and P["bindir"]:
+        return {"wanted": None, "ok": True, "module": True}
     return {"wanted": want, "ok": bool(want and os.access(want, os.X_OK)),
             "on_path": shutil.which("torchrun")}
 

@@ -141,6 +141,9 @@ def secret_values(job: JobBase) -> tuple[str, ...]:
     return tuple(sorted(set(vals), key=len, reverse=True))
 
 
+SYSTEM_BIN = ("/usr/bin", "/bin")   # the distribution's interpreters: no pip scripts beside them
+
+
 def remote_bin(job: JobBase) -> str | None:
     """Directory of the remote interpreter, which also holds torchrun."""
     c = job.cluster
@@ -149,12 +152,24 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
+def torchrun_head(job: JobBase) -> tuple[str, ...]:
+    """How the nodes start torchrun: the torchrun beside the interpreter (a venv's, conda's,
+    /usr/local/bin's), except for the distribution's own interpreter in /usr/bin or /bin,
+    beside which pip never installs scripts (root's go to /usr/local/bin, a user's to
+    ~/.local/bin): that one runs torchrun's own module, `python -m torch.distributed.run`."""
+    c = job.cluster
+    if c.python and posixpath.dirname(c.python) in SYSTEM_BIN and not c.venv:
+        return (c.python, "-m", "torch.distributed.run")
+    bindir = remote_bin(job)
+    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",)
+
+
 def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
                    tail: tuple[str, ...]) -> tuple[str, ...]:
     """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
-    c, bindir = job.cluster, remote_bin(job)
+    c = job.cluster
     slurm = c.scheduler == "slurm"
-    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",
+    return (*torchrun_head(job),
             "--nnodes", str(nnodes(job)), "--nproc-per-node", str(procs_of(c, rank)),
             "--node-rank", _per_node("", rank, slurm), "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",

@@ -11,7 +11,7 @@ from typing import Callable
 
 from .. import nodeprog, render
 from ..execute.base import Executor
-from ..plan.launch_plan import LaunchPlan, NodePlan, in_process, remote_bin
+from ..plan.launch_plan import LaunchPlan, NodePlan, in_process, remote_bin, remote_python, torchrun_head
 from ..spec import LlamaFactoryJob, ScriptJob
 
 MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
@@ -76,9 +76,9 @@ class Ctx:
 
     @property
     def python(self) -> str:
-        """The remote interpreter the job will use (torchrun's neighbour)."""
-        bindir = remote_bin(self.job)
-        return posixpath.join(bindir, "python") if bindir else "python3"
+        """The remote interpreter the job will use: cluster.python itself (not a `python`
+        beside it: /usr/bin/python3 has none), the venv's, else python3 on PATH."""
+        return remote_python(self.job)
 
     @property
     def rendezvous(self) -> bool:
@@ -130,6 +130,8 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
     job, c = ctx.job, ctx.job.cluster
     return {
         "rank": rank, "nonce": ctx.nonce, "bindir": remote_bin(job), "workdir": c.workdir,
+        # the torchrun file mlaunch runs; None: `python -m torch.distributed.run` or PATH's
+        "torchrun": torchrun_head(job)[0] if len(torchrun_head(job)) == 1 and remote_bin(job) else None,
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
         "tracker": TRACKER_MODULES.get(getattr(job, "report_to", "none")),
         "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,

@@ -108,6 +108,8 @@ def _torchrun_problem(ctx: Ctx, t: dict, torch_v: str | None) -> tuple[str, str]
     """(detail, fix) when torchrun is not where mlaunch will run it, or None."""
     if t.get("error"):
         return f"torchrun: {t['error']}", "check the environment's bin/ directory"
+    if t.get("module"):   # `python -m torch.distributed.run`: torch itself, checked above
+        return None
     if t.get("wanted"):
         if t.get("ok"):
             return None

@@ -109,6 +109,29 @@ def output_dir_note(job: JobBase) -> str | None:
             f"{c.workdir.rstrip('/')}/{out}; that directory must be shared storage")
 
 
+def node_path_notes(job: JobBase) -> list[str]:
+    """One note per relative path the nodes use, saying where it resolves. The rule: a path
+    is relative to where it is opened; the nodes open theirs in cluster.workdir."""
+    c, where = job.cluster, job.cluster.workdir
+    fields = [("cluster.python", c.python if c.python and "/" in c.python else None),
+              ("cluster.venv", c.venv), ("cluster.workdir", c.workdir),
+              ("dataset_dir", getattr(job, "dataset_dir", None)),
+              ("script.path", getattr(getattr(job, "script", None), "path", None))]
+    model = getattr(job, "model", None)
+    if isinstance(model, str) and model.startswith(("./", "../")):
+        fields.append(("model", model))
+    if job.output_dir and not output_dir_note(job):
+        fields.append(("output_dir", job.output_dir))
+    base = (f"cluster.workdir ({where})" if where and where.startswith("/") else
+            "the directory each node starts in: the one you run mlaunch from for local nodes, "
+            "the SSH user's home on other machines (cluster.workdir chooses one)")
+    return [f"{name} {value!r} is relative: the nodes resolve it in {base}"
+            for name, value in fields if value and not value.startswith(("/", "~"))
+            and not (name == "cluster.workdir")] + (
+        [f"cluster.workdir {where!r} is relative: each node resolves it in the directory it starts in"]
+        if where and not where.startswith(("/", "~")) else [])
+
+
 def node_devices(c: Cluster, rank: int) -> list[int] | None:
     """The GPU indices node `rank` uses (its CUDA_VISIBLE_DEVICES), None for all of them."""
     devs = c.cuda_visible_devices

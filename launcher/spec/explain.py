@@ -13,6 +13,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ValidationError
 
 from ..errors import Problem
+from .explain_voice import generic, shown_value
 from .models import TRAINER_MODELS, JobBase
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
@@ -30,6 +31,13 @@ NOT_OFFERED = {
 DS_OWN_JSON = ("is DeepSpeed's own JSON, which mlaunch writes from the spec: save your block to a "
                "file and give `deepspeed: {config: FILE}`, or use `deepspeed: {stage: N}` "
                "(offload_optimizer, offload_param and the tuning fields beside it)")
+# Keys that the other trainer spells differently (the README's table of the two).
+RENAMED = {
+    ("llamafactory", "max_length"): "LLaMA-Factory's name for it is cutoff_len; write "
+                                    "`cutoff_len: N` (max_length is ms-swift's)",
+    ("swift", "cutoff_len"): "ms-swift's name for it is max_length; write `max_length: N` "
+                             "(cutoff_len is LLaMA-Factory's)",
+}
 DDP_WHY = ("mlaunch runs plain DDP when `deepspeed` (and `fsdp`) are left out; remove ddp "
            "(and any deepspeed block)")
 
@@ -86,18 +94,16 @@ def _drop_missing_named(problems: list[Problem]) -> list[Problem]:
         m = re.search(r"unknown key; did you mean '([^']+)'\?", p.message)
         if m:
             named.add(p.path.rpartition(".")[0] + ("." if "." in p.path else "") + m[1])
-    return [p for p in problems if not (p.path in named and p.message == "required field missing")]
+    return [p for p in problems if not (p.path in named and p.message.startswith("required field missing"))]
 
 
 def _describe(e: dict, loc: list, trainer: Any) -> str:
     """Human text for one pydantic error."""
     kind, given = e["type"], e.get("input")
-    shown = "***" if any(SECRET_NAME.search(str(x)) for x in loc) else _REPR.repr(given)
+    shown = shown_value(given, "***" if _secret_at(loc) else _REPR.repr(given))
     if kind == "extra_forbidden":
         return "unknown key" + (_unknown_hint(loc, trainer)
                                 or _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1])))
-    if kind == "missing":
-        return "required field missing"
     if kind == "mlaunch_forms":
         return _forms_text(shown, trainer, loc)
     if kind in ("model_type", "model_attributes_type", "dict_type"):
@@ -115,11 +121,32 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
     if kind == "union_tag_not_found":
         typo = difflib.get_close_matches("trainer", [str(k) for k in given or {}], n=1, cutoff=0.6) \
             if isinstance(given, dict) else []
-        return f"required: one of {', '.join(TRAINER_MODELS)}" + (
-            f"; did you misspell it as {typo[0]!r}?" if typo else "")
+        # `training` is a key of every trainer: a typo only when it is not a valid key itself
+        valid = {k for t in TRAINER_MODELS for k in _known_fields(t, [])}
+        typo = [t for t in typo if t not in valid]
+        return (f"required: one of {', '.join(TRAINER_MODELS)}; add e.g. `trainer: llamafactory`" + (
+            f"; did you misspell it as {typo[0]!r}?" if typo else ""))
     if kind == "string_pattern_mismatch":
         return f"{shown} must be letters, digits, '.', '_' or '-' (at most 64)"
-    return f"{e['msg'].rstrip('.')} (got {shown})"
+    return _generic(kind, given, shown, loc, trainer, e.get("ctx"))
+
+
+def _generic(kind: str, given: Any, shown: str, loc: list, trainer: Any, ctx: dict | None) -> str:
+    """Bounds, types and missing fields, with the forms the field's own type accepts."""
+    leaf = _leaf(trainer, loc)
+    forms, description = [], None
+    if leaf is not None:
+        tp, meta, description = leaf
+        forms = _forms(tp, meta)
+    return generic(kind, given, shown, _path(loc), forms, description, ctx)
+
+
+def _secret_at(loc: list) -> bool:
+    """A value under a secret-named env or passthrough key is shown as ***; a field such as
+    ssh.strict_host_keys is not a secret although its name holds KEY."""
+    names = [str(x) for x in loc]
+    under = names[:2] == ["cluster", "env"] or names[:1] in (["passthrough"], ["script"])
+    return under and any(SECRET_NAME.search(x) for x in names[1:])
 
 
 def _unknown_hint(loc: list, trainer: Any) -> str:
@@ -129,6 +156,10 @@ def _unknown_hint(loc: list, trainer: Any) -> str:
         return f": {loc[1]} {DS_OWN_JSON}"
     if loc == ["ddp"] and trainer in ("llamafactory", "swift"):
         return f": {DDP_WHY}"
+    if len(loc) == 1 and (trainer, loc[0]) in RENAMED:
+        return f": {RENAMED[(trainer, loc[0])]}"
+    if loc == ["env"]:
+        return ": the environment of every rank is cluster.env; move the block under cluster:"
     return ""
 
 

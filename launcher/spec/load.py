@@ -12,7 +12,7 @@ from .hosts import parse_hostfile
 from .explain import NOT_OFFERED, SECRET_NAME, translate  # noqa: F401  (importable from here)
 from .models import TRAINER_MODELS, Job, JobBase
 from .check import check_job
-from .rules import output_dir_note
+from .rules import node_path_notes, output_dir_note
 from .secret_rules import resolve_env_refs
 from .select import select
 
@@ -78,8 +78,10 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
         raise SpecError(f"{source}: the spec is {kind}; expected a mapping of fields "
                         "(name:, cluster:, trainer:, ...) at the top level")
     base = os.path.dirname(os.path.abspath(source)) if source != "<spec>" else os.getcwd()
+    read_here = _launcher_file_notes(raw)   # before they are made absolute below
     problems, notes = _expand_hostfile(raw, base)
     _absolute_ds_config(raw, base)
+    notes = read_here + notes
     if problems:
         raise SpecError(problems, header=f"{source}: invalid job spec")
     return validate(raw, source, notes)
@@ -104,7 +106,8 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) 
     if problems:
         raise SpecError(problems, header=f"{source}: invalid job spec")
     where = output_dir_note(job)
-    job._notes = tuple(notes or ()) + tuple(selected) + ((where,) if where else ())
+    job._notes = (tuple(notes or ()) + tuple(selected) + ((where,) if where else ())
+                  + tuple(node_path_notes(job)))
     return job
 
 
@@ -195,6 +198,17 @@ def _absolute_ds_config(raw: dict, base: str) -> None:
     ds = raw.get("deepspeed")
     if isinstance(ds, dict) and isinstance(ds.get("config"), str) and ds["config"]:
         ds["config"] = os.path.join(base, os.path.expanduser(ds["config"]))
+
+
+def _launcher_file_notes(raw: dict) -> list[str]:
+    """Files mlaunch reads itself (hostfile, deepspeed.config) given relative: read beside the
+    spec, whatever directory mlaunch runs from."""
+    cluster, ds = raw.get("cluster"), raw.get("deepspeed")
+    given = [("cluster.hostfile", cluster.get("hostfile") if isinstance(cluster, dict) else None),
+             ("deepspeed.config", ds.get("config") if isinstance(ds, dict) else None)]
+    return [f"{name} {value!r} is relative: mlaunch reads it from the spec's directory"
+            for name, value in given if isinstance(value, str) and value
+            and not value.startswith(("/", "~"))]
 
 
 def _join(path: str, key: Any) -> str:

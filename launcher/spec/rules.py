@@ -13,12 +13,12 @@ from ..errors import Problem
 from . import known_args
 # The cluster block's rules live beside it (cluster_rules.py); their names stay importable here.
 from .cluster_rules import ENV_NAME, LAUNCHER_ENV, OWNED_ENV, RENDEZVOUS_WHY  # noqa: F401
-from .cluster_rules import _check_shared_hosts, machines, node_devices, output_dir_note  # noqa: F401
+from .cluster_rules import _check_shared_hosts, machines, node_devices, node_path_notes, output_dir_note  # noqa: F401
 from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
-from .models import LlamaFactoryJob, ScriptJob
+from .models import JobBase, LlamaFactoryJob, ScriptJob
 from .secret_rules import check_passthrough_secrets, check_script_secrets
-from .select import auto_batch, world_size, world_text  # noqa: F401  (importable from here)
+from .select import auto_batch, world_factor, world_size, world_text  # noqa: F401  (importable from here)
 
 # LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
 LLAMAFACTORY_OWNED = {
@@ -56,6 +56,24 @@ LLAMAFACTORY_OWNED = {
 
 
 
+def check_dataset(job: JobBase) -> list[Problem]:
+    """An empty dataset (`[]`, `""`, or an empty name in a list) would render `dataset: ""`,
+    which the trainer reads as no dataset at all and stops at start on every node."""
+    given = getattr(job, "dataset", None)
+    if given is None:
+        return []
+    names = [given] if isinstance(given, str) else list(given)
+    example = "alpaca_en_demo" if job.trainer == "llamafactory" else "AI-ModelScope/alpaca-gpt4-data-en"
+    if not names or not any(n.strip() for n in names):
+        return [Problem("dataset", f"{given!r} names no dataset; give one, e.g. `dataset: {example}`, "
+                        f"or a list of them")]
+    empty = [i for i, n in enumerate(names) if not n.strip()]
+    if empty and not isinstance(given, str):
+        return [Problem(f"dataset[{empty[0]}]", f"{names[empty[0]]!r} is an empty name; remove it "
+                        "from the list or write the dataset's name")]
+    return []
+
+
 def check_batch(job: LlamaFactoryJob) -> list[Problem]:
     """global = all processes (Σ per node) x per_device x grad_accum, checked before launch.
 
@@ -73,7 +91,7 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
                             "(omitted or auto): give the global batch, e.g. global: 64")]
         unit = size * (pd or 1) * (ga or 1)
         if b.global_ % unit:
-            what = " × ".join([world_text(job.cluster)] + ([f"{pd} per device"] if pd else [])
+            what = " × ".join([world_factor(job.cluster)] + ([f"{pd} per device"] if pd else [])
                               + ([f"{ga} accumulation"] if ga else []))
             return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
                             f"set global to a multiple of {unit}")]
@@ -84,7 +102,7 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
     if b.global_ == want:
         return []
     return [Problem("batch.global",
-                    f"{b.global_} ≠ {world_text(job.cluster)} × {pd} per device × "
+                    f"{b.global_} ≠ {world_factor(job.cluster)} × {pd} per device × "
                     f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
 

@@ -51,6 +51,16 @@ def world_text(c: Cluster, unit: str = "GPUs") -> str:
     return f"{nodes} × ({shown}) {unit}"
 
 
+def world_factor(c: Cluster) -> str:
+    """The world as the first factor of a product: `4 nodes × 4 GPUs` when every node runs the
+    same count, else `(4+1+2) = 7 GPUs`; `3 nodes × (4+1+2) GPUs × 2` would read as 3 × 7 × 2."""
+    procs = node_procs(c)
+    if len(set(procs)) <= 1:
+        return world_text(c)
+    shown = "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
+    return f"({shown}) = {sum(procs)} GPUs"
+
+
 _ONE = {"GPUs": "GPU", "processes": "process"}   # world_text's units, for a count of 1
 
 

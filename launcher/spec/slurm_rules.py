@@ -99,7 +99,61 @@ def check_slurm_block(c: Cluster) -> list[Problem]:
             p.append(Problem(f"cluster.slurm.{name}", f"{value!r}: one word, no spaces or quotes"))
     for key, value in s.extra_sbatch.items():
         p += _extra(key, value)
+    return p + _gpu_requests(c)
+
+
+def _gpus_asked(key: str, value) -> int | None:
+    """GPUs per node that one extra_sbatch option asks for, or None when it asks for none.
+
+    gres `gpu:8`, `gpu:a100:8`, `gpu:8,shard:2` (a bare `gpu` is one); gpus-per-node and
+    gpus-per-task `8` or `a100:8` (one task per node); gpus is the job's total (per node below).
+    """
+    text = str(value)
+    if key == "gres":
+        gpu = next((g for g in text.split(",") if g.split(":")[0] == "gpu"), None)
+        if gpu is None:
+            return None
+        last = gpu.split("(")[0].split(":")[-1]
+        return int(last) if last.isdigit() else 1
+    if key in ("gpus-per-node", "gpus-per-task", "gpus"):
+        last = text.split(",")[0].split(":")[-1]
+        return int(last) if last.isdigit() else None
+    return None
+
+
+def _gpu_requests(c: Cluster) -> list[Problem]:
+    """GPUs asked per node must be the processes torchrun starts there: more leaves GPUs idle
+    that the allocation still charges, fewer puts two ranks on one GPU (NCCL refuses that)."""
+    want, nodes = c.gpus_per_node, c.slurm.nodes
+    if not isinstance(want, int):
+        return []
+    p: list[Problem] = []
+    for key, value in c.slurm.extra_sbatch.items():
+        asked = _gpus_asked(key.lstrip("-"), value)
+        if asked is None:
+            continue
+        per_node = asked / nodes if key.lstrip("-") == "gpus" else asked
+        if per_node != want:
+            total = f" ({asked} over {nodes} nodes)" if key.lstrip("-") == "gpus" else ""
+            p.append(Problem(f"cluster.slurm.extra_sbatch.{key}", (
+                f"{value!r} asks for {per_node:g} GPUs per node{total} but cluster.gpus_per_node "
+                f"is {want} (the processes torchrun starts per node); make them agree, e.g. "
+                f"`{key}: {_asking(key.lstrip('-'), value, want * (nodes if key.lstrip('-') == 'gpus' else 1))}`"
+                f" or `gpus_per_node: {per_node:g}`")))
     return p
+
+
+def _asking(key: str, value, n: int) -> str:
+    """value with its GPU count replaced by n: `gpu:a100:8` -> `gpu:a100:4`."""
+    if key == "gres":
+        parts = str(value).split(",")
+        i = next(i for i, g in enumerate(parts) if g.split(":")[0] == "gpu")
+        head = parts[i].split("(")[0].split(":")
+        head = head[:-1] if head[-1].isdigit() else head
+        parts[i] = ":".join(head + [str(n)])
+        return ",".join(parts)
+    head = str(value).split(":")
+    return ":".join(head[:-1] + [str(n)])
 
 
 def _extra(key: str, value) -> list[Problem]:

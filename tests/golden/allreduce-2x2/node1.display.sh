@@ -67,4 +67,4 @@ kill -TERM 0'
 if command -v setsid >/dev/null 2>&1; then
   env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" </dev/null &
 fi
-exec /usr/bin/torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --master-addr node1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch/.mlaunch/GOLDEN/torchrun/node1 /opt/mlaunch/examples/allreduce.py --size-mb 64
+exec /usr/bin/python3 -m torch.distributed.run --nnodes 2 --nproc-per-node 2 --node-rank 1 --master-addr node1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch/.mlaunch/GOLDEN/torchrun/node1 /opt/mlaunch/examples/allreduce.py --size-mb 64
