@@ -10,7 +10,7 @@ import os
 import re
 from typing import Callable, TextIO
 
-from . import registry
+from . import fsmode, registry
 from .errors import UserError
 from .plan import MASK, LaunchPlan
 from .spec import SECRET_NAME, JobBase
@@ -24,7 +24,7 @@ class Tee:
 
     def __init__(self, primary: TextIO | None, path: str):
         self.primary = primary
-        self._file = open(path, "a", encoding="utf-8", buffering=1)
+        self._file = fsmode.open_private(path, "a", buffering=1)
 
     def write(self, text: str) -> int:
         if self.primary is not None:
@@ -103,7 +103,8 @@ class Recorder:
                             "to a writable directory") from None
         path = registry.console_path(plan.run_id)
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fsmode.private_dir(os.path.dirname(os.path.dirname(path)))   # runs/
+            fsmode.private_dir(os.path.dirname(path))
             self.console = Tee(out, path)
         except OSError as e:
             self.end(2)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-from .. import render
+from .. import fsmode, render
 from ..errors import Problem
 from ..plan import LaunchPlan, NodePlan
-from .base import Exit
+from .base import Exit, make_run_dirs
 
 
 class LocalRunning:
@@ -50,10 +50,9 @@ class LocalExecutor:
         return []
 
     def stage(self, plan: LaunchPlan) -> None:
+        make_run_dirs(self.run, "localhost", plan)
         for f in plan.files:
-            os.makedirs(os.path.dirname(f.path), exist_ok=True)
-            with open(f.path, "w", encoding="utf-8") as fh:
-                fh.write(f.content)
+            fsmode.write_private(f.path, f.content)
 
     def start(self, node: NodePlan) -> LocalRunning:
         # The script goes over stdin, never argv (render.bootstrap): it holds the secrets.

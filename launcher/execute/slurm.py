@@ -14,8 +14,9 @@ import shutil
 import subprocess
 import time
 
+from .. import fsmode
 from ..errors import Problem, UserError
-from .base import LOST, Exit
+from .base import LOST, Exit, make_run_dirs
 
 POLL_S = 0.25          # how often the job's state and its log files are read
 GONE_WAIT_S = 180.0    # how long a cancel waits for the job to leave every node
@@ -94,6 +95,7 @@ class SlurmExecutor:
 
     def stage(self, plan) -> None:
         """The rendered files, on the shared storage every node reads."""
+        make_run_dirs(self.run, "login node", plan)
         for f in plan.files:
             _write(f.path, f.content)
 
@@ -136,9 +138,8 @@ class SlurmExecutor:
 
 
 def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    fsmode.private_dir(os.path.dirname(path))
+    fsmode.write_private(path, text)
 
 
 def _write_secret(path: str, text: str) -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from .. import fsmode
 from .process import DETACHED, proc_start
 
 
@@ -60,7 +61,7 @@ def _detach(rec) -> None:
     except OSError:  # `mlaunch submit` is gone already (its terminal closed): carry on
         pass
     log_dir = os.path.dirname(rec.console._file.name) if rec.console else "."
-    fd = os.open(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = fsmode.private_fd(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

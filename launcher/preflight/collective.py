@@ -8,10 +8,10 @@ import re
 import shutil
 import tempfile
 
-from .. import nodeprog
+from .. import nodeprog, render
 from ..execute.job import JobResult, run_job
 from ..execute.stream import Printer
-from ..plan import LaunchPlan, build_plan, new_run_id
+from ..plan import LaunchPlan, build_plan, new_run_id, uses_default_base
 from ..spec import validate
 from . import transport
 from .probe import Ctx, on_nodes, sh_script
@@ -48,7 +48,8 @@ def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:
     what is broken); None when every node has it, else why not."""
     path = plan.job.script.path
     text = nodeprog.source("collective")
-    outs = on_nodes(ctx, lambda r: sh_script("stage", dir=plan.run_dir, path=path, content=text),
+    dirs = render.private_dirs_script(plan.run_dir, uses_default_base(plan.job))
+    outs = on_nodes(ctx, lambda r: sh_script("stage", path=path, content=text, private_dirs=dirs),
                     ctx.pf.check_timeout_s)
     bad = [f"node{r}: {o.why()}" for r, o in sorted(outs.items()) if o.code != 0]
     return "; ".join(bad) or None
