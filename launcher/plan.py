@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 
 from . import batchplan, render
-from .spec import SECRET_NAME, JobBase
+from .spec import JobBase
+from .spec.secret_rules import mask_text, secret_env, secret_values
 from .spec.hosts import LOOPBACK, HostAddr, host_addrs
 from .spec.rules import node_devices
 from .spec.select import node_procs, procs_of, world_size
@@ -63,9 +64,7 @@ class LaunchPlan:
 
     def mask(self, text: str) -> str:
         """text with every secret value replaced, for anything printed or logged."""
-        for value in self.secrets:
-            text = text.replace(value, MASK)
-        return text
+        return mask_text(text, self.secrets, MASK)
 
 
 def new_run_id(name: str) -> str:
@@ -133,12 +132,6 @@ def node_addrs(job: JobBase) -> list[HostAddr]:
     return host_addrs(c.hosts)
 
 
-def secret_values(job: JobBase) -> tuple[str, ...]:
-    """Values of env entries whose names look secret (TOKEN, KEY, PASSWORD, ...)."""
-    vals = [v for k, v in job.cluster.env.items() if SECRET_NAME.search(k) and len(v) >= 4]
-    return tuple(sorted(set(vals), key=len, reverse=True))
-
-
 def remote_bin(job: JobBase) -> str | None:
     """Directory of the remote interpreter, which also holds torchrun."""
     c = job.cluster
@@ -198,10 +191,10 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None,
                sampler=_sampler(job, run.run_id),
                private_dirs=render.private_dirs_script(run.run_dir, uses_default_base(job)))
-    masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
+    masked = [(k, MASK if secret_env(job, k, v) else v) for k, v in env.items()]
     if slurm:  # Slurm keeps what it runs: secret values stay in a 0600 file the node sources
-        env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
-        masked = [(k, v) for k, v in masked if not SECRET_NAME.search(k)]
+        masked = [(k, m) for (k, v), (_, m) in zip(env.items(), masked) if not secret_env(job, k, v)]
+        env = {k: v for k, v in env.items() if not secret_env(job, k, v)}
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()),
                     workdir=c.workdir,

@@ -13,7 +13,8 @@ from typing import Callable, TextIO
 from . import fsmode, registry
 from .errors import UserError
 from .plan import MASK, LaunchPlan
-from .spec import SECRET_NAME, JobBase
+from .spec import JobBase
+from .spec.secret_rules import mask_text, secret_env, secret_values
 
 ANSI = re.compile(r"\033\[[0-9;]*m")
 STOPPED_EXIT = 130
@@ -69,10 +70,21 @@ def spec_snapshot(job: JobBase) -> dict:
     """The spec as validated, secrets masked (it is stored and shown)."""
     data = job.model_dump(mode="json", by_alias=True, exclude_unset=True)
     env = data.get("cluster", {}).get("env", {})
-    for k in env:
-        if SECRET_NAME.search(k):
+    for k, v in env.items():
+        if secret_env(job, k, v):
             env[k] = MASK
-    return data
+    return _masked(data, secret_values(job))
+
+
+def _masked(value, secrets: tuple[str, ...]):
+    """Every string in value with secret values and URL passwords masked (spec_snapshot)."""
+    if isinstance(value, str):
+        return mask_text(value, secrets, MASK)
+    if isinstance(value, dict):
+        return {k: _masked(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, secrets) for v in value]
+    return value
 
 
 class Recorder:

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
                    backend=payload["backend"])
     rec.on_detach = lambda: _detach(rec)
     try:
-        job = validate(payload["job"])
+        job = validate(payload["job"], secret_env=payload.get("secret_env", ()))
         return submit(job, opts, recorder=rec)
     except UserError as e:
         for line in e.lines():

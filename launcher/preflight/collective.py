@@ -38,9 +38,9 @@ def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     spec = {"name": "preflight", "trainer": "script", "cluster": cluster,
             "script": {"path": "collective.py",
                        "args": ["--mb", str(pf.collective_mb), "--timeout", f"{pf.collective_timeout_s:g}"]}}
-    run_dir = build_plan(validate(spec), run_id=run_id, log_dir=log_dir).run_dir
+    run_dir = build_plan(validate(spec, secret_env=ctx.job._secret_env), run_id=run_id, log_dir=log_dir).run_dir
     spec["script"]["path"] = posixpath.join(run_dir, "collective.py")
-    return build_plan(validate(spec), run_id=run_id, log_dir=log_dir)
+    return build_plan(validate(spec, secret_env=ctx.job._secret_env), run_id=run_id, log_dir=log_dir)
 
 
 def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:

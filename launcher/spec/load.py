@@ -12,7 +12,7 @@ from .hosts import parse_hostfile
 from .explain import NOT_OFFERED, SECRET_NAME, translate  # noqa: F401  (importable from here)
 from .models import TRAINER_MODELS, Job, JobBase
 from .rules import check_job, output_dir_note
-from .secret_rules import resolve_env_refs
+from .secret_rules import env_refs, resolve_env_refs
 from .select import select
 
 _ADAPTER: TypeAdapter | None = None
@@ -84,8 +84,13 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
     return validate(raw, source, notes)
 
 
-def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) -> JobBase:
-    """Pydantic validation, host selection and the cross-field rules; all problems together."""
+def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None,
+             secret_env: frozenset[str] | tuple = ()) -> JobBase:
+    """Pydantic validation, host selection and the cross-field rules; all problems together.
+
+    secret_env: cluster.env names that are secrets besides those written `${NAME}` here (a
+    spec validated again after its references were resolved: the supervisor's, preflight's)."""
+    refs = env_refs(raw) | frozenset(secret_env)
     raw, bad = resolve_env_refs(raw)
     bad += _bad_strings(raw, "")
     if bad:
@@ -96,6 +101,7 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) 
         job = model.model_validate(raw) if model else _adapter().validate_python(raw)
     except ValidationError as e:
         raise SpecError(translate(e, raw, tagged=model is None), header=f"{source}: invalid job spec") from None
+    job._secret_env = refs
     update, problems, selected = select(job.cluster)
     if update:
         job = job.model_copy(update={"cluster": job.cluster.model_copy(update=update)})
