@@ -24,7 +24,7 @@ class Tee:
     """A text stream writing to the terminal (until detached) and to the console log."""
 
     def __init__(self, primary: TextIO | None, path: str):
-        self.primary = primary
+        self.primary, self.path = primary, path
         self._file = fsmode.open_private(path, "a", buffering=1)
 
     def write(self, text: str) -> int:

@@ -50,7 +50,8 @@ class LocalExecutor:
         return []
 
     def stage(self, plan: LaunchPlan) -> None:
-        make_run_dirs(self.run, "localhost", plan)
+        # This machine's shell, also in a subclass whose run() reaches other nodes (srun).
+        make_run_dirs(lambda host, script, t: LocalExecutor.run(self, host, script, t), "localhost", plan)
         for f in plan.files:
             fsmode.write_private(f.path, f.content)
 

@@ -60,7 +60,7 @@ def _detach(rec) -> None:
         sys.stderr.flush()
     except OSError:  # `mlaunch submit` is gone already (its terminal closed): carry on
         pass
-    log_dir = os.path.dirname(rec.console._file.name) if rec.console else "."
+    log_dir = os.path.dirname(rec.console.path) if rec.console else "."
     fd = fsmode.private_fd(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
