@@ -27,11 +27,11 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
                                       plan.mask(f.note) + "\n"))
         if plan.job.cluster.scheduler == "slurm":
             from .sbatch import request
-            written.append(_write(os.path.join(out, "job.sbatch"), request(plan).script))
-            written.append(_write(os.path.join(out, "node.sh"), "#!/bin/sh\n" + plan.nodes[0].display))
+            written.append(_write(os.path.join(out, "job.sbatch"), plan.mask(request(plan).script)))
+            written.append(_write(os.path.join(out, "node.sh"), "#!/bin/sh\n" + plan.mask(plan.nodes[0].display)))
             return written
         for node in plan.nodes:
-            written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + node.display))
+            written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + plan.mask(node.display)))
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {e.filename or out}: {e.strerror}; "
                         "give a directory you can write") from None
