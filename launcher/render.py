@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shlex
 from functools import lru_cache
 from typing import Any
@@ -83,6 +84,15 @@ def render(name: str, **context: Any) -> str:
 def node_script(**context: Any) -> str:
     """The shell text one node runs: its environment, its run directory, then exec torchrun."""
     return render("node.sh.j2", **context)
+
+
+def private_dirs_script(run_dir: str, default_base: bool) -> str:
+    """Shell text that makes the run dir and its parent (and the default base) 0700 and
+    this user's, refusing one another user owns."""
+    base = posixpath.dirname(posixpath.dirname(run_dir))
+    dirs = [posixpath.dirname(run_dir), run_dir]
+    return render("private_dirs.sh.j2", base=None if default_base else base,
+                  dirs=[base, *dirs] if default_base else dirs).strip()
 
 
 def sampler_script(run_id: str, every_s: float) -> str:

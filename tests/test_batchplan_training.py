@@ -2,6 +2,7 @@
 and a refusal that starts nothing."""
 from __future__ import annotations
 
+import getpass
 import glob
 import os
 import re
@@ -35,7 +36,7 @@ def test_auto_batch_trains_with_the_chosen_numbers(tmp_path, tiny):
     assert "GPU memory: 2.0 GiB (cluster.gpu_memory_gb)" in r.stdout
     state = trainer_state(out)
     assert state["global_step"] == 3 and state["train_batch_size"] == per_device
-    (yaml_path,) = glob.glob(os.path.join("/tmp/mlaunch/.mlaunch", os.path.basename(
+    (yaml_path,) = glob.glob(os.path.join(f"/tmp/mlaunch-{getpass.getuser()}/.mlaunch", os.path.basename(
         re.search(r"logs: (\S+)", r.stdout)[1]), "llamafactory.yaml"))
     text = open(yaml_path).read()
     assert f"per_device_train_batch_size: {per_device}\n" in text and "disable_gradient_checkpointing: true\n" in text

@@ -21,6 +21,12 @@ EXAMPLES = sorted(glob.glob(f"{CONFIGS}/*.yaml"))
 SECRET = "hf_secret_value_123"
 
 
+@pytest.fixture(autouse=True)
+def _one_user(monkeypatch):
+    """The default run dir is named for the user (/tmp/mlaunch-<user>): the same on every machine."""
+    monkeypatch.setenv("LOGNAME", "user")
+
+
 def nodes_part(text: str) -> list[str]:
     """The header and the node blocks: everything before the first rendered file."""
     return text.split("\n=== file ")[0].rstrip("\n").split("\n")

@@ -21,6 +21,12 @@ GOLDEN = os.path.join(ROOT, "tests", "golden")
 EXAMPLES = sorted(glob.glob(f"{CONFIGS}/*.yaml"))
 
 
+@pytest.fixture(autouse=True)
+def _one_user(monkeypatch):
+    """The default run dir is named for the user (/tmp/mlaunch-<user>): the same on every machine."""
+    monkeypatch.setenv("LOGNAME", "user")
+
+
 def outputs(path: str) -> dict[str, str]:
     """Every rendered text of one example: node scripts (masked and real) and files."""
     plan = build_plan(load_spec(path), run_id="GOLDEN")

@@ -233,8 +233,13 @@ def test_forms_through_lists_and_mappings(path, value, expected):
     assert problems(mutate(path, value)) == [expected]
 
 
-def test_secret_reference_under_a_plain_name_is_refused(monkeypatch):
+def test_secret_reference_under_a_plain_name_is_a_secret(monkeypatch):
+    """A `${NAME}` value is a secret whatever the env name: masked in the display and the snapshot."""
+    from launcher.plan.launch_plan import build_plan
+    from launcher.record.recorder import spec_snapshot
+    from launcher.spec import validate
     monkeypatch.setenv("MLAUNCH_TEST_TOKEN", SECRET)
-    line, = problems(mutate("cluster.env", {"HUB": "${MLAUNCH_TEST_TOKEN}"}))
-    assert line.startswith("cluster.env.HUB: ${MLAUNCH_TEST_TOKEN} is a secret but HUB is not a "
-                           "secret's name") and SECRET not in line
+    job = validate(mutate("cluster.env", {"HUB": "${MLAUNCH_TEST_TOKEN}"}))
+    plan = build_plan(job, run_id="r")
+    assert SECRET in plan.nodes[0].script and SECRET not in plan.nodes[0].display
+    assert spec_snapshot(job)["cluster"]["env"]["HUB"] == "***"

@@ -7,6 +7,7 @@ trainer venv (transformers 4.57) and over the ms-swift venv's transformers 5.19.
 """
 from __future__ import annotations
 
+import getpass
 import json
 import math
 import os
@@ -152,7 +153,7 @@ def test_submit_trains_on_transformers5_with_a_warmup_ratio(tmp_path):
     r = submit_timed(tmp_path, spec, preflight=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     run_id = re.search(r"run (transformers5-\S+):", r.stdout).group(1)
-    rendered = open(f"/tmp/mlaunch/.mlaunch/{run_id}/llamafactory.yaml").read()
+    rendered = open(f"/tmp/mlaunch-{getpass.getuser()}/.mlaunch/{run_id}/llamafactory.yaml").read()
     assert "warmup_steps: 0.1\n" in rendered and "\nwarmup_ratio:" not in rendered
     assert (f"# transformers {installed_transformers(SWIFT_PYTHON)} has no warmup_ratio (removed in 5.15); "
             "it reads a warmup_steps below 1 as a ratio") in rendered

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import posixpath
 
+from ..record import fsmode
 from ..nodeprog import checkpoints
 from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan
@@ -17,7 +18,8 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
     """
     written = []
     try:
-        os.makedirs(out, exist_ok=True)
+        if not os.path.isdir(out):   # a directory of the user's keeps its mode
+            fsmode.private_dir(out)
         for f in plan.files:
             written.append(_write(os.path.join(out, posixpath.basename(f.path)), plan.mask(f.content)))
             if f.note:  # JSON has no comments: where each value came from goes beside the file
@@ -25,11 +27,11 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
                                       plan.mask(f.note) + "\n"))
         if plan.job.cluster.scheduler == "slurm":
             from ..plan.sbatch import request
-            written.append(_write(os.path.join(out, "job.sbatch"), request(plan).script))
-            written.append(_write(os.path.join(out, "node.sh"), "#!/bin/sh\n" + plan.nodes[0].display))
+            written.append(_write(os.path.join(out, "job.sbatch"), plan.mask(request(plan).script)))
+            written.append(_write(os.path.join(out, "node.sh"), "#!/bin/sh\n" + plan.mask(plan.nodes[0].display)))
             return written
         for node in plan.nodes:
-            written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + node.display))
+            written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + plan.mask(node.display)))
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {e.filename or out}: {e.strerror}; "
                         "give a directory you can write") from None
@@ -37,9 +39,7 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
 
 
 def _write(path: str, text: str) -> str:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return path
+    return fsmode.write_private(path, text)
 
 
 def render_start(job, resume: str | None, overwrite: bool) -> tuple[str | None, bool]:

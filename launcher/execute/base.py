@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from ..errors import Problem
-from ..plan.launch_plan import LaunchPlan, NodePlan
+from .. import render
+from ..errors import Problem, UserError
+from ..plan.launch_plan import LaunchPlan, NodePlan, uses_default_base
 
 LOST = 255            # exit code reported for a node whose connection dropped
 HEARTBEAT_S = 5.0     # longest launcher -> node heartbeat period (see heartbeat_period)
@@ -19,6 +20,16 @@ def heartbeat_period(hangup_after_s: float) -> float:
     beat (a loaded launcher, a slow link); with four beats per wait, three can be late.
     """
     return min(HEARTBEAT_S, hangup_after_s / 4)
+
+
+def make_run_dirs(run: Callable[[str, str, float], tuple[int, str]], host: str,
+                  plan: LaunchPlan) -> None:
+    """The run dir and its parent on host, 0700 and this user's (templates/private_dirs.sh.j2);
+    UserError with the node's one line when another user owns one of them."""
+    code, out = run(host, render.private_dirs_script(plan.run_dir, uses_default_base(plan.job)), 30)
+    if code != 0:
+        lines = [ln for ln in out.splitlines() if ln.strip()] or [f"exit {code}"]
+        raise UserError(f"{host}: {lines[-1].removeprefix('mlaunch: ')}; nothing was started")
 
 
 @dataclass

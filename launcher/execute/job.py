@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from ..view import nodeview
+from ..record import fsmode
 from .. import render
 from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
@@ -43,7 +44,7 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
     on_started: called once every node has started (the registry's `running`).
     """
     try:
-        os.makedirs(plan.log_dir, exist_ok=True)
+        fsmode.private_dir(plan.log_dir)
     except OSError as e:
         raise UserError(f"cannot create log directory {plan.log_dir}: {e.strerror}; "
                         "pass --log-dir DIR") from None

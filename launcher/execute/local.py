@@ -5,9 +5,10 @@ import os
 import subprocess
 
 from .. import render
+from ..record import fsmode
 from ..errors import Problem
 from ..plan.launch_plan import LaunchPlan, NodePlan
-from .base import Exit
+from .base import Exit, make_run_dirs
 
 
 class LocalRunning:
@@ -50,10 +51,10 @@ class LocalExecutor:
         return []
 
     def stage(self, plan: LaunchPlan) -> None:
+        # This machine's shell, also in a subclass whose run() reaches other nodes (srun).
+        make_run_dirs(lambda host, script, t: LocalExecutor.run(self, host, script, t), "localhost", plan)
         for f in plan.files:
-            os.makedirs(os.path.dirname(f.path), exist_ok=True)
-            with open(f.path, "w", encoding="utf-8") as fh:
-                fh.write(f.content)
+            fsmode.write_private(f.path, f.content)
 
     def start(self, node: NodePlan) -> LocalRunning:
         # The script goes over stdin, never argv (render.bootstrap): it holds the secrets.

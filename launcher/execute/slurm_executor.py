@@ -8,6 +8,8 @@ import shutil
 import subprocess
 
 from ..errors import Problem
+from ..record import fsmode
+from .base import make_run_dirs
 from .slurm import sbatch_error, slurm_cmd
 
 
@@ -30,6 +32,7 @@ class SlurmExecutor:
 
     def stage(self, plan) -> None:
         """The rendered files, on the shared storage every node reads."""
+        make_run_dirs(self.run, "login node", plan)
         for f in plan.files:
             _write(f.path, f.content)
 
@@ -72,9 +75,8 @@ class SlurmExecutor:
 
 
 def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    fsmode.private_dir(os.path.dirname(path))
+    fsmode.write_private(path, text)
 
 
 def _write_secret(path: str, text: str) -> None:

@@ -1,7 +1,6 @@
 """SSH executor: fabric connections, one pty session per node, teardown over the same transport."""
 from __future__ import annotations
 
-import io
 import os
 import posixpath
 import shlex
@@ -16,7 +15,7 @@ from ..errors import Problem
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
-from .base import LOST, Exit
+from .base import LOST, Exit, make_run_dirs
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
@@ -164,12 +163,13 @@ class SSHExecutor:
 
     def _upload(self, host: str, plan: LaunchPlan) -> None:
         conn = self._conns[host]
-        code, out = self.run(host, f"mkdir -p -- {shlex.quote(plan.run_dir)}", 30)
-        if code != 0:
-            raise OSError(f"{host}: cannot create {plan.run_dir}: {out.strip()}")
+        make_run_dirs(self.run, host, plan)
         with conn.client.open_sftp() as sftp:
             for f in plan.files:
-                sftp.putfo(io.BytesIO(f.content.encode()), posixpath.join(plan.run_dir, posixpath.basename(f.path)))
+                path = posixpath.join(plan.run_dir, posixpath.basename(f.path))
+                with sftp.open(path, "w") as fh:   # 0600 before the first byte lands
+                    fh.chmod(0o600)
+                    fh.write(f.content.encode())
 
 
 def bootstrap_command() -> str:

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Callable, TextIO
 
+from ..record import fsmode
+
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:"
 TORCHRUN_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")
 PROGRESS_EVERY = 2.0  # seconds between echoed frames of a carriage-return progress bar
@@ -182,7 +184,7 @@ class NodeLog:
 
     def __init__(self, path: str, mask: Callable[[str], str], keep: int = 12):
         # Line-buffered: `mlaunch logs -f` sees each chunk as soon as it arrives.
-        self._fh = open(path, "a", encoding="utf-8", buffering=1)
+        self._fh = fsmode.open_private(path, "a", buffering=1)
         self._mask = mask
         self.tail: collections.deque[str] = collections.deque(maxlen=keep)
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import render
 from . import stacks
+from ..record import fsmode
 from ..record.events import EventLog
 from .health import HealthConfig, Monitor, Verdict
 from ..plan.launch_plan import LaunchPlan, remote_bin
@@ -91,7 +92,8 @@ class Watch:
     def dump_stacks(self) -> str:
         """py-spy dumps of every rank into logs/<run>/stacks/attempt<N>/; the one-line summary."""
         out_dir = os.path.join(self.plan.log_dir, "stacks", f"attempt{self.plan.attempt}")
-        os.makedirs(out_dir, exist_ok=True)
+        fsmode.private_dir(os.path.dirname(out_dir))
+        fsmode.private_dir(out_dir)
         bindir = remote_bin(self.plan.job)
         pyspy = posixpath.join(bindir, "py-spy") if bindir else "py-spy"
         # Per node, by its own id: a host may run several nodes, and hosts may share /proc.
@@ -105,8 +107,8 @@ class Watch:
         for output in outputs:
             found += stacks.split_dump(output)
         for s in found:
-            with open(os.path.join(out_dir, f"node{s.node}-rank{s.rank}.txt"), "w") as f:
-                f.write(s.text)
+            fsmode.write_private(os.path.join(out_dir, f"node{s.node}-rank{s.rank}.txt"),
+                                 self.plan.mask(s.text))
         line = stacks.summary(found)
         if stacks.denied(found):
             line += ("; py-spy was refused ptrace: run as the ranks' user with "

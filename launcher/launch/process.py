@@ -72,6 +72,7 @@ class ProcessBackend:
         from dataclasses import asdict
         run_id = request.plan.run_id
         payload = json.dumps({"job": job.model_dump(mode="json", by_alias=True, exclude_unset=True),
+                              "secret_env": sorted(job._secret_env),
                               "opts": {**asdict(opts), "run_id": run_id}, "backend": self.name})
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(

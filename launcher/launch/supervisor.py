@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from ..record import fsmode
 from .process import DETACHED, proc_start
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> int:
                    backend=payload["backend"])
     rec.on_detach = lambda: _detach(rec)
     try:
-        job = validate(payload["job"])
+        job = validate(payload["job"], secret_env=payload.get("secret_env", ()))
         return submit(job, opts, recorder=rec)
     except UserError as e:
         for line in e.lines():
@@ -59,8 +60,8 @@ def _detach(rec) -> None:
         sys.stderr.flush()
     except OSError:  # `mlaunch submit` is gone already (its terminal closed): carry on
         pass
-    log_dir = os.path.dirname(rec.console._file.name) if rec.console else "."
-    fd = os.open(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_dir = os.path.dirname(rec.console.path) if rec.console else "."
+    fd = fsmode.private_fd(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -1,6 +1,7 @@
 """The launch plan: a pure, immutable description of everything `submit` will do."""
 from __future__ import annotations
 
+import getpass
 import os
 import posixpath
 import re
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 
 from . import batch as batchplan
 from .. import render
-from ..spec import SECRET_NAME, JobBase
+from ..spec import JobBase
+from ..spec.secret_rules import mask_text, secret_env, secret_values
 from ..spec.hosts import LOOPBACK, HostAddr, host_addrs
 from ..spec.rules import node_devices
 from ..spec.select import node_procs, procs_of, world_size
@@ -63,9 +65,7 @@ class LaunchPlan:
 
     def mask(self, text: str) -> str:
         """text with every secret value replaced, for anything printed or logged."""
-        for value in self.secrets:
-            text = text.replace(value, MASK)
-        return text
+        return mask_text(text, self.secrets, MASK)
 
 
 # A run id names files and directories (logs/<id>/, the run dir) and is matched, as a fixed
@@ -108,7 +108,7 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     addrs = node_addrs(job)
     # A loopback host with its own user or port is an sshd to log in to (e.g. a container).
     local = c.scheduler == "ssh" and all(LOOPBACK.match(a.name) and a.login == a.name for a in addrs)
-    run_dir = posixpath.join(c.shared_dir or c.workdir or "/tmp/mlaunch", ".mlaunch", run_id)
+    run_dir = posixpath.join(c.shared_dir or c.workdir or default_base(job), ".mlaunch", run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
                      transformers=transformers)
@@ -127,18 +127,27 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
                       resume_from=resume_from, attempt=attempt, batch=decision)
 
 
+def default_base(job: JobBase) -> str:
+    """Where a run's files go without shared_dir or workdir: /tmp/mlaunch-<user>, one per user
+    (a shared /tmp/mlaunch would belong to whoever made it first). The user is the login user
+    the hosts name when they agree, else this machine's user. Not $XDG_RUNTIME_DIR: a node's
+    is removed when its last login session ends, with a detached run's pidfiles in it."""
+    users = {a.user or job.cluster.ssh.user for a in node_addrs(job)}
+    user = users.pop() if len(users) == 1 and None not in users else getpass.getuser()
+    return f"/tmp/mlaunch-{re.sub(r'[^A-Za-z0-9._-]', '_', user)}"
+
+
+def uses_default_base(job: JobBase) -> bool:
+    """The run dir is under default_base: mlaunch makes that directory too, 0700."""
+    return not (job.cluster.shared_dir or job.cluster.workdir)
+
+
 def node_addrs(job: JobBase) -> list[HostAddr]:
     """Each node rank's host; under Slurm a placeholder until the allocation names it."""
     c = job.cluster
     if c.scheduler == "slurm":
         return [HostAddr(ALLOCATED)] * (c.slurm.nodes if c.slurm else 0)
     return host_addrs(c.hosts)
-
-
-def secret_values(job: JobBase) -> tuple[str, ...]:
-    """Values of env entries whose names look secret (TOKEN, KEY, PASSWORD, ...)."""
-    vals = [v for k, v in job.cluster.env.items() if SECRET_NAME.search(k) and len(v) >= 4]
-    return tuple(sorted(set(vals), key=len, reverse=True))
 
 
 SYSTEM_BIN = ("/usr/bin", "/bin")   # the distribution's interpreters: no pip scripts beside them
@@ -213,11 +222,12 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
                hangup_after=f"{c.hangup_after_s:g}", solo=solo, slurm=slurm,
                secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None,
-               sampler=_sampler(job, run.run_id))
-    masked = [(k, MASK if SECRET_NAME.search(k) else v) for k, v in env.items()]
+               sampler=_sampler(job, run.run_id),
+               private_dirs=render.private_dirs_script(run.run_dir, uses_default_base(job)))
+    masked = [(k, MASK if secret_env(job, k, v) else v) for k, v in env.items()]
     if slurm:  # Slurm keeps what it runs: secret values stay in a 0600 file the node sources
-        env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
-        masked = [(k, v) for k, v in masked if not SECRET_NAME.search(k)]
+        masked = [(k, m) for (k, v), (_, m) in zip(env.items(), masked) if not secret_env(job, k, v)]
+        env = {k: v for k, v in env.items() if not secret_env(job, k, v)}
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     return NodePlan(rank=rank, host=host, login=addr.login, argv=argv, env=tuple(env.items()),
                     workdir=c.workdir,

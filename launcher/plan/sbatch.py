@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .. import render
 from .launch_plan import SECRETS_FILE, LaunchPlan
-from ..spec import SECRET_NAME
+from ..spec.secret_rules import secret_env
 from .trainers import RenderedFile
 
 # The slurm block's fields and the sbatch option each becomes.
@@ -67,7 +67,7 @@ def request(plan: LaunchPlan) -> SlurmRequest:
 
 
 def _secrets(plan: LaunchPlan) -> RenderedFile | None:
-    env = [(k, v) for k, v in plan.job.cluster.env.items() if SECRET_NAME.search(k)]
+    env = [(k, v) for k, v in plan.job.cluster.env.items() if secret_env(plan.job, k, v)]
     if not env:
         return None
     text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env)

@@ -8,10 +8,10 @@ import re
 import shutil
 import tempfile
 
-from .. import nodeprog
+from .. import nodeprog, render
 from ..execute.job import JobResult, run_job
 from ..execute.stream import Printer
-from ..plan.launch_plan import LaunchPlan, build_plan, new_run_id
+from ..plan.launch_plan import LaunchPlan, build_plan, new_run_id, uses_default_base
 from ..spec import validate
 from . import transport
 from .probe import Ctx, on_nodes, sh_script
@@ -38,9 +38,9 @@ def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     spec = {"name": "preflight", "trainer": "script", "cluster": cluster,
             "script": {"path": "collective.py",
                        "args": ["--mb", str(pf.collective_mb), "--timeout", f"{pf.collective_timeout_s:g}"]}}
-    run_dir = build_plan(validate(spec), run_id=run_id, log_dir=log_dir).run_dir
+    run_dir = build_plan(validate(spec, secret_env=ctx.job._secret_env), run_id=run_id, log_dir=log_dir).run_dir
     spec["script"]["path"] = posixpath.join(run_dir, "collective.py")
-    return build_plan(validate(spec), run_id=run_id, log_dir=log_dir)
+    return build_plan(validate(spec, secret_env=ctx.job._secret_env), run_id=run_id, log_dir=log_dir)
 
 
 def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:
@@ -48,7 +48,8 @@ def stage(ctx: Ctx, plan: LaunchPlan) -> str | None:
     what is broken); None when every node has it, else why not."""
     path = plan.job.script.path
     text = nodeprog.source("collective")
-    outs = on_nodes(ctx, lambda r: sh_script("stage", dir=plan.run_dir, path=path, content=text),
+    dirs = render.private_dirs_script(plan.run_dir, uses_default_base(plan.job))
+    outs = on_nodes(ctx, lambda r: sh_script("stage", path=path, content=text, private_dirs=dirs),
                     ctx.pf.check_timeout_s)
     bad = [f"node{r}: {o.why()}" for r, o in sorted(outs.items()) if o.code != 0]
     return "; ".join(bad) or None

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+from . import fsmode
+
 EVENTS = ("run_start", "node_start", "first_step", "step", "checkpoint", "hang", "stacks", "nan",
           "world_size_mismatch", "node_exit", "teardown", "restart", "run_end", "gpu_sample",
           "stop")
@@ -29,7 +31,7 @@ class EventLog:
     def __init__(self, path: str, run_id: str, attempt: int = 0):
         self.path, self.run_id, self.attempt = path, run_id, attempt
         self._lock = threading.Lock()
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fsmode.private_dir(os.path.dirname(path) or ".")
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line."""
@@ -38,7 +40,7 @@ class EventLog:
         record = {"time": utc_now(), "run_id": self.run_id, "attempt": self.attempt,
                   "event": event, **{k: _plain(v) for k, v in fields.items() if v is not None}}
         line = json.dumps(record, default=str, allow_nan=False) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+        with self._lock, fsmode.open_private(self.path, "a") as f:
             f.write(line)
 
 

@@ -11,10 +11,11 @@ import re
 import sys
 from typing import Callable, TextIO
 
-from . import registry, regguard
+from . import fsmode, registry, regguard
 from ..errors import UserError
 from ..plan.launch_plan import MASK, LaunchPlan
-from ..spec import SECRET_NAME, JobBase
+from ..spec import JobBase
+from ..spec.secret_rules import mask_text, secret_env, secret_values
 
 ANSI = re.compile(r"\033\[[0-9;]*m")
 STOPPED_EXIT = 130
@@ -24,8 +25,8 @@ class Tee:
     """A text stream writing to the terminal (until detached) and to the console log."""
 
     def __init__(self, primary: TextIO | None, path: str):
-        self.primary = primary
-        self._file = open(path, "a", encoding="utf-8", buffering=1)
+        self.primary, self.path = primary, path
+        self._file = fsmode.open_private(path, "a", buffering=1)
 
     def write(self, text: str) -> int:
         if self.primary is not None:
@@ -70,10 +71,21 @@ def spec_snapshot(job: JobBase) -> dict:
     """The spec as validated, secrets masked (it is stored and shown)."""
     data = job.model_dump(mode="json", by_alias=True, exclude_unset=True)
     env = data.get("cluster", {}).get("env", {})
-    for k in env:
-        if SECRET_NAME.search(k):
+    for k, v in env.items():
+        if secret_env(job, k, v):
             env[k] = MASK
-    return data
+    return _masked(data, secret_values(job))
+
+
+def _masked(value, secrets: tuple[str, ...]):
+    """Every string in value with secret values and URL passwords masked (spec_snapshot)."""
+    if isinstance(value, str):
+        return mask_text(value, secrets, MASK)
+    if isinstance(value, dict):
+        return {k: _masked(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, secrets) for v in value]
+    return value
 
 
 def check_registry() -> None:
@@ -116,7 +128,8 @@ class Recorder:
             raise regguard.explain(f"{registry.home()}/runs.db", e) from None
         path = registry.console_path(plan.run_id)
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fsmode.private_dir(os.path.dirname(os.path.dirname(path)))   # runs/
+            fsmode.private_dir(os.path.dirname(path))
             self.console = Tee(out, path)
         except OSError as e:
             self.end(2)

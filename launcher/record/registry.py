@@ -75,6 +75,26 @@ def console_path(run_id: str) -> str:
     return os.path.join(home(), "runs", run_id, CONSOLE)
 
 
+def _private_home(path: str) -> None:
+    """The directory of runs.db, made 0700 when mlaunch creates it (whatever the umask); an
+    existing one (a 0755 MLAUNCH_HOME) keeps its mode, its files are made 0600."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+        os.chmod(parent, 0o700)
+
+
+def _private_db(path: str) -> None:
+    """runs.db, its -wal and -shm 0600: the registry holds every run's hosts, paths and spec.
+    SQLite gives a -wal or -shm it creates later the database file's mode."""
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            if os.stat(name).st_mode & 0o077:
+                os.chmod(name, 0o600)
+        except OSError:   # gone, or an immutable file: nothing mlaunch can change
+            pass
+
+
 @dataclass(frozen=True)
 class Run:
     """One row of `runs`, decoded."""
@@ -130,7 +150,7 @@ class Registry:
 
     def __init__(self, path: str | None = None):
         self.path = path or os.path.join(home(), "runs.db")
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        _private_home(self.path)
         regguard.check_before_open(self.path)
         wait_s = regguard.timeout_s()
         self._db = sqlite3.connect(self.path, timeout=wait_s,
@@ -141,6 +161,7 @@ class Registry:
         self._db.execute("PRAGMA synchronous=NORMAL")
         if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name='attempts'").fetchone():
             self._db.executescript(_SCHEMA)
+        _private_db(self.path)
         regguard.mark_created(self.path)
 
     def close(self) -> None:

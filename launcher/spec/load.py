@@ -13,7 +13,7 @@ from .explain import NOT_OFFERED, SECRET_NAME, translate  # noqa: F401  (importa
 from .models import TRAINER_MODELS, Job, JobBase
 from .check import check_job
 from .rules import node_path_notes, output_dir_note
-from .secret_rules import resolve_env_refs
+from .secret_rules import env_refs, resolve_env_refs
 from .select import select
 
 _ADAPTER: TypeAdapter | None = None
@@ -87,8 +87,13 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
     return validate(raw, source, notes)
 
 
-def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) -> JobBase:
-    """Pydantic validation, host selection and the cross-field rules; all problems together."""
+def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None,
+             secret_env: frozenset[str] | tuple = ()) -> JobBase:
+    """Pydantic validation, host selection and the cross-field rules; all problems together.
+
+    secret_env: cluster.env names that are secrets besides those written `${NAME}` here (a
+    spec validated again after its references were resolved: the supervisor's, preflight's)."""
+    refs = env_refs(raw) | frozenset(secret_env)
     raw, bad = resolve_env_refs(raw)
     bad += _bad_strings(raw, "")
     if bad:
@@ -99,6 +104,7 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None) 
         job = model.model_validate(raw) if model else _adapter().validate_python(raw)
     except ValidationError as e:
         raise SpecError(translate(e, raw, tagged=model is None), header=f"{source}: invalid job spec") from None
+    job._secret_env = refs
     update, problems, selected = select(job.cluster)
     if update:
         job = job.model_copy(update={"cluster": job.cluster.model_copy(update=update)})

@@ -201,6 +201,8 @@ class JobBase(Strict):
     health: Health = Health()
     # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
     _notes: tuple[str, ...] = PrivateAttr(default=())
+    # cluster.env names whose value came from `${NAME}`: secrets whatever their names.
+    _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
 
 
 class LlamaFactoryJob(JobBase):

@@ -17,7 +17,7 @@ from .cluster_rules import _check_shared_hosts, machines, node_devices, node_pat
 from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
 from .models import JobBase, LlamaFactoryJob, ScriptJob
-from .secret_rules import check_passthrough_secrets, check_script_secrets
+from .secret_rules import check_batch_secrets, check_passthrough_secrets, check_script_secrets
 from .select import auto_batch, world_factor, world_size, world_text  # noqa: F401  (importable from here)
 
 # LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.

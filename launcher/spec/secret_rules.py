@@ -77,15 +77,83 @@ def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
         m = _REF.fullmatch(value) if isinstance(value, str) else None
         if not m:
             continue
-        if SECRET_NAME.search(m[1]) and not SECRET_NAME.search(str(name)):
-            # Masking and the Slurm secrets file go by the env name: this one would print.
-            problems.append(Problem(f"cluster.env.{name}", f"{value} is a secret but {name} is "
-                                    "not a secret's name, so mlaunch would print it; use a name "
-                                    f"with TOKEN/KEY/SECRET/PASSW (e.g. {m[1]}: {value})"))
-        elif m[1] in os.environ:
+        if m[1] in os.environ:
             new[name] = os.environ[m[1]]
         else:
             problems.append(Problem(f"cluster.env.{name}", f"{value} is not set in this shell: "
                                     f"export {m[1]}=… or write the value"))
     return {**raw, "cluster": {**cluster, "env": new}}, problems
 
+
+
+# scheme://user:password@host: the password, whatever the variable's name.
+URL_CREDS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
+_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+def env_refs(raw: dict) -> frozenset[str]:
+    """The cluster.env names whose value is a `${NAME}` reference: each one is a secret."""
+    cluster = raw.get("cluster")
+    env = cluster.get("env") if isinstance(cluster, dict) else None
+    if not isinstance(env, dict):
+        return frozenset()
+    return frozenset(str(k) for k, v in env.items() if isinstance(v, str) and _REF.fullmatch(v))
+
+
+def secret_env(job, name: str, value: str) -> bool:
+    """Whether cluster.env's name=value is a secret: a secret's name, a `${NAME}` reference
+    (any name), or a URL with a password in it."""
+    return bool(SECRET_NAME.search(name) or name in job._secret_env or URL_CREDS.search(value))
+
+
+def secret_values(job) -> tuple[str, ...]:
+    """Every secret value of cluster.env, and every password inside a URL there; longest first."""
+    vals = {v for k, v in job.cluster.env.items() if v and (SECRET_NAME.search(k) or k in job._secret_env)}
+    vals |= {m[2] for v in job.cluster.env.values() for m in URL_CREDS.finditer(v)}
+    return tuple(sorted(vals, key=len, reverse=True))
+
+
+def mask_text(text: str, secrets: tuple[str, ...], mark: str = "***") -> str:
+    """text with each secret value and each URL password replaced by mark. A value shorter
+    than 4 characters only where it stands alone (not inside a word): "ab" in "tab" is no leak."""
+    for value in secrets:
+        if len(value) >= 4:
+            text = text.replace(value, mark)
+        else:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", mark, text)
+    return URL_CREDS.sub(rf"\g<1>{mark}\g<3>", text)
+
+
+def check_batch_secrets(job) -> list[Problem]:
+    """A secret in a field that lands in the Slurm batch script (Slurm stores the script,
+    `scontrol write batch_script` shows it): refused, with cluster.env as the way out."""
+    c = job.cluster
+    if c.scheduler != "slurm" or c.slurm is None:
+        return []
+    fields = {f"cluster.slurm.{k}": getattr(c.slurm, k) for k in
+              ("partition", "account", "qos", "time", "constraint", "reservation")}
+    fields |= {f"cluster.slurm.extra_sbatch.{k}": v for k, v in c.slurm.extra_sbatch.items()}
+    fields |= {"cluster.shared_dir": c.shared_dir, "output_dir": job.output_dir}
+    secrets = secret_values(job)
+    out = []
+    for field, value in fields.items():
+        if isinstance(value, str) and value:
+            why = _batch_secret(value, secrets, field)
+            if why:
+                out.append(Problem(field, f"{why}, and Slurm stores the batch script this lands "
+                                   "in (scontrol write batch_script shows it); remove it and put "
+                                   "the value in cluster.env (e.g. HF_TOKEN: ${HF_TOKEN}), which "
+                                   "mlaunch hands the nodes in a 0600 file, not in the script"))
+    return out
+
+
+def _batch_secret(value: str, secrets: tuple[str, ...], field: str) -> str | None:
+    """What in value is a secret, in words that do not repeat it; None when nothing is."""
+    named = [m[1] for m in _ASSIGN.finditer(value) if SECRET_NAME.search(m[1])]
+    if named:
+        return f"holds {named[0]}=***, a secret"
+    if URL_CREDS.search(value):
+        return "holds a URL with a password"
+    if mask_text(value, secrets) != value:
+        return "holds the value of a cluster.env secret"
+    return None

@@ -10,6 +10,7 @@ import re
 from .. import render
 from ..plan.launch_plan import DEFAULT_ENV, MASK, LaunchPlan, NodePlan
 from ..spec import SECRET_NAME
+from ..spec.secret_rules import URL_CREDS
 
 # Set by mlaunch on every node for teardown and logs; listed once in the footer.
 TAGS = ("MLAUNCH_RUN_ID", "MLAUNCH_NODE_RANK", "MLAUNCH_NODE_ID")
@@ -54,7 +55,7 @@ def signature(n: NodePlan) -> tuple:
 def user_env(n: NodePlan) -> list[tuple[str, str]]:
     """The environment beyond mlaunch's own (defaults with their values, process tags, GPUs),
     secret values masked."""
-    return [(k, MASK if SECRET_NAME.search(k) else v) for k, v in n.env
+    return [(k, MASK if SECRET_NAME.search(k) or URL_CREDS.search(v) else v) for k, v in n.env
             if k not in TAGS and k != GPUS and DEFAULT_ENV.get(k) != v]
 
 

@@ -14,6 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..record import fsmode
+
 MARK = "\x1emlaunch-"
 EVENT_EVERY_S = 60.0   # one gpu_sample event per node per minute in events.jsonl
 LIVE_FILE = "live.json"
@@ -225,7 +227,7 @@ def write_snapshot(log_dir: str, snap: dict) -> None:
     """live.json in the run's log directory, replaced whole (a reader never sees half)."""
     path = os.path.join(log_dir, LIVE_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with fsmode.open_private(tmp, "w") as f:
         json.dump(snap, f)
     os.replace(tmp, path)
 

@@ -6,8 +6,18 @@ export MLAUNCH_RUN_ID=GOLDEN
 export MLAUNCH_NODE_RANK=0
 export MLAUNCH_NODE_ID=GOLDEN.node0
 export PATH=/usr/bin:"$PATH"
-mkdir -p /tmp/mlaunch/.mlaunch/GOLDEN || exit 96
-echo $$ > /tmp/mlaunch/.mlaunch/GOLDEN/node0.pid
+# The run's directories are this user's and 0700 (pidfiles, rank logs): one that belongs to
+# another user is refused, never written into.
+for d in /tmp/mlaunch-user /tmp/mlaunch-user/.mlaunch /tmp/mlaunch-user/.mlaunch/GOLDEN; do
+  mkdir -m 700 -- "$d" 2>/dev/null || [ -d "$d" ] || { echo "mlaunch: cannot create $d on $(hostname)" >&2; exit 96; }
+  owner=$(stat -c %u -- "$d") || exit 96
+  if [ "$owner" != "$(id -u)" ]; then
+    echo "mlaunch: $d on $(hostname) belongs to $(stat -c %U -- "$d") (uid $owner), not to $(id -un) (uid $(id -u)); remove it as its owner, or set cluster.workdir to a directory of yours" >&2
+    exit 96
+  fi
+  chmod 700 -- "$d" || exit 96
+done
+echo $$ > /tmp/mlaunch-user/.mlaunch/GOLDEN/node0.pid
 # Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
 # every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
 # 30s (a network partition the kernel has not noticed), every process of this
@@ -20,7 +30,7 @@ job_pids() {
     d=${f%/environ}; [ -O "$d" ] && [ "${d#/proc/}" != "$$" ] && echo "${d#/proc/}"
   done
 }
-leader=$(cat /tmp/mlaunch/.mlaunch/GOLDEN/node0.pid 2>/dev/null)
+leader=$(cat /tmp/mlaunch-user/.mlaunch/GOLDEN/node0.pid 2>/dev/null)
 # Signal the group only while its leader is still ours: a stale pid may have been reused.
 if [ -n "$leader" ] && [ -O "/proc/$leader" ] && grep -qzxF -e "$match" "/proc/$leader/environ" 2>/dev/null; then
   kill -TERM -- "-$leader" 2>/dev/null
@@ -67,4 +77,4 @@ kill -TERM 0'
 if command -v setsid >/dev/null 2>&1; then
   env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" </dev/null &
 fi
-exec /usr/bin/python3 -m torch.distributed.run --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr node1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch/.mlaunch/GOLDEN/torchrun/node0 /opt/mlaunch/examples/allreduce.py --size-mb 64
+exec /usr/bin/python3 -m torch.distributed.run --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr node1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch-user/.mlaunch/GOLDEN/torchrun/node0 /opt/mlaunch/examples/allreduce.py --size-mb 64

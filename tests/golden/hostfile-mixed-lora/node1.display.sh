@@ -8,7 +8,18 @@ export MLAUNCH_NODE_RANK=1
 export MLAUNCH_NODE_ID=GOLDEN.node1
 export CUDA_VISIBLE_DEVICES=0
 export PATH=/opt/conda/bin:"$PATH"
-mkdir -p /mnt/shared/work/.mlaunch/GOLDEN || exit 96
+mkdir -p -- /mnt/shared/work || exit 96
+# The run's directories are this user's and 0700 (pidfiles, rank logs): one that belongs to
+# another user is refused, never written into.
+for d in /mnt/shared/work/.mlaunch /mnt/shared/work/.mlaunch/GOLDEN; do
+  mkdir -m 700 -- "$d" 2>/dev/null || [ -d "$d" ] || { echo "mlaunch: cannot create $d on $(hostname)" >&2; exit 96; }
+  owner=$(stat -c %u -- "$d") || exit 96
+  if [ "$owner" != "$(id -u)" ]; then
+    echo "mlaunch: $d on $(hostname) belongs to $(stat -c %U -- "$d") (uid $owner), not to $(id -un) (uid $(id -u)); remove it as its owner, or set cluster.workdir to a directory of yours" >&2
+    exit 96
+  fi
+  chmod 700 -- "$d" || exit 96
+done
 cd /mnt/shared/work || exit 96
 echo $$ > /mnt/shared/work/.mlaunch/GOLDEN/node1.pid
 # Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
