@@ -87,6 +87,7 @@ def describe(plan: LaunchPlan) -> str:
     if req.secrets:
         parts += ["", f"=== file {req.secrets.path} (0600, removed when the job ends) ===",
                   plan.mask(req.secrets.content).rstrip("\n")]
-    for f in plan.files:
-        parts += ["", f"=== file {f.path} ===", f.content.rstrip("\n")]
+    for f in plan.files:  # the ssh view's file blocks: the note (where values come from) first
+        parts += ["", f"=== file {f.path} ==="] + [f"# {line}" for line in (f.note or "").splitlines()]
+        parts.append(f.content.rstrip("\n"))
     return plan.mask("\n".join(parts) + "\n")
