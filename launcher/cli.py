@@ -106,8 +106,11 @@ def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, ov
 @click.argument("overrides", **OVERRIDES)
 @_submit_options
 def submit(job: str | None, overrides: tuple[str, ...], **kw) -> None:
-    """Run JOB on every node (or print the plan with --dry-run). KEY=VALUE after JOB overrides
-    the spec (dotted keys, YAML values): training.learning_rate=1e-5 cluster.hosts=[a,b]."""
+    """Run JOB on every node (or print the plan with --dry-run).
+
+    KEY=VALUE after JOB overrides the spec before validation (dotted keys, YAML values):
+    training.learning_rate=1e-5 cluster.hosts=[a,b]. The dry run shows each override; the
+    registry stores the spec with them."""
     from .spec.overrides import is_override
     if job is not None and is_override(job) and not os.path.exists(job):  # `--resume job.yaml k=v`
         job, overrides = None, (job, *overrides)
@@ -159,8 +162,10 @@ def check(job: str, as_json: bool, run_id: str | None) -> None:
 @click.argument("args", nargs=-1, required=True, metavar="JOB... [KEY=VALUE]...")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per JOB on stdout.")
 def validate(args: tuple[str, ...], as_json: bool) -> None:
-    """Validate each JOB ("-": standard input) as submit would before connecting (the batch
-    included); exit 0 if all are ok, else one line per problem and exit 2."""
+    """Validate each JOB ("-": standard input); exit 0 if all are ok, else 2.
+
+    Checks what submit checks before it connects (the batch against cluster.gpu_memory_gb
+    included), one line per problem. KEY=VALUE arguments override every JOB."""
     from .validate_cli import validate_all
     sys.exit(validate_all(args, as_json))
 

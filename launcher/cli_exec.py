@@ -26,9 +26,11 @@ class _ExecCommand(click.Command):
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]... -- CMD...")
 @click.pass_context
 def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
-    """Run CMD on every node of JOB at once, output prefixed per node, then one exit row per
-    node; exit 0 only when every node's CMD exited 0. One CMD argument is a shell command line
-    (`-- 'df -h /data'`); under Slurm CMD runs through srun in an allocation of the spec's nodes."""
+    """Run CMD on every node of JOB at once; exit 0 only if it succeeded on every node.
+
+    Output is prefixed per node, then one exit row per node. One CMD argument is a shell
+    command line (`-- 'df -h /data'`), several are run as they are (`-- pip show torch`).
+    Under Slurm CMD runs through srun in an allocation of the spec's nodes."""
     from .execute.stream import Printer
     from .plan import build_plan
     from .validate_cli import check_path
@@ -68,8 +70,12 @@ def _run(plan, argv: list[str], printer) -> int:
 def _executor(plan):
     """(executor, whether it names the hosts itself): an allocation under Slurm, else the job's."""
     if plan.job.cluster.scheduler == "slurm":
+        import os
+        import posixpath
         from .execute.slurm_alloc import AllocationExecutor
-        return AllocationExecutor(plan.job, tempfile.mkdtemp(prefix="mlaunch-exec-",
-                                                            dir=plan.job.cluster.shared_dir or None)), True
+        # Every node reads its script from shared storage (slurm specs require shared_dir).
+        base = posixpath.join(plan.job.cluster.shared_dir, ".mlaunch")
+        os.makedirs(base, exist_ok=True)
+        return AllocationExecutor(plan.job, tempfile.mkdtemp(prefix="exec-", dir=base)), True
     from .execute.job import make_executor
     return make_executor(plan), False
