@@ -62,8 +62,8 @@ def restart_line(job) -> str:
     """mlaunch's own restart policy (torchrun's --max-restarts 0 on the node line means torchrun
     never restarts a rank itself; mlaunch relaunches every node, from a checkpoint)."""
     if not job.max_restarts:
-        return ("restarts: none (max_restarts 0, or --max-restarts N): a node failure ends the run; "
-                "torchrun itself never restarts (--max-restarts 0)")
+        return ("restarts: none (max_restarts 0): a node failure ends the run (max_restarts: N, or "
+                "--max-restarts N, relaunches every node; torchrun's own --max-restarts stays 0)")
     how = ("the latest complete checkpoint" if TRAINERS[job.trainer].resumable
            else "scratch (this trainer writes no checkpoint mlaunch can resume)")
     return (f"restarts: up to {job.max_restarts} (max_restarts), each {job.restart_backoff_s:g}s "
