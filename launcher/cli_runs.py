@@ -52,7 +52,8 @@ def ps(run: str | None, show_all: bool, as_json: bool) -> None:
     """List runs: active ones (and lost ones), or every run with --all.
 
     With RUN, that run and each node's last state, step and GPU (or CPU) sample. RUN is a run
-    id, a unique prefix of one, or a job name, as `mlaunch ps --all` lists them."""
+    id, a unique prefix of one, or a job name (its latest run), as `mlaunch
+    ps --all` lists them."""
     reg = _registry()
     if run is not None:
         return _ps_one(_resolve(reg, run), as_json)
