@@ -67,9 +67,27 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+        bytecode_cache=_bytecode_cache(),
     )
     env.filters.update(q=quote, yaml=yaml_scalar, csv=csv)
     return env
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept between runs: parsing and compiling them was most of a dry
+    run's time. Per user, 0700; keyed by each template's source, so an edit recompiles.
+    None (compile every time) where no such directory can be had."""
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "mlaunch", "jinja2")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:   # someone else could plant bytecode
+            return None
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(path)
 
 
 def render(name: str, **context: Any) -> str:
