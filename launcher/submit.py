@@ -39,7 +39,7 @@ class SubmitOptions:
 def launch(job: JobBase, opts: SubmitOptions, detach: bool = False) -> int:
     """The CLI's submit: through the run's backend, registered; detached or in the foreground."""
     from .execute.backend import backend_for, backend_name
-    check_flags(job, opts)
+    check_offline(job, opts)   # what validate and --dry-run refuse, refused before connecting
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     backend = backend_for(backend_name(plan))
     request = backend.dryrun(plan)

@@ -35,6 +35,14 @@ def test_validate_plan_render_and_dry_run_refuse_an_unfit_batch_the_same_way(tmp
     assert mlaunch("submit", path, "--dry-run", "--force").returncode == 0   # the old name still works
 
 
+def test_submit_refuses_an_unfit_batch_before_it_connects(tmp_path):
+    path = cli_spec(tmp_path, gpu_memory_gb=100, batch={"global": 64, "per_device": 64},
+                    training={"gradient_checkpointing": False})
+    r = mlaunch("submit", path, "cluster.hosts=[203.0.113.9]", env={"MLAUNCH_HOME": str(tmp_path / "h")})
+    assert r.returncode == 2 and r.stderr.endswith(f"mlaunch: {unfit_64_line()}\n"), r.stderr
+    assert "cannot reach" not in r.stderr and not os.path.exists(tmp_path / "h" / "runs.db")
+
+
 def test_validate_refuses_the_options_submit_refuses_too(tmp_path):
     from launcher.errors import UserError
     from launcher.spec import load_spec
