@@ -71,9 +71,27 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+        bytecode_cache=_bytecode_cache(),
     )
     env.filters.update(q=quote, yaml=yaml_scalar, csv=csv)
     return env
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept between runs: parsing and compiling them was most of a dry
+    run's time. Per user, 0700; keyed by each template's source, so an edit recompiles.
+    None (compile every time) where no such directory can be had."""
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "mlaunch", "jinja2")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:   # someone else could plant bytecode
+            return None
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(path)
 
 
 def render(name: str, **context: Any) -> str:
@@ -119,6 +137,15 @@ def framed(script: str) -> bytes:
     """script as bootstrap() reads it from stdin: its byte length, a newline, the bytes."""
     data = script.encode("utf-8")
     return b"%d\n" % len(data) + data
+
+
+def exec_script(rank: int, host: str, argv: list[str], env: list[tuple[str, str]],
+                bindir: str | None, workdir: str | None, guard: bool = True) -> str:
+    """`mlaunch exec`'s script for one node: the spec's environment, then argv; one argument
+    is a shell command line (as pdsh runs it), several are quoted one by one."""
+    command = argv[0] if len(argv) == 1 else command_line(argv)
+    return render("exec.sh.j2", rank=rank, host=host, env=env, bindir=bindir, workdir=workdir,
+                  command=f"/bin/sh -c {quote(command)}" if len(argv) == 1 else command, guard=guard)
 
 
 def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False) -> str:

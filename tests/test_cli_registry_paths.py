@@ -215,9 +215,10 @@ def test_resume_flag_before_the_job_file(cli):
 
 def test_one_node_is_singular_in_validate_dry_run_submit_and_plan(cli):
     r = cli("validate", QUICKSTART)
-    assert r.stdout == f"{QUICKSTART}: ok (llamafactory, 1 node × 2 processes)\n"
+    ok = [line for line in r.stdout.splitlines() if not line.startswith("note: ")]
+    assert ok == [f"{QUICKSTART}: ok (llamafactory, 1 node × 2 processes)"]
     one = write_spec(cli.sub, _job())
-    assert cli("validate", one).stdout == f"{one}: ok (script, 1 node × 1 process)\n"
+    assert cli("validate", one).stdout.endswith(f"\n{one}: ok (script, 1 node × 1 process)\n")
     data = {**_job(hosts=("10.0.0.1", "10.0.0.2"), nproc=2), "output_dir": "/mnt/shared/out"}
     two = write_spec(cli.sub, data, "two.yaml")
     assert cli("validate", two).stdout == f"{two}: ok (script, 2 nodes × 2 processes)\n"
@@ -241,6 +242,7 @@ def test_one_node_slurm_batch_script_is_singular(cli):
     data = load_yaml(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml"))
     data["cluster"]["slurm"]["nodes"] = 1
     data["cluster"]["gpus_per_node"] = 1
+    data["cluster"]["slurm"]["extra_sbatch"].pop("gres", None)   # it asks for 4: refused with 1
     data["batch"] = {k: v for k, v in data["batch"].items() if k != "global"}
     spec = write_spec(cli.sub, data)
     r = cli("render", spec, "--out", str(cli.other / "r"), "--run-id", "R1")

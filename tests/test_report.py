@@ -107,14 +107,30 @@ def test_report_overlays_two_runs_and_finds_runs_by_id(runs, tmp_path):
     assert bad.returncode == 2 and bad.stderr == f"mlaunch: run nosuch-run: no node logs found under {plain}/logs\n"
 
 
-def test_missing_matplotlib_is_one_line():
+def _without_matplotlib(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from launcher.cli.main import main\n"
-            "main(['report', '/nonexistent'])\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+            f"main({list(args)!r})\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def test_missing_matplotlib_is_one_line(tmp_path):
+    logs = tmp_path / "out" / "logs" / "t-20260101-000000-abcd"
+    logs.mkdir(parents=True)
+    (logs / "node0-localhost.log").write_text("hello\n")
+    r = _without_matplotlib("report", str(logs))
     assert r.returncode == 2
     assert r.stderr == ("mlaunch: mlaunch report draws with matplotlib, which is not installed here: "
                         "pip install 'mlaunch[report]'\n")
+
+
+def test_report_of_an_unknown_run_says_so_before_matplotlib(tmp_path):
+    r = _without_matplotlib("report", "nosuchrun", env={"MLAUNCH_HOME": str(tmp_path)})
+    assert r.returncode == 2
+    assert r.stderr == ("mlaunch: RUN 'nosuchrun': not a directory here and no registered run with this "
+                        "id prefix or job name (see `mlaunch ps --all`); give a log dir, an output_dir, "
+                        "or --runs-under OUTPUT_DIR\n")
 
 
 # --------------------------------------------------------------------------------------

@@ -9,14 +9,47 @@ import traceback
 import click
 
 from ..errors import UserError
+from .validate import check_path
 
 
-def _load(path: str):
+def _load(path: str, overrides: tuple[str, ...] = ()):
+    """The spec at path (\"-\": stdin) with the command line's KEY=VALUE overrides applied."""
     from ..spec import load_spec
-    return load_spec(path)
+    from ..spec.overrides import parse
+    return load_spec(path, parse(overrides))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class JobPath(click.ParamType):
+    """A job spec file argument; a directory is refused in mlaunch's voice instead of click's
+    usage block (a missing file: load_spec's own one line)."""
+
+    name = "JOB"
+
+    def convert(self, value, param, ctx):
+        check_path(value)
+        return value
+
+
+JOB = JobPath()
+OVERRIDES = dict(nargs=-1, metavar="[KEY=VALUE]...")
+
+
+class _Group(click.Group):
+    """The command list shows each command's whole first sentence, wrapped, never cut off."""
+
+    def format_commands(self, ctx, formatter):
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                first = (cmd.short_help or (cmd.help or "").split("\n\n")[0])
+                rows.append((name, " ".join(first.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mlaunch")
 def cli() -> None:
     """mlaunch: multi-node, multi-GPU fine-tuning in one command."""
@@ -29,13 +62,16 @@ def _submit_options(f, start_flags: bool = True):
     for opt in reversed([
         click.option("--dry-run", is_flag=True, help="Print the per-node commands and files; connect nowhere."),
         click.option("--full", is_flag=True, help="With --dry-run: every node's exact script."),
+        click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON on stdout."),
         click.option("--run-id", help="Use this run id instead of a fresh one."),
         click.option("--log-dir", help="Where logs/<run-id>/ goes on this machine (default: output_dir)."),
         *(starts if start_flags else []),
         click.option("--max-restarts", type=click.IntRange(0, 100),
                      help="After a node failure, relaunch from the latest checkpoint up to N times."),
         click.option("--no-preflight", is_flag=True, help="Skip the fast preflight checks."),
-        click.option("--force", is_flag=True, help="Launch although the memory estimate says the batch will not fit."),
+        click.option("--force-unfit", "--force", "force", is_flag=True,
+                     help="Launch although the memory estimate says the batch will not fit the GPUs "
+                          "(forces nothing else: preflight and output_dir checks still refuse)."),
         click.option("-d", "--detach", is_flag=True,
                      help="Once every node has started, hand the run to a supervisor and return."),
     ]):
@@ -50,38 +86,37 @@ def _resume_option():
 
 
 def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
-                no_preflight, force=False, detach=False) -> None:
-    from ..plan.launch_plan import build_plan
-    from ..launch.attempts import SubmitOptions, check_flags
+                no_preflight, force=False, detach=False, as_json=False, overrides=()) -> None:
+    from ..launch.attempts import SubmitOptions, check_offline
     from ..launch.backends import launch
-    if full and not dry_run:
-        raise UserError("--full only goes with --dry-run")
-    spec = _load(job)
+    for flag, given in (("--full", full), ("--json", as_json)):
+        if given and not dry_run:
+            raise UserError(f"{flag} only goes with --dry-run")
+    spec = _load(job, overrides)
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
                          max_restarts=max_restarts, preflight=not no_preflight, force=force)
-    check_flags(spec, opts)   # a dry run refuses what submit would refuse
-    if dry_run:
-        from ..launch.backends import backend_for, backend_name
-        from ..plan.meminputs import inputs
-        from ..plan.batch import refuse_unfit
-        explicit = resume if resume not in (None, "latest", "auto") else None
-        plan = build_plan(spec, run_id=run_id, log_dir=log_dir, overwrite=overwrite, resume_from=explicit,
-                          memory=inputs(spec))
-        refuse_unfit(plan.batch, force)
-        click.echo(backend_for(backend_name(plan)).dryrun(plan, full=full).text, nl=False)
-        if resume and not explicit:
-            click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
-        return
-    sys.exit(launch(spec, opts, detach=detach))
+    if not dry_run:
+        sys.exit(launch(spec, opts, detach=detach))
+    from .dryrun import dry_run as show
+    decision = check_offline(spec, opts)   # a dry run refuses what submit would refuse
+    show(spec, opts, decision, full=full, as_json=as_json)
 
 
 @cli.command()
-@click.argument("job", type=click.Path(dir_okay=False), required=False, metavar="JOB")
+@click.argument("job", type=JOB, required=False, metavar="JOB")
+@click.argument("overrides", **OVERRIDES)
 @_submit_options
-def submit(job: str | None, **kw) -> None:
-    """Run JOB on every node (or print the plan with --dry-run)."""
+def submit(job: str | None, overrides: tuple[str, ...], **kw) -> None:
+    """Run JOB on every node (or print the plan with --dry-run).
+
+    KEY=VALUE after JOB overrides the spec before validation (dotted keys, YAML values):
+    training.learning_rate=1e-5 cluster.hosts=[a,b]. The dry run shows each override; the
+    registry stores the spec with them."""
+    from ..spec.overrides import is_override
+    if job is not None and is_override(job) and not os.path.exists(job):  # `--resume job.yaml k=v`
+        job, overrides = None, (job, *overrides)
     job, kw["resume"] = _job_after_resume(job, kw["resume"])
-    _run_submit(job, **kw)
+    _run_submit(job, overrides=overrides, **kw)
 
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
@@ -105,16 +140,17 @@ def _job_after_resume(job: str | None, resume: str | None) -> tuple[str, str | N
 
 
 @cli.command()
-@click.argument("job", type=click.Path(dir_okay=False))
+@click.argument("job", type=JOB)
+@click.argument("overrides", **OVERRIDES)
 @functools.partial(_submit_options, start_flags=False)
-def resume(job: str, **kw) -> None:
+def resume(job: str, overrides: tuple[str, ...], **kw) -> None:
     """Same as `submit --resume`: continue JOB from its latest complete checkpoint (another
     checkpoint, or a fresh start if none: `submit --resume=PATH`, `submit --resume=auto`)."""
-    _run_submit(job, resume="latest", overwrite=False, **kw)
+    _run_submit(job, resume="latest", overwrite=False, overrides=overrides, **kw)
 
 
 @cli.command()
-@click.argument("job", type=click.Path(dir_okay=False))
+@click.argument("job", type=JOB)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout.")
 @click.option("--run-id", help="Use this run id instead of a fresh one.")
 def check(job: str, as_json: bool, run_id: str | None) -> None:
@@ -124,31 +160,33 @@ def check(job: str, as_json: bool, run_id: str | None) -> None:
 
 
 @cli.command()
-@click.argument("job", type=click.Path(dir_okay=False))
-def validate(job: str) -> None:
-    """Validate JOB and exit 0, or print one line per problem and exit 2."""
-    from ..spec import node_procs, world_size, world_text
-    spec = _load(job)
-    for note in spec._notes:
-        click.echo(f"note: {note}")
-    mixed = len(set(node_procs(spec.cluster))) > 1
-    total = f" = {world_size(spec)}" if mixed else ""
-    via = ", slurm" if spec.cluster.scheduler == "slurm" else ""
-    click.echo(f"{job}: ok ({spec.trainer}, {world_text(spec.cluster, 'processes')}{total}{via})")
+@click.argument("args", nargs=-1, required=True, metavar="JOB... [KEY=VALUE]...")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per JOB on stdout.")
+def validate(args: tuple[str, ...], as_json: bool) -> None:
+    """Validate each JOB ("-": standard input); exit 0 if all are ok, else 2.
+
+    Checks what submit checks before it connects (the batch against cluster.gpu_memory_gb
+    included), one line per problem. KEY=VALUE arguments override every JOB."""
+    from .validate import validate_all
+    sys.exit(validate_all(args, as_json))
 
 
 @cli.command("render")
-@click.argument("job", type=click.Path(dir_okay=False))
+@click.argument("job", type=JOB)
+@click.argument("overrides", **OVERRIDES)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write to.")
 @click.option("--run-id", help="Use this run id instead of a fresh one.")
 @_resume_option()
 @click.option("--overwrite", is_flag=True, help="Render as submit --overwrite would.")
-def render_cmd(job: str, out: str, run_id: str | None, resume: str | None, overwrite: bool) -> None:
+def render_cmd(job: str, overrides: tuple[str, ...], out: str, run_id: str | None, resume: str | None,
+               overwrite: bool) -> None:
     """Write the rendered files and one node<k>.sh per node (Slurm: job.sbatch, node.sh) into OUT
     (as submit would run them)."""
     from ..plan.launch_plan import build_plan
+    from ..launch.attempts import SubmitOptions, check_offline
     from .writeout import render_start, write_rendered
-    spec = _load(job)
+    spec = _load(job, overrides)
+    check_offline(spec, SubmitOptions(resume=resume, overwrite=overwrite))
     resume_from, overwrite = render_start(spec, resume, overwrite)
     plan = build_plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite)
     for path in write_rendered(plan, out):
@@ -174,6 +212,8 @@ def _register() -> None:
     cli.add_command(report)
     cli.add_command(plan_cmd)
     register(cli)  # ps, logs, stop, attach
+    from .exec_cmd import exec_cmd
+    cli.add_command(exec_cmd)
 
 
 _register()

@@ -9,20 +9,25 @@ from ..errors import UserError
 
 
 @click.command("report")
-@click.argument("runs", nargs=-1, required=True)
-@click.option("--out", type=click.Path(file_okay=False),
-              help="Directory for report.md, report.png, series.json (default: <run's log dir>/report).")
-@click.option("--output-dir", help="Find a RUN given as a run id under this output_dir's logs/.")
+@click.argument("run")
+@click.argument("run_b", required=False)
+@click.option("--report-dir", "--out", "out", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where to write report.md, report.png, series.json (default: <RUN's log dir>/report).")
+@click.option("--runs-under", "--output-dir", "output_dir", metavar="OUTPUT_DIR",
+              help="Look a RUN given as a run id up under OUTPUT_DIR/logs/ (a job's output_dir) "
+                   "instead of the registry; the report still goes to --report-dir.")
 @click.option("--window", "window_s", type=click.FloatRange(min=1), default=10.0, show_default=True,
               help="Seconds per samples/s window (the step records carry whole seconds).")
-def report(runs: tuple[str, ...], out: str | None, output_dir: str | None, window_s: float) -> None:
-    """Plot and summarise RUN (a log dir, an output_dir, or a run id); RUN RUN_B overlays two."""
+def report(run: str, run_b: str | None, out: str | None, output_dir: str | None, window_s: float) -> None:
+    """Plot and summarise RUN; with RUN_B, overlay the two.
+
+    RUN is a log dir, an output_dir (its newest run), or a registered run (id, unique prefix,
+    or job name, as `mlaunch ps --all` lists them)."""
     from ..view.report import require_matplotlib, write_report
     from ..record.runlog import read_run
-    if len(runs) > 2:
-        raise UserError(f"report takes one run, or two to compare; got {len(runs)}")
+    paths = [_paths(r, output_dir) for r in (run, run_b) if r]   # the runs first: a typo says so
     require_matplotlib()
-    read = [read_run(_paths(r, output_dir)) for r in runs]
+    read = [read_run(p) for p in paths]
     text, png = write_report(read, out or os.path.join(read[0].paths.log_dir, "report"), window_s)
     click.echo(text, nl=False)
     click.echo(f"plot: {png}")
@@ -39,7 +44,7 @@ def _paths(ref: str, output_dir: str | None):
     if found is None:
         raise UserError(f"RUN {ref!r}: not a directory here and no registered run with this id "
                         "prefix or job name (see `mlaunch ps --all`); give a log dir, an "
-                        "output_dir, or --output-dir")
+                        "output_dir, or --runs-under OUTPUT_DIR")
     if isinstance(found, list):
         raise UserError(f"RUN {ref!r}: matches several runs ({', '.join(found[:10])}); give more of the id")
     return registered_paths(found)

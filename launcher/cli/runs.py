@@ -105,8 +105,11 @@ def _age(seconds: float) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON list on stdout.")
 @registry_errors
 def ps(run: str | None, show_all: bool, as_json: bool) -> None:
-    """List runs: active ones (and lost ones), or every run with --all; with RUN, that run
-    and each node's last state, step and GPU (or CPU) sample."""
+    """List runs: active ones (and lost ones), or every run with --all.
+
+    With RUN, that run and each node's last state, step and GPU (or CPU) sample. RUN is a run
+    id, a unique prefix of one, or a job name (its latest run), as `mlaunch
+    ps --all` lists them."""
     reg = _registry()
     if run is not None:
         return _ps_one(_resolve(reg, run), as_json)
@@ -160,7 +163,10 @@ def _table(runs) -> None:
 @click.option("--tail", type=click.IntRange(0), help="Only the last N lines first.")
 @registry_errors
 def logs(run: str, node: int | None, attempt: int | None, follow: bool, tail: int | None) -> None:
-    """Print a run's logs: its console stream, or one node's log with --node."""
+    """Print a run's logs: its console stream, or one node's log with --node.
+
+    RUN is a run id, a unique prefix of one, or a job name (its latest run), as `mlaunch
+    ps --all` lists them."""
     from .logview import View
     reg = _registry()
     r = _resolve(reg, run)
@@ -174,7 +180,10 @@ def logs(run: str, node: int | None, attempt: int | None, follow: bool, tail: in
 @click.argument("run")
 @registry_errors
 def attach(run: str) -> None:
-    """Stream a running run live; Ctrl-C detaches and leaves it running."""
+    """Stream a running run live; Ctrl-C detaches and leaves it running.
+
+    RUN is a run id, a unique prefix of one, or a job name (its latest run), as `mlaunch
+    ps --all` lists them."""
     from .logview import View
     reg = _registry()
     r = _resolve(reg, run)
@@ -196,10 +205,14 @@ def attach(run: str) -> None:
 
 @click.command()
 @click.argument("run")
-@click.option("--force", is_flag=True, help="SIGKILL at once instead of TERM, grace, KILL.")
+@click.option("--kill", "--force", "force", is_flag=True,
+              help="SIGKILL every process at once instead of TERM, a grace period, then KILL.")
 @registry_errors
 def stop(run: str, force: bool) -> None:
-    """Stop a run from any terminal (its processes only); exit 0 when none is left anywhere."""
+    """Stop a run from any terminal (its processes only); exit 0 when none is left anywhere.
+
+    RUN is a run id, a unique prefix of one, or a job name (its latest run), as `mlaunch
+    ps --all` lists them."""
     reg = _registry()
     r = _resolve(reg, run, destructive=True)
     result = _backend(r).cancel(r, force=force)

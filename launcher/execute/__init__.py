@@ -1,7 +1,8 @@
 """Side effects on nodes: the only code below launch/ that touches SSH, subprocesses or a
 scheduler.
 
-Holds base (the Executor interface, exits, timing), ssh and local (executors), slurm
+Holds base (the Executor interface, exits, timing), ssh and local (executors), fanout_exec
+(`mlaunch exec` on every node), slurm
 (sbatch/squeue/scancel), slurm_executor and slurm_follow (one attempt as a batch job),
 slurm_alloc (helpers inside an allocation), job (one attempt on every node: start, stream,
 fail fast, tear down), stream (node-prefixed printing and the node logs), watch, health and

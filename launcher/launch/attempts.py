@@ -96,6 +96,21 @@ def check_flags(job: JobBase, opts: SubmitOptions) -> None:
     _check_resumable(job, opts)
 
 
+def check_offline(job: JobBase, opts: SubmitOptions, unasked: str | None = None, shown=None):
+    """Everything submit would refuse before it connects, raised as submit raises it: the
+    options (check_flags) and a batch that will not fit the GPUs the spec declares
+    (cluster.gpu_memory_gb; no --force). validate, plan, render and --dry-run all call this.
+    shown(decision): called before refusing (plan prints its estimate first). The decision."""
+    from ..plan import batch as batchplan, meminputs
+    from ..plan.batch import refuse_unfit
+    check_flags(job, opts)
+    decision = batchplan.resolve(job, meminputs.inputs(job, unasked=unasked or meminputs.DRY_RUN))
+    if shown:
+        shown(decision)
+    refuse_unfit(decision, opts.force)
+    return decision
+
+
 def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
     """--resume / --max-restarts N on a job whose checkpoints cannot be resumed: refused."""
     why = getattr(TRAINERS[job.trainer], "not_resumable", lambda j: None)(job)

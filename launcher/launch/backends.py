@@ -34,8 +34,8 @@ def backend_name(plan: Any) -> str:
 def launch(job: JobBase, opts: SubmitOptions, detach: bool = False) -> int:
     """The CLI's submit: through the run's backend, registered; detached or in the foreground."""
     from ..plan.launch_plan import build_plan
-    from .attempts import check_flags
-    check_flags(job, opts)
+    from .attempts import check_offline
+    check_offline(job, opts)   # what validate and --dry-run refuse, refused before connecting
     plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     backend = backend_for(backend_name(plan))
     from ..record.recorder import check_registry

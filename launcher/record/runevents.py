@@ -35,6 +35,32 @@ def jsonl(path: str) -> list[dict]:
     return out
 
 
+def step_events(events: list[dict]) -> list[tuple[int, float | None, float | None, float | None, int]]:
+    """(step, loss, lr, seconds since its attempt's first event, attempt) of each `step` event:
+    the step records of a job whose trainer writes no log of its own (a script job)."""
+    first: dict[int, datetime] = {}
+    out = []
+    for e in events:
+        t, attempt = _t(e), e.get("attempt", 0)
+        if t and attempt not in first:
+            first[attempt] = t
+        if e.get("event") != "step" or not isinstance(e.get("step"), int):
+            continue
+        loss = e.get("loss")
+        loss = float(loss) if isinstance(loss, (int, float, str)) and _number(loss) else None
+        elapsed = (t - first[attempt]).total_seconds() if t else None
+        out.append((e["step"], loss, e.get("lr"), elapsed, attempt))
+    return out
+
+
+def _number(value) -> bool:
+    try:
+        float(value)
+        return True
+    except ValueError:
+        return False
+
+
 def wall_s(events: list[dict]) -> float | None:
     """run_start to run_end (or to the last event of a run still going)."""
     times = {e["event"]: _t(e) for e in events if _t(e)}

@@ -87,7 +87,7 @@ def resolve_run(ref: str, output_dir: str | None = None) -> RunPaths:
             return RunPaths(runs[-1], os.path.abspath(os.path.join(ref, "logs", runs[-1])), os.path.abspath(ref))
     if output_dir and os.path.isdir(os.path.join(output_dir, "logs", ref)):
         return RunPaths(ref, os.path.abspath(os.path.join(output_dir, "logs", ref)), os.path.abspath(output_dir))
-    where = f" under {output_dir}/logs" if output_dir else "; give a log dir, an output_dir, or --output-dir"
+    where = f" under {output_dir}/logs" if output_dir else "; give a log dir, an output_dir, or --runs-under OUTPUT_DIR"
     raise UserError(f"run {ref}: no node logs found{where}")
 
 
@@ -100,6 +100,11 @@ def read_run(paths: RunPaths) -> Run:
     events = runevents.read(paths.log_dir)
     restarts = [_restart(a, text, runevents.restarts(events).get(a)) for a in attempts if a > 0]
     steps, sources = step_records(out, {r.step for r in restarts}) if out else ([], [])
+    if not steps and (recorded := runevents.step_events(events)):
+        # No trainer log (a script job): the steps and losses the launcher's health watch saw.
+        steps = [Step(*r) for r in {r[0]: r for r in recorded}.values()]
+        steps.sort(key=lambda st: st.step)
+        sources = [os.path.join(paths.log_dir, "events.jsonl")]
     every = "\n".join(text.values())
     return Run(
         paths=paths, job=_job_name(paths.run_id), nodes=len({r for _, r in logs}),

@@ -5,7 +5,8 @@ Holds models and cluster_spec (the schema), load (parse, validate, one line per 
 explain and explain_voice (pydantic's errors in mlaunch's words), check (the rules' one entry point), rules,
 cluster_rules, slurm_rules, secret_rules, ds_rules, deepspeed, lf_rules, lf_optim_rules,
 swift_rules, megatron_rules (each trainer's and section's rules), hosts and select (hosts,
-hostfiles, node selection, world size), model_config, known_args, swift_zero.
+hostfiles, node selection, world size), overrides (KEY=VALUE from the command line),
+model_config, known_args, swift_zero.
 
 May import: errors, render (the default DeepSpeed config's template) and nodeprog.
 """

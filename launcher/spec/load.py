@@ -38,9 +38,13 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_spec(path: str) -> JobBase:
-    """Read, parse, validate and cross-check the job spec at path."""
-    return parse_spec(read_text(path, "spec"), source=path)
+def load_spec(path: str, overrides: tuple = ()) -> JobBase:
+    """Read, parse, validate and cross-check the job spec at path ("-": standard input);
+    overrides: spec.overrides.Override from the command line, applied before validation."""
+    if path == "-":
+        import sys
+        return parse_spec(sys.stdin.read(), source="<stdin>", overrides=overrides)
+    return parse_spec(read_text(path, "spec"), source=path, overrides=overrides)
 
 
 def read_text(path: str, what: str) -> str:
@@ -57,7 +61,7 @@ def read_text(path: str, what: str) -> str:
                         f"save the {what} as UTF-8") from None
 
 
-def parse_spec(text: str, source: str = "<spec>") -> JobBase:
+def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobBase:
     """Validate spec text; relative hostfile paths resolve against the source's directory."""
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)
@@ -77,14 +81,20 @@ def parse_spec(text: str, source: str = "<spec>") -> JobBase:
         kind = "empty" if raw is None else f"a YAML {type(raw).__name__}"
         raise SpecError(f"{source}: the spec is {kind}; expected a mapping of fields "
                         "(name:, cluster:, trainer:, ...) at the top level")
-    base = os.path.dirname(os.path.abspath(source)) if source != "<spec>" else os.getcwd()
+    from . import overrides as ov
+    changed = ov.apply(raw, overrides)
+    base = os.path.dirname(os.path.abspath(source)) if not source.startswith("<") else os.getcwd()
     read_here = _launcher_file_notes(raw)   # before they are made absolute below
     problems, notes = _expand_hostfile(raw, base)
+    notes = changed + notes
     _absolute_ds_config(raw, base)
     notes = read_here + notes
     if problems:
-        raise SpecError(problems, header=f"{source}: invalid job spec")
-    return validate(raw, source, notes)
+        raise ov.name_in(SpecError(problems, header=f"{source}: invalid job spec"), overrides)
+    try:
+        return validate(raw, source, notes)
+    except SpecError as e:
+        raise ov.name_in(e, overrides) from None
 
 
 def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None,

@@ -27,7 +27,7 @@ def node_lines(plan: LaunchPlan, how) -> list[str]:
             rest = group[1:]
             lines.append(f"{_nodes(rest)}: as node {first.rank}, with --node-rank {_ranks(rest, '..')}")
             label = "  hosts: " if len(rest) > 1 else "  host: "
-            lines.append(label + _hosts(rest, how, how(first).replace(first.host, "{}")))
+            lines.append(label + _hosts(rest, how, _pattern(how(first), first.host)))
     lines += [""] + _footer(plan)
     return lines
 
@@ -70,6 +70,12 @@ def _body(n: NodePlan) -> list[str]:
     cd = f"cd {render.command_line([n.workdir])} && " if n.workdir else ""
     lines.append("  " + cd + render.command_line(n.argv))
     return lines
+
+
+def _pattern(text: str, host: str) -> str:
+    """text with host (as a whole name, not inside `train@` for a host `a`) made a {} slot."""
+    text = text.replace("{", "{{").replace("}", "}}")
+    return re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w.-])", "{}", text, count=1)
 
 
 def _hosts(group: list[NodePlan], how, pattern: str) -> str:

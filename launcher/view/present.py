@@ -37,9 +37,12 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
         lines.append(f"resume from: {plan.resume_from}")
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
+    lines.append(restart_line(job))
     if job.cluster.scheduler == "slurm":
         n = len(plan.nodes)
         lines.append(f"scheduler: slurm, {n} node{'' if n == 1 else 's'} from the allocation")
+        lines.append("preflight: none at submit under Slurm (no node is allocated before sbatch); "
+                     "`mlaunch check` runs it through srun")
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")
     if not full:
@@ -53,6 +56,18 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
         lines += [f"# {line}" for line in (f.note or "").splitlines()]
         lines.append(f.content.rstrip("\n"))
     return plan.mask("\n".join(lines) + "\n")
+
+
+def restart_line(job) -> str:
+    """mlaunch's own restart policy (torchrun's --max-restarts 0 on the node line means torchrun
+    never restarts a rank itself; mlaunch relaunches every node, from a checkpoint)."""
+    if not job.max_restarts:
+        return ("restarts: none (max_restarts 0): a node failure ends the run (max_restarts: N, or "
+                "--max-restarts N, relaunches every node; torchrun's own --max-restarts stays 0)")
+    how = ("the latest complete checkpoint" if TRAINERS[job.trainer].resumable
+           else "scratch (this trainer writes no checkpoint mlaunch can resume)")
+    return (f"restarts: up to {job.max_restarts} (max_restarts), each {job.restart_backoff_s:g}s "
+            f"after a node failure (restart_backoff_s), every node relaunched from {how}")
 
 
 def _how(plan: LaunchPlan, login: str) -> str:
@@ -97,7 +112,8 @@ def describe_sbatch(plan: LaunchPlan) -> str:
     if req.secrets:
         parts += ["", f"=== file {req.secrets.path} (0600, removed when the job ends) ===",
                   plan.mask(req.secrets.content).rstrip("\n")]
-    for f in plan.files:
-        parts += ["", f"=== file {f.path} ===", f.content.rstrip("\n")]
+    for f in plan.files:  # the ssh view's file blocks: the note (where values come from) first
+        parts += ["", f"=== file {f.path} ==="] + [f"# {line}" for line in (f.note or "").splitlines()]
+        parts.append(f.content.rstrip("\n"))
     return plan.mask("\n".join(parts) + "\n")
 

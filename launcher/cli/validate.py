@@ -1,0 +1,78 @@
+"""`mlaunch validate JOB... [KEY=VALUE]...`: each spec checked as submit checks it before
+connecting (submit.check_offline: the fields, the options, a batch that will not fit)."""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from ..errors import UserError
+
+
+def validate_all(args: tuple[str, ...], as_json: bool) -> int:
+    """Validate every JOB of args (KEY=VALUE arguments override each); 0 if all are ok, else 2.
+
+    One JOB: its problems raise as any command's do. Several: each file's verdict in turn,
+    problems on stderr, so one bad spec does not hide the next one's."""
+    from ..spec.overrides import is_override
+    jobs = [a for a in args if not is_override(a) or os.path.exists(a)]
+    overrides = tuple(a for a in args if a not in jobs)
+    if not jobs:
+        raise UserError("validate: no JOB given (only KEY=VALUE overrides); give a spec file or -")
+    if jobs.count("-") > 1:
+        raise UserError("validate: - (standard input) given twice; it can be read once")
+    results = [_one(job, overrides, raise_it=len(jobs) == 1 and not as_json) for job in jobs]
+    if as_json:
+        click.echo(json.dumps(results if len(jobs) > 1 else results[0], indent=2))
+    return 0 if all(r["ok"] for r in results) else 2
+
+
+def _one(job: str, overrides: tuple[str, ...], raise_it: bool) -> dict:
+    """The verdict on one JOB as a dict; printed unless JSON is asked for (the caller prints)."""
+    from ..spec import load_spec
+    from ..spec.overrides import parse
+    from ..launch.attempts import SubmitOptions, check_offline
+    name = "<stdin>" if job == "-" else job
+    try:
+        check_path(job)
+        spec = load_spec(job, parse(overrides))
+        check_offline(spec, SubmitOptions())
+    except UserError as e:
+        if raise_it:
+            raise
+        if not _json_wanted():
+            for line in e.lines():
+                click.echo(f"mlaunch: {line}", err=True)
+        return {"job": name, "ok": False, "problems": [str(p) for p in e.problems],
+                "header": e.header}
+    summary = _summary(spec)
+    if not _json_wanted():
+        for note in spec._notes:
+            click.echo(f"note: {note}")
+        click.echo(f"{name}: ok ({summary})")
+    return {"job": name, "ok": True, "trainer": spec.trainer, "summary": summary,
+            "notes": list(spec._notes)}
+
+
+def check_path(value: str) -> None:
+    """A directory given as JOB, refused in mlaunch's voice (one line, exit 2)."""
+    if value != "-" and os.path.isdir(value):
+        specs = sorted(f for f in os.listdir(value) if f.endswith((".yaml", ".yml", ".json")))[:3]
+        hint = f" (it holds {', '.join(specs)})" if specs else ""
+        raise UserError(f"JOB {value}: a directory, not a job spec file{hint}; give the spec's "
+                        "YAML file, e.g. mlaunch validate configs/quickstart.yaml")
+
+
+def _summary(spec) -> str:
+    """trainer, the world, and `slurm` under Slurm: what validate's ok line says."""
+    from ..spec import node_procs, world_size, world_text
+    mixed = len(set(node_procs(spec.cluster))) > 1
+    total = f" = {world_size(spec)}" if mixed else ""
+    via = ", slurm" if spec.cluster.scheduler == "slurm" else ""
+    return f"{spec.trainer}, {world_text(spec.cluster, 'processes')}{total}{via}"
+
+
+def _json_wanted() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.params.get("as_json"))
