@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 EVENTS = ("run_start", "node_start", "first_step", "step", "checkpoint", "hang", "stacks", "nan",
-          "world_size_mismatch", "node_exit", "teardown", "restart", "run_end", "gpu_sample")
+          "world_size_suspect", "world_size_mismatch", "node_exit", "teardown", "restart", "run_end", "gpu_sample")
 
 
 def utc_now() -> str:
