@@ -278,6 +278,39 @@ def test_wrong_world_size_on_one_node_stops_at_once(make_hostset, tmp_path):
     assert "step': 200" not in r.stdout   # stopped long before the end
 
 
+INFO_ENV = {"LOGLEVEL": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+
+
+@pytest.mark.multihost
+def test_info_logging_job_runs_to_completion_with_the_check_on(make_hostset, tmp_path):
+    """Issue 31: torchrun at INFO prints group_world_size=2 (the node count) on 2 nodes x 2."""
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = _health_job(hs, out, ["--steps", "4", "--step-s", "0.1"], world_size_check=True)
+        spec["cluster"]["env"] = dict(INFO_ENV)
+        r = mlaunch("submit", write_spec(tmp_path, spec), timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "group_world_size=2" in r.stdout and "global_world_sizes=[4, 4]" in r.stdout
+    assert "'step': 4" in r.stdout
+    assert not [e for e in _events(out) if e["event"].startswith("world_size")]
+
+
+@pytest.mark.multihost
+def test_wrong_world_is_still_caught_with_torchrun_at_info(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = _health_job(hs, out, ["--steps", "200", "--lie-world", "3", "--lie-node", "1"])
+        spec["cluster"]["env"] = dict(INFO_ENV)
+        r = mlaunch("submit", write_spec(tmp_path, spec), timeout=240)
+        left = [job_pids(h, set()) for h in hs.hosts]
+        ip1 = hs.hosts[1].ip
+    assert r.returncode == 78, r.stdout[-3000:]
+    assert left == [set(), set()]
+    assert f"node1 {ip1} joined a world of 3, the plan has 4 (2 lines agree" in r.stdout
+    names = [e["event"] for e in _events(out)]
+    assert names.index("world_size_suspect") < names.index("world_size_mismatch")
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from .training import build_tiny, require_trainer
