@@ -56,9 +56,42 @@ class ShellVar(str):
         return (shlex.quote(self.prefix) if self.prefix else "") + f'"${{{self.var}}}"'
 
 
+class NodeValue(str):
+    """A cluster.env value with references the node's shell expands (spec/env_refs.py), e.g.
+    /opt/x/lib:${LD_LIBRARY_PATH}; the text around them stays literal."""
+
+    def __new__(cls, parts: list[str]) -> "NodeValue":
+        text = "".join(f"${{{p}}}" if type(p) is not str else p.replace("$", "$$") for p in parts)
+        obj = super().__new__(cls, text)
+        obj.parts = list(parts)
+        obj.refs = [p for p in parts if type(p) is not str]
+        return obj
+
+    def shell(self) -> str:
+        """One shell word. A reference that ends (or starts) a path list after (before) a ':'
+        adds the ':' only when the node's variable is set: no empty entry, which would mean
+        the current directory in PATH and LD_LIBRARY_PATH."""
+        parts, out = list(self.parts), []
+        for i, p in enumerate(parts):
+            if type(p) is str:
+                out.append(shlex.quote(p) if p else "")
+                continue
+            if i == len(parts) - 1 and i > 0 and out[-1] and parts[i - 1].endswith(":"):
+                out[-1] = shlex.quote(parts[i - 1][:-1]) if parts[i - 1][:-1] else ""
+                out.append(f'"${{{p}:+:${{{p}}}}}"')
+            elif i == 0 and len(parts) > 1 and parts[1].startswith(":"):
+                out.append(f'"${{{p}:+${{{p}}}:}}"')
+                parts[1] = parts[1][1:]
+            else:
+                out.append(f'"${{{p}}}"')
+        return "".join(out) or "''"
+
+
 def quote(value: Any) -> str:
-    """One shell word: quoted literally, or a ShellVar's expansion."""
-    return value.shell() if isinstance(value, ShellVar) else shlex.quote(str(value))
+    """One shell word: quoted literally, or a ShellVar's / NodeValue's expansion."""
+    if isinstance(value, (ShellVar, NodeValue)):
+        return value.shell()
+    return shlex.quote(str(value))
 
 
 @lru_cache(maxsize=1)

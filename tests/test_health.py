@@ -115,9 +115,66 @@ def test_zero_loss_is_off_by_default_and_stops_when_asked():
 def test_world_size_mismatch_names_the_node():
     m, _ = _monitor()
     assert m.lines(0, "a", ["Process rank: 0, world size: 4, device: cpu"]) == []
-    (v,) = m.lines(1, "10.0.0.2", ["Process rank: 2, world size: 2, device: cpu"])
-    assert v.event == "world_size_mismatch" and v.stop
-    assert "node1 10.0.0.2 joined a world of 2, the plan has 4" in v.message
+    (first,) = m.lines(1, "10.0.0.2", ["Process rank: 2, world size: 2, device: cpu"])
+    assert first.event == "world_size_suspect" and not first.stop
+    (v,) = m.lines(1, "10.0.0.2", ["Process rank: 3, world size: 2, device: cpu"])
+    assert v.event == "world_size_mismatch" and v.stop and v.fields["lines"] == 2
+    assert "node1 10.0.0.2 joined a world of 2, the plan has 4 (2 lines agree" in v.message
+
+
+def test_one_wrong_line_is_recorded_but_does_not_stop():
+    """The second source: one line (even repeated) is a suspicion, not a verdict."""
+    m, _ = _monitor()
+    out = m.lines(1, "h", ["[default0]:rank 2: world_size=3"] * 3)
+    assert [v.event for v in out] == ["world_size_suspect"] and not out[0].stop
+
+
+def _torchrun(name: str) -> list[str]:
+    with open(os.path.join(DATA, name), encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+@pytest.mark.parametrize("name, world", [("torchrun-2.13-info-1x2.log", 2),
+                                         ("torchrun-2.13-info-2x2-node0.log", 4),
+                                         ("torchrun-2.13-info-2x2-node1.log", 4)])
+def test_recorded_torchrun_info_output_states_the_real_world(name, world):
+    """torchrun 2.13 at LOGLEVEL=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL (gloo, tests/data/):
+    group_world_size (the node count) and role_world_sizes are never read as the world."""
+    lines = _torchrun(name)
+    assert any(re.search(r"\bgroup_world_size=", x) for x in lines)
+    worlds = [(x, read_world_size(x)) for x in lines if read_world_size(x) is not None]
+    assert worlds and {w for _, w in worlds} == {world}
+    assert all("group_world_size" not in x and "role_world_sizes" not in x for x, _ in worlds)
+    assert any("global_world_sizes=" in x for x, _ in worlds)
+
+
+def test_recorded_2x2_info_run_passes_the_check():
+    """The issue's case: 2 nodes x 2 ranks, torchrun at INFO; the plan's world is 4."""
+    m, _ = _monitor()
+    verdicts = (m.lines(0, "a", _torchrun("torchrun-2.13-info-2x2-node0.log"))
+                + m.lines(1, "b", _torchrun("torchrun-2.13-info-2x2-node1.log")))
+    assert not [v for v in verdicts if v.event.startswith("world_size")]
+
+
+def test_recorded_2x2_info_run_with_a_smaller_plan_is_caught():
+    """The same recorded lines against a plan of 2 processes: the real world differs."""
+    m = Monitor(HealthConfig(), expected_world=2, clock=Clock())
+    verdicts = m.lines(1, "b", _torchrun("torchrun-2.13-info-2x2-node1.log"))
+    stops = [v for v in verdicts if v.stop]
+    assert [v.event for v in stops] == ["world_size_mismatch"]
+    assert "joined a world of 4, the plan has 2" in stops[0].message
+
+
+@pytest.mark.parametrize("line", [
+    "I1202 01:14:02.802000 13755 site-packages/torch/distributed/elastic/agent/server/api.py:553]   group_world_size=2",
+    "I1202 01:14:02.802000 13755 site-packages/torch/distributed/elastic/agent/server/api.py:553]   role_world_sizes=[4, 4]",
+    "[default0]:[INFO:swift] local_world_size: 2",
+    "[default0]:local_world_size=2",
+    "[default0]:step 3 group_world_size=2 world_size=7",
+    "print world size: 8 of something else",
+])
+def test_lines_that_are_not_the_jobs_world(line):
+    assert read_world_size(line) is None
 
 
 def test_checkpoint_event_once_training_moved_past_the_save():
@@ -219,6 +276,39 @@ def test_wrong_world_size_on_one_node_stops_at_once(make_hostset, tmp_path):
     assert left == [set(), set()]
     assert f"node1 {ip1} joined a world of 2, the plan has 4" in r.stdout
     assert "step': 200" not in r.stdout   # stopped long before the end
+
+
+INFO_ENV = {"LOGLEVEL": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+
+
+@pytest.mark.multihost
+def test_info_logging_job_runs_to_completion_with_the_check_on(make_hostset, tmp_path):
+    """Issue 31: torchrun at INFO prints group_world_size=2 (the node count) on 2 nodes x 2."""
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = _health_job(hs, out, ["--steps", "4", "--step-s", "0.1"], world_size_check=True)
+        spec["cluster"]["env"] = dict(INFO_ENV)
+        r = mlaunch("submit", write_spec(tmp_path, spec), timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "group_world_size=2" in r.stdout and "global_world_sizes=[4, 4]" in r.stdout
+    assert "'step': 4" in r.stdout
+    assert not [e for e in _events(out) if e["event"].startswith("world_size")]
+
+
+@pytest.mark.multihost
+def test_wrong_world_is_still_caught_with_torchrun_at_info(make_hostset, tmp_path):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = _health_job(hs, out, ["--steps", "200", "--lie-world", "3", "--lie-node", "1"])
+        spec["cluster"]["env"] = dict(INFO_ENV)
+        r = mlaunch("submit", write_spec(tmp_path, spec), timeout=240)
+        left = [job_pids(h, set()) for h in hs.hosts]
+        ip1 = hs.hosts[1].ip
+    assert r.returncode == 78, r.stdout[-3000:]
+    assert left == [set(), set()]
+    assert f"node1 {ip1} joined a world of 3, the plan has 4 (2 lines agree" in r.stdout
+    names = [e["event"] for e in _events(out)]
+    assert names.index("world_size_suspect") < names.index("world_size_mismatch")
 
 
 @pytest.fixture(scope="module")

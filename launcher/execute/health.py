@@ -10,6 +10,12 @@ trainer's word, given by the readers below:
   step between logging steps (mlaunch keeps a frame of it every few seconds).
 * Script jobs: a JSON object per line with a "step" key, ``{"step": 3, "loss": 0.25}``, or the
   same dict form as the Trainer's.
+
+The world-size check reads only the anchored lines of WORLD_LINES, and stops a run only on a
+second source: two distinct lines (two ranks, or a rank and its node's torchrun) that each
+state a world other than the plan's. The first is recorded as a ``world_size_suspect`` event.
+Two lines, not the node's WORLD_SIZE: the launcher never sees the ranks' environment (torchrun
+sets WORLD_SIZE in its workers only), and a wrong world shows in every rank that joined it.
 """
 from __future__ import annotations
 
@@ -21,13 +27,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .health_world import TEE_PREFIX, read_world_size  # noqa: F401 (read_world_size: API)
+
 DICT_LINE = re.compile(r"(\{['\"](?:loss|step|train_loss|eval_loss)['\"].*\})\s*$")
 # The Trainer's bar has no description (ms-swift's says "Train:"); data preprocessing bars ("Running tokenizer on
 # dataset: 100%|...| 64/64") do, and are not training steps.
 TQDM_STEP = re.compile(r"^(?:\[[A-Za-z_]*\d+\]:)?(?:Train:)?\s*\d+%\|[^|]*\|\s*(\d+)/(\d+) \[\d")
-# LLaMA-Factory: "Process rank: 0, world size: 2, device: ..."; torch/others: "world_size=4".
 SAVING = re.compile(r"Saving model checkpoint to (\S+)")
-WORLD_LINE = re.compile(r"world[ _]size[:=]\s*(\d+)", re.I)
 
 
 @dataclass(frozen=True)
@@ -93,11 +99,6 @@ def _from_dict(d: dict) -> Step:
                 lr=_number(d.get("learning_rate", d.get("lr"))), total=total)
 
 
-def read_world_size(line: str) -> int | None:
-    """The world size a rank reports having joined, if this line says it."""
-    m = WORLD_LINE.search(line)
-    return int(m.group(1)) if m else None
-
 
 @dataclass
 class Verdict:
@@ -143,6 +144,8 @@ class Monitor:
     saving: str | None = None       # a checkpoint being written: complete once training moves on
     total_steps: int | None = None
     node_steps: dict = field(default_factory=dict)   # node -> (its last step, total): the live view
+    wrong_worlds: dict = field(default_factory=dict)  # (node, line) -> (host, world): not the plan's
+    _world_stopped: bool = False
     _hung: bool = False
 
     def __post_init__(self) -> None:
@@ -201,16 +204,29 @@ class Monitor:
                    self.config.hang_step_factor * statistics.median(self.step_times))
 
     def _world(self, node: int, host: str, line: str) -> list[Verdict]:
+        """A wrong world stops the run only once two lines say so (module doc: second source)."""
         if not self.config.check_world_size:
             return []
         world = read_world_size(line)
         if world is None or world == self.expected_world:
             return []
-        return [Verdict("world_size_mismatch", {"node": node, "host": host, "world_size": world,
-                                                "expected": self.expected_world}, stop=True,
+        key = (node, TEE_PREFIX.sub("", line.strip(), count=1))
+        if key in self.wrong_worlds or self._world_stopped:
+            return []
+        self.wrong_worlds[key] = (host, world)
+        fields = {"node": node, "host": host, "world_size": world, "expected": self.expected_world}
+        if len(self.wrong_worlds) < 2:
+            # One line may be a stray print; record it, act on a second one.
+            return [Verdict("world_size_suspect", {**fields, "line": key[1][:200]})]
+        self._world_stopped = True
+        seen = sorted({f"node{n} {h}: {w}" for (n, _), (h, w) in self.wrong_worlds.items()})
+        return [Verdict("world_size_mismatch", {**fields, "lines": len(self.wrong_worlds)},
+                        stop=True,
                         message=f"node{node} {host} joined a world of {world}, the plan has "
-                                f"{self.expected_world}: check that node's environment "
-                                "(WORLD_SIZE, torchrun --nnodes) and its trainer versions")]
+                                f"{self.expected_world} ({len(self.wrong_worlds)} lines agree the "
+                                f"world is wrong: {'; '.join(seen)}): check that node's "
+                                "environment (WORLD_SIZE, torchrun --nnodes) and its trainer "
+                                "versions")]
 
     def _progress(self, step: Step) -> list[Verdict]:
         out: list[Verdict] = []

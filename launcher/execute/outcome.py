@@ -43,8 +43,11 @@ class JobResult:
     failed_at: float | None = None      # monotonic time the first failure was seen
     torn_down_at: float | None = None   # monotonic time teardown finished on every host
     health: object | None = None        # the health verdict that stopped the job, if any
+    never_starts: str | None = None     # the scheduler's reason the job can never start
 
     @property
     def restartable(self) -> bool:
         """A restart may help: not a NaN or a wrong world, which would only happen again."""
+        if self.never_starts:
+            return False
         return self.health is None or bool(getattr(self.health, "restartable", False))

@@ -19,6 +19,20 @@ POLL_S = 0.25          # how often the job's state and its log files are read
 GONE_WAIT_S = 180.0    # how long a cancel waits for the job to leave every node
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
           "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD")
+NEVER_EXIT = 2         # a job Slurm can never start: the request is the user's to fix
+# Pending reasons that no wait can clear: the request exceeds what the partition, its nodes,
+# the account or the QOS allow (squeue's REASON; `scontrol show job`'s Reason=).
+NEVER_STARTS = {
+    "PartitionConfig": "the request (nodes, cpus-per-task, mem, gres, time) exceeds what the "
+                       "partition or its nodes have",
+    "BadConstraints": "no node has the requested constraint/features and resources",
+    "PartitionNodeLimit": "more nodes than the partition allows",
+    "PartitionTimeLimit": "a time limit above the partition's",
+    "InvalidAccount": "the account is not valid", "InvalidQOS": "the QOS is not valid",
+    "AccountNotAllowed": "the partition does not take this account",
+    "QOSNotAllowed": "the partition does not take this QOS",
+    "DependencyNeverSatisfied": "a dependency that can never be met",
+}
 SRUN_EXIT = re.compile(r"srun: error: (\S+): task (\d+): (Exited with exit code (\d+)|\w+)")
 
 # sbatch's refusals, and the spec field that fixes each.
@@ -57,6 +71,17 @@ def cancel_and_wait(job_id: str, kill: bool = False, timeout: float = GONE_WAIT_
             return True
         time.sleep(0.1)
     return False
+
+
+def never_starts(info: dict[str, str]) -> str | None:
+    """One line on why a pending job can never start, from Slurm's own reason; None while it
+    may still start."""
+    reason = info.get("Reason", "")
+    if info.get("JobState") != "PENDING" or reason not in NEVER_STARTS:
+        return None
+    return (f"Slurm's reason {reason}: {NEVER_STARTS[reason]} (partition "
+            f"{info.get('Partition', '?')}: {info.get('NumNodes', '?')} nodes, "
+            f"{info.get('NumCPUs', '?')} CPUs requested)")
 
 
 def hostnames(nodelist: str) -> list[str]:

@@ -11,7 +11,8 @@ import time
 
 from .base import LOST, Exit
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
-from .slurm import POLL_S, cancel_and_wait, hostnames, is_gone, job_info, node_outcomes
+from .slurm import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
+                    never_starts, node_outcomes)
 from .stream import LineSplitter, TorchrunRootCause
 
 STATE_POLL_MAX_S = 2.0
@@ -53,6 +54,7 @@ class Follow:
         self.interrupted = False
         self.watch = None
         self.verdict = None
+        self.never: str | None = None   # why Slurm can never start the job, once it says so
 
     def run(self) -> JobResult:
         try:
@@ -74,6 +76,9 @@ class Follow:
                 state = self.info.get("JobState", "")
                 if not self.hosts and (state in ("RUNNING", "COMPLETING") or is_gone(self.info)):
                     self._allocated()
+                if not self.hosts and (why := never_starts(self.info)):
+                    self._never_starts(why)
+                    return
             self._pump()
             if is_gone(self.info):
                 return
@@ -115,6 +120,15 @@ class Follow:
         cancel_and_wait(self.job_id)
         self.info = job_info(self.job_id)
 
+    def _never_starts(self, why: str) -> None:
+        """Waiting would be forever: say Slurm's reason, take the job out of the queue."""
+        self.never = why
+        fix = "cluster.slurm (partition, nodes, extra_sbatch such as cpus-per-task, mem, gres)"
+        self.printer.say(f"slurm job {self.job_id} can never start: {why}; fix {fix}; "
+                         f"scancel {self.job_id}")
+        cancel_and_wait(self.job_id)
+        self.info = job_info(self.job_id)
+
     def _cancel(self) -> None:
         self.interrupted = True
         self.printer.say(f"interrupted: scancel {self.job_id} (Ctrl-C again to SIGKILL at once)")
@@ -129,7 +143,7 @@ class Follow:
 
     def _result(self) -> JobResult:
         state = self.info.get("JobState", "GONE")
-        if state == "CANCELLED" and not self.interrupted:
+        if state == "CANCELLED" and not self.interrupted and not self.never:
             # scancel from elsewhere (`mlaunch stop`, a user, an admin): a stop, never restarted.
             self.printer.say(f"slurm job {self.job_id} was cancelled")
             self.interrupted = True
@@ -139,13 +153,16 @@ class Follow:
         for n in self.plan.nodes:
             tail = self.tails[n.rank] if self.tails else None
             ex = exits.get(n.rank) or (Exit(0) if state == "COMPLETED" else Exit(143, detail="ended by Slurm"))
+            if not self.hosts:    # never allocated: the node never ran, it has no exit code
+                ex = None
             cause = tail.cause.code if tail else None
-            if ex.code == 1 and cause not in (None, 0, 1):
+            if ex is not None and ex.code == 1 and cause not in (None, 0, 1):
                 ex = Exit(cause, detail=f"torchrun: a worker exited {cause}")
             outcomes.append(NodeOutcome(n.rank, hosts[n.rank], exit=ex, tail=list(tail.tail) if tail else [],
-                                        terminated=first is not None and n.rank != first and ex.code != 0))
+                                        terminated=first is not None and n.rank != first
+                                        and ex is not None and ex.code != 0))
         result = JobResult(code=0, nodes=outcomes, interrupted=self.interrupted, first_failure=first,
-                           health=self.verdict)
+                           health=self.verdict, never_starts=self.never)
         result.code = self._code(state, outcomes, first, result)
         if self.watch is not None:
             self.watch.finish(ok=result.code == 0)
@@ -155,6 +172,8 @@ class Follow:
         from .watch import EXIT_CODES
         if result.health is not None:
             return EXIT_CODES[result.health.event]
+        if self.never:
+            return NEVER_EXIT
         if self.interrupted:
             return SIGINT_EXIT
         if state == "COMPLETED":

@@ -16,6 +16,7 @@ from ..spec.secret_rules import mask_text, secret_env, secret_values
 from ..spec.hosts import LOOPBACK, HostAddr, host_addrs
 from ..spec.rules import node_devices
 from ..spec.select import node_procs, procs_of, world_size
+from ..spec import env_refs
 from .trainers import TRAINERS, RenderedFile, RunContext
 
 # Defaults learned the hard way; a user's cluster.env overrides them.
@@ -27,6 +28,7 @@ DEFAULT_ENV = {
 MASK = "***"
 HANGUP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a node loses its launcher
 ALLOCATED = "(allocated)"  # a Slurm node's host before the allocation exists
+SETUP_EXIT = 95   # a cluster.setup line failed on the node (96: its run dir or workdir)
 SECRETS_FILE = "secrets/env.sh"  # under run_dir (0700 dir, 0600 file): Slurm runs only
 
 
@@ -209,7 +211,7 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
     slurm = c.scheduler == "slurm"
     node_rank = _per_node("", rank, slurm)
     node_id = _per_node(f"{run.run_id}.node", rank, slurm)
-    env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **c.env, "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": node_rank,
+    env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **user_env(c.env), "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": node_rank,
            "MLAUNCH_NODE_ID": node_id}
     if solo:   # what tells the stack dump (templates/stacks.sh.j2) which process is the rank
         env["MLAUNCH_IN_PROCESS"] = "1"
@@ -222,7 +224,7 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
                hangup_after=f"{c.hangup_after_s:g}", solo=solo, slurm=slurm,
                secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None,
-               sampler=_sampler(job, run.run_id),
+               sampler=_sampler(job, run.run_id), setup=list(c.setup), setup_exit=SETUP_EXIT,
                private_dirs=render.private_dirs_script(run.run_dir, uses_default_base(job)))
     masked = [(k, MASK if secret_env(job, k, v) else v) for k, v in env.items()]
     if slurm:  # Slurm keeps what it runs: secret values stay in a 0600 file the node sources
@@ -234,6 +236,16 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx))
+
+
+def user_env(env: dict[str, str]) -> dict[str, str]:
+    """cluster.env as the node script sets it: values with `$NAME` references become
+    render.NodeValue (expanded by the node's shell), the others their literal text."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        node = env_refs.node_parts(name, value)
+        out[name] = render.NodeValue(node) if node else env_refs.literal(name, value)
+    return out
 
 
 def _sampler(job: JobBase, run_id: str) -> str | None:

@@ -16,8 +16,8 @@ from typing import Any
 from . import fsmode
 
 EVENTS = ("run_start", "node_start", "first_step", "step", "checkpoint", "hang", "stacks", "nan",
-          "world_size_mismatch", "node_exit", "teardown", "restart", "run_end", "gpu_sample",
-          "stop")
+          "world_size_suspect", "world_size_mismatch", "node_exit", "teardown", "restart",
+          "run_end", "gpu_sample", "stop")
 
 
 def utc_now() -> str:

@@ -8,7 +8,7 @@ import os
 from datetime import datetime
 
 # Events worth a line in the report; step/checkpoint/node_* are the plot's or routine.
-HEALTH = ("hang", "stacks", "nan", "world_size_mismatch")
+HEALTH = ("hang", "stacks", "nan", "world_size_suspect", "world_size_mismatch")
 
 
 def read(log_dir: str) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from ..errors import Problem
+from .env_refs import check_env_refs
 from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
 from .models import Cluster, JobBase
 from .select import node_procs
@@ -46,7 +47,7 @@ def check_cluster(c: Cluster) -> list[Problem]:
     from .slurm_rules import check_scheduler
     p: list[Problem] = check_scheduler(c, "ssh" in c.model_fields_set)
     if c.scheduler == "slurm":
-        return p + _check_env(c)
+        return p + _check_env(c) + check_env_refs(c.env)
     if not c.hosts:
         p.append(Problem("cluster.hosts", "no hosts: give `hosts: [...]` or `hostfile: FILE`"))
         return p
@@ -59,7 +60,7 @@ def check_cluster(c: Cluster) -> list[Problem]:
                          f"{len(c.hosts)} hosts; give one count, or one per host in host order"))
     p += _check_devices(c)
     p += _check_master(c)
-    return p + _check_env(c)
+    return p + _check_env(c) + check_env_refs(c.env)
 
 
 def _check_env(c: Cluster) -> list[Problem]:

@@ -67,7 +67,12 @@ class Cluster(Strict):
     master_addr: str | None = Field(None, description="defaults to the first host")
     master_port: int = Field(29500, ge=1024, le=65535)
     ssh: SSH = SSH()
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "extra environment for every rank; $NAME/${NAME} inside a value is the node's own "
+        "variable, a whole-value ${NAME} is taken from your shell, $$ is a literal $"))
+    setup: list[str] = Field(default_factory=list, description=(
+        "shell lines every node runs before torchrun, in the shell that starts it (module load "
+        "cuda, source env.sh); a failing line fails that node"))
     python: str | None = Field(None, description="remote interpreter; its directory must hold torchrun")
     venv: str | None = Field(None, description="remote virtualenv; same as python: VENV/bin/python")
     workdir: str | None = None

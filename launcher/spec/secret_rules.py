@@ -12,6 +12,7 @@ import os
 import re
 
 from ..errors import Problem
+from .env_refs import literal_of
 from .explain import SECRET_NAME
 
 # The last word of a key or flag (split at _ - .) that names a secret. Only the last word:
@@ -78,7 +79,8 @@ def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
         if not m:
             continue
         if m[1] in os.environ:
-            new[name] = os.environ[m[1]]
+            # Taken literally: a `$` in it is no reference for the nodes to expand (env_refs).
+            new[name] = os.environ[m[1]] if SECRET_NAME.search(str(name)) else literal_of(os.environ[m[1]])
         else:
             problems.append(Problem(f"cluster.env.{name}", f"{value} is not set in this shell: "
                                     f"export {m[1]}=… or write the value"))

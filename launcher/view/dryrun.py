@@ -8,7 +8,7 @@ import posixpath
 import re
 
 from .. import render
-from ..plan.launch_plan import DEFAULT_ENV, MASK, LaunchPlan, NodePlan
+from ..plan.launch_plan import DEFAULT_ENV, MASK, SETUP_EXIT, LaunchPlan, NodePlan
 from ..spec import SECRET_NAME
 from ..spec.secret_rules import URL_CREDS
 
@@ -66,7 +66,12 @@ def _body(n: NodePlan) -> list[str]:
     lines = [f"  processes: {nproc}, {gpus}"]
     extra = user_env(n)
     if extra:
-        lines.append("  env: " + " ".join(f"{k}={render.command_line([v])}" for k, v in extra))
+        lines.append("  env: " + " ".join(f"{k}={_shown(v)}" for k, v in extra))
+        refs = sorted({r for _, v in extra if isinstance(v, render.NodeValue) for r in v.refs})
+        if refs:
+            lines.append("  expanded on each node from its own environment: "
+                         + ", ".join(f"${{{r}}}" for r in refs)
+                         + " (a ':' beside one at either end is added only when it is set)")
     cd = f"cd {render.command_line([n.workdir])} && " if n.workdir else ""
     lines.append("  " + cd + render.command_line(n.argv))
     return lines
@@ -76,6 +81,14 @@ def _pattern(text: str, host: str) -> str:
     """text with host (as a whole name, not inside `train@` for a host `a`) made a {} slot."""
     text = text.replace("{", "{{").replace("}", "}}")
     return re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w.-])", "{}", text, count=1)
+
+
+def _shown(value: str) -> str:
+    """An env value as the user wrote it: node references shown bare, the rest quoted."""
+    if isinstance(value, render.NodeValue):
+        return "".join(f"${{{p}}}" if type(p) is not str else render.command_line([p])
+                       .replace("$", "$$") for p in value.parts)
+    return render.command_line([value])
 
 
 def _hosts(group: list[NodePlan], how, pattern: str) -> str:
@@ -94,9 +107,18 @@ def _footer(plan: LaunchPlan) -> list[str]:
                 "session; health.sample_every_s: 0 turns it off);"]
                if every and plan.job.cluster.scheduler != "slurm" else [])
     return [f"every node also: {defaults}{', PATH=' + path + ':$PATH' if path else ''}, the MLAUNCH_* "
-            "process tags,",
+            "process tags,", *_setup(plan),
             f"  a hang-up guard ({plan.job.cluster.hangup_after_s:g}s without the launcher ends the node's "
             "processes);", *sampler, "  --dry-run --full prints the exact scripts"]
+
+
+def _setup(plan: LaunchPlan) -> list[str]:
+    """cluster.setup in the footer: every line, in order."""
+    setup = plan.job.cluster.setup
+    if not setup:
+        return []
+    return ["  cluster.setup before torchrun, in the node's shell (a failing line fails that node, "
+            f"exit {SETUP_EXIT}): " + "; ".join(setup) + ";"]
 
 
 def _flag(argv: tuple[str, ...], name: str) -> str | None:
