@@ -227,6 +227,31 @@ def test_stopped_rank_of_a_local_script_job_is_dumped_and_listed_once(tmp_path):
     assert not local_pids("stopstack-")
 
 
+def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
+    """A hang torn down by mlaunch: torchrun's SignalException tracebacks on the SIGTERM are
+    in the node log, complete, and not on the console, whose teardown line says so."""
+    out = str(tmp_path / "out")
+    spec = script_job(["localhost"], 2, "health_job.py",
+                      ["--steps", "30", "--hang-rank", "1", "--hang-step", "4"], out)
+    spec["name"] = "foldnoise"
+    spec["health"] = {"hang_after_s": 10, "stack_dumps": False}
+    r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", timeout=240)
+    assert r.returncode == 124, r.stdout[-3000:]
+    node_lines = "\n".join(x for x in (r.stdout + r.stderr).splitlines() if not x.startswith("[mlaunch]"))
+    assert "SignalException" not in node_lines and "Traceback" not in node_lines, r.stdout[-3000:]
+    assert re.search(r"^\[mlaunch\] tearing down the job on every host; torchrun's SignalException "
+                     r"tracebacks on it: node logs only$", r.stdout, re.M), r.stdout[-2000:]
+    (run,) = os.listdir(os.path.join(out, "logs"))
+    (log,) = [f for f in os.listdir(os.path.join(out, "logs", run)) if f.startswith("node0-")]
+    text = open(os.path.join(out, "logs", run, log)).read()
+    assert text.count("Traceback (most recent call last):") == 2, text[-3000:]
+    assert "During handling of the above exception, another exception occurred:" in text
+    assert len(re.findall(r"^torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: "
+                          r"Process \d+ got signal: 15$", text, re.M)) == 2
+    from .procs import job_pids as local_pids
+    assert not local_pids("foldnoise-")
+
+
 # --- real runs on the namespace hosts ---------------------------------------------------
 
 def _health_job(hs, out, args, **health):
