@@ -15,16 +15,19 @@ Model states (DeepSpeed's estimate_zero*_model_states_mem_needs, made per term):
                       ×4 (2026-12-01b: 42,625 MiB) but about 21Ψ for the 0.39 B full ×8 (2026-12-01,
                       the older render): 18Ψ keeps both within the goal (1.13 and 0.96), where
                       20Ψ overestimated the first by 20 % and 14Ψ would underestimate the second
-  ZeRO-1              2Ψ weights, 2Ψ grads, 12Ψ/N master+Adam; fp32 grads 4Ψ/N in step() only
+  ZeRO-1              2Ψ weights, 2Ψ grads, 12Ψ/N master+Adam; 6Ψ/N in step() only (as ZeRO-2,
+                      the same DeepSpeed code; unmeasured)
   ZeRO-2              2Ψ weights, 2Ψ/N grads, 12Ψ/N master+Adam, two reduce buckets of h²
                       16-bit elements (overlap_comm; mlaunch renders reduce_bucket_size = h²);
-                      fp32 grads 4Ψ/N in step() only. DeepSpeed's stage_1_and_2 keeps the
-                      16-bit gradient partition through backward and makes the fp32 partition
-                      inside step(), after backward freed the activations and logits: the peak is
-                      the larger of the two phases, so the 4Ψ/N counts only where it exceeds them
-                      (the `step` term). Issue 30: the 1.10 B Llama full ×8 at cutoff 2048 peaked
-                      at 28,545 MiB where 6Ψ/N grads and buckets of DeepSpeed's default 5e8
-                      elements gave 33,956
+                      a flat 16-bit copy and the fp32 grads, 6Ψ/N, in step() only. DeepSpeed's
+                      stage_1_and_2 keeps the 16-bit gradient partition through backward and
+                      makes the copy and its fp32 cast inside step(), after backward freed the
+                      activations and logits: the peak is the larger of the two phases, so the
+                      6Ψ/N counts only where it exceeds them (the `step` term). Issue 30
+                      (2026-12-02, N = 1): the 1.10 B Llama full ×8 at cutoff 2048 peaked at
+                      28,555 MiB where 6Ψ/N grads and buckets of DeepSpeed's default 5e8
+                      elements gave 33,956; at micro-batch 1 it peaked at 25,371 with
+                      max_memory_allocated 23,144 MiB in both, 22Ψ: the step's peak
   ZeRO-3              (2Ψ weights + 4Ψ fp32 grads + 12Ψ master+Adam)/N = 18Ψ/N, DeepSpeed's
                       own count, plus the parameters gathered at once (two of the largest layer,
                       16-bit). Measured at N = 1 (2026-12-01b): 1.54 B full ×4 peaked at 37,453
@@ -82,13 +85,13 @@ GIB = 2 ** 30
 
 # BEGIN FIT (bench/memory_fit.py rewrites this block)
 FIT = {
-    "overhead_mib": 1396.8613,
-    "act_scale": 1.0165,
-    "logit_bytes": 13.347,
+    "overhead_mib": 1463.0015,
+    "act_scale": 1.0113,
+    "logit_bytes": 13.3228,
     "state_scale": 1.0,
-    "zero3_scale": 0.3562,
+    "zero3_scale": 0.3568,
     "params": 'overhead_mib,act_scale,logit_bytes,zero3_scale',
-    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl, bench/results/memory/h200-2026-12-01d.jsonl',
+    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl, bench/results/memory/h200-2026-12-01d.jsonl, bench/results/memory/h200-2026-12-02.jsonl',
 }
 # END FIT
 
@@ -242,13 +245,15 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
 
 
 def step_bytes(shape: Shape, st: Setting, act: float, logits: float) -> float:
-    """ZeRO-1/2's optimizer step beyond the backward peak: the fp32 gradient partition (4 bytes
-    per trainable parameter / N) made inside step(), less the activation and logit bytes that
-    backward had held and freed by then (0 when backward peaks higher)."""
+    """ZeRO-1/2's optimizer step beyond the backward peak: step() flattens the 16-bit gradient
+    partition into a copy (2 bytes per trainable parameter / N) and casts that to fp32 (4 more),
+    less the activation and logit bytes that backward had held and freed by then (0 when
+    backward peaks higher). Issue 30 measured max_memory_allocated 23,144 MiB for the 1.10 B at
+    micro-batch 8 and at 1 alike: 22Ψ, the 16Ψ of backward's states plus these 6Ψ."""
     if st.zero_stage not in (1, 2) or st.offload_optimizer:
         return 0.0
     train = states(shape, st)["optimizer"] / 12
-    return max(0.0, train * 4 - act - logits)
+    return max(0.0, train * 6 - act - logits)
 
 
 def layer_bytes(shape: Shape, st: Setting) -> float:
