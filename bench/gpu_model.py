@@ -13,13 +13,13 @@ sys.path.insert(0, ROOT)
 from tests.tinymodel import build_tiny  # noqa: E402
 
 
-def long_examples(n: int, seed: int = 0) -> list[dict]:
-    """Examples of several hundred tokens: counting words in long word lists."""
+def long_examples(n: int, seed: int = 0, words: int = 220) -> list[dict]:
+    """Examples of several hundred tokens (more with more `words`): sorting long word lists."""
     rng = random.Random(seed)
-    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
+    vocab = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
     out = []
     for _ in range(n):
-        text = " ".join(rng.choice(words) for _ in range(220))
+        text = " ".join(rng.choice(vocab) for _ in range(words))
         out.append({"instruction": "Repeat the words, sorted.", "input": text,
                     "output": " ".join(sorted(text.split()))})
     return out

@@ -41,21 +41,31 @@ SHAPES = {   # random Qwen2 models, tied embeddings, built on the GPU
                   num_attention_heads=14, num_key_value_heads=2),
     "1.5b-150k": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                       num_attention_heads=12, num_key_value_heads=2),
+    # issue 30's ZeRO-2 shape: a 1.10 B Llama (TinyLlama-1.1B's numbers), untied, GQA 32/4
+    "1.1b-llama": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                       num_attention_heads=32, num_key_value_heads=4),
 }
+LLAMA = {"1.1b-llama"}       # built as LlamaForCausalLM with untied embeddings; the rest Qwen2, tied
 CPU_SHAPES = {
     "0.39b": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2),
     "1.5b-150k": dict(vocab_size=4096, hidden_size=64, intermediate_size=192, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2),
+    "1.1b-llama": dict(vocab_size=1024, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2),
 }
 LORA = {"type": "lora", "lora_rank": 16, "lora_target": "all"}
 FULL = {"type": "full"}
-# (shape, finetuning, deepspeed stage or None, checkpointing, micro-batch)
+# (shape, finetuning, deepspeed stage or None, checkpointing, micro-batch[, cutoff_len])
 ESTIMATE = [
     ("0.39b", LORA, None, False, 8), ("0.39b", LORA, None, True, 32), ("0.39b", FULL, None, False, 8),
     ("0.39b", FULL, 0, False, 8), ("0.39b", FULL, 3, True, 16),
     ("1.5b-150k", LORA, None, True, 8), ("1.5b-150k", LORA, None, False, 4), ("1.5b-150k", LORA, 3, False, 4),
     ("1.5b-150k", FULL, 3, True, 4), ("1.5b-150k", FULL, 0, False, 4),
+    # ZeRO-2 (issue 30): the issue's row, its micro-batch 1 (the optimizer step's peak, not
+    # backward's), the 0.39 B full beside row 3's ZeRO-0, and a LoRA row beside row 7's ZeRO-3
+    ("1.1b-llama", FULL, 2, True, 8, 2048), ("1.1b-llama", FULL, 2, True, 1, 2048),
+    ("0.39b", FULL, 2, False, 8), ("1.5b-150k", LORA, 2, False, 4),
 ]
 EXTRA_ENV: dict[str, str] = {}   # --env KEY=VALUE: cluster.env of every job (e.g. the allocator)
 SWEEP = [(False, 16, 4), (False, 32, 2), (False, 64, 1), (True, 64, 1)]
@@ -109,21 +119,28 @@ def build(dest: str, shape: str, cpu: bool) -> None:
     and a random Qwen2 of `shape`; prints the info JSON."""
     sys.path.insert(0, ROOT)
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from bench.gpu_model import long_examples
     from tests.tinymodel import build_tiny
     info = build_tiny(dest)
     tok = AutoTokenizer.from_pretrained(info["model"])
-    cfg = Qwen2Config(**(CPU_SHAPES if cpu else SHAPES)[shape], max_position_embeddings=4096,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config, causal_lm = (LlamaConfig, LlamaForCausalLM) if shape in LLAMA else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = config(**(CPU_SHAPES if cpu else SHAPES)[shape], max_position_embeddings=4096,
+                 tie_word_embeddings=shape not in LLAMA, eos_token_id=tok.eos_token_id,
+                 pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     with torch.device("cpu" if cpu else "cuda"):
-        model = Qwen2ForCausalLM(cfg).to(torch.float32 if cpu else torch.bfloat16)
+        model = causal_lm(cfg).to(torch.float32 if cpu else torch.bfloat16)
     model.save_pretrained(info["model"], safe_serialization=True)
+    # The Llama rows run at cutoff 2048: their examples are longer than that, so every
+    # sample fills cutoff_len (the others keep the data their rows were measured with).
+    examples = long_examples(256 if cpu else 2048, words=600 if shape in LLAMA else 220)
     with open(info["dataset_file"], "w") as fh:
-        json.dump(long_examples(256 if cpu else 2048), fh)
-    print(json.dumps({**info, "params": sum(p.numel() for p in model.parameters())}))
+        json.dump(examples, fh)
+    first = examples[0]
+    tokens = len(tok(first["instruction"] + first["input"] + first["output"])["input_ids"])
+    print(json.dumps({**info, "params": sum(p.numel() for p in model.parameters()), "example_tokens": tokens}))
 
 
 def model(s: Setup, shape: str) -> dict:
@@ -142,7 +159,7 @@ def model(s: Setup, shape: str) -> dict:
 
 
 def job_spec(s: Setup, name: str, shape: str, batch: dict, training: dict, ft: dict, stage, steps: int,
-             env: dict | None = None) -> str:
+             env: dict | None = None, cutoff: int | None = None) -> str:
     """A spec like gpu_proof's: localhost, one GPU, the built model; the memory probe on PYTHONPATH."""
     m = model(s, shape)
     probe = os.path.join(W, "probe")
@@ -156,7 +173,7 @@ def job_spec(s: Setup, name: str, shape: str, batch: dict, training: dict, ft: d
            "PYTHONPATH": os.pathsep.join([probe, os.environ.get("PYTHONPATH", "")])}
     job = {"name": name, "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": s.python, "env": env},
            "trainer": "llamafactory", "model": m["model"], "template": m["template"], "dataset": m["dataset"],
-           "dataset_dir": m["dataset_dir"], "cutoff_len": s.cutoff, "finetuning": ft, "batch": batch,
+           "dataset_dir": m["dataset_dir"], "cutoff_len": cutoff or s.cutoff, "finetuning": ft, "batch": batch,
            "precision": s.precision, "output_dir": f"{W}/out-{name}",
            "training": {"learning_rate": 1.0e-4, "max_steps": steps, "logging_steps": 1, "save_steps": 10000,
                         "lr_scheduler": "constant", **training},
@@ -237,10 +254,11 @@ def part_estimate(s: Setup, out: str, shapes: list[str], steps: int, only: list[
         rows = [n for n in only if n in rows]
     for i in range(repeat):
         for n in rows:
-            shape, ft, stage, ckpt, micro = ESTIMATE[n]
+            shape, ft, stage, ckpt, micro, *cutoff = ESTIMATE[n]
             name = f"est{n}"
             path = job_spec(s, name, shape, {"per_device": micro, "grad_accum": 1},
-                            {"gradient_checkpointing": ckpt}, ft, stage, steps)
+                            {"gradient_checkpointing": ckpt}, ft, stage, steps,
+                            cutoff=(cutoff[0] if cutoff and not s.cpu else None))
             cfg, st = setting_of(path, micro, ckpt)
             from launcher.plan import memory
             exact = memory.estimate(memory.shape_from_config(cfg), memory.Setting(**st)).total / memory.MIB
@@ -340,7 +358,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?")
     ap.add_argument("--parts", default="estimate,choice")
-    ap.add_argument("--shapes", default="0.39b,1.5b-150k", help="estimate part: which model shapes")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="estimate part: which model shapes")
     ap.add_argument("--settings", help="estimate part: only these rows of ESTIMATE, e.g. 0,3,9")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=1, help="estimate part: rounds over the settings")

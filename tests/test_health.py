@@ -203,6 +203,112 @@ def test_summary_groups_ranks_into_ranges():
     assert stacks.summary(found) == "rank 5 in all_reduce (all_reduce.py); ranks 0-4,6-7 in save (save.py)"
 
 
+STOPPED_ERR = """Error: Failed to get stack traces
+
+Caused by:
+    0: Failed to suspend process
+    1: unexpected waitpid result PtraceEvent(Pid(7), SIGSTOP, 128) to 7
+"""
+
+
+def _dump(pid, rank, tries, state="S", node=0):
+    """Node output as templates/stacks.sh.j2 prints it: header, then (mode, rc, text) tries."""
+    rc, mode = tries[-1][1], tries[-1][0]
+    body = "".join(f"MLAUNCH-TRY mode={m} rc={c}\n{t}" for m, c, t in tries)
+    return f"MLAUNCH-STACK pid={pid} node={node} rank={rank} local={rank} rc={rc} mode={mode} state={state}\n{body}"
+
+
+def test_a_stopped_rank_is_shown_from_the_nonblocking_read():
+    frames = 'Python v3.11.7 (/usr/bin/python3.11)\n\nThread 7 (idle): "MainThread"\n    train (job.py:9)\n'
+    out = _dump(7, 1, [("native", 1, STOPPED_ERR), ("plain", 1, STOPPED_ERR), ("nonblocking", 0, frames)], "T")
+    out += _dump(6, 0, [("native", 0, frames.replace("train", "all_reduce"))])
+    found = stacks.split_dump(out)
+    assert [(s.rank, s.mode, s.ok) for s in found] == [(0, "native", True), (1, "nonblocking", True)]
+    assert stacks.summary(found) == "rank 0 in all_reduce (job.py); rank 1 in train (job.py), stopped"
+    assert stacks.advice(found) == ""
+
+
+def test_failed_dumps_name_the_real_cause_not_ptrace_scope():
+    gone = "Error: Failed to get process executable name. Check that the process is running.\n"
+    denied = "Error: Failed to open process\nCaused by:\n    0: Permission denied (os error 13)\n"
+    stopped = _dump(7, 1, [("native", 1, STOPPED_ERR), ("nonblocking", 1, "Error: Failed to copy\n")], "T")
+    found = stacks.split_dump(stopped + _dump(8, 2, [("native", 1, gone), ("nonblocking", 1, gone)], ""))
+    assert stacks.summary(found) == (
+        "rank 1 in no stack (the process is stopped (SIGSTOP or a debugger) and the non-blocking "
+        "read failed too), stopped; rank 2 in no stack (the process exited before py-spy read it)")
+    assert not stacks.denied(found) and stacks.advice(found) == ""
+    refused = stacks.split_dump(_dump(9, 0, [("native", 1, denied), ("nonblocking", 1, denied)]))
+    assert stacks.denied(refused) and "ptrace_scope=0" in stacks.advice(refused)
+    missing = stacks.split_dump(_dump(9, 0, [("native", 127, "timeout: failed to run command 'py-spy': "
+                                                         "No such file or directory\n")]))
+    assert "pip install py-spy" in stacks.advice(missing)
+
+
+def test_each_rank_is_listed_once():
+    """An in-process rank's helpers (`timeout`, `head` of the hang-up guard) carry its
+    MLAUNCH_IN_PROCESS=1: their failed dumps must not list rank 0 three times."""
+    not_py = "Error: Failed to find python version from target process\n"
+    frames = 'Python v3.12.3 (/usr/bin/python3)\n\nThread 5 (idle): "MainThread"\n    step (trainer.py:1)\n'
+    out = (_dump(3, 0, [("native", 1, not_py), ("nonblocking", 1, not_py)])
+           + _dump(5, 0, [("native", 1, STOPPED_ERR), ("nonblocking", 0, frames)], "T")
+           + _dump(9, 0, [("native", 1, not_py), ("nonblocking", 1, not_py)]))
+    found = stacks.split_dump(out)
+    assert [(s.pid, s.rank) for s in found] == [(5, 0)]
+    assert stacks.summary(found) == "rank 0 in step (trainer.py), stopped"
+
+
+def test_stopped_rank_of_a_local_script_job_is_dumped_and_listed_once(tmp_path):
+    """2 local processes; rank 1 SIGSTOPs itself before step 4: the hang report shows its
+    stack (py-spy's non-blocking read) beside rank 0's all_reduce, each rank once."""
+    import shutil
+    if not shutil.which("py-spy"):
+        pytest.skip("py-spy is not installed")
+    out = str(tmp_path / "out")
+    spec = script_job(["localhost"], 2, "health_job.py",
+                      ["--steps", "30", "--stop-rank", "1", "--stop-step", "4"], out)
+    spec["name"] = "stopstack"
+    spec["health"] = {"hang_after_s": 10}
+    r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", timeout=240)
+    assert r.returncode == 124, r.stdout[-3000:]
+    summary = re.search(r"^\[mlaunch\] hang: (.*)$", r.stdout, re.M).group(1)
+    assert summary == "rank 0 in all_reduce (distributed_c10d.py); rank 1 in <module> (health_job.py), stopped"
+    assert "ptrace_scope" not in summary
+    (run,) = os.listdir(os.path.join(out, "logs"))
+    sdir = os.path.join(out, "logs", run, "stacks", "attempt0")
+    assert sorted(os.listdir(sdir)) == ["node0-rank0.txt", "node0-rank1.txt"]
+    stopped = open(os.path.join(sdir, "node0-rank1.txt")).read()
+    assert "MLAUNCH-TRY mode=nonblocking rc=0" in stopped and "<module> (" in stopped, stopped
+    ev = next(e for e in _events(out) if e["event"] == "stacks")
+    assert ev["ranks"] == 2
+    from .procs import job_pids as local_pids
+    assert not local_pids("stopstack-")
+
+
+def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
+    """A hang torn down by mlaunch: torchrun's SignalException tracebacks on the SIGTERM are
+    in the node log, complete, and not on the console, whose teardown line says so."""
+    out = str(tmp_path / "out")
+    spec = script_job(["localhost"], 2, "health_job.py",
+                      ["--steps", "30", "--hang-rank", "1", "--hang-step", "4"], out)
+    spec["name"] = "foldnoise"
+    spec["health"] = {"hang_after_s": 10, "stack_dumps": False}
+    r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", timeout=240)
+    assert r.returncode == 124, r.stdout[-3000:]
+    node_lines = "\n".join(x for x in (r.stdout + r.stderr).splitlines() if not x.startswith("[mlaunch]"))
+    assert "SignalException" not in node_lines and "Traceback" not in node_lines, r.stdout[-3000:]
+    assert re.search(r"^\[mlaunch\] tearing down the job on every host; torchrun's SignalException "
+                     r"tracebacks on it: node logs only$", r.stdout, re.M), r.stdout[-2000:]
+    (run,) = os.listdir(os.path.join(out, "logs"))
+    (log,) = [f for f in os.listdir(os.path.join(out, "logs", run)) if f.startswith("node0-")]
+    text = open(os.path.join(out, "logs", run, log)).read()
+    assert text.count("Traceback (most recent call last):") == 2, text[-3000:]
+    assert "During handling of the above exception, another exception occurred:" in text
+    assert len(re.findall(r"^torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: "
+                          r"Process \d+ got signal: 15$", text, re.M)) == 2
+    from .procs import job_pids as local_pids
+    assert not local_pids("foldnoise-")
+
+
 # --- real runs on the namespace hosts ---------------------------------------------------
 
 def _health_job(hs, out, args, **health):

@@ -186,3 +186,22 @@ def test_activation_terms_order_as_the_derivation_says():
     assert a2 == (2 * a1[0], 2 * a1[1])                          # linear in tokens, no s² term
     eager = memory.activations(shape, memory.Setting(checkpointing=False, seq_len=1024, eager_attention=True))
     assert eager[0] > a1[0]
+
+
+def test_zero2_step_copies_count_only_where_the_step_peaks_above_backward():
+    """DeepSpeed's stage_1_and_2 makes the fp32 gradient partition inside step(), after backward
+    freed activations and logits: the peak is the larger phase (issue 30's 1.10 B Llama)."""
+    shape = memory.Shape(hidden=2048, layers=22, heads=32, kv_heads=4, intermediate=5632, vocab=32000,
+                         tied=False, qkv_bias=False)
+    psi = shape.params()
+
+    def terms(micro, **kw):
+        st = memory.Setting(finetuning="full", zero_stage=2, seq_len=2048, micro_batch=micro, **kw)
+        return dict(memory.estimate(shape, st).terms)
+    big, small = terms(8), terms(1)
+    assert big["gradients"] == 2 * psi and big["buffers"] == 2 * 2048 ** 2 * 2   # 16-bit partition, h² buckets
+    # step(): a flat 16-bit copy of the partition and its fp32 cast, 6Ψ/N, once backward freed
+    assert big["step"] == 0 and big["activations"] + big["logits"] > 6 * psi
+    assert small["step"] + small["activations"] + small["logits"] == pytest.approx(6 * psi)
+    assert terms(1, world=4)["gradients"] == pytest.approx(psi / 2)
+    assert terms(1, offload_optimizer=True)["step"] == 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 
-from launcher.execute.stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
+from launcher.execute.stream import LineSplitter, NodeLog, Printer, SignalTracebacks, TorchrunRootCause
 
 
 class Clock:
@@ -69,3 +69,38 @@ def test_node_log_masks_and_keeps_tail(tmp_path):
     log.close()
     assert (tmp_path / "n.log").read_text() == "a\nb ***\nc\n"
     assert list(log.tail) == ["b ***", "c"]
+
+
+def _sigterm_lines() -> list[str]:
+    import os
+    from .helpers import ROOT
+    with open(os.path.join(ROOT, "tests", "data", "torchrun-sigterm.log"), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_torchruns_signal_tracebacks_are_held_back_once_mlaunch_tears_down():
+    """torchrun's real output on mlaunch's SIGTERM: its warnings stay, its two chained
+    SignalException tracebacks go (node log only), whatever the chunking."""
+    lines = _sigterm_lines()
+    assert sum("SignalException: Process" in x for x in lines) == 2
+    for size in (1, 7, len(lines)):
+        noise = SignalTracebacks(lambda: True)
+        shown = []
+        for i in range(0, len(lines), size):
+            shown += noise.filter(lines[i:i + size])
+        shown += noise.flush()
+        assert shown == [x for x in lines if x.startswith("W1202")], size
+        assert noise.folded == 1
+
+
+def test_other_tracebacks_and_tracebacks_before_teardown_are_printed():
+    lines = _sigterm_lines()
+    noise = SignalTracebacks(lambda: False)
+    assert noise.filter(lines) == lines and noise.flush() == []
+    crash = ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>',
+             "ValueError: bad", "[default0]:next worker line", "after"]
+    noise = SignalTracebacks(lambda: True)
+    assert noise.filter(crash[:2]) == []
+    assert noise.filter(crash[2:]) == ["[default0]:next worker line", *crash[:3], "after"]
+    noise = SignalTracebacks(lambda: True)
+    assert noise.filter(crash[:3]) == [] and noise.flush() == crash[:3]

@@ -14,7 +14,7 @@ from .. import render
 from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
-from .stream import LineSplitter, NodeLog, Printer, TorchrunRootCause
+from .stream import LineSplitter, NodeLog, Printer, SignalTracebacks, TorchrunRootCause
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 
@@ -125,10 +125,13 @@ class _Session:
 
     def _pump(self, node: NodePlan, running: Running, log: NodeLog) -> None:
         splitter, cause = LineSplitter(), TorchrunRootCause()
+        noise = SignalTracebacks(lambda: self._teardown is not None)
         try:
             while chunk := running.read():
-                self._emit(node, log, cause, splitter.feed(chunk))
-            self._emit(node, log, cause, splitter.flush())
+                self._emit(node, log, cause, splitter.feed(chunk), noise)
+            self._emit(node, log, cause, splitter.flush(), noise)
+            if held := noise.flush():
+                self.printer.node_lines(node.rank, node.host, held)
             outcome = running.wait()
             if outcome.code == 1 and cause.code not in (None, 0, 1):
                 outcome = Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
@@ -140,7 +143,7 @@ class _Session:
         self.events.put((node.rank, outcome))
 
     def _emit(self, node: NodePlan, log: NodeLog, cause: TorchrunRootCause,
-              lines: list[str]) -> None:
+              lines: list[str], noise: SignalTracebacks) -> None:
         lines, samples = nodeview.split(lines)
         if samples:
             self.view.output(node.rank, samples)
@@ -148,7 +151,8 @@ class _Session:
             self.view.lines_seen(node.rank)
             cause.see(lines)
             log.write(lines)
-            self.printer.node_lines(node.rank, node.host, lines)
+            if shown := noise.filter(lines):
+                self.printer.node_lines(node.rank, node.host, shown)
             verdict = self.watch.lines(node.rank, node.host, lines)
             if verdict is not None:
                 self._health_stop(verdict)
@@ -195,7 +199,8 @@ class _Session:
             self.result.first_failure = rank
             self.result.failed_at = time.monotonic()
             node.terminated = False
-            self.printer.say(f"node{rank} {node.host}: {node.result}; tearing down the job on every host")
+            self.printer.say(f"node{rank} {node.host}: {node.result}; tearing down the job on every host"
+                             + self._noise_note())
             self._begin_teardown()
         self.view.ended(rank, "lost" if outcome.lost else
                         f"{'killed' if node.terminated else 'exit'} {outcome.code}")
@@ -214,7 +219,7 @@ class _Session:
     def _check_deadline(self) -> None:
         if self.deadline and time.monotonic() > self.deadline and self._teardown is None:
             self.result.timed_out = True
-            self.printer.say("time limit reached: tearing down the job on every host")
+            self.printer.say("time limit reached: tearing down the job on every host" + self._noise_note())
             self._begin_teardown()
 
     def _health_stop(self, verdict) -> None:
@@ -225,12 +230,12 @@ class _Session:
         self.printer.say(f"health: {verdict.event}: {verdict.message}")
         if verdict.event == "hang" and self.plan.job.health.stack_dumps:
             self.printer.say(f"hang: {self.watch.dump_stacks()}")
-        self.printer.say("tearing down the job on every host")
+        self.printer.say("tearing down the job on every host" + self._noise_note())
         self._begin_teardown()
 
     def _interrupt(self) -> None:
         self.result.interrupted = True
-        self.printer.say("interrupted: tearing down (Ctrl-C again to kill at once)")
+        self.printer.say("interrupted: tearing down (Ctrl-C again to kill at once)" + self._noise_note())
         self._begin_teardown()
 
     def _drain(self) -> None:
@@ -252,6 +257,13 @@ class _Session:
             if rank in missing:
                 missing.discard(rank)
                 self._record(rank, outcome)
+
+    def _noise_note(self) -> str:
+        # The one teardown line also stands for torchrun's own tracebacks on that signal:
+        # SignalTracebacks keeps them off the console.
+        if any(os.path.basename(n.argv[0]) == "torchrun" for n in self.plan.nodes if n.argv):
+            return "; torchrun's SignalException tracebacks on it: node logs only"
+        return ""
 
     def _begin_teardown(self) -> None:
         if self._teardown is None:

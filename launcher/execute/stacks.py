@@ -1,8 +1,10 @@
 """Python stack dumps of every rank (py-spy): splitting a node's dump and grouping ranks.
 
 The node side prints, for every rank process of the run, a header line
-``MLAUNCH-STACK pid=<pid> node=<node rank> rank=<rank> local=<local_rank> rc=<exit>`` followed by
-``py-spy dump`` output (templates/stacks.sh.j2). Grouping by the innermost frame of each
+``MLAUNCH-STACK pid=<pid> node=<node rank> rank=<rank> local=<local_rank> rc=<exit> mode=<m>
+state=<s>`` followed by each ``py-spy dump`` attempt behind an ``MLAUNCH-TRY mode=<m> rc=<exit>``
+line (templates/stacks.sh.j2): --native, plain, then --nonblocking, which is the one that reads
+a stopped or uninterruptible process. Grouping by the innermost frame of each
 rank's main thread turns 8 dumps into one line such as
 "rank 5 in all_reduce (distributed_c10d.py); ranks 0-4,6,7 in save_checkpoint (trainer.py)".
 """
@@ -11,10 +13,30 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-HEADER = re.compile(r"^MLAUNCH-STACK pid=(\d+) node=(-?\d+) rank=(-?\d+) local=(-?\d+) rc=(\d+)$")
+HEADER = re.compile(r"^MLAUNCH-STACK pid=(\d+) node=(-?\d+) rank=(-?\d+) local=(-?\d+) rc=(\d+)"
+                    r"(?: mode=(\w+))?(?: state=(\S*))?$")
+TRY = re.compile(r"^MLAUNCH-TRY mode=(\w+) rc=(\d+)$")
 THREAD = re.compile(r'^Thread \S+ \((\w+)\): "([^"]*)"')
 FRAME = re.compile(r"^\s+(\S.*?) \(([^():]+)(?::(\d+))?\)\s*$")
-DENIED = re.compile(r"Permission denied|Operation not permitted|ptrace", re.I)
+# The causes of a failed dump, read from py-spy's own errors, most specific first. A stopped
+# process fails the blocking dump with "unexpected waitpid result PtraceEvent(... SIGSTOP ...)":
+# that names ptrace without being a refusal of it.
+CAUSES = (
+    ("missing", re.compile(r"failed to run command|command not found")),
+    ("stopped", re.compile(r"PtraceEvent\(.*SIGSTOP|Failed to suspend process")),
+    ("gone", re.compile(r"No such process|Check that the process is running|No such file or directory")),
+    ("denied", re.compile(r"Permission denied|Operation not permitted|ptrace_scope|EPERM", re.I)),
+    ("not python", re.compile(r"Failed to find python version")),
+)
+CAUSE_TEXT = {
+    "stopped": "the process is stopped (SIGSTOP or a debugger) and the non-blocking read failed too",
+    "gone": "the process exited before py-spy read it",
+    "denied": "py-spy was refused ptrace",
+    "not python": "py-spy found no Python interpreter in it",
+    "missing": "py-spy is not installed there",
+    "timeout": "py-spy timed out on it (a process in uninterruptible I/O?)",
+}
+STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O", "Z": "a zombie"}
 
 
 @dataclass(frozen=True)
@@ -27,38 +49,83 @@ class RankStack:
     local_rank: int
     text: str
     ok: bool
+    mode: str = ""       # the py-spy attempt whose output counts: native, plain, nonblocking
+    state: str = ""      # the process state from /proc/<pid>/status: R, S, D, T, ...
 
     @property
     def top(self) -> str:
-        """The innermost Python frame of the main thread, as 'function (file)'."""
-        frames = main_thread_frames(self.text)
+        """The innermost Python frame of the main thread, as 'function (file)', and the
+        process state when it is one a hang report must point at (stopped, in D state)."""
+        frames = main_thread_frames(last_attempt(self.text))
         if not frames:
-            return "no stack (py-spy failed)" if not self.ok else "no Python frame"
-        # With --native the innermost frames are C (libc, libtorch): name the Python one.
-        func, path = next((f for f in frames if f[1].endswith(".py")), frames[0])
-        return f"{func} ({path.rsplit('/', 1)[-1]})"
+            top = f"no stack ({self.cause()})" if not self.ok else "no Python frame"
+        else:
+            # With --native the innermost frames are C (libc, libtorch): name the Python one.
+            func, path = next((f for f in frames if f[1].endswith(".py")), frames[0])
+            top = f"{func} ({path.rsplit('/', 1)[-1]})"
+        return f"{top}, {STATES[self.state]}" if self.state in STATES else top
+
+    def cause(self) -> str:
+        """Why no dump came, in words, from py-spy's errors and the process state."""
+        return CAUSE_TEXT.get(self.cause_key(), "py-spy failed") if not self.ok else ""
+
+    def cause_key(self) -> str:
+        """The kind of failure: a key of CAUSE_TEXT, or '' when the dump worked or none fits."""
+        if self.ok:
+            return ""
+        if self.state in ("T", "t"):
+            return "stopped"
+        for key, pattern in CAUSES:
+            if pattern.search(self.text):
+                return key
+        return "timeout" if re.search(r"^MLAUNCH-TRY mode=\w+ rc=124$", self.text, re.M) else ""
+
+    @property
+    def python(self) -> bool:
+        """Whether py-spy recognised a Python interpreter in the process."""
+        return bool(re.search(r"^Python v\d", self.text, re.M))
 
 
 def split_dump(output: str) -> list[RankStack]:
     """The per-rank parts of one node's dump output."""
     out: list[RankStack] = []
-    cur: tuple[int, int, int, int, int] | None = None
+    cur: re.Match | None = None
     buf: list[str] = []
 
     def close() -> None:
         if cur is not None:
-            pid, node, rank, local, rc = cur
-            out.append(RankStack(pid, node, rank, local, "\n".join(buf).strip() + "\n", rc == 0))
+            pid, node, rank, local, rc = (int(g) for g in cur.groups()[:5])
+            out.append(RankStack(pid, node, rank, local, "\n".join(buf).strip() + "\n", rc == 0,
+                                 cur.group(6) or "", (cur.group(7) or "").strip("?")))
 
     for line in output.splitlines():
         m = HEADER.match(line)
         if m:
             close()
-            cur, buf = tuple(int(g) for g in m.groups()), []  # type: ignore[assignment]
+            cur, buf = m, []
         elif cur is not None:
             buf.append(line)
     close()
-    return out
+    return once_per_rank(out)
+
+
+def once_per_rank(found: list[RankStack]) -> list[RankStack]:
+    """One dump per (node, rank): processes that inherited a rank's environment (a helper
+    under `timeout` beside an in-process rank, a worker) must not list the rank again. The
+    kept one is the dump that worked, else the process py-spy saw as Python, else the first."""
+    best: dict[tuple[int, int], RankStack] = {}
+    for s in found:
+        key = (s.node, s.rank)
+        old = best.get(key)
+        if old is None or (s.ok, s.python) > (old.ok, old.python):
+            best[key] = s
+    return sorted(best.values(), key=lambda s: (s.node, s.rank))
+
+
+def last_attempt(text: str) -> str:
+    """The output of the attempt that counts (the last one); the whole text without markers."""
+    parts = re.split(r"^MLAUNCH-TRY .*$", text, flags=re.M)
+    return parts[-1]
 
 
 def main_thread_frames(text: str) -> list[tuple[str, str]]:
@@ -103,5 +170,16 @@ def summary(stacks: list[RankStack]) -> str:
 
 
 def denied(stacks: list[RankStack]) -> bool:
-    """Whether py-spy was refused ptrace rights on some rank."""
-    return any(not s.ok and DENIED.search(s.text) for s in stacks)
+    """Whether py-spy was refused ptrace rights on some rank (and not for another cause)."""
+    return any(s.cause_key() == "denied" for s in stacks)
+
+
+def advice(stacks: list[RankStack]) -> str:
+    """What to do about failed dumps, for the causes a user can fix; '' when none."""
+    keys = {s.cause_key() for s in stacks}
+    if "denied" in keys:
+        return ("py-spy was refused ptrace: run as the ranks' user with "
+                "kernel.yama.ptrace_scope=0, or give py-spy CAP_SYS_PTRACE")
+    if "missing" in keys or (stacks and not any(s.ok for s in stacks) and keys == {""}):
+        return "py-spy failed (is it installed beside the node's python? pip install py-spy)"
+    return ""

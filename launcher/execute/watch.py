@@ -110,10 +110,7 @@ class Watch:
             fsmode.write_private(os.path.join(out_dir, f"node{s.node}-rank{s.rank}.txt"),
                                  self.plan.mask(s.text))
         line = stacks.summary(found)
-        if stacks.denied(found):
-            line += ("; py-spy was refused ptrace: run as the ranks' user with "
-                     "kernel.yama.ptrace_scope=0, or give py-spy CAP_SYS_PTRACE")
-        elif found and not any(s.ok for s in found):
-            line += f"; py-spy failed (is it installed beside the node's python? pip install py-spy)"
+        fix = stacks.advice(found)
+        line += f"; {fix}" if fix else ""
         self.events.emit("stacks", summary=line, dir=out_dir, ranks=len(found))
         return line

@@ -15,8 +15,19 @@ Model states (DeepSpeed's estimate_zero*_model_states_mem_needs, made per term):
                       ×4 (2026-12-01b: 42,625 MiB) but about 21Ψ for the 0.39 B full ×8 (2026-12-01,
                       the older render): 18Ψ keeps both within the goal (1.13 and 0.96), where
                       20Ψ overestimated the first by 20 % and 14Ψ would underestimate the second
-  ZeRO-1              2Ψ weights, 2Ψ grads, (4Ψ fp32 grads + 12Ψ master+Adam)/N
-  ZeRO-2              2Ψ weights, (2Ψ+4Ψ)/N grads, 12Ψ/N master+Adam, plus reduce buckets
+  ZeRO-1              2Ψ weights, 2Ψ grads, 12Ψ/N master+Adam; 6Ψ/N in step() only (as ZeRO-2,
+                      the same DeepSpeed code; unmeasured)
+  ZeRO-2              2Ψ weights, 2Ψ/N grads, 12Ψ/N master+Adam, two reduce buckets of h²
+                      16-bit elements (overlap_comm; mlaunch renders reduce_bucket_size = h²);
+                      a flat 16-bit copy and the fp32 grads, 6Ψ/N, in step() only. DeepSpeed's
+                      stage_1_and_2 keeps the 16-bit gradient partition through backward and
+                      makes the copy and its fp32 cast inside step(), after backward freed the
+                      activations and logits: the peak is the larger of the two phases, so the
+                      6Ψ/N counts only where it exceeds them (the `step` term). Issue 30
+                      (2026-12-02, N = 1): the 1.10 B Llama full ×8 at cutoff 2048 peaked at
+                      28,555 MiB where 6Ψ/N grads and buckets of DeepSpeed's default 5e8
+                      elements gave 33,956; at micro-batch 1 it peaked at 25,371 with
+                      max_memory_allocated 23,144 MiB in both, 22Ψ: the step's peak
   ZeRO-3              (2Ψ weights + 4Ψ fp32 grads + 12Ψ master+Adam)/N = 18Ψ/N, DeepSpeed's
                       own count, plus the parameters gathered at once (two of the largest layer,
                       16-bit). Measured at N = 1 (2026-12-01b): 1.54 B full ×4 peaked at 37,453
@@ -74,13 +85,13 @@ GIB = 2 ** 30
 
 # BEGIN FIT (bench/memory_fit.py rewrites this block)
 FIT = {
-    "overhead_mib": 1396.8613,
-    "act_scale": 1.0165,
-    "logit_bytes": 13.347,
+    "overhead_mib": 1463.0015,
+    "act_scale": 1.0113,
+    "logit_bytes": 13.3228,
     "state_scale": 1.0,
-    "zero3_scale": 0.3562,
+    "zero3_scale": 0.3568,
     "params": 'overhead_mib,act_scale,logit_bytes,zero3_scale',
-    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl, bench/results/memory/h200-2026-12-01d.jsonl',
+    "source": 'bench/results/memory/h200-2026-12-01-proof.jsonl, bench/results/memory/h200-2026-12-01.jsonl, bench/results/memory/h200-2026-12-01b.jsonl, bench/results/memory/h200-2026-12-01d.jsonl, bench/results/memory/h200-2026-12-02.jsonl',
 }
 # END FIT
 
@@ -216,13 +227,12 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
         buf = train * 4 if n > 1 else 0
     elif z == 0:       # 18Ψ: between the two measured ZeRO-0 rows (see above)
         w, g, o, buf = frozen_b + train * w16, train * 4, train * 12, 0
-    elif z in (1, 2):
-        off = st.offload_optimizer
+    elif z in (1, 2):   # the fp32 gradient partition is step_bytes(): it lives in step() only
         w = frozen_b + train * w16
-        fp32_grads = 0 if off else train * 4 / n
-        g = train * w16 + fp32_grads if z == 1 else train * w16 / n + fp32_grads
-        o = 0 if off else train * 12 / n
-        buf = min(train, 5e8) * w16 * 2 if z == 2 else 0   # overlap_comm: two reduce buckets
+        g = train * w16 if z == 1 else train * w16 / n
+        o = 0 if st.offload_optimizer else train * 12 / n
+        # overlap_comm: two reduce buckets of reduce_bucket_size = h² elements (mlaunch's render)
+        buf = 2 * min(train, shape.hidden ** 2) * w16 if z == 2 else 0
     else:
         largest = max(shape.layer_params(), shape.vocab * shape.hidden)
         live = 2 * largest * w16                              # gathered (prefetched) 16-bit params
@@ -232,6 +242,18 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
         o = 0 if st.offload_optimizer else train * 12 / n
         buf = live
     return {"weights": w, "gradients": g, "optimizer": o, "buffers": buf}
+
+
+def step_bytes(shape: Shape, st: Setting, act: float, logits: float) -> float:
+    """ZeRO-1/2's optimizer step beyond the backward peak: step() flattens the 16-bit gradient
+    partition into a copy (2 bytes per trainable parameter / N) and casts that to fp32 (4 more),
+    less the activation and logit bytes that backward had held and freed by then (0 when
+    backward peaks higher). Issue 30 measured max_memory_allocated 23,144 MiB for the 1.10 B at
+    micro-batch 8 and at 1 alike: 22Ψ, the 16Ψ of backward's states plus these 6Ψ."""
+    if st.zero_stage not in (1, 2) or st.offload_optimizer:
+        return 0.0
+    train = states(shape, st)["optimizer"] / 12
+    return max(0.0, train * 6 - act - logits)
 
 
 def layer_bytes(shape: Shape, st: Setting) -> float:
@@ -262,7 +284,8 @@ def features(shape: Shape, st: Setting) -> dict[str, float]:
     """
     s = states(shape, st)
     act, logit_units = activations(shape, st)
-    return {"const": s["buffers"], "state_scale": s["weights"] + s["gradients"] + s["optimizer"],
+    step = step_bytes(shape, st, act * FIT["act_scale"], logit_units * FIT["logit_bytes"])
+    return {"const": s["buffers"] + step, "state_scale": s["weights"] + s["gradients"] + s["optimizer"],
             "act_scale": act, "logit_bytes": logit_units, "overhead_mib": MIB,
             "zero3_scale": zero3_bytes(act, logit_units, st)}
 
@@ -281,10 +304,12 @@ def estimate(shape: Shape, st: Setting, fit: dict | None = None) -> Estimate:
     act, logit_units = activations(shape, st)
     z3 = (("zero3", zero3_bytes(act, logit_units, st) * fit.get("zero3_scale", 0.0)),) \
         if st.zero_stage == 3 else ()          # a term of ZeRO-3 jobs only: other tables unchanged
+    step = (("step", step_bytes(shape, st, act * fit["act_scale"], logit_units * fit["logit_bytes"])),) \
+        if st.zero_stage in (1, 2) else ()
     return Estimate(terms=(("weights", s["weights"] * k), ("gradients", s["gradients"] * k),
                            ("optimizer", s["optimizer"] * k), ("buffers", s["buffers"]),
                            ("activations", act * fit["act_scale"]),
-                           ("logits", logit_units * fit["logit_bytes"]), *z3,
+                           ("logits", logit_units * fit["logit_bytes"]), *z3, *step,
                            ("overhead", fit["overhead_mib"] * MIB)))
 
 

@@ -7,7 +7,8 @@ from ..plan.memory import GIB
 LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
           "buffers": "communication buffers", "activations": "activations",
           "logits": "logits (loss in fp32)",
-          "zero3": "ZeRO-3 gather/free growth", "overhead": "CUDA context, allocator, NCCL"}
+          "zero3": "ZeRO-3 gather/free growth", "step": "fp32 grads in optimizer step",
+          "overhead": "CUDA context, allocator, NCCL"}
 
 
 def lines(d: Decision) -> list[str]:
