@@ -1,5 +1,6 @@
 """Rank 0 prints numbered 1 KB lines as fast as it can, forever; rank 1 exits 1 once MARKER
-exists. Rank 0 creates MARKER itself after AFTER lines (0: never), so a backlog has built.
+exists. Rank 0 creates MARKER itself after AFTER lines, so a backlog has built. MARKER "-":
+rank 0 prints AFTER lines and exits 0.
 
 Args: MARKER AFTER. Each of rank 0's lines is "%09d " and a fixed 1014-byte payload.
 """
@@ -20,6 +21,8 @@ w, i = sys.stdout.write, 0
 while True:
     w("%09d %s\n" % (i, PAYLOAD))
     i += 1
+    if i == after and marker == "-":
+        sys.exit(0)
     if i == after:
         sys.stdout.flush()
         open(marker, "w").close()
