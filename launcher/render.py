@@ -181,11 +181,16 @@ def exec_script(rank: int, host: str, argv: list[str], env: list[tuple[str, str]
                   command=f"/bin/sh -c {quote(command)}" if len(argv) == 1 else command, guard=guard)
 
 
-def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False) -> str:
+def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False,
+                    agents: list[str] | None = None, drain: float = 1.0) -> str:
     """Shell text that ends, on one host, every process whose environment holds `match`
-    (NAME=value): SIGTERM (process group first), a grace period, then SIGKILL."""
+    (NAME=value): SIGTERM (process group first), a grace period, then SIGKILL.
+
+    agents: the pidfiles of node agents (torchrun) among pidfiles; once only they are left
+    they get `drain` seconds, not the rest of the grace (their ranks' log files keep all)."""
     return render("teardown.sh.j2", match=match, pidfiles=pidfiles,
-                  grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM")
+                  grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM",
+                  agents=agents or [], drain=drain)
 
 
 def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: float = 20) -> str:

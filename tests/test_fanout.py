@@ -115,7 +115,7 @@ def test_failing_rank_tears_down_everything(make_hostset, tmp_path):
             assert r.returncode == 3, r.stdout[-3000:]
             assert elapsed < 60
             assert re.search(r"^\[mlaunch\] 1\s+\S+\s+exit 3$", r.stdout, re.M), r.stdout[-2000:]
-            assert re.search(r"^\[mlaunch\] 0\s+\S+\s+terminated by mlaunch", r.stdout, re.M)
+            assert re.search(r"^\[mlaunch\] 0\s+\S+\s+terminated by mlaunch", r.stdout, re.M), r.stdout[-3000:]
             assert "--- node1" in r.stdout and "rank 2 exiting 3" in r.stdout
             for h in hs.hosts:
                 assert job_pids(h, {sleeper.pid}) == set(), f"orphans on {h.name}"

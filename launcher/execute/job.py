@@ -14,11 +14,13 @@ from .. import render
 from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
+from .console import Console
 from .stream import LineSplitter, NodeLog, Printer, SignalTracebacks, TorchrunRootCause
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
+AGENT_DRAIN_S = 1.0  # torchrun, its ranks gone, may copy their logs this long (templates/teardown.sh.j2)
 LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
 
 
@@ -80,6 +82,7 @@ class _Session:
         self.view = nodeview.LiveView(plan.run_id.split(".a")[0],
                                       [(n.rank, n.host) for n in plan.nodes])
         self._live_at = 0.0
+        self.console = Console(printer, {n.rank: n.log_path for n in plan.nodes})
 
     def run(self) -> JobResult:
         try:
@@ -131,7 +134,7 @@ class _Session:
                 self._emit(node, log, cause, splitter.feed(chunk), noise)
             self._emit(node, log, cause, splitter.flush(), noise)
             if held := noise.flush():
-                self.printer.node_lines(node.rank, node.host, held)
+                self.console.offer(node.rank, node.host, held)
             outcome = running.wait()
             if outcome.code == 1 and cause.code not in (None, 0, 1):
                 outcome = Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
@@ -151,8 +154,8 @@ class _Session:
             self.view.lines_seen(node.rank)
             cause.see(lines)
             log.write(lines)
-            if shown := noise.filter(lines):
-                self.printer.node_lines(node.rank, node.host, shown)
+            if shown := noise.filter(lines):  # after the node log: never blocks
+                self.console.offer(node.rank, node.host, shown)
             verdict = self.watch.lines(node.rank, node.host, lines)
             if verdict is not None:
                 self._health_stop(verdict)
@@ -266,6 +269,9 @@ class _Session:
         return ""
 
     def _begin_teardown(self) -> None:
+        # Node output not yet on the console is left to the node logs: nothing here waits
+        # for a terminal, and the nodes' agents are not kept draining into a full pipe.
+        self.console.abandon()
         if self._teardown is None:
             self._teardown = threading.Thread(target=self._teardown_all, daemon=True)
             self._teardown.start()
@@ -279,9 +285,11 @@ class _Session:
         self.watch.events.emit("teardown", hosts=self.result.teardown, kill_now=kill_now or None)
 
     def _teardown_host(self, host: str, kill_now: bool) -> str:
-        pidfiles = [n.pidfile for n in self.plan.nodes if n.login == host]
-        script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.run_id}", pidfiles,
-                                        TEARDOWN_GRACE, kill_now)
+        nodes = [n for n in self.plan.nodes if n.login == host]
+        agents = [n.pidfile for n in nodes if "--nproc-per-node" in n.argv]  # torchrun's
+        script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.run_id}",
+                                        [n.pidfile for n in nodes], TEARDOWN_GRACE, kill_now,
+                                        agents=agents, drain=AGENT_DRAIN_S)
         code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)
         return out.strip().splitlines()[-1] if out.strip() else f"exit {code}"
 
@@ -290,6 +298,9 @@ class _Session:
         # whatever of that node is still alive (e.g. orphaned dataloader workers).
         if self._teardown is not None:
             self._teardown.join()
+        self.console.close(more="" if self._teardown is None else
+                           f"; what ranks wrote after the teardown began is in their torchrun "
+                           f"logs under {self.plan.run_dir}/torchrun on each host")
         self._live(force=True)
         self.printer.set_status(None)
         r = self.result

@@ -13,6 +13,7 @@ import time
 from typing import Callable, TextIO
 
 from ..record import fsmode
+from ..record.events import said_removed
 
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:"
 TORCHRUN_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")
@@ -239,16 +240,38 @@ class NodeLog:
     """One node's full output in its log file, plus its last lines for the summary."""
 
     def __init__(self, path: str, mask: Callable[[str], str], keep: int = 12):
-        # Line-buffered: `mlaunch logs -f` sees each chunk as soon as it arrives.
-        self._fh = fsmode.open_private(path, "a", buffering=1)
+        self.path = path
+        self._fh = self._open()
         self._mask = mask
         self.tail: collections.deque[str] = collections.deque(maxlen=keep)
+        self._failed = False
+
+    def _open(self) -> TextIO:
+        # Line-buffered: `mlaunch logs -f` sees each chunk as soon as it arrives.
+        return fsmode.open_private(self.path, "a", buffering=1)
 
     def write(self, lines: list[str]) -> None:
         if not lines:
             return
-        self._fh.write(self._mask("\n".join(lines) + "\n"))
+        text = self._mask("\n".join(lines) + "\n")
         self.tail.extend(self._mask(line) for line in lines[-(self.tail.maxlen or 1):])
+        try:
+            self._reopen_if_removed()
+            self._fh.write(text)
+        except OSError as e:  # a full disk or a lost directory must not lose the node
+            if not self._failed:
+                self._failed = True
+                print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
+                      "that node's output from here on is only on the console", file=sys.stderr)
+
+    def _reopen_if_removed(self) -> None:
+        # One fstat a chunk: a log removed with its directory would take every later line
+        # into an unlinked file; it is made again at its path instead.
+        if os.fstat(self._fh.fileno()).st_nlink == 0:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            said_removed(os.path.dirname(self.path) or ".")
+            self._fh.close()
+            self._fh = self._open()
 
     def close(self) -> None:
         self._fh.close()

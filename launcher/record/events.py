@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -40,8 +41,39 @@ class EventLog:
         record = {"time": utc_now(), "run_id": self.run_id, "attempt": self.attempt,
                   "event": event, **{k: _plain(v) for k, v in fields.items() if v is not None}}
         line = json.dumps(record, default=str, allow_nan=False) + "\n"
-        with self._lock, fsmode.open_private(self.path, "a") as f:
+        with self._lock:
+            try:
+                self._append(line)
+            except OSError as e:  # the record is lost, the run is not: say so once per file
+                _say_once(self.path, f"mlaunch: cannot record events in {self.path} "
+                                     f"({e.strerror or e}); the run goes on without them")
+
+    def _append(self, line: str) -> None:
+        try:
+            f = fsmode.open_private(self.path, "a")
+        except FileNotFoundError:  # the log directory was removed meanwhile: make it again
+            fsmode.private_dir(os.path.dirname(self.path) or ".")
+            f = fsmode.open_private(self.path, "a")
+            said_removed(os.path.dirname(self.path) or ".")
+        with f:
             f.write(line)
+
+
+_SAID: set[str] = set()
+
+
+def said_removed(log_dir: str) -> None:
+    """The one line for a log directory removed during the run and made again."""
+    _say_once(log_dir, f"mlaunch: {log_dir} was removed during the run; made it again for "
+                       "the node logs and events from here on")
+
+
+def _say_once(path: str, line: str) -> None:
+    # One line per events file, however many events fail, on stderr: the console's own
+    # stream may be the thing that is broken.
+    if path not in _SAID:
+        _SAID.add(path)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _plain(value: Any) -> Any:

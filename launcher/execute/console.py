@@ -1,0 +1,116 @@
+"""The console's share of node output: a bounded queue that one thread prints from.
+
+The readers write every line to the node logs first (stream.NodeLog) and only then offer
+it here, so a slow terminal never holds a reader, hence never a node, hence never a
+teardown. When the queue is over its bound the oldest lines are skipped (the newest keep
+flowing) and the console says how far behind it is; at teardown the queue is abandoned and
+one line says what was not shown and where it is.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from .stream import Printer
+
+BOUND_BYTES = 8 * 2**20  # node output held for the console; past it the oldest is skipped
+BEHIND_EVERY_S = 2.0     # at most one "behind" line per this many seconds
+
+
+class Console:
+    """Node lines to the Printer from a thread of its own; offer() never blocks on the terminal."""
+
+    def __init__(self, printer: Printer, log_paths: dict[int, str], bound: int = BOUND_BYTES):
+        self.printer, self.log_paths, self.bound = printer, log_paths, bound
+        self._queue: collections.deque[tuple[int, str, list[str], int]] = collections.deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._skipped = [0, 0]       # lines, bytes skipped since the last "behind" line
+        self._skipped_ranks: set[int] = set()
+        self._unshown = [0, 0]       # lines, bytes never shown once abandoned
+        self._unshown_ranks: set[int] = set()
+        self._abandoned = self._closed = False
+        self._said_at = 0.0
+        self._thread = threading.Thread(target=self._print_loop, daemon=True)
+        self._thread.start()
+
+    def offer(self, rank: int, host: str, lines: list[str]) -> None:
+        """Queue lines for the console; the oldest queued lines go if the bound is passed."""
+        size = sum(len(line) + 1 for line in lines)
+        with self._cond:
+            if self._abandoned:
+                self._count(self._unshown, self._unshown_ranks, rank, len(lines), size)
+                return
+            self._queue.append((rank, host, lines, size))
+            self._bytes += size
+            while self._bytes > self.bound and len(self._queue) > 1:
+                r, _, old, n = self._queue.popleft()
+                self._bytes -= n
+                self._count(self._skipped, self._skipped_ranks, r, len(old), n)
+            self._cond.notify()
+
+    def abandon(self) -> None:
+        """Stop showing node output (teardown): what is queued and what comes later is only
+        in the node logs; close() says so in one line."""
+        with self._cond:
+            if self._abandoned:
+                return
+            self._abandoned = True
+            for r, _, lines, n in self._queue:
+                self._count(self._unshown, self._unshown_ranks, r, len(lines), n)
+            self._count(self._unshown, self._unshown_ranks, None, *self._skipped)
+            self._unshown_ranks |= self._skipped_ranks
+            self._queue.clear()
+            self._bytes = 0
+            self._cond.notify()
+
+    def close(self, wait_s: float = 5.0, more: str = "") -> None:
+        """Print what is queued (not past wait_s), then the one 'not shown' line if any
+        (more: said at its end, e.g. where output the nodes never sent is)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(wait_s)
+        self.abandon()  # whatever the thread could not print in time is not shown
+        lines, size = self._unshown
+        if lines:
+            paths = ", ".join(self.log_paths[r] for r in sorted(self._unshown_ranks))
+            self.printer.say(f"console: {lines} line{'' if lines == 1 else 's'} ({_mb(size)}) of "
+                             f"node output not shown here; every line is in {paths}{more}")
+
+    def _count(self, tally: list[int], ranks: set[int], rank: int | None, lines: int, size: int) -> None:
+        tally[0] += lines
+        tally[1] += size
+        if rank is not None and lines:
+            ranks.add(rank)
+
+    def _print_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed and not self._abandoned:
+                    self._cond.wait()
+                if self._abandoned or not self._queue:
+                    return
+                rank, host, lines, size = self._queue.popleft()
+                self._bytes -= size
+                behind = self._behind_line()
+            if behind:
+                self.printer.say(behind)
+            self.printer.node_lines(rank, host, lines)
+
+    def _behind_line(self) -> str | None:
+        # Called under the lock: one line now and then, never one per skipped batch.
+        lines, size = self._skipped
+        now = time.monotonic()
+        if not lines or now - self._said_at < BEHIND_EVERY_S:
+            return None
+        self._said_at = now
+        paths = ", ".join(self.log_paths[r] for r in sorted(self._skipped_ranks))
+        self._skipped, self._skipped_ranks = [0, 0], set()
+        return (f"console behind: skipped {lines} line{'' if lines == 1 else 's'} ({_mb(size)}) "
+                f"to keep up, showing the newest; every line is in {paths}")
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.1f} MB"

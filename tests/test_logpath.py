@@ -1,0 +1,118 @@
+"""The log path under pressure: a flood never holds up a teardown, a slow console skips and
+says so, a removed log directory costs one line; the node logs keep every line throughout."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+from .helpers import ROOT, script_job, write_spec
+from .procs import job_pids
+
+RECORD = re.compile(r"\[default0\]:(\d{9}) x{1014}\n")   # tests/scripts/flood_then_fail.py
+NOT_SHOWN = re.compile(r"^\[mlaunch\] console: \d+ lines? \([\d.]+ MB\) of node output not shown "
+                       r"here; every line is in (\S+)[;,\n]")
+
+
+def launch(tmp_path, spec: dict, stdout) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                            cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT)
+
+
+def flood_lines(path: str) -> list[int]:
+    """The sequence numbers of rank 0's whole lines in a node log, in order.
+
+    Searched anywhere in a line: torchrun's own stderr (its SIGTERM traceback) shares the
+    node's stream with the tail it copies, so a record may follow a fragment of it."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    return [int(m.group(1)) for m in RECORD.finditer(text)]
+
+
+def test_failed_rank_tears_down_a_flooding_job_without_the_backlog(tmp_path):
+    """Rank 0 floods; rank 1 fails once 20 MB are written: exit 1, nothing of the run left,
+    the node log numbered without a gap, one console line naming it for what was not shown."""
+    marker = str(tmp_path / "marker")
+    spec = script_job(["localhost", "127.0.0.1"], 1, "flood_then_fail.py", [marker, "20000"],
+                      str(tmp_path / "out"), cuda_visible_devices=[[0], [1]])
+    spec["name"] = f"flood{os.getpid()}"
+    with open(tmp_path / "console", "wb") as out:
+        proc = launch(tmp_path, spec, out)
+        assert proc.wait() == 1
+    assert job_pids(spec["name"] + "-") == set(), "processes of the run were left"
+    console = (tmp_path / "console").read_text()
+    (log,) = glob.glob(str(tmp_path / "out/logs/*/node0-*.log"))
+    seqs = flood_lines(log)
+    assert seqs == list(range(len(seqs))) and len(seqs) >= 20000
+    said = [NOT_SHOWN.match(line + "\n") for line in console.splitlines()]
+    assert [m.group(1) for m in said if m] == [log], console[-3000:]
+
+
+def test_slow_console_skips_to_the_newest_and_says_it_is_behind(tmp_path):
+    """A console read slowly: it says it is behind by lines and MB, later lines still come,
+    the node log holds all 30,000."""
+    spec = script_job(["localhost"], 1, "flood_then_fail.py", ["-", "30000"], str(tmp_path / "out"))
+    proc = launch(tmp_path, spec, subprocess.PIPE)
+    got = bytearray()
+    while chunk := proc.stdout.read1(16384):
+        got += chunk
+        if len(got) < 4 * 2**20:   # a terminal at 16 KB a read, slowed for the first 4 MB
+            time.sleep(0.02)  # the reader's pace, not a wait for anything
+    assert proc.wait() == 0
+    text = got.decode()
+    (log,) = glob.glob(str(tmp_path / "out/logs/*/node0-*.log"))
+    assert flood_lines(log) == list(range(30000))
+    behind = [i for i, line in enumerate(text.splitlines())
+              if re.match(r"\[mlaunch\] console behind: skipped \d+ lines \([\d.]+ MB\) to keep up, "
+                          r"showing the newest; every line is in " + re.escape(log) + "$", line)]
+    assert behind, text[-2000:]
+    shown = [int(m.group(1)) for m in re.finditer(r"^\[node0 localhost local0\] (\d{9}) ", text, re.M)]
+    assert shown == sorted(shown) and shown[-1] > len(shown), "no gap: nothing was skipped"
+
+
+def _wait_line(proc: subprocess.Popen, text: str) -> list[str]:
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError("".join(seen))
+
+
+def test_log_dir_removed_mid_run_costs_one_line_not_the_run(tmp_path):
+    """The run's log directory removed while it runs: made again, one line, exit 0."""
+    go = str(tmp_path / "go")
+    spec = script_job(["localhost"], 1, "wait_for_file.py", [go], str(tmp_path / "out"))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = _wait_line(proc, "waiting for")
+    (log_dir,) = glob.glob(str(tmp_path / "out/logs/*"))
+    shutil.rmtree(log_dir)
+    open(go, "w").close()
+    out = "".join(seen) + proc.stdout.read()
+    assert proc.wait() == 0, out
+    assert "Traceback" not in out
+    assert out.count(f"{log_dir} was removed during the run") == 1, out
+    assert os.path.exists(os.path.join(log_dir, "events.jsonl"))
+    assert "released" in open(glob.glob(os.path.join(log_dir, "node0-*.log"))[0]).read()
+
+
+def test_log_dir_that_cannot_be_written_costs_one_line_not_the_run(tmp_path):
+    """The log directory replaced by a plain file (no event can be written): one line, exit 0."""
+    go = str(tmp_path / "go")
+    spec = script_job(["localhost"], 1, "wait_for_file.py", [go], str(tmp_path / "out"))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = _wait_line(proc, "waiting for")
+    (log_dir,) = glob.glob(str(tmp_path / "out/logs/*"))
+    shutil.rmtree(log_dir)
+    open(log_dir, "w").close()
+    open(go, "w").close()
+    out = "".join(seen) + proc.stdout.read()
+    assert proc.wait() == 0, out
+    assert "Traceback" not in out
+    assert out.count(f"cannot record events in {log_dir}/events.jsonl") == 1, out
