@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from launcher.execute.base import HEARTBEAT_S, heartbeat_period
+from launcher.execute.base import HEARTBEAT_S, LOST, Exit, heartbeat_period
+from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.view.present import describe_result
 
 from .helpers import ROOT, mlaunch, script_job, write_spec
 
@@ -285,6 +288,19 @@ def test_heartbeat_keeps_a_long_node_alive_local(tmp_path):
     r = submit(tmp_path, spec, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
     assert "rank 0 exiting 0" in r.stdout
+
+
+def test_a_torn_down_node_whose_session_closed_first_is_terminated_by_mlaunch():
+    """mlaunch decided the teardown: a node whose session closed before its exit status came
+    (a loaded host) is reported as terminated by mlaunch, not as a failure of its own."""
+    cut = Exit(LOST, lost=True, detail="connection lost")
+    node = NodeOutcome(0, "10.0.0.1", cut, terminated=True)
+    assert node.result == "terminated by mlaunch (connection lost before its exit status)"
+    assert NodeOutcome(1, "10.0.0.2", cut).result == "connection lost"
+    result = JobResult(LOST, [node, NodeOutcome(1, "10.0.0.2", cut)], first_failure=1)
+    plan = SimpleNamespace(run_id="r1", log_dir="/tmp/logs", mask=lambda text: text)
+    text = describe_result(plan, result)
+    assert "--- node0" not in text and "--- node1" in text, text
 
 
 def test_heartbeat_period_is_a_quarter_of_the_hangup_wait_at_most():
