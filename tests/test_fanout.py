@@ -16,7 +16,7 @@ from launcher.execute.base import HEARTBEAT_S, LOST, Exit, heartbeat_period
 from launcher.execute.outcome import JobResult, NodeOutcome
 from launcher.view.present import describe_result
 
-from .helpers import ROOT, mlaunch, script_job, write_spec
+from .helpers import ROOT, limit, mlaunch, script_job, write_spec
 
 
 
@@ -34,7 +34,7 @@ def wait_ready(proc: subprocess.Popen, n: int, deadline_s: float | None = None) 
     """Read proc's output until n ranks said they are ready (or it ends, or deadline_s passed
     when a line comes): {rank: pid} of those that did."""
     ready: dict[str, int] = {}
-    deadline = time.monotonic() + deadline_s if deadline_s else None
+    deadline = time.monotonic() + limit(deadline_s) if deadline_s else None
     for line in proc.stdout:
         if m := READY.search(line):
             ready[m.group(1)] = int(m.group(2))
@@ -48,7 +48,7 @@ def job_pids(host, keep: set[int]) -> set[int]:
 
     Per namespace, not by name: anything the job started counts, whatever it is called.
     """
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + limit(5)
     while True:
         left = {p for p in host.pids() if p != host.sshd_pid and p not in keep}
         left = {p for p in left if not _is_sshd_session(p)}
@@ -135,7 +135,7 @@ def test_sigint_tears_down_exit_130(make_hostset, tmp_path):
         proc = start(tmp_path, spec)
         assert len(wait_ready(proc, 4, deadline_s=240)) == 4   # generous: a loaded 2-core machine
         proc.send_signal(signal.SIGINT)
-        rest = proc.communicate(timeout=180)[0]
+        rest = proc.communicate(timeout=limit(180))[0]
         assert proc.returncode == 130, rest
         assert "interrupted" in rest
         for h in hs.hosts:
@@ -168,13 +168,13 @@ def test_link_down_mid_run_detected(make_hostset, tmp_path):
         wait_ready(proc, 2)
         hs.hosts[1].link_down()
         t0 = time.monotonic()
-        rest = proc.communicate(timeout=90)[0]
+        rest = proc.communicate(timeout=limit(90))[0]
         detect = time.monotonic() - t0
         assert proc.returncode == 255, rest
         assert re.search(rf"node1 {re.escape(hs.hosts[1].ip)}: connection lost", rest), rest
         assert re.search(r"^\[mlaunch\] 0\s+\S+\s+terminated by mlaunch", rest, re.M), rest
         assert job_pids(hs.hosts[0], set()) == set()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + limit(30)
         while job_pids(hs.hosts[1], set()) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert job_pids(hs.hosts[1], set()) == set(), "the partitioned node kept running"
@@ -233,7 +233,7 @@ def test_local_launcher_killed_leaves_no_orphans(tmp_path):
     pids = list(wait_ready(proc, 2).values())
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + limit(10)
     while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(os.path.exists(f"/proc/{p}") for p in pids), "workers survived their launcher"
@@ -277,7 +277,7 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
             assert other.poll() is None
         finally:
             other.send_signal(signal.SIGINT)
-            other.communicate(timeout=180)
+            other.communicate(timeout=limit(180))
         assert other.returncode == 130
 
 
