@@ -38,6 +38,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"load factor {_loadfactor.load_factor():g} (wait limits x that; {_loadfactor.ENV})"
 
 
+HOST_FIXTURES = {"make_hostset", "hosts2", "slurm2"}   # each needs namespace hosts (or Slurm)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that takes a host fixture is multihost whether or not it says so: the fast
+    # inner loop (run-tests.sh --fast, -m "not multihost ...") never starts hosts.
+    for item in items:
+        if HOST_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.multihost)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("multihost") is not None:
         reason = _hosts.skip_reason()

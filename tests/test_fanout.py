@@ -196,12 +196,14 @@ def test_unknown_host_key_refused(make_hostset, tmp_path):
         assert job_pids(hs.hosts[0], set()) == set()
 
 
+@pytest.mark.launches
 def test_local_executor_allreduce(tmp_path):
     out = str(tmp_path / "out")
     r = submit(tmp_path, script_job(["localhost"], 2, "allreduce.py", [], out))
     check_allreduce(r, 2, 1, out)
 
 
+@pytest.mark.launches
 def test_two_nodes_on_one_host(tmp_path):
     """Two node ranks on localhost, each with its own devices: a real two-node rendezvous."""
     out = str(tmp_path / "out")
@@ -227,6 +229,7 @@ def test_launcher_killed_leaves_no_orphans(make_hostset, tmp_path):
             assert job_pids(h, set()) == set(), f"orphans on {h.name}"
 
 
+@pytest.mark.launches
 def test_local_launcher_killed_leaves_no_orphans(tmp_path):
     spec = script_job(["localhost"], 2, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "out"))
     proc = start(tmp_path, spec)
@@ -281,6 +284,7 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
         assert other.returncode == 130
 
 
+@pytest.mark.launches
 def test_heartbeat_keeps_a_long_node_alive_local(tmp_path):
     """A node quietly busy for longer than hangup_after_s is not mistaken for an orphan."""
     spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "12"], str(tmp_path / "out"),
