@@ -12,10 +12,12 @@ import pytest
 
 try:  # `tests` imported as a package
     from . import hosts as _hosts
+    from . import loadfactor as _loadfactor
 except ImportError:  # rootdir-relative import (tests/ on sys.path, no __init__)
     if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # importlib mode
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import hosts as _hosts
+    import loadfactor as _loadfactor
 
 
 # Every mlaunch the tests start registers its runs here, never in the user's ~/.mlaunch.
@@ -23,10 +25,28 @@ os.environ["MLAUNCH_HOME"] = tempfile.mkdtemp(prefix="mlaunch-test-home-")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Measured once, before any worker starts: every wait limit is stretched by it
+    # (tests/loadfactor.py); pytest-xdist's workers inherit it through the environment.
+    _loadfactor.load_factor()
     config.addinivalue_line(
         "markers",
         "multihost: needs real namespace+sshd hosts (tests/hosts.py); "
         "skipped when they cannot be built (not root, no sshd, no netns...)")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"load factor {_loadfactor.load_factor():g} (wait limits x that; {_loadfactor.ENV})"
+
+
+HOST_FIXTURES = {"make_hostset", "hosts2", "slurm2"}   # each needs namespace hosts (or Slurm)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that takes a host fixture is multihost whether or not it says so: the fast
+    # inner loop (run-tests.sh --fast, -m "not multihost ...") never starts hosts.
+    for item in items:
+        if HOST_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.multihost)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

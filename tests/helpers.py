@@ -8,6 +8,8 @@ import sys
 
 import yaml
 
+from .loadfactor import limit  # noqa: F401  (re-exported: every test's wait limits)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
 SEED000 = os.path.join(CONFIGS, "seed000-qwen2-7b-lora.yaml")
@@ -89,7 +91,8 @@ def mlaunch(*args: str, cwd: str | None = None, env: dict | None = None, timeout
     full_env = {**os.environ, **(env or {})}
     full_env.pop("MLAUNCH_DEBUG", None) if not (env and "MLAUNCH_DEBUG" in env) else None
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd or ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=timeout, **kw)
+                          env=full_env, capture_output=True, text=True, timeout=limit(timeout),
+                          **kw)
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from .helpers import ROOT, write_spec
+from .helpers import ROOT, limit, write_spec
 
 CLI = [sys.executable, "-m", "launcher.cli"]
 
@@ -24,7 +24,7 @@ class Runs:
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([*CLI, *args], cwd=ROOT, env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=limit(timeout))
 
     def popen(self, *args: str, **kw) -> subprocess.Popen:
         return subprocess.Popen([*CLI, *args], cwd=ROOT, env=self.env, text=True,
@@ -45,7 +45,7 @@ class Runs:
         return next(r for r in self.ps() if r["id"] == run_id)
 
     def wait_state(self, run_id: str, states: tuple[str, ...], timeout: float = 180) -> dict:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit(timeout)
         while True:
             row = self.run(run_id)
             if row["state"] in states or time.monotonic() > deadline:
@@ -56,7 +56,7 @@ class Runs:
     def wait_console(self, run_id: str, pattern: str, count: int = 1, timeout: float = 120) -> str:
         """The console log once it holds pattern count times."""
         path = self.console_path(run_id)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit(timeout)
         while True:
             text = open(path).read() if os.path.exists(path) else ""
             if len(re.findall(pattern, text)) >= count or time.monotonic() > deadline:
@@ -103,4 +103,4 @@ def submit_in_terminal(runs: Runs, spec_path: str) -> tuple[subprocess.Popen, st
 def hang_up(shell: subprocess.Popen) -> None:
     """What a closed terminal does: SIGHUP to the whole process group."""
     os.killpg(shell.pid, signal.SIGHUP)
-    shell.wait(timeout=30)
+    shell.wait(timeout=limit(30))

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.record.events import read_events
 
-from .helpers import script_job, write_spec
+from .helpers import limit, script_job, write_spec
 from .procs import job_pids as local_pids
 from .runs import Runs, hang_up, submit_in_terminal
 from .test_fanout import job_pids
@@ -42,7 +42,7 @@ def test_detached_run_survives_hangup_and_completes(make_hostset, tmp_path, runs
         runs.wait_console(run_id, r"tick rank \d node 1 i 5 ")
         follower = runs.popen("logs", "-f", run_id[:len(run_id) - 3])  # a unique prefix
         row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"))
-        followed, err = follower.communicate(timeout=60)
+        followed, err = follower.communicate(timeout=limit(60))
         assert row["state"] == "succeeded" and row["exit_code"] == 0, row
         assert follower.returncode == 0, err
         assert re.search(r"tick rank [0-3] node [01] i 59 ", followed), followed[-2000:]
@@ -98,7 +98,7 @@ def test_supervisor_killed_is_lost_and_stop_still_cleans(make_hostset, tmp_path,
         b = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "b"), hangup_after_s=6), name="b.yaml")
         runs.wait_console(b, r"ready rank \d", count=4)
         os.kill(runs.run(b)["supervisor_pid"], signal.SIGKILL)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + limit(60)
         while local_pids(b) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not local_pids(b), "the hang-up guards did not end the job"
@@ -135,7 +135,7 @@ def test_attach_then_ctrl_c_leaves_the_run_running(make_hostset, tmp_path, runs)
         first = att.stdout.readline()
         assert "[node" in first or "[mlaunch]" in first, first
         att.send_signal(signal.SIGINT)
-        rest, err = att.communicate(timeout=30)
+        rest, err = att.communicate(timeout=limit(30))
         assert att.returncode == 0, err
         assert "Ctrl-C detaches, the run keeps running" in err
         assert f"detached from run {run_id}; it keeps running" in err
@@ -161,7 +161,7 @@ def test_stop_of_a_foreground_run_by_job_name(make_hostset, tmp_path, runs):
         assert row["state"] == "running" and not row["detached"], row
         r = runs.cli("stop", "t")
         assert r.returncode == 0, r.stdout + r.stderr
-        rest, _ = fg.communicate(timeout=60)
+        rest, _ = fg.communicate(timeout=limit(60))
         assert fg.returncode == 130 and "interrupted: tearing down" in rest, rest[-2000:]
         assert runs.run(row["id"])["state"] == "stopped"
         assert all_gone(hs) == {h.name: set() for h in hs.hosts}

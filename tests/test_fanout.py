@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from launcher.execute.base import HEARTBEAT_S, heartbeat_period
+from launcher.execute.base import HEARTBEAT_S, LOST, Exit, heartbeat_period
+from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.view.present import describe_result
 
-from .helpers import ROOT, mlaunch, script_job, write_spec
+from .helpers import ROOT, limit, mlaunch, script_job, write_spec
 
 
 
@@ -31,7 +34,7 @@ def wait_ready(proc: subprocess.Popen, n: int, deadline_s: float | None = None) 
     """Read proc's output until n ranks said they are ready (or it ends, or deadline_s passed
     when a line comes): {rank: pid} of those that did."""
     ready: dict[str, int] = {}
-    deadline = time.monotonic() + deadline_s if deadline_s else None
+    deadline = time.monotonic() + limit(deadline_s) if deadline_s else None
     for line in proc.stdout:
         if m := READY.search(line):
             ready[m.group(1)] = int(m.group(2))
@@ -45,7 +48,7 @@ def job_pids(host, keep: set[int]) -> set[int]:
 
     Per namespace, not by name: anything the job started counts, whatever it is called.
     """
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + limit(5)
     while True:
         left = {p for p in host.pids() if p != host.sshd_pid and p not in keep}
         left = {p for p in left if not _is_sshd_session(p)}
@@ -132,7 +135,7 @@ def test_sigint_tears_down_exit_130(make_hostset, tmp_path):
         proc = start(tmp_path, spec)
         assert len(wait_ready(proc, 4, deadline_s=240)) == 4   # generous: a loaded 2-core machine
         proc.send_signal(signal.SIGINT)
-        rest = proc.communicate(timeout=180)[0]
+        rest = proc.communicate(timeout=limit(180))[0]
         assert proc.returncode == 130, rest
         assert "interrupted" in rest
         for h in hs.hosts:
@@ -165,13 +168,13 @@ def test_link_down_mid_run_detected(make_hostset, tmp_path):
         wait_ready(proc, 2)
         hs.hosts[1].link_down()
         t0 = time.monotonic()
-        rest = proc.communicate(timeout=90)[0]
+        rest = proc.communicate(timeout=limit(90))[0]
         detect = time.monotonic() - t0
         assert proc.returncode == 255, rest
         assert re.search(rf"node1 {re.escape(hs.hosts[1].ip)}: connection lost", rest), rest
         assert re.search(r"^\[mlaunch\] 0\s+\S+\s+terminated by mlaunch", rest, re.M), rest
         assert job_pids(hs.hosts[0], set()) == set()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + limit(30)
         while job_pids(hs.hosts[1], set()) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert job_pids(hs.hosts[1], set()) == set(), "the partitioned node kept running"
@@ -193,12 +196,14 @@ def test_unknown_host_key_refused(make_hostset, tmp_path):
         assert job_pids(hs.hosts[0], set()) == set()
 
 
+@pytest.mark.launches
 def test_local_executor_allreduce(tmp_path):
     out = str(tmp_path / "out")
     r = submit(tmp_path, script_job(["localhost"], 2, "allreduce.py", [], out))
     check_allreduce(r, 2, 1, out)
 
 
+@pytest.mark.launches
 def test_two_nodes_on_one_host(tmp_path):
     """Two node ranks on localhost, each with its own devices: a real two-node rendezvous."""
     out = str(tmp_path / "out")
@@ -224,13 +229,14 @@ def test_launcher_killed_leaves_no_orphans(make_hostset, tmp_path):
             assert job_pids(h, set()) == set(), f"orphans on {h.name}"
 
 
+@pytest.mark.launches
 def test_local_launcher_killed_leaves_no_orphans(tmp_path):
     spec = script_job(["localhost"], 2, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "out"))
     proc = start(tmp_path, spec)
     pids = list(wait_ready(proc, 2).values())
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + limit(10)
     while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(os.path.exists(f"/proc/{p}") for p in pids), "workers survived their launcher"
@@ -274,10 +280,11 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
             assert other.poll() is None
         finally:
             other.send_signal(signal.SIGINT)
-            other.communicate(timeout=180)
+            other.communicate(timeout=limit(180))
         assert other.returncode == 130
 
 
+@pytest.mark.launches
 def test_heartbeat_keeps_a_long_node_alive_local(tmp_path):
     """A node quietly busy for longer than hangup_after_s is not mistaken for an orphan."""
     spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "12"], str(tmp_path / "out"),
@@ -285,6 +292,19 @@ def test_heartbeat_keeps_a_long_node_alive_local(tmp_path):
     r = submit(tmp_path, spec, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
     assert "rank 0 exiting 0" in r.stdout
+
+
+def test_a_torn_down_node_whose_session_closed_first_is_terminated_by_mlaunch():
+    """mlaunch decided the teardown: a node whose session closed before its exit status came
+    (a loaded host) is reported as terminated by mlaunch, not as a failure of its own."""
+    cut = Exit(LOST, lost=True, detail="connection lost")
+    node = NodeOutcome(0, "10.0.0.1", cut, terminated=True)
+    assert node.result == "terminated by mlaunch (connection lost before its exit status)"
+    assert NodeOutcome(1, "10.0.0.2", cut).result == "connection lost"
+    result = JobResult(LOST, [node, NodeOutcome(1, "10.0.0.2", cut)], first_failure=1)
+    plan = SimpleNamespace(run_id="r1", log_dir="/tmp/logs", mask=lambda text: text)
+    text = describe_result(plan, result)
+    assert "--- node0" not in text and "--- node1" in text, text
 
 
 def test_heartbeat_period_is_a_quarter_of_the_hangup_wait_at_most():

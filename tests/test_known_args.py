@@ -16,6 +16,8 @@ from launcher.spec import known_args
 from .helpers import ROOT
 from .training import require_swift, require_trainer
 
+pytestmark = pytest.mark.training
+
 
 @pytest.mark.parametrize("entry", ["swift.sft", "swift.rlhf", "megatron.sft", "megatron.rlhf"])
 def test_swift_names_match_the_installed_parser(entry):

@@ -131,6 +131,7 @@ def test_estimate_is_linear_in_the_fitted_constants():
         assert memory.estimate(shape, st).total == pytest.approx(total)
 
 
+@pytest.mark.training
 def test_parameter_count_matches_transformers():
     """Ψ from config.json equals the parameters transformers builds (meta device, no memory)."""
     py = os.environ.get("MLAUNCH_TRAINER_VENV", os.path.join(ROOT, ".venvs", "trainer")) + "/bin/python"

@@ -94,6 +94,7 @@ def _ps_loop(env: dict, stop: threading.Event, seen: list, errors: list) -> None
             errors.append(f"torn output: {e}: {r.stdout[-200:]}")
 
 
+@pytest.mark.launches
 def test_two_writers_on_one_row_lose_no_update_while_20_ps_read(runs):
     reg = record(runs, "busy", pid=os.getpid(), start=proc_start(os.getpid()), detached=False)
     db = os.path.join(runs.home, "runs.db")
@@ -132,6 +133,7 @@ def _ticker_job(tmp_path, name: str, code: int, restarts: int) -> str:
     return path
 
 
+@pytest.mark.launches
 def test_two_runs_change_state_while_20_ps_read(tmp_path, runs):
     stop, seen, errors = threading.Event(), [], []
     readers = [threading.Thread(target=_ps_loop, args=(runs.env, stop, seen, errors)) for _ in range(20)]

@@ -51,6 +51,7 @@ def _attempts(db: str, run_id: str):
         reg.close()
 
 
+@pytest.mark.launches
 def test_a_lock_held_past_the_timeout_never_fails_a_run(tmp_path, runs):
     db, go = os.path.join(runs.home, "runs.db"), str(tmp_path / "go")
     sub = runs.popen("submit", write_spec(tmp_path, _job(tmp_path, go)), "--no-preflight",

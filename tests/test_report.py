@@ -39,6 +39,7 @@ def runs(tmp_path_factory):
     return out, plain
 
 
+@pytest.mark.training
 def test_report_of_a_restarted_run(runs, tmp_path):
     out, _ = runs
     state = trainer_state(out)
@@ -91,6 +92,7 @@ def test_report_of_a_restarted_run(runs, tmp_path):
         assert steady.startswith("n/a: no window of ≥ 2 s")
 
 
+@pytest.mark.training
 def test_report_overlays_two_runs_and_finds_runs_by_id(runs, tmp_path):
     out, plain = runs
     run_id = os.listdir(os.path.join(plain, "logs"))[0]

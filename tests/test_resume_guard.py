@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from .helpers import ROOT, mlaunch, script_job, write_spec
@@ -106,6 +107,7 @@ def test_overwrite_renders_overwrite(tmp_path):
     assert (out / "checkpoint-5" / "trainer_state.json").exists()
 
 
+@pytest.mark.launches
 def test_concurrent_submit_refused_then_stale_lock_taken_over(tmp_path):
     out = str(tmp_path / "out")
     spec = write_spec(tmp_path, script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "4"], out))

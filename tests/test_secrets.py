@@ -95,6 +95,7 @@ def run_with_canary(tmp_path, hosts: list[str], nproc: int, hs=None) -> None:
     assert files_holding(str(tmp_path), canary, skip={path}) == []
 
 
+@pytest.mark.launches
 def test_secret_never_on_a_command_line_local(tmp_path):
     run_with_canary(tmp_path, ["localhost"], 2)
 

@@ -89,6 +89,7 @@ def test_same_entry_point(name):
 
 
 @pytest.mark.parametrize("name", sorted(examples()))
+@pytest.mark.training
 def test_effective_arguments_equal_the_examples(parsed, name):
     theirs, ours = parsed[name]
     assert "error" not in theirs, theirs

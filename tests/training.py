@@ -25,6 +25,9 @@ SWIFT_PYTHON = os.path.join(SWIFT_VENV, "bin", "python")
 def _require_venv(venv: str, builder: str, what: str) -> str:
     """venv's python, or skip with the command that builds it."""
     python = os.path.join(venv, "bin", "python")
+    if os.environ.get("MLAUNCH_TESTS_FAST"):  # run-tests.sh --fast builds no venv
+        pytest.fail(f"this test needs the {what} venv: mark it @pytest.mark.training so that "
+                    "run-tests.sh --fast leaves it out", pytrace=False)
     if not os.access(python, os.X_OK):
         pytest.skip(f"no {what} venv at {venv}: run `bash tests/env/{builder} "
                     f"{venv}` (.ci/run does)")

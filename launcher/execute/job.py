@@ -205,8 +205,11 @@ class _Session:
             self.printer.say(f"node{rank} {node.host}: {node.result}; tearing down the job on every host"
                              + self._noise_note())
             self._begin_teardown()
-        self.view.ended(rank, "lost" if outcome.lost else
-                        f"{'killed' if node.terminated else 'exit'} {outcome.code}")
+        # A node mlaunch tore down is "killed" even when its session closed first.
+        state = "lost" if outcome.lost else f"exit {outcome.code}"
+        if node.terminated:
+            state = "killed" if outcome.lost else f"killed {outcome.code}"
+        self.view.ended(rank, state)
 
     def _settle(self, deadline: float | None) -> float | None:
         # Once teardown is done, a node that still has not reported gets its session cut.

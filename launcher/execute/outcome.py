@@ -23,6 +23,10 @@ class NodeOutcome:
     def result(self) -> str:
         if self.exit is None:
             return "not started"
+        # mlaunch decided this node's end: a session that closed before its exit status came
+        # through (a loaded host, a cut session) does not make it a failure of its own.
+        if self.terminated and self.exit.lost:
+            return f"terminated by mlaunch ({self.exit.detail or 'connection lost'} before its exit status)"
         if self.exit.lost:
             return self.exit.detail or "connection lost"
         if self.terminated:

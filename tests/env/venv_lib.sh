@@ -5,8 +5,9 @@
 # defines install_pinned (pip installs after torch), place_local_files SITE and
 # verify_source (Python read on stdin, argv[1] = torch version), then calls build_venv DEST.
 # Every venv: torch 2.13.0 from the local CPU wheel only, never an index; no CUDA
-# torchvision/torchaudio; tests/env/sitecustomize; a stamp that skips pip when nothing
-# changed; one builder at a time per DEST (flock).
+# torchvision/torchaudio; tests/env/sitecustomize; built once per machine into a cache
+# entry named by the hash of its inputs (cache_root), DEST a link to it; one builder at a
+# time per entry (flock).
 set -euo pipefail
 
 START_NS=$(date +%s%N)
@@ -97,34 +98,52 @@ drop_cuda_extras() {
     done
 }
 
-build_venv() {
-    [ $# -eq 1 ] || { echo "usage: $BUILDER DEST" >&2; exit 2; }
-    DEST=$1
-    case $DEST in /*) ;; *) DEST="$PWD/$DEST" ;; esac
-    local f
-    for f in "$REQS" "$CONSTRAINTS" "$SITECUSTOMIZE" "${INPUTS[@]}"; do
-        [ -f "$f" ] || die "missing $f"
-    done
-    mkdir -p "$(dirname "$DEST")"
-    if command -v flock >/dev/null 2>&1; then
-        exec 9>"$DEST.lock"
-        flock 9
-    fi
-    # Every pip call gets the torch constraint, also any pip a build step might start.
-    export PIP_CONSTRAINT="$CONSTRAINTS" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-    PY="$DEST/bin/python"
-    local stamp="$DEST/.$NAME-venv.sha256" want
-    want=$(fingerprint)
-    ensure_venv
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        log "venv inputs unchanged; verifying only"
+# Where built venvs live, one per hash of their inputs, shared by every checkout of this
+# machine: MLAUNCH_VENV_CACHE, else /var/cache/mlaunch-venvs where writable (root), else
+# ${XDG_CACHE_HOME:-~/.cache}/mlaunch-venvs.
+cache_root() {
+    if [ -n "${MLAUNCH_VENV_CACHE:-}" ]; then
+        echo "$MLAUNCH_VENV_CACHE"
+    elif mkdir -p /var/cache/mlaunch-venvs 2>/dev/null && [ -w /var/cache/mlaunch-venvs ]; then
+        echo /var/cache/mlaunch-venvs
     else
-        rm -f "$stamp"
-        install_torch
-        install_pinned
-        drop_cuda_extras
+        echo "${XDG_CACHE_HOME:-$HOME/.cache}/mlaunch-venvs"
     fi
-    # Local workarounds are always re-copied: cheap, and never stale.
+}
+
+# DEST (the checkout's path) becomes a link to the cache entry. A real directory there is an
+# in-place venv of an older builder: it is replaced only when it carries this builder's stamp.
+link_dest() {
+    if [ -d "$DEST" ] && [ ! -L "$DEST" ]; then
+        ls "$DEST"/.*-venv.sha256 >/dev/null 2>&1 \
+            || die "$DEST exists and is not a venv this builder made; not touching it"
+        log "replacing the in-place venv at $DEST by a link to $ENTRY"
+        rm -rf "$DEST"
+    fi
+    ln -sfn "$ENTRY" "$DEST.link.$$" && mv -T "$DEST.link.$$" "$DEST"
+}
+
+# Venvs are not relocatable (pip writes the venv's path into every script's #! line and
+# the shm op's build files name it), so an entry is built at its final path, and complete
+# means "its stamp exists": the stamp is written last, after the verification passed. An
+# entry without one was left by a killed build and is removed before building again.
+build_entry() {
+    local stamp="$ENTRY/.$NAME-venv.sha256"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        log "cached venv $ENTRY (inputs unchanged); verifying only"
+        DEST=$ENTRY PY="$ENTRY/bin/python"
+        verify_source | "$PY" - "$TORCH_VERSION"
+        return
+    fi
+    if [ -e "$ENTRY" ]; then
+        log "removing the unfinished cache entry $ENTRY (a killed build)"
+        rm -rf "$ENTRY"
+    fi
+    DEST=$ENTRY PY="$ENTRY/bin/python"
+    ensure_venv
+    install_torch
+    install_pinned
+    drop_cuda_extras
     local site
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     cp "$SITECUSTOMIZE" "$site/sitecustomize.py"
@@ -132,8 +151,34 @@ build_venv() {
     after_local_files
     log "verifying"
     verify_source | "$PY" - "$TORCH_VERSION"
-    printf '%s\n' "$want" > "$stamp"
-    log "ready: $DEST (took $(elapsed) s)"
+    printf '%s\n' "$want" > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
+}
+
+build_venv() {
+    [ $# -eq 1 ] || { echo "usage: $BUILDER DEST" >&2; exit 2; }
+    DEST=$1
+    case $DEST in /*) ;; *) DEST="$PWD/$DEST" ;; esac
+    local f link_to
+    for f in "$REQS" "$CONSTRAINTS" "$SITECUSTOMIZE" "${INPUTS[@]}"; do
+        [ -f "$f" ] || die "missing $f"
+    done
+    mkdir -p "$(dirname "$DEST")"
+    # Every pip call gets the torch constraint, also any pip a build step might start.
+    export PIP_CONSTRAINT="$CONSTRAINTS" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+    want=$(fingerprint)
+    CACHE=$(cache_root)
+    mkdir -p "$CACHE"
+    ENTRY="$CACHE/$NAME-${want:0:16}"
+    link_to=$DEST
+    # One builder per cache entry, whichever checkout it was started from.
+    if command -v flock >/dev/null 2>&1; then
+        exec 9>"$ENTRY.lock"
+        flock 9
+    fi
+    build_entry
+    DEST=$link_to
+    link_dest
+    log "ready: $DEST -> $ENTRY (took $(elapsed) s)"
 }
 
 # The checks both venvs share, for the start of verify_source.

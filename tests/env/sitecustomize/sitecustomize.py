@@ -36,13 +36,18 @@ import sys
 # DeepSpeed JIT-builds its CPU shm op on first use under a lock file in
 # ~/.cache/torch_extensions; a build killed half-way leaves the lock and every later run
 # waits on it forever. This venv builds the op once, at creation, into its own folder.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+# The venv is used through links (a checkout's .venvs/<name> -> the machine-wide cache
+# entry, tests/env/venv_lib.sh): every path below, and every module's __file__, is the real
+# one it was built at, so the op's build commands (which name include paths) never change.
+_PREFIX = os.path.realpath(sys.prefix)
+sys.path[:] = [os.path.realpath(p) if p.startswith(sys.prefix) else p for p in sys.path]
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(_PREFIX, "torch_extensions"))
 # torch builds and checks that op with whatever `ninja` is first on PATH, and ninja 1.11
 # (/usr/bin) and the venv's 1.13 hash build commands differently: one run without the venv
 # on PATH (a test's own torchrun, not mlaunch's) made the next run rebuild the op, 25-65 s
 # of both cores. So every process of the venv finds the venv's bin/ first, as mlaunch's
 # workers do.
-_BIN = os.path.join(sys.prefix, "bin")
+_BIN = os.path.join(_PREFIX, "bin")
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
