@@ -139,6 +139,7 @@ def test_a_secret_override_is_masked_in_the_dry_run():
     assert "note: override cluster.env.HF_TOKEN=***\n" in r.stdout and "hf_abcdefgh12345" not in r.stdout
 
 
+@pytest.mark.launches
 def test_overrides_are_stored_with_the_run_in_the_registry(tmp_path):
     from launcher.record.registry import Registry
     out = str(tmp_path / "out")
@@ -204,6 +205,7 @@ def test_slurm_dry_run_says_submit_runs_no_preflight_and_shows_ds_sources():
 
 # ---- report of a script job ----------------------------------------------------------------
 
+@pytest.mark.launches
 def test_report_of_a_script_job_reads_steps_and_losses_from_its_events(tmp_path):
     pytest.importorskip("matplotlib")
     logs = tmp_path / "out" / "logs" / "t-20260101-000000-abcd"
@@ -220,6 +222,7 @@ def test_report_of_a_script_job_reads_steps_and_losses_from_its_events(tmp_path)
 
 # ---- mlaunch exec --------------------------------------------------------------------------
 
+@pytest.mark.launches
 def test_exec_on_this_machine_and_its_exit_table(tmp_path):
     spec = write_spec(tmp_path, script_job(["localhost"], 1, "steps.py", [], str(tmp_path / "o")))
     r = mlaunch("exec", spec, "cluster.env.GREETING=hi", "--", "echo $GREETING from node; exit 3")

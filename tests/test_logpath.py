@@ -2,6 +2,7 @@
 says so, a removed log directory costs one line; the node logs keep every line throughout."""
 from __future__ import annotations
 
+import pytest
 import glob
 import os
 import re
@@ -12,6 +13,10 @@ import time
 
 from .helpers import ROOT, script_job, write_spec
 from .procs import job_pids
+
+# Every test here starts a real torchrun job on this machine.
+pytestmark = pytest.mark.launches
+
 
 RECORD = re.compile(r"\[default0\]:(\d{9}) x{1014}\n")   # tests/scripts/flood_then_fail.py
 NOT_SHOWN = re.compile(r"^\[mlaunch\] console: \d+ lines? \([\d.]+ MB\) of node output not shown "
