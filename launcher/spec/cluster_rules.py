@@ -45,7 +45,8 @@ LAUNCHER_ENV = {
 def check_cluster(c: Cluster) -> list[Problem]:
     """Hosts, processes per node, rendezvous address, devices, env names and the interpreter."""
     from .slurm_rules import check_scheduler
-    p: list[Problem] = check_scheduler(c, "ssh" in c.model_fields_set)
+    from .spare_rules import check_spares
+    p: list[Problem] = check_scheduler(c, "ssh" in c.model_fields_set) + check_spares(c)
     if c.scheduler == "slurm":
         return p + _check_env(c) + check_env_refs(c.env)
     if not c.hosts:

@@ -64,6 +64,11 @@ class Cluster(Strict):
         "use only the first N hosts (deepspeed --num_nodes)"))
     cuda_visible_devices: list[int] | list[list[int]] | None = Field(None, description=(
         "GPU indices every node uses, or one list per node: [[0], [1]] runs two nodes on one host"))
+    spare_hosts: list[str] = Field(default_factory=list, description=(
+        "hosts (the forms of hosts) that take, in order, the place of a node lost or unreachable "
+        "before a restart (max_restarts); the node keeps its rank, the world stays the same"))
+    min_nodes: int | None = Field(None, ge=1, description=(
+        "the fewest nodes a restart may run on; today only the node count itself (no shrink)"))
     master_addr: str | None = Field(None, description="defaults to the first host")
     master_port: int = Field(29500, ge=1024, le=65535)
     ssh: SSH = SSH()

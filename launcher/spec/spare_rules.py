@@ -1,0 +1,83 @@
+"""The rules of cluster.spare_hosts and cluster.min_nodes (issue 29, the spare-host half).
+
+A spare takes a lost node's place before a restart with that node's rank, process count and
+devices, so everything that makes one node differ from another is refused beside spares.
+check_cluster calls check_spares.
+"""
+from __future__ import annotations
+
+from ..errors import Problem
+from .hosts import parse_host
+from .models import Cluster
+from .select import node_procs
+
+SHRINK_NOT_BUILT = ("elastic shrink (a restart on fewer nodes) is not built yet; set min_nodes "
+                    "to the node count ({n}) or leave it out, and give cluster.spare_hosts to "
+                    "replace a lost node")
+
+
+def check_spares(c: Cluster) -> list[Problem]:
+    """min_nodes within the node count, and spares that can stand in for any node."""
+    p = _check_min_nodes(c)
+    if not c.spare_hosts:
+        return p
+    if c.scheduler == "slurm":
+        return p + [Problem("cluster.spare_hosts", "the Slurm variant (a restart that excludes "
+                            "the failed node) is not built yet; remove spare_hosts, or use "
+                            "scheduler: ssh with hosts")]
+    p += _check_spare_forms(c)
+    if isinstance(c.gpus_per_node, list):
+        src = " (the hostfile's slots= differ between hosts)" if c.hostfile else ""
+        p.append(Problem("cluster.gpus_per_node", f"{list(c.gpus_per_node)}{src}: a spare may take "
+                         "any node's place, so every node must run the same count; give one "
+                         "count, or remove spare_hosts"))
+    devs = c.cuda_visible_devices
+    if devs and isinstance(devs[0], list):
+        p.append(Problem("cluster.cuda_visible_devices", f"one list per node ({devs}) with "
+                         "spare_hosts: a spare may take any node's place; give one list for "
+                         "every node, or remove spare_hosts"))
+    return p
+
+
+def _check_min_nodes(c: Cluster) -> list[Problem]:
+    """min_nodes ≤ the node count; below it only once shrink exists."""
+    if c.min_nodes is None:
+        return []
+    n = len(node_procs(c))
+    if not n:
+        return []   # no hosts: that problem has its own line
+    if c.min_nodes > n:
+        return [Problem("cluster.min_nodes", f"{c.min_nodes} is more than the {n} nodes of "
+                        f"cluster.hosts; give at most {n}, or leave it out")]
+    if c.min_nodes < n:
+        return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + SHRINK_NOT_BUILT.format(n=n))]
+    return []
+
+
+def _check_spare_forms(c: Cluster) -> list[Problem]:
+    """Each spare parses, agrees with cluster.ssh, and is neither a node nor another spare."""
+    port = c.ssh.port
+    nodes = {}
+    for i, h in enumerate(c.hosts or []):
+        a = parse_host(h)
+        if not isinstance(a, str):
+            nodes.setdefault(a.key(port), i)
+    p: list[Problem] = []
+    seen: dict = {}
+    for i, h in enumerate(c.spare_hosts):
+        where, a = f"cluster.spare_hosts[{i}]", parse_host(h)
+        if isinstance(a, str):
+            p.append(Problem(where, a))
+            continue
+        if a.user and c.ssh.user and a.user != c.ssh.user:
+            p.append(Problem(where, f"{h!r} says user {a.user} but cluster.ssh.user is "
+                             f"{c.ssh.user}; remove one"))
+        key = a.key(port)
+        if key in nodes:
+            p.append(Problem(where, f"{h!r} is already cluster.hosts[{nodes[key]}]; a spare must "
+                             "be a machine the job does not use; remove it or name another"))
+        elif key in seen:
+            p.append(Problem(where, f"{h!r} is also cluster.spare_hosts[{seen[key]}]; list each "
+                             "spare once"))
+        seen.setdefault(key, i)
+    return p
