@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import finished
+from . import finished, spares
 from ..errors import UserError
 from ..execute.job import JobResult, make_executor, run_job
 from ..record.events import EventLog
@@ -190,8 +190,9 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
         rec.restarting()
         events.attempt = attempt
         reason = getattr(result.health, "event", None) or f"exit {result.code}"
-        executor = _restart_wait(job, plan, executor, printer, attempt, limit)
-        master.executor = executor
+        job, plan, executor = _restart_wait(job, plan, executor, printer, attempt, limit,
+                                            result, events, (base_id, opts.log_dir))
+        master.executor, master.plan = executor, plan
         found = master.discover() if TRAINERS[job.trainer].resumable else None
         resume_from = found.latest if found else None
         if found and (done := finished.complete_line(job, found)):
@@ -223,9 +224,14 @@ def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,
     return "fresh_over_left" if master.ignore else None
 
 
-def _restart_wait(job, plan, executor, printer, attempt, limit):
-    """Back off, then reconnect everywhere (a failed node may have dropped its connection)."""
+def _restart_wait(job, plan, executor, printer, attempt, limit, result, events, where):
+    """Back off, then reconnect everywhere (a failed node may have dropped its connection):
+    (job, plan, executor) of the next attempt, whose hosts spares.py may have changed."""
     printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
     time.sleep(job.restart_backoff_s)
     executor.close()
-    return _connect(plan)
+    if not job.cluster.spare_hosts:
+        return job, plan, _connect(plan)
+    run_id, log_dir = where   # the attempt's plan is built again in the loop; this one connects
+    rebuild = lambda j: build_plan(j, run_id=run_id, log_dir=log_dir)  # noqa: E731
+    return spares.reconnect(job, plan, result, printer, events, rebuild)

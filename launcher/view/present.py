@@ -38,6 +38,7 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     lines.append(restart_line(job))
+    lines += spare_lines(job)
     if job.cluster.scheduler == "slurm":
         n = len(plan.nodes)
         lines.append(f"scheduler: slurm, {n} node{'' if n == 1 else 's'} from the allocation")
@@ -68,6 +69,21 @@ def restart_line(job) -> str:
            else "scratch (this trainer writes no checkpoint mlaunch can resume)")
     return (f"restarts: up to {job.max_restarts} (max_restarts), each {job.restart_backoff_s:g}s "
             f"after a node failure (restart_backoff_s), every node relaunched from {how}")
+
+
+def spare_lines(job) -> list[str]:
+    """The spare-host policy (launcher/launch/spares.py), when cluster.spare_hosts names any."""
+    c = job.cluster
+    if not c.spare_hosts:
+        return []
+    size, gb = world_size(job), global_batch(job) if isinstance(job, (LlamaFactoryJob, SwiftJob)) else None
+    keep = f"the world ({size}) " + (f"and the global batch ({gb}) stay" if gb else "stays")
+    master = ("a replaced node 0's spare becomes the master" if c.master_addr is None else
+              f"node 0 cannot be replaced: cluster.master_addr {c.master_addr} is given")
+    unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will use them"
+    return [f"spare hosts, in order: {', '.join(c.spare_hosts)}: before a restart each node lost "
+            "in the last attempt (connection lost) or unreachable now takes the next one, with "
+            f"its rank; {keep} the same; {master}{unused}"]
 
 
 def _how(plan: LaunchPlan, login: str) -> str:

@@ -1,0 +1,75 @@
+"""Before a restart: replace lost or unreachable nodes by cluster.spare_hosts, in order.
+
+A node is replaced when the last attempt lost it (its connection dropped: a hardware-looking
+cause, not a rank's non-zero exit) or when it cannot be reached now. The spare takes the
+node's rank, so ranks stay contiguous and a surviving node 0 stays node 0; a replaced node 0
+makes the spare the master (cluster.master_addr defaults to node 0). The world and the
+batch stay what they were: every node runs the same processes (spare_rules.py).
+"""
+from __future__ import annotations
+
+from ..errors import UserError
+from ..execute.job import JobResult, make_executor
+from ..execute.stream import Printer
+from ..execute.watch import world_size
+from ..plan.launch_plan import LaunchPlan
+from ..record.events import EventLog
+from ..spec import JobBase
+
+
+def lost_ranks(result: JobResult) -> dict[int, str]:
+    """{rank: why} of the nodes whose connection dropped on their own (not in mlaunch's teardown)."""
+    return {o.rank: o.exit.detail or "connection lost" for o in result.nodes
+            if o.exit is not None and o.exit.lost and not o.terminated}
+
+
+def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printer,
+              events: EventLog, rebuild) -> tuple[JobBase, LaunchPlan, object]:
+    """Connect to every host of the next attempt, replacing bad nodes by spares first.
+
+    rebuild(job): the attempt's plan for a job (the same run id and log dir). Returns the job
+    (its hosts the next attempt's), that plan and the connected executor; raises UserError
+    when a node is bad and no spare is left (nothing is started anywhere)."""
+    bad = lost_ranks(result)
+    while True:
+        job = _replace(job, plan, bad, printer, events)
+        plan = rebuild(job)
+        executor = make_executor(plan)
+        problems = executor.connect()
+        if not problems:
+            return job, plan, executor
+        executor.close()
+        bad = _unreachable(plan, problems)
+        if not job.cluster.spare_hosts or not bad:
+            raise UserError(problems, header="cannot reach every host and no spare host is left; "
+                            "nothing was started anywhere:")
+
+
+def _unreachable(plan: LaunchPlan, problems) -> dict[int, str]:
+    """{rank: the connect problem} for every node whose login failed to connect."""
+    why = {p.path.removeprefix("host "): p.message for p in problems}
+    return {n.rank: f"unreachable: {why[n.login]}" for n in plan.nodes if n.login in why}
+
+
+def _replace(job: JobBase, plan: LaunchPlan, bad: dict[int, str], printer: Printer,
+             events: EventLog) -> JobBase:
+    """job with each bad node's host replaced by the next spare (as many as there are)."""
+    c = job.cluster
+    hosts, spares = list(c.hosts), list(c.spare_hosts)
+    if not bad or not spares:
+        return job
+    if 0 in bad and c.master_addr is not None:
+        raise UserError(f"cluster.master_addr: {c.master_addr} is node 0 ({hosts[0]}), which is "
+                        f"lost ({bad[0]}); a spare cannot take node 0's place while master_addr "
+                        "names it: leave master_addr out (it follows node 0) and submit again")
+    world = world_size(plan)
+    for rank in sorted(bad)[:len(spares)]:
+        old, new = hosts[rank], spares.pop(0)
+        hosts[rank] = new
+        events.emit("host_replaced", rank=rank, old_host=old, new_host=new, reason=bad[rank],
+                    spares_left=len(spares))
+        printer.say(f"host replaced: node{rank} {old} -> spare {new} ({bad[rank]}); the world "
+                    f"stays {world} processes" + ("; node 0 is the new master" if rank == 0 else ""))
+    return job.model_copy(update={"cluster": c.model_copy(update={"hosts": hosts,
+                                                                 "spare_hosts": spares})})
+

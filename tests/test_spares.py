@@ -1,0 +1,154 @@
+"""cluster.spare_hosts and cluster.min_nodes (issue 29, the spare-host half): the refusals, the
+dry-run's policy line, the replacement choice, and a lost node replaced on namespace hosts."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import time
+
+import pytest
+
+from launcher.errors import SpecError, UserError
+from launcher.execute.base import Exit
+from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.launch import spares
+from launcher.plan.launch_plan import build_plan
+from launcher.spec import load_spec, validate
+from launcher.view.present import describe_plan
+
+from .helpers import CONFIGS, limit, load_yaml, script_job, set_path
+
+SHRINK = ("elastic shrink (a restart on fewer nodes) is not built yet; set min_nodes to the node "
+          "count (2) or leave it out, and give cluster.spare_hosts to replace a lost node")
+
+
+def spec(**cluster) -> dict:
+    return {"name": "t", "trainer": "script", "script": {"path": "/abs/train.py"},
+            "cluster": {"hosts": ["a", "b"], "gpus_per_node": 1, **cluster}}
+
+
+def problems(data: dict) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        validate(data)
+    return [str(p) for p in err.value.problems]
+
+
+@pytest.mark.parametrize("cluster, line", [
+    ({"min_nodes": 3}, "cluster.min_nodes: 3 is more than the 2 nodes of cluster.hosts; give at "
+                       "most 2, or leave it out"),
+    ({"min_nodes": 1}, f"cluster.min_nodes: 1: {SHRINK}"),
+    ({"spare_hosts": ["B"]}, "cluster.spare_hosts[0]: 'B' is already cluster.hosts[1]; a spare "
+                             "must be a machine the job does not use; remove it or name another"),
+    ({"spare_hosts": ["c", "root@c"]}, "cluster.spare_hosts[1]: 'root@c' is also "
+                                       "cluster.spare_hosts[0]; list each spare once"),
+    ({"spare_hosts": ["c d"]}, "cluster.spare_hosts[0]: 'c d' is not a host name or address; "
+                               "give host, user@host, host:port, user@host:port or [v6addr]:port"),
+    ({"spare_hosts": ["c"], "gpus_per_node": [2, 1]},
+     "cluster.gpus_per_node: [2, 1]: a spare may take any node's place, so every node must run "
+     "the same count; give one count, or remove spare_hosts"),
+    ({"spare_hosts": ["c"], "cuda_visible_devices": [[0], [1]]},
+     "cluster.cuda_visible_devices: one list per node ([[0], [1]]) with spare_hosts: a spare may "
+     "take any node's place; give one list for every node, or remove spare_hosts"),
+])
+def test_spare_refusals(cluster, line):
+    assert problems(spec(**cluster)) == [line]
+
+
+def test_min_nodes_zero_is_pydantic_refusal():
+    got = problems(spec(min_nodes=0))
+    assert len(got) == 1 and got[0].startswith("cluster.min_nodes: 0"), got
+
+
+def test_spares_with_a_hostfile_of_mixed_slots_refused(tmp_path):
+    (tmp_path / "hosts").write_text("a slots=2\nb slots=1\n")
+    data = spec(spare_hosts=["c"])
+    del data["cluster"]["hosts"], data["cluster"]["gpus_per_node"]
+    data["cluster"]["hostfile"] = "hosts"
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecError) as err:
+        load_spec(str(path))
+    assert [str(p) for p in err.value.problems] == [
+        "cluster.gpus_per_node: [2, 1] (the hostfile's slots= differ between hosts): a spare may "
+        "take any node's place, so every node must run the same count; give one count, or remove "
+        "spare_hosts"]
+
+
+def test_spares_under_slurm_refused():
+    data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")))
+    data = set_path(data, "cluster.spare_hosts", ["n9"])
+    assert problems(data) == [
+        "cluster.spare_hosts: the Slurm variant (a restart that excludes the failed node) is not "
+        "built yet; remove spare_hosts, or use scheduler: ssh with hosts"]
+
+
+def test_min_nodes_equal_to_the_nodes_and_spares_accepted_and_shown():
+    job = validate(spec(min_nodes=2, spare_hosts=["c", "d"]) | {"max_restarts": 1})
+    text = describe_plan(build_plan(job, run_id="r"))
+    assert ("spare hosts, in order: c, d: before a restart each node lost in the last attempt "
+            "(connection lost) or unreachable now takes the next one, with its rank; the world (2) "
+            "stays the same; a replaced node 0's spare becomes the master") in text, text
+
+
+def test_lora_dry_run_says_the_global_batch_stays():
+    data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")))
+    c = data["cluster"]
+    for k in ("scheduler", "slurm", "shared_dir"):
+        c.pop(k, None)
+    c["hosts"], c["spare_hosts"] = [f"n{i}" for i in range(4)], ["n8"]
+    job = validate(data)
+    line = next(ln for ln in describe_plan(build_plan(job, run_id="r")).splitlines()
+                if ln.startswith("spare hosts"))
+    assert re.search(r"the world \(\d+\) and the global batch \(\d+\) stay the same", line), line
+
+
+class Events:
+    def __init__(self):
+        self.seen = []
+
+    def emit(self, event, **kw):
+        self.seen.append((event, kw))
+
+
+class Said:
+    def __init__(self):
+        self.lines = []
+
+    def say(self, line):
+        self.lines.append(line)
+
+
+def lost_result(*lost: int) -> JobResult:
+    nodes = [NodeOutcome(r, h, Exit(255, lost=True, detail="connection lost") if r in lost
+                         else Exit(143), terminated=r not in lost) for r, h in enumerate("ab")]
+    return JobResult(255, nodes, first_failure=lost[0])
+
+
+def test_lost_ranks_are_the_dropped_not_the_torn_down():
+    r = lost_result(1)
+    r.nodes.append(NodeOutcome(2, "x", Exit(255, lost=True, detail="connection lost"), terminated=True))
+    r.nodes.append(NodeOutcome(3, "y", Exit(1)))
+    assert spares.lost_ranks(r) == {1: "connection lost"}
+
+
+def test_node0_replaced_only_without_a_given_master_addr():
+    job = validate(spec(spare_hosts=["c"], master_addr="a"))
+    plan = build_plan(job, run_id="r")
+    with pytest.raises(UserError) as err:
+        spares._replace(job, plan, {0: "connection lost"}, Said(), Events())
+    assert err.value.lines() == [
+        "cluster.master_addr: a is node 0 (a), which is lost (connection lost); a spare cannot "
+        "take node 0's place while master_addr names it: leave master_addr out (it follows node "
+        "0) and submit again"]
+    job = validate(spec(spare_hosts=["c", "d"]))
+    said, ev = Said(), Events()
+    new = spares._replace(job, plan, {0: "connection lost"}, said, ev)
+    assert new.cluster.hosts == ["c", "b"] and new.cluster.spare_hosts == ["d"]
+    assert "--master-addr" in (argv := build_plan(new, run_id="r").nodes[1].argv)
+    assert argv[argv.index("--master-addr") + 1] == "c"
+    assert ev.seen == [("host_replaced", {"rank": 0, "old_host": "a", "new_host": "c",
+                                          "reason": "connection lost", "spares_left": 1})]
+    assert said.lines == ["host replaced: node0 a -> spare c (connection lost); the world stays "
+                          "2 processes; node 0 is the new master"]
