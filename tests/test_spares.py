@@ -3,11 +3,10 @@ dry-run's policy line, the replacement choice, and a lost node replaced on names
 from __future__ import annotations
 
 import copy
+import glob
 import json
 import os
 import re
-import time
-
 import pytest
 
 from launcher.errors import SpecError, UserError
@@ -152,3 +151,35 @@ def test_node0_replaced_only_without_a_given_master_addr():
                                           "reason": "connection lost", "spares_left": 1})]
     assert said.lines == ["host replaced: node0 a -> spare c (connection lost); the world stays "
                           "2 processes; node 0 is the new master"]
+
+
+def test_lost_node_replaced_by_the_spare(make_hostset, tmp_path):
+    """2 nodes + 1 spare, max_restarts 1: node 1's link is cut mid-run; the restart runs on the
+    spare, with node 1's rank and the same world, and exits 0."""
+    from .test_fanout import node_logs, start, wait_ready
+    with make_hostset(3) as hs:
+        a, b, spare = hs.hosts
+        out = str(tmp_path / "out")
+        os.makedirs(out)
+        job = script_job([a.ip, b.ip], 1, "spare_job.py", [out], out, hs=hs, hangup_after_s=6,
+                         spare_hosts=[spare.ip]) | {"max_restarts": 1, "restart_backoff_s": 0}
+        proc = start(tmp_path, job)
+        assert len(wait_ready(proc, 2, deadline_s=240)) == 2
+        b.link_down()
+        rest = proc.communicate(timeout=limit(240))[0]
+        assert proc.returncode == 0, rest[-4000:]
+        assert (f"host replaced: node1 {b.ip} -> spare {spare.ip} (connection lost); the world "
+                "stays 2 processes") in rest, rest[-4000:]
+        assert re.search(rf"^\[node1 {re.escape(spare.ip)} local0\] where rank 1/2 node 1 host "
+                         rf"{spare.name} attempt 1$", rest, re.M), rest[-4000:]
+        assert sorted(os.listdir(out)) == ["done-rank0-attempt1", "done-rank1-attempt1", "logs"]
+        assert open(os.path.join(out, "done-rank1-attempt1")).read() == spare.name
+        logs = node_logs(out)
+        safe = spare.ip.replace(":", "_")
+        assert f"where rank 1/2 node 1 host {spare.name} attempt 1" in logs[f"node1-{safe}.attempt1.log"]
+        (path,) = glob.glob(f"{out}/logs/*/events.jsonl")
+        events = [json.loads(ln) for ln in open(path)]
+        replaced = [e for e in events if e["event"] == "host_replaced"]
+        assert [(e["attempt"], e["rank"], e["old_host"], e["new_host"], e["reason"])
+                for e in replaced] == [(1, 1, b.ip, spare.ip, "connection lost")]
+        assert events[-1]["event"] == "run_end" and events[-1]["code"] == 0
