@@ -183,3 +183,47 @@ def test_lost_node_replaced_by_the_spare(make_hostset, tmp_path):
         assert [(e["attempt"], e["rank"], e["old_host"], e["new_host"], e["reason"])
                 for e in replaced] == [(1, 1, b.ip, spare.ip, "connection lost")]
         assert events[-1]["event"] == "run_end" and events[-1]["code"] == 0
+
+
+class FakeExecutor:
+    """Connects to every login but those in `down` (each a connect problem, as SSHExecutor's)."""
+
+    def __init__(self, logins, down):
+        self.logins, self.down, self.closed = logins, down, False
+
+    def connect(self):
+        from launcher.errors import Problem
+        return [Problem(f"host {h}", "connection timed out") for h in self.logins if h in self.down]
+
+    def close(self):
+        self.closed = True
+
+
+def test_unreachable_spare_skipped_and_no_spare_left_refused(monkeypatch):
+    down = {"c"}
+    monkeypatch.setattr(spares, "make_executor",
+                        lambda plan: FakeExecutor([n.login for n in plan.nodes], down))
+    job = validate(spec(spare_hosts=["c", "d"]))
+    plan = build_plan(job, run_id="r")
+    said, ev = Said(), Events()
+    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
+    new, new_plan, ex = spares.reconnect(job, plan, lost_result(1), said, ev, rebuild)
+    assert new.cluster.hosts == ["a", "d"] and [n.host for n in new_plan.nodes] == ["a", "d"]
+    assert [(kw["rank"], kw["old_host"], kw["new_host"], kw["reason"]) for _, kw in ev.seen] == [
+        (1, "b", "c", "connection lost"), (1, "c", "d", "unreachable: connection timed out")]
+    down.add("d")
+    with pytest.raises(UserError) as err:
+        spares.reconnect(job, plan, lost_result(1), Said(), Events(), rebuild)
+    assert err.value.lines() == ["cannot reach every host and no spare host is left; nothing was "
+                                 "started anywhere:", "host d: connection timed out"]
+
+
+def test_a_rank_exit_replaces_nothing(monkeypatch):
+    monkeypatch.setattr(spares, "make_executor",
+                        lambda plan: FakeExecutor([n.login for n in plan.nodes], set()))
+    job = validate(spec(spare_hosts=["c"]))
+    plan = build_plan(job, run_id="r")
+    exited = JobResult(3, [NodeOutcome(0, "a", Exit(143), terminated=True), NodeOutcome(1, "b", Exit(3))])
+    ev = Events()
+    new, _, _ = spares.reconnect(job, plan, exited, Said(), ev, lambda j: build_plan(j, run_id="r"))
+    assert new.cluster.hosts == ["a", "b"] and ev.seen == []
