@@ -227,3 +227,20 @@ def test_a_rank_exit_replaces_nothing(monkeypatch):
     ev = Events()
     new, _, _ = spares.reconnect(job, plan, exited, Said(), ev, lambda j: build_plan(j, run_id="r"))
     assert new.cluster.hosts == ["a", "b"] and ev.seen == []
+
+
+def test_cli_dry_run_shows_the_spares_and_refuses_duplicates(tmp_path):
+    from .helpers import mlaunch, write_spec
+    good = write_spec(tmp_path, spec(spare_hosts=["c"]) | {"max_restarts": 1}, "good.yaml")
+    d = mlaunch("submit", good, "--dry-run")
+    assert d.returncode == 0, d.stderr
+    assert "spare hosts, in order: c: before a restart" in d.stdout
+    j = mlaunch("submit", good, "--dry-run", "--json", "--run-id", "R1")
+    assert json.loads(j.stdout)["restarts"] == {"max_restarts": 1, "backoff_s": 5.0, "spare_hosts": ["c"]}
+    bad = write_spec(tmp_path, spec(spare_hosts=["a"], min_nodes=3), "bad.yaml")
+    r = mlaunch("submit", bad, "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[1:] == [
+        "mlaunch: cluster.min_nodes: 3 is more than the 2 nodes of cluster.hosts; give at most 2, or leave it out",
+        "mlaunch: cluster.spare_hosts[0]: 'a' is already cluster.hosts[0]; a spare must be a machine the "
+        "job does not use; remove it or name another"], r.stderr

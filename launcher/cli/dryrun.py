@@ -43,7 +43,7 @@ def plan_dict(plan, resume: str | None = None) -> dict:
         "job": job.name, "run_id": plan.run_id, "backend": backend_name(plan),
         "trainer": job.trainer, "notes": list(job._notes),
         "restarts": {"max_restarts": job.max_restarts, "backoff_s": job.restart_backoff_s,
-                     "spare_hosts": list(job.cluster.spare_hosts)},
+                     **({"spare_hosts": list(job.cluster.spare_hosts)} if job.cluster.spare_hosts else {})},
         "preflight_at_submit": job.cluster.scheduler != "slurm",
         "resume": plan.resume_from or resume,
         "log_dir": plan.log_dir, "run_dir": plan.run_dir,
