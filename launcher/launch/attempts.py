@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import finished, spares
+from . import finished, shrink, spares
 from ..errors import UserError
 from ..execute.job import JobResult, make_executor, run_job
 from ..record.events import EventLog
@@ -226,11 +226,12 @@ def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,
 
 def _restart_wait(job, plan, executor, printer, attempt, limit, result, events, where):
     """Back off, then reconnect everywhere (a failed node may have dropped its connection):
-    (job, plan, executor) of the next attempt, whose hosts spares.py may have changed."""
+    (job, plan, executor) of the next attempt, whose hosts spares.py (or shrink.py) may have
+    changed."""
     printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
     time.sleep(job.restart_backoff_s)
     executor.close()
-    if not job.cluster.spare_hosts:
+    if not job.cluster.spare_hosts and not shrink.allowed(job):
         return job, plan, _connect(plan)
     run_id, log_dir = where   # the attempt's plan is built again in the loop; this one connects
     rebuild = lambda j: build_plan(j, run_id=run_id, log_dir=log_dir)  # noqa: E731

@@ -4,7 +4,8 @@ A node is replaced when the last attempt lost it (its connection dropped: a hard
 cause, not a rank's non-zero exit) or when it cannot be reached now. The spare takes the
 node's rank, so ranks stay contiguous and a surviving node 0 stays node 0; a replaced node 0
 makes the spare the master (cluster.master_addr defaults to node 0). The world and the
-batch stay what they were: every node runs the same processes (spare_rules.py).
+batch stay what they were: every node runs the same processes (spare_rules.py). With no
+spare left for a node and cluster.min_nodes below the node count, shrink.py drops it instead.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..execute.watch import world_size
 from ..plan.launch_plan import LaunchPlan
 from ..record.events import EventLog
 from ..spec import JobBase
+from . import shrink
 
 
 def lost_ranks(result: JobResult) -> dict[int, str]:
@@ -32,7 +34,10 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
     when a node is bad and no spare is left (nothing is started anywhere)."""
     bad = lost_ranks(result)
     while True:
+        left = {r: bad[r] for r in sorted(bad)[len(job.cluster.spare_hosts):]}
         job = _replace(job, plan, bad, printer, events)
+        if left and shrink.allowed(job):   # no spare for these: run without them
+            job = shrink.drop(job, left, printer, events)
         plan = rebuild(job)
         executor = make_executor(plan)
         problems = executor.connect()
@@ -40,7 +45,7 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
             return job, plan, executor
         executor.close()
         bad = _unreachable(plan, problems)
-        if not job.cluster.spare_hosts or not bad:
+        if not bad or not (job.cluster.spare_hosts or shrink.allowed(job)):
             raise UserError(problems, header="cannot reach every host and no spare host is left; "
                             "nothing was started anywhere:")
 

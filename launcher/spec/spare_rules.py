@@ -1,19 +1,48 @@
-"""The rules of cluster.spare_hosts and cluster.min_nodes (issue 29, the spare-host half).
+"""The rules of cluster.spare_hosts and cluster.min_nodes (issue 29: spares, elastic shrink).
 
 A spare takes a lost node's place before a restart with that node's rank, process count and
 devices, so everything that makes one node differ from another is refused beside spares.
-check_cluster calls check_spares.
+A shrink (min_nodes below the node count) drops nodes, so every node must run the same count
+too, and the checkpoint must load at another data-parallel size (check_shrink).
+check_cluster calls check_spares; check_job calls check_shrink.
 """
 from __future__ import annotations
 
 from ..errors import Problem
 from .hosts import parse_host
-from .models import Cluster
+from .models import Cluster, JobBase
 from .select import node_procs
 
-SHRINK_NOT_BUILT = ("elastic shrink (a restart on fewer nodes) is not built yet; set min_nodes "
-                    "to the node count ({n}) or leave it out, and give cluster.spare_hosts to "
-                    "replace a lost node")
+SHRINK_NOT_BUILT = ("elastic shrink under Slurm (a smaller --nodes) is not built yet; set "
+                    "min_nodes to the node count ({n}) or leave it out")
+# DeepSpeed issue #6470: the HF Trainer does not load a universal checkpoint (forcing
+# load_universal_checkpoint ends training after one step), so a ZeRO checkpoint saved at
+# one data-parallel size cannot be resumed at another through the trainers mlaunch runs.
+ZERO_SHRINK = ("a DeepSpeed checkpoint holds one optimizer shard per rank and the HF Trainer "
+               "cannot resume it at another data-parallel size (no universal-checkpoint load; "
+               "mlaunch's ds_to_universal route is not built); set cluster.min_nodes to the node "
+               "count ({n}), give cluster.spare_hosts instead, or use LoRA/DDP without deepspeed")
+MEGATRON_SHRINK = ("Megatron-SWIFT's distributed checkpoint is laid out for its tp/pp/dp grid "
+                   "and mlaunch does not re-shard it; set cluster.min_nodes to the node count "
+                   "({n}) or give cluster.spare_hosts instead")
+
+
+def shrinks(c: Cluster) -> bool:
+    """Whether cluster.min_nodes lets a restart run on fewer nodes than cluster.hosts."""
+    return c.min_nodes is not None and c.min_nodes < len(node_procs(c))
+
+
+def check_shrink(job: JobBase) -> list[Problem]:
+    """A job that may shrink must resume at a smaller data-parallel size."""
+    c = job.cluster
+    if c.scheduler == "slurm" or not shrinks(c):
+        return []
+    n, why = len(node_procs(c)), None
+    if getattr(job, "megatron", None):
+        why = MEGATRON_SHRINK
+    elif getattr(job, "deepspeed", None):
+        why = ZERO_SHRINK
+    return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + why.format(n=n))] if why else []
 
 
 def check_spares(c: Cluster) -> list[Problem]:
@@ -40,7 +69,7 @@ def check_spares(c: Cluster) -> list[Problem]:
 
 
 def _check_min_nodes(c: Cluster) -> list[Problem]:
-    """min_nodes ≤ the node count; below it only once shrink exists."""
+    """min_nodes ≤ the node count; below it, one process count for every node (ssh only)."""
     if c.min_nodes is None:
         return []
     n = len(node_procs(c))
@@ -49,8 +78,12 @@ def _check_min_nodes(c: Cluster) -> list[Problem]:
     if c.min_nodes > n:
         return [Problem("cluster.min_nodes", f"{c.min_nodes} is more than the {n} nodes of "
                         f"cluster.hosts; give at most {n}, or leave it out")]
-    if c.min_nodes < n:
+    if c.min_nodes < n and c.scheduler == "slurm":
         return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + SHRINK_NOT_BUILT.format(n=n))]
+    if c.min_nodes < n and isinstance(c.gpus_per_node, list):
+        return [Problem("cluster.gpus_per_node", f"{list(c.gpus_per_node)}: a shrink "
+                        f"(cluster.min_nodes {c.min_nodes}) may drop any node, so every node must "
+                        "run the same count; give one count, or set min_nodes to the node count")]
     return []
 
 

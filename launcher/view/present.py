@@ -38,7 +38,7 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     lines.append(restart_line(job))
-    lines += spare_lines(job)
+    lines += spare_lines(job) + shrink_lines(job)
     if job.cluster.scheduler == "slurm":
         n = len(plan.nodes)
         lines.append(f"scheduler: slurm, {n} node{'' if n == 1 else 's'} from the allocation")
@@ -84,6 +84,30 @@ def spare_lines(job) -> list[str]:
     return [f"spare hosts, in order: {', '.join(c.spare_hosts)}: before a restart each node lost "
             "in the last attempt (connection lost) or unreachable now takes the next one, with "
             f"its rank; {keep} the same; {master}{unused}"]
+
+
+def shrink_lines(job) -> list[str]:
+    """The shrink policy (launcher/launch/shrink.py) and the batch at each allowed node count."""
+    from ..plan import shrink
+    from ..spec.select import node_procs
+    from ..spec.spare_rules import shrinks
+    c = job.cluster
+    if c.scheduler == "slurm" or not shrinks(c):
+        return []
+    procs, n = node_procs(c), len(c.hosts)
+    unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will shrink"
+    lines = [f"elastic shrink: down to {c.min_nodes} nodes (cluster.min_nodes), world "
+             f"{c.min_nodes * procs[0]}: a node lost with no spare left is dropped and the "
+             "restart runs on the healthy hosts (node 0 kept when healthy)" + unused]
+    if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
+        return lines
+    gb, pd = global_batch(job), job.batch.per_device
+    for s in shrink.sizes(procs[0], n, c.min_nodes, gb, pd):
+        lines.append(f"  at {s.nodes} nodes: global batch {gb} = world {s.world} × {pd} per "
+                     f"device × {s.grad_accum} accumulation" if s.grad_accum else
+                     f"  at {s.nodes} nodes: refused: global batch {gb} is not a multiple of "
+                     f"world {s.world} × {pd} per device (per_device is never raised)")
+    return lines
 
 
 def _how(plan: LaunchPlan, login: str) -> str:

@@ -1,0 +1,63 @@
+"""Before a restart with no spare left: drop the lost nodes, down to cluster.min_nodes.
+
+The next attempt runs on the healthy hosts, in their old order (ranks contiguous; node 0
+stays node 0 when it is healthy, else the next host becomes node 0 and the master). The
+global batch is kept by recomputing grad_accum (launcher/plan/shrink.py); a world that does
+not divide it ends the run with the node counts that would.
+"""
+from __future__ import annotations
+
+from ..errors import UserError
+from ..execute.stream import Printer
+from ..execute.watch import world_size
+from ..plan import shrink as arith
+from ..plan.trainers import global_batch
+from ..record.events import EventLog
+from ..spec import JobBase, LlamaFactoryJob, SwiftJob
+from ..spec.select import node_procs
+from ..spec.spare_rules import shrinks
+
+
+def allowed(job: JobBase) -> bool:
+    """Whether this job may restart on fewer nodes (cluster.min_nodes below the node count)."""
+    return shrinks(job.cluster)
+
+
+def drop(job: JobBase, bad: dict[int, str], printer: Printer, events: EventLog) -> JobBase:
+    """job without the hosts of the `bad` ranks and with the accumulation for the new world;
+    UserError (nothing started) when below min_nodes or the new world misses the batch."""
+    c = job.cluster
+    hosts = [h for r, h in enumerate(c.hosts) if r not in bad]
+    lost = "; ".join(f"node{r} {c.hosts[r]} ({why})" for r, why in sorted(bad.items()))
+    if len(hosts) < c.min_nodes:
+        raise UserError(f"cluster.min_nodes: {c.min_nodes}: lost {lost}, which leaves "
+                        f"{len(hosts)} node(s) and no spare host; the run ends")
+    if 0 in bad and c.master_addr is not None:
+        raise UserError(f"cluster.master_addr: {c.master_addr} is node 0 ({c.hosts[0]}), which "
+                        f"is lost ({bad[0]}); a shrink cannot move the master while master_addr "
+                        "names it: leave master_addr out (it follows node 0) and submit again")
+    new = job.model_copy(update={"cluster": c.model_copy(update={"hosts": hosts})})
+    old_world, new_world = world_size(job), world_size(new)
+    if isinstance(job, (LlamaFactoryJob, SwiftJob)):
+        new = _regrad(job, new, old_world, new_world, printer, events, lost)
+    else:
+        events.emit("shrink", old_world=old_world, new_world=new_world, nodes=len(hosts), lost=lost)
+        printer.say(f"shrink: lost {lost}; the next attempt runs on {len(hosts)} nodes, world "
+                    f"{old_world} -> {new_world} processes")
+    return new
+
+
+def _regrad(job, new, old_world, new_world, printer, events, lost):
+    """new with grad_accum = global / (new world × per_device), or the refusal."""
+    b, gb, c = job.batch, global_batch(job), job.cluster
+    ga = arith.regrad(gb, new_world, b.per_device)
+    if ga is None:
+        table = arith.sizes(node_procs(c)[0], len(c.hosts), c.min_nodes, gb, b.per_device)
+        size = next(s for s in table if s.world == new_world)
+        raise UserError(f"lost {lost}: " + arith.refusal(size, gb, b.per_device, table))
+    events.emit("shrink", old_world=old_world, new_world=new_world, nodes=len(new.cluster.hosts),
+                old_grad_accum=b.grad_accum, new_grad_accum=ga, global_batch=gb, lost=lost)
+    printer.say(f"shrink: lost {lost}; the next attempt runs on {len(new.cluster.hosts)} nodes, "
+                f"world {old_world} -> {new_world} processes, grad_accum {b.grad_accum} -> {ga}, "
+                f"global batch {gb} = {new_world} × {b.per_device} per device × {ga} (kept)")
+    return new.model_copy(update={"batch": b.model_copy(update={"grad_accum": ga})})
