@@ -19,10 +19,6 @@ from launcher.view.present import describe_plan
 
 from .helpers import CONFIGS, limit, load_yaml, script_job, set_path
 
-SHRINK = ("elastic shrink (a restart on fewer nodes) is not built yet; set min_nodes to the node "
-          "count (2) or leave it out, and give cluster.spare_hosts to replace a lost node")
-
-
 def spec(**cluster) -> dict:
     return {"name": "t", "trainer": "script", "script": {"path": "/abs/train.py"},
             "cluster": {"hosts": ["a", "b"], "gpus_per_node": 1, **cluster}}
@@ -37,7 +33,6 @@ def problems(data: dict) -> list[str]:
 @pytest.mark.parametrize("cluster, line", [
     ({"min_nodes": 3}, "cluster.min_nodes: 3 is more than the 2 nodes of cluster.hosts; give at "
                        "most 2, or leave it out"),
-    ({"min_nodes": 1}, f"cluster.min_nodes: 1: {SHRINK}"),
     ({"spare_hosts": ["B"]}, "cluster.spare_hosts[0]: 'B' is already cluster.hosts[1]; a spare "
                              "must be a machine the job does not use; remove it or name another"),
     ({"spare_hosts": ["c", "root@c"]}, "cluster.spare_hosts[1]: 'root@c' is also "

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..execute.stream import Printer
-from ..execute.watch import world_size
 from ..plan import shrink as arith
 from ..plan.trainers import global_batch
 from ..record.events import EventLog
-from ..spec import JobBase, LlamaFactoryJob, SwiftJob
+from ..spec import JobBase, LlamaFactoryJob, SwiftJob, world_size
 from ..spec.select import node_procs
 from ..spec.spare_rules import shrinks
 

@@ -1,0 +1,173 @@
+"""Elastic shrink (issue 29): the batch arithmetic, the refusals, the dry-run's policy lines,
+the drop of a lost node with no spare left, and a 3-node job finishing on 2 namespace hosts."""
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import re
+import pytest
+
+from launcher.errors import SpecError, UserError
+from launcher.execute.base import Exit
+from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.launch import shrink, spares
+from launcher.plan import shrink as arith
+from launcher.plan.launch_plan import build_plan
+from launcher.spec import validate
+from launcher.view.present import describe_plan
+
+from .helpers import CONFIGS, limit, load_yaml, script_job
+from .test_spares import Events, FakeExecutor, Said
+
+
+def lora(hosts=3, gpus=2, per_device=2, grad_accum=3, **cluster) -> dict:
+    """The Slurm LoRA example over ssh hosts, without DeepSpeed (DDP)."""
+    data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")))
+    c = data["cluster"]
+    for k in ("scheduler", "slurm", "shared_dir"):
+        c.pop(k, None)
+    c.update(hosts=[f"n{i}" for i in range(hosts)], gpus_per_node=gpus, **cluster)
+    del data["deepspeed"]
+    data["batch"] = {"per_device": per_device, "grad_accum": grad_accum,
+                     "global": hosts * gpus * per_device * grad_accum}
+    return data
+
+
+def problems(data: dict) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        validate(data)
+    return [str(p) for p in err.value.problems]
+
+
+def test_regrad_keeps_the_global_batch_or_refuses():
+    assert arith.regrad(24, 4, 2) == 3 and arith.regrad(24, 6, 2) == 2
+    assert arith.regrad(24, 5, 2) is None and arith.regrad(24, 0, 2) is None
+    assert arith.sizes(2, 3, 1, 24, 2) == [arith.Size(3, 6, 2), arith.Size(2, 4, 3),
+                                           arith.Size(1, 2, 6)]
+    assert [s.grad_accum for s in arith.sizes(1, 4, 2, 12, 1)] == [3, 4, 6]
+    assert [s.grad_accum for s in arith.sizes(2, 3, 2, 18, 1)] == [3, None]
+
+
+def test_refusal_line_names_the_node_counts_that_divide():
+    table = arith.sizes(1, 4, 2, 8, 1)   # worlds 4, 3, 2: 8 splits over 4 and 2 nodes only
+    size = next(s for s in table if s.grad_accum is None)
+    assert arith.refusal(size, 8, 1, table) == (
+        "cannot shrink to 3 nodes: the global batch 8 is not a multiple of world 3 × per_device "
+        "1 = 3 (per_device is never raised); node counts that keep it: 4, 2; give a batch.global "
+        "that they divide, or a cluster.min_nodes that avoids it; the run ends")
+    assert arith.refusal(size, 8, 1, [size]).split("; ")[1] == (
+        "no node count from cluster.min_nodes up keeps it")
+
+
+@pytest.mark.parametrize("change, line", [
+    ({"min_nodes": 4}, "cluster.min_nodes: 4 is more than the 3 nodes of cluster.hosts; give at "
+                       "most 3, or leave it out"),
+    ({"min_nodes": 2, "gpus_per_node": [2, 2, 1]},
+     "cluster.gpus_per_node: [2, 2, 1]: a shrink (cluster.min_nodes 2) may drop any node, so every "
+     "node must run the same count; give one count, or set min_nodes to the node count"),
+])
+def test_min_nodes_refusals(change, line):
+    data = lora()
+    data["cluster"].update(change)
+    if isinstance(change.get("gpus_per_node"), list):
+        data["batch"] = {"per_device": 1, "grad_accum": 1}
+    assert problems(data) == [line]
+
+
+def test_zero_and_megatron_shrink_refused_ddp_lora_accepted():
+    validate(lora(min_nodes=2))
+    zero = lora(min_nodes=2) | {"deepspeed": {"stage": 2}}
+    assert problems(zero) == [
+        "cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank and the "
+        "HF Trainer cannot resume it at another data-parallel size (no universal-checkpoint load; "
+        "mlaunch's ds_to_universal route is not built); set cluster.min_nodes to the node count "
+        "(3), give cluster.spare_hosts instead, or use LoRA/DDP without deepspeed"]
+    data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-megatron.yaml")))
+    n = len(data["cluster"]["hosts"])
+    data["cluster"]["min_nodes"] = n - 1
+    got = problems(data)
+    assert (f"cluster.min_nodes: {n - 1}: Megatron-SWIFT's distributed checkpoint is laid out for "
+            "its tp/pp/dp grid and mlaunch does not re-shard it; set cluster.min_nodes to the node "
+            f"count ({n}) or give cluster.spare_hosts instead") in got, got
+
+
+def test_dry_run_shows_the_smallest_world_and_the_batch_at_each_size():
+    job = validate(lora(per_device=1, grad_accum=2, min_nodes=1) | {"max_restarts": 2})
+    text = describe_plan(build_plan(job, run_id="r"))   # global 12 over worlds 6, 4, 2
+    got = [ln for ln in text.splitlines() if ln.startswith(("elastic shrink", "  at "))]
+    assert got == [
+        "elastic shrink: down to 1 nodes (cluster.min_nodes), world 2: a node lost with no spare "
+        "left is dropped and the restart runs on the healthy hosts (node 0 kept when healthy)",
+        "  at 3 nodes: global batch 12 = world 6 × 1 per device × 2 accumulation",
+        "  at 2 nodes: global batch 12 = world 4 × 1 per device × 3 accumulation",
+        "  at 1 nodes: global batch 12 = world 2 × 1 per device × 6 accumulation"], text
+    job = validate(lora(hosts=4, gpus=1, per_device=1, grad_accum=3, min_nodes=3))
+    text = describe_plan(build_plan(job, run_id="r"))
+    assert ("  at 3 nodes: refused: global batch 12 is not a multiple of world 3 × 1 per device "
+            "(per_device is never raised)") not in text   # 12 = 3 × 4: it divides
+    job = validate(lora(hosts=3, gpus=1, per_device=2, grad_accum=3, min_nodes=2))
+    text = describe_plan(build_plan(job, run_id="r"))   # global 18: world 2 × 2 misses it
+    assert ("  at 2 nodes: refused: global batch 18 is not a multiple of world 2 × 2 per device "
+            "(per_device is never raised)") in text, text
+
+
+def test_drop_keeps_node0_and_the_global_batch():
+    job = validate(lora(per_device=1, grad_accum=2, min_nodes=2))   # 3 × 2 × 1 × 2 = 12
+    said, ev = Said(), Events()
+    new = shrink.drop(job, {1: "connection lost"}, said, ev)
+    assert new.cluster.hosts == ["n0", "n2"] and new.batch.grad_accum == 3
+    assert ev.seen == [("shrink", {"old_world": 6, "new_world": 4, "nodes": 2, "old_grad_accum": 2,
+                                   "new_grad_accum": 3, "global_batch": 12,
+                                   "lost": "node1 n1 (connection lost)"})]
+    assert said.lines == ["shrink: lost node1 n1 (connection lost); the next attempt runs on 2 "
+                          "nodes, world 6 -> 4 processes, grad_accum 2 -> 3, global batch 12 = 4 × "
+                          "1 per device × 3 (kept)"]
+    plan = build_plan(new, run_id="r")
+    assert [n.host for n in plan.nodes] == ["n0", "n2"]
+    yaml = next(f.content for f in plan.files if f.path.endswith(".yaml"))
+    assert re.search(r"^gradient_accumulation_steps: 3$", yaml, re.M), yaml
+
+
+def test_drop_refusals():
+    job = validate(lora(gpus=1, per_device=2, grad_accum=3, min_nodes=2))   # global 18
+    with pytest.raises(UserError) as err:
+        shrink.drop(job, {0: "connection lost"}, Said(), Events())
+    assert err.value.lines() == [
+        "lost node0 n0 (connection lost): cannot shrink to 2 nodes: the global batch 18 is not a "
+        "multiple of world 2 × per_device 2 = 4 (per_device is never raised); node counts that keep "
+        "it: 3; give a batch.global that they divide, or a "
+        "cluster.min_nodes that avoids it; the run ends"]
+    job = validate(lora(min_nodes=2))
+    with pytest.raises(UserError) as err:
+        shrink.drop(job, {1: "connection lost", 2: "connection lost"}, Said(), Events())
+    assert err.value.lines() == [
+        "cluster.min_nodes: 2: lost node1 n1 (connection lost); node2 n2 (connection lost), which "
+        "leaves 1 node(s) and no spare host; the run ends"]
+
+
+def lost3(rank: int) -> JobResult:
+    nodes = [NodeOutcome(r, f"n{r}", Exit(255, lost=True, detail="connection lost") if r == rank
+                         else Exit(143), terminated=r != rank) for r in range(3)]
+    return JobResult(255, nodes, first_failure=rank)
+
+
+def test_reconnect_shrinks_with_no_spare_and_refuses_below_min_nodes(monkeypatch):
+    down = set()
+    monkeypatch.setattr(spares, "make_executor",
+                        lambda plan: FakeExecutor([n.login for n in plan.nodes], down))
+    job = validate(lora(per_device=1, grad_accum=2, min_nodes=2))
+    plan = build_plan(job, run_id="r")
+    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
+    ev = Events()
+    new, new_plan, _ = spares.reconnect(job, plan, lost3(0), Said(), ev, rebuild)
+    assert [n.host for n in new_plan.nodes] == ["n1", "n2"] and new.batch.grad_accum == 3
+    argv = new_plan.nodes[1].argv
+    assert argv[argv.index("--master-addr") + 1] == "n1"   # the new node 0 is the master
+    assert [e for e, _ in ev.seen] == ["shrink"]
+    down.add("n2")   # node1 dropped, then node2 unreachable: at min_nodes 2 already, so refused
+    with pytest.raises(UserError) as err:
+        spares.reconnect(job, plan, lost3(1), Said(), Events(), rebuild)
+    assert err.value.lines() == ["cannot reach every host and no spare host is left; nothing was "
+                                 "started anywhere:", "host n2: connection timed out"]
