@@ -171,3 +171,34 @@ def test_reconnect_shrinks_with_no_spare_and_refuses_below_min_nodes(monkeypatch
         spares.reconnect(job, plan, lost3(1), Said(), Events(), rebuild)
     assert err.value.lines() == ["cannot reach every host and no spare host is left; nothing was "
                                  "started anywhere:", "host n2: connection timed out"]
+
+
+def test_lost_node_dropped_when_no_spare_is_left(make_hostset, tmp_path):
+    """3 nodes, no spare, min_nodes 2, max_restarts 1: node 1's link is cut mid-run; the
+    restart runs on nodes 0 and 2 as ranks 0 and 1 of a world of 2, and exits 0."""
+    from .test_fanout import node_logs, start, wait_ready
+    with make_hostset(3) as hs:
+        a, b, c = hs.hosts
+        out = str(tmp_path / "out")
+        os.makedirs(out)
+        job = script_job([a.ip, b.ip, c.ip], 1, "spare_job.py", [out], out, hs=hs,
+                         hangup_after_s=6, min_nodes=2) | {"max_restarts": 1, "restart_backoff_s": 0}
+        proc = start(tmp_path, job)
+        assert len(wait_ready(proc, 3, deadline_s=240)) == 3
+        b.link_down()
+        rest = proc.communicate(timeout=limit(240))[0]
+        assert proc.returncode == 0, rest[-4000:]
+        assert (f"shrink: lost node1 {b.ip} (connection lost); the next attempt runs on 2 nodes, "
+                "world 3 -> 2 processes") in rest, rest[-4000:]
+        for rank, h in ((0, a), (1, c)):
+            assert re.search(rf"^\[node{rank} {re.escape(h.ip)} local0\] where rank {rank}/2 node "
+                             rf"{rank} host {h.name} attempt 1$", rest, re.M), rest[-4000:]
+        assert sorted(os.listdir(out)) == ["done-rank0-attempt1", "done-rank1-attempt1", "logs"]
+        assert open(os.path.join(out, "done-rank1-attempt1")).read() == c.name
+        safe = c.ip.replace(":", "_")
+        assert f"where rank 1/2 node 1 host {c.name} attempt 1" in node_logs(out)[f"node1-{safe}.attempt1.log"]
+        (path,) = glob.glob(f"{out}/logs/*/events.jsonl")
+        events = [json.loads(ln) for ln in open(path)]
+        (ev,) = [e for e in events if e["event"] == "shrink"]
+        assert (ev["attempt"], ev["old_world"], ev["new_world"], ev["nodes"]) == (1, 3, 2, 2)
+        assert events[-1]["event"] == "run_end" and events[-1]["code"] == 0
