@@ -68,7 +68,8 @@ class Cluster(Strict):
         "hosts (the forms of hosts) that take, in order, the place of a node lost or unreachable "
         "before a restart (max_restarts); the node keeps its rank, the world stays the same"))
     min_nodes: int | None = Field(None, ge=1, description=(
-        "the fewest nodes a restart may run on; today only the node count itself (no shrink)"))
+        "the fewest nodes a restart may run on: below the node count, a node lost with no spare "
+        "left is dropped and grad_accum recomputed to keep the global batch (elastic shrink)"))
     master_addr: str | None = Field(None, description="defaults to the first host")
     master_port: int = Field(29500, ge=1024, le=65535)
     ssh: SSH = SSH()
