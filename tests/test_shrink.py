@@ -202,3 +202,18 @@ def test_lost_node_dropped_when_no_spare_is_left(make_hostset, tmp_path):
         (ev,) = [e for e in events if e["event"] == "shrink"]
         assert (ev["attempt"], ev["old_world"], ev["new_world"], ev["nodes"]) == (1, 3, 2, 2)
         assert events[-1]["event"] == "run_end" and events[-1]["code"] == 0
+
+
+def test_cli_dry_run_shows_the_shrink_and_refuses_zero(tmp_path):
+    from .helpers import mlaunch, write_spec
+    good = write_spec(tmp_path, lora(per_device=1, grad_accum=2, min_nodes=2), "good.yaml")
+    d = mlaunch("submit", good, "--dry-run")
+    assert d.returncode == 0, d.stderr
+    assert "  at 2 nodes: global batch 12 = world 4 × 1 per device × 3 accumulation" in d.stdout
+    j = mlaunch("submit", good, "--dry-run", "--json", "--run-id", "R1")
+    assert json.loads(j.stdout)["restarts"]["min_nodes"] == 2
+    bad = write_spec(tmp_path, lora(min_nodes=2) | {"deepspeed": {"stage": 3}}, "bad.yaml")
+    r = mlaunch("submit", bad, "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[1].startswith(
+        "mlaunch: cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard"), r.stderr

@@ -38,12 +38,14 @@ def plan_dict(plan, resume: str | None = None) -> dict:
     from ..view import memview
     from ..view.dryrun import user_env
     from ..launch.backends import backend_name
+    from ..spec.spare_rules import shrinks
     job = plan.job
     return {
         "job": job.name, "run_id": plan.run_id, "backend": backend_name(plan),
         "trainer": job.trainer, "notes": list(job._notes),
         "restarts": {"max_restarts": job.max_restarts, "backoff_s": job.restart_backoff_s,
-                     **({"spare_hosts": list(job.cluster.spare_hosts)} if job.cluster.spare_hosts else {})},
+                     **({"spare_hosts": list(job.cluster.spare_hosts)} if job.cluster.spare_hosts else {}),
+                     **({"min_nodes": job.cluster.min_nodes} if shrinks(job.cluster) else {})},
         "preflight_at_submit": job.cluster.scheduler != "slurm",
         "resume": plan.resume_from or resume,
         "log_dir": plan.log_dir, "run_dir": plan.run_dir,
