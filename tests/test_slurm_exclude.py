@@ -10,8 +10,65 @@ import sys
 
 import pytest
 
+from launcher.execute.base import Exit
+from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.launch import slurm_exclude
+from launcher.plan.launch_plan import build_plan
+from launcher.spec import validate
+from launcher.view.present import describe_plan
+
 from .helpers import ROOT, write_spec
 from .slurmjobs import baseline, leftovers, slurm_script_job
+
+
+class _Say:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+
+
+class _Events:
+    def __init__(self):
+        self.got: list[tuple] = []
+
+    def emit(self, event: str, **fields) -> None:
+        self.got.append((event, fields))
+
+
+def _job(tmp_path, **slurm):
+    spec = slurm_script_job(tmp_path, "allreduce.py", [])
+    spec["cluster"]["slurm"] |= slurm
+    return validate(spec | {"max_restarts": 2})
+
+
+def test_dry_run_says_a_restart_excludes_the_failed_nodes(tmp_path):
+    text = describe_plan(build_plan(_job(tmp_path), run_id="r"))
+    assert ("restarts under slurm: each is a new sbatch job; a restart excludes the nodes that "
+            "failed (drained, down or failing in scontrol, or a lost task): --exclude, "
+            "accumulated across attempts") in text, text
+
+
+def test_exclusions_join_the_users_and_accumulate(tmp_path, monkeypatch):
+    states = {"a": {}, "b": {"b": "Slurm state IDLE+DRAIN: test"}}
+    job = _job(tmp_path, extra_sbatch={"exclude": "z"})
+    say, events = _Say(), _Events()
+    for attempt, hosts in enumerate([("a", "b"), ("a", "c")]):
+        monkeypatch.setattr(slurm_exclude, "failed_nodes", lambda names: {
+            n: why for n in names for why in [states.get(n, {}).get(n)] if why})
+        lost = attempt == 1   # the second attempt loses c's task
+        result = JobResult(code=1, nodes=[
+            NodeOutcome(0, hosts[0], exit=Exit(1)),
+            NodeOutcome(1, hosts[1], exit=Exit(143, lost=lost, detail="Killed"))])
+        job = slurm_exclude.exclude_failed(job, result, say, events)
+    assert job.cluster.slurm.extra_sbatch["exclude"] == "z,b,c"
+    assert say.lines == ["slurm: the restart excludes b (Slurm state IDLE+DRAIN: test)",
+                         "slurm: the restart excludes c (task lost (Killed))"]
+    assert [e[1]["host"] for e in events.got] == ["b", "c"]
+    plan = build_plan(job, run_id="r", attempt=2)
+    from launcher.plan import sbatch
+    assert "#SBATCH --exclude=z,b,c\n" in sbatch.request(plan).script
 
 
 @pytest.mark.multihost
