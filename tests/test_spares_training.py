@@ -11,7 +11,7 @@ import pytest
 
 from .helpers import limit
 from .test_fanout import start
-from .training import build_tiny, lf_spec, require_trainer, trainer_state
+from .training import build_tiny, lf_spec, losses, require_trainer, trainer_state
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -48,8 +48,11 @@ def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
     events = [json.loads(ln) for ln in open(path)]
     restart = next(e for e in events if e["event"] == "restart")
     resumed = int(restart["resume_from"].rsplit("-", 1)[1])
-    steps = [e["step"] for e in events if e["event"] == "step" and e.get("attempt") == 1]
-    assert steps and steps[0] > resumed >= 5 and steps[-1] == 30, (resumed, steps)
+    # step events are sampled, and the first of an attempt may carry no step number
+    steps = [e["step"] for e in events if e["event"] == "step" and e.get("attempt") == 1
+             and "step" in e]
+    assert steps and steps[0] > resumed >= 5, (resumed, steps)
+    assert sorted(losses(trainer_state(out))) == list(range(1, 31))   # one curve, 1 to 30
 
 
 def _wait_for_file(path: str, timeout: float, proc) -> None:
