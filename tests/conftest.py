@@ -38,7 +38,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"load factor {_loadfactor.load_factor():g} (wait limits x that; {_loadfactor.ENV})"
 
 
-HOST_FIXTURES = {"make_hostset", "hosts2", "slurm2"}   # each needs namespace hosts (or Slurm)
+HOST_FIXTURES = {"make_hostset", "hosts2", "slurm2", "slurm3"}   # each needs namespace hosts (or Slurm)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -92,6 +92,16 @@ def hosts2(make_hostset) -> Iterator[_hosts.HostSet]:
 def slurm2(make_hostset):
     """A real 2-node Slurm cluster (slurmctld + a slurmd per namespace host); skips with the
     reason where it cannot run. Yields the SlurmCluster; its HostSet is `.hs`."""
+    yield from _slurm_cluster(make_hostset, 2)
+
+
+@pytest.fixture
+def slurm3(make_hostset):
+    """slurm2's cluster with 3 nodes (a 2-node job that can leave one out)."""
+    yield from _slurm_cluster(make_hostset, 3)
+
+
+def _slurm_cluster(make_hostset, n: int):
     try:
         from .hostkit import slurm as _slurm
     except ImportError:
@@ -102,5 +112,5 @@ def slurm2(make_hostset):
     # One Slurm cluster at a time on this machine, also when pytest-xdist runs tests in parallel.
     with open(os.path.join(tempfile.gettempdir(), "mlaunch-tests-slurm.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with make_hostset(2) as hs, _slurm.make_slurm(hs) as cluster:
+        with make_hostset(n) as hs, _slurm.make_slurm(hs) as cluster:
             yield cluster

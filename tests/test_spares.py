@@ -74,8 +74,9 @@ def test_spares_under_slurm_refused():
     data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")))
     data = set_path(data, "cluster.spare_hosts", ["n9"])
     assert problems(data) == [
-        "cluster.spare_hosts: the Slurm variant (a restart that excludes the failed node) is not "
-        "built yet; remove spare_hosts, or use scheduler: ssh with hosts"]
+        "cluster.spare_hosts: Slurm picks the nodes, so there are no spares under Slurm (a "
+        "restart excludes the nodes that failed by itself); remove spare_hosts, or use "
+        "scheduler: ssh with hosts"]
 
 
 def test_min_nodes_equal_to_the_nodes_and_spares_accepted_and_shown():

@@ -116,3 +116,22 @@ def node_outcomes(batch_lines: list[str], state: str):
             exits.setdefault(rank, Exit(LOST if state == "NODE_FAIL" else 143, detail=m.group(3)))
     return exits, first
 
+
+
+# `scontrol show node`'s State words of a node Slurm will not (or should not) run on again.
+FAILED_STATES = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING")
+
+
+def failed_nodes(names: list[str]) -> dict[str, str]:
+    """{node: why} of the named nodes Slurm reports drained, down or failing (State=IDLE+DRAIN,
+    DOWN*, MIXED+DRAIN, FAIL...), with Slurm's Reason; a node it no longer knows is left out."""
+    bad: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        r = slurm_cmd(["scontrol", "show", "node", "-o", name])
+        info = dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
+        words = re.split(r"[+*]", info.get("State", ""))
+        hit = [w for w in words if any(w.startswith(s) for s in FAILED_STATES)]
+        if hit:
+            reason = re.search(r"Reason=(.*?)(?: \[|$)", r.stdout.strip())
+            bad[name] = f"Slurm state {info['State']}" + (f": {reason.group(1)}" if reason else "")
+    return bad

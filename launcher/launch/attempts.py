@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import finished, shrink, spares
+from . import finished, shrink, slurm_exclude, spares
 from ..errors import UserError
 from ..execute.job import JobResult, make_executor, run_job
 from ..record.events import EventLog
@@ -231,6 +231,8 @@ def _restart_wait(job, plan, executor, printer, attempt, limit, result, events, 
     printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
     time.sleep(job.restart_backoff_s)
     executor.close()
+    if job.cluster.scheduler == "slurm":   # Slurm picks the nodes: leave out the failed ones
+        job = slurm_exclude.exclude_failed(job, result, printer, events)
     if not job.cluster.spare_hosts and not shrink.allowed(job):
         return job, plan, _connect(plan)
     run_id, log_dir = where   # the attempt's plan is built again in the loop; this one connects

@@ -51,9 +51,9 @@ def check_spares(c: Cluster) -> list[Problem]:
     if not c.spare_hosts:
         return p
     if c.scheduler == "slurm":
-        return p + [Problem("cluster.spare_hosts", "the Slurm variant (a restart that excludes "
-                            "the failed node) is not built yet; remove spare_hosts, or use "
-                            "scheduler: ssh with hosts")]
+        return p + [Problem("cluster.spare_hosts", "Slurm picks the nodes, so there are no "
+                            "spares under Slurm (a restart excludes the nodes that failed by "
+                            "itself); remove spare_hosts, or use scheduler: ssh with hosts")]
     p += _check_spare_forms(c)
     if isinstance(c.gpus_per_node, list):
         src = " (the hostfile's slots= differ between hosts)" if c.hostfile else ""

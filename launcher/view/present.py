@@ -42,6 +42,10 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
     if job.cluster.scheduler == "slurm":
         n = len(plan.nodes)
         lines.append(f"scheduler: slurm, {n} node{'' if n == 1 else 's'} from the allocation")
+        if job.max_restarts:
+            lines.append("restarts under slurm: each is a new sbatch job; a restart excludes the "
+                         "nodes that failed (drained, down or failing in scontrol, or a lost "
+                         "task): --exclude, accumulated across attempts")
         lines.append("preflight: none at submit under Slurm (no node is allocated before sbatch); "
                      "`mlaunch check` runs it through srun")
     if not with_nodes:

@@ -1,0 +1,42 @@
+"""Before a Slurm restart: exclude the nodes that failed (issue 29, the Slurm variant).
+
+Slurm picks the nodes, so there are no spare hosts under Slurm: the next sbatch gets
+`--exclude` with every node of the last attempt that Slurm reports drained, down or failing,
+or whose task was lost, added to the user's own extra_sbatch exclude and to those of earlier
+attempts (the job carries them from attempt to attempt).
+"""
+from __future__ import annotations
+
+from ..execute.job import JobResult
+from ..execute.slurm import failed_nodes
+from ..execute.stream import Printer
+from ..record.events import EventLog
+from ..spec import JobBase
+
+
+def failed(result: JobResult) -> dict[str, str]:
+    """{node: why} of the last attempt's nodes that should not run the next one."""
+    hosts = [o.host for o in result.nodes if o.exit is not None and o.host not in ("", "?")]
+    bad = failed_nodes(hosts)
+    for o in result.nodes:
+        if o.exit is not None and o.exit.lost and not o.terminated and o.host in hosts:
+            bad.setdefault(o.host, f"task lost ({o.exit.detail or 'no exit status'})")
+    return bad
+
+
+def exclude_failed(job: JobBase, result: JobResult, printer: Printer, events: EventLog) -> JobBase:
+    """job with the last attempt's failed nodes added to cluster.slurm.extra_sbatch's exclude."""
+    s = job.cluster.slurm
+    bad = failed(result)
+    if s is None or not bad:
+        return job
+    before = [n for n in str(s.extra_sbatch.get("exclude", "")).split(",") if n]
+    new = [n for n in bad if n not in before]
+    for name in new:
+        events.emit("node_excluded", host=name, reason=bad[name])
+        printer.say(f"slurm: the restart excludes {name} ({bad[name]})")
+    if not new:
+        return job
+    extra = {**s.extra_sbatch, "exclude": ",".join(before + new)}
+    slurm = s.model_copy(update={"extra_sbatch": extra})
+    return job.model_copy(update={"cluster": job.cluster.model_copy(update={"slurm": slurm})})
