@@ -1,4 +1,5 @@
-"""Log throughput and integrity: N hosts each print MB of numbered lines.
+"""Log throughput and integrity: N hosts each print MB of numbered lines; and a rank's own
+write rate while the launcher runs, is throttled, stopped and killed.
 
 Compared in one run: mlaunch's streaming path (SSH executor -> pty -> line splitter ->
 prefixed printer + per-node log files) against plain parallel `ssh host cmd > file`.
@@ -115,3 +116,65 @@ def bench_logs(runs: int, mb: int, n: int = 8) -> None:
     print(f"{n} hosts x {mb} MB: mlaunch {total / m:.1f} MB/s (median {m:.2f}s), "
           f"parallel ssh {total / s:.1f} MB/s (median {s:.2f}s); throughput ratio {s / m:.2f}; "
           "0 lost, duplicated or torn lines")
+
+
+def _rate_samples(path: str) -> list[tuple[float, int]]:
+    with open(path) as fh:
+        return [(float(t), int(n)) for t, n in (line.split() for line in fh if line.count(" ") == 1)]
+
+
+def _rate(path: str, start: float, end: float) -> float:
+    """The rank's lines/s between two wall-clock times, from its own samples."""
+    samples = _rate_samples(path)
+    before = [s for s in samples if s[0] < start][-1:]  # the anchor: a phase shorter than a sample still counts
+    inside = before + [s for s in samples if start <= s[0] <= end]
+    if len(inside) < 2:
+        return float("nan")
+    (t0, n0), (t1, n1) = inside[0], inside[-1]
+    return (n1 - n0) / (t1 - t0)
+
+
+def bench_rank_rate(window: float = 4.0) -> dict:
+    """A local one-rank job writing as fast as it can: its lines/s with the launcher running,
+    throttled (SIGSTOP/SIGCONT, 50 ms each), stopped (SIGSTOP held) and killed (SIGKILL;
+    the rank then lives until the node's hang-up guard ends it)."""
+    import signal
+    from tests.helpers import ROOT, write_spec
+    from tests.procs import job_pids
+    tmp = tempfile.mkdtemp(prefix="mlaunch-rate-")
+    rate_file = os.path.join(tmp, "rate")
+    spec = script_job(["localhost"], 1, "allreduce.py", [], os.path.join(tmp, "out"),
+                      env={"RATE_FILE": rate_file}, hangup_after_s=60)
+    spec["script"]["path"] = os.path.join(ROOT, "bench", "rank_writer.py")
+    spec["name"] = name = f"rate{os.getpid()}"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    while not os.path.exists(rate_file) or len(_rate_samples(rate_file)) < 5:
+        assert proc.poll() is None, "the job ended before it wrote"
+        time.sleep(0.05)
+    phases = {}
+    t = time.time(); time.sleep(window); phases["running"] = (t, time.time())
+    t = time.time()
+    while time.time() - t < window:
+        proc.send_signal(signal.SIGSTOP); time.sleep(0.05)
+        proc.send_signal(signal.SIGCONT); time.sleep(0.05)
+    phases["throttled"] = (t, time.time())
+    t = time.time(); proc.send_signal(signal.SIGSTOP); time.sleep(window)
+    phases["stopped"] = (t, time.time()); proc.send_signal(signal.SIGCONT)
+    time.sleep(1.0)  # back to draining before the kill
+    t = time.time(); proc.kill(); proc.wait()
+    while job_pids(name + "-"):
+        time.sleep(0.02)
+    phases["killed"] = (t, time.time())
+    rates = {k: _rate(rate_file, *v) for k, v in phases.items() if k != "killed"}
+    base = rates["running"]
+    res = {k: {"lines_per_s": round(v), "ratio": round(v / base, 2)} for k, v in rates.items()}
+    # Killed: the rank is not held by the dead launcher; the hang-up guard ends it.
+    killed, gone = phases["killed"]
+    after = [s for s in _rate_samples(rate_file) if s[0] >= killed]
+    last_before = [s for s in _rate_samples(rate_file) if s[0] < killed][-1]
+    res["killed"] = {"rank_wrote_for_s": round(after[-1][0] - killed, 2) if after else 0.0,
+                     "lines_per_s": round(_rate(rate_file, killed, gone)) if after else None,
+                     "lines_after_kill": after[-1][1] - last_before[1] if after else 0,
+                     "all_job_processes_gone_s": round(gone - killed, 2)}
+    return res
