@@ -11,6 +11,7 @@ import dataclasses
 import glob
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -58,17 +59,26 @@ def check(lines_by_node: dict[int, list[str]], expected: int) -> tuple[int, int,
     return lost, dup, torn
 
 
-def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int]]:
+def cpu_s(who: int) -> float:
+    """user + sys CPU seconds of this process (the launcher here) or of its waited children."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float]:
+    """Wall seconds, (lost, dup, torn), and the launcher's CPU share (CPU s / wall s): run_job
+    runs in this process, so its getrusage is the launcher's."""
     spec = script_job([h.ip for h in hs.hosts[:n]], 1, "allreduce.py", [], os.path.join(tmp, "out"), hs=hs)
     plan = build_plan(validate(spec))
     nodes = tuple(dataclasses.replace(nd, script=generator(lines)) for nd in plan.nodes)
     plan = dataclasses.replace(plan, nodes=nodes)
     out_path = os.path.join(tmp, "mlaunch.out")
     with open(out_path, "w") as out:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_SELF)
         result = run_job(plan, SSHExecutor([nd.login for nd in nodes], SSH(
             user="root", key_file=hs.key_file, known_hosts=hs.known_hosts)), Printer(plan.mask, out))
         elapsed = time.perf_counter() - t0
+        share = (cpu_s(resource.RUSAGE_SELF) - c0) / elapsed
     assert result.code == 0, result
     by_node: dict[int, list[str]] = {k: [] for k in range(n)}
     with open(out_path) as fh:
@@ -79,42 +89,46 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     printed = check(by_node, lines)
     logged = check({k: open(p).read().splitlines() for k, p in
                     enumerate(sorted(glob.glob(f"{plan.log_dir}/node*.log")))}, lines)
-    return elapsed, tuple(a + b for a, b in zip(printed, logged))
+    return elapsed, tuple(a + b for a, b in zip(printed, logged)), share
 
 
-def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int]]:
+def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float]:
+    """Wall seconds, (lost, dup, torn), and the ssh clients' CPU share (all n together)."""
     files = [open(os.path.join(tmp, f"ssh{k}.out"), "w") for k in range(n)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_CHILDREN)
     procs = [subprocess.Popen(hs.ssh_argv(h) + [generator(lines)], stdout=f)
              for h, f in zip(hs.hosts[:n], files)]
     codes = [p.wait() for p in procs]
     elapsed = time.perf_counter() - t0
+    share = (cpu_s(resource.RUSAGE_CHILDREN) - c0) / elapsed
     for f in files:
         f.close()
     assert codes == [0] * n
     by_node = {k: open(f.name).read().splitlines() for k, f in enumerate(files)}
-    return elapsed, check(by_node, lines)
+    return elapsed, check(by_node, lines), share
 
 
 def bench_logs(runs: int, mb: int, n: int = 8) -> None:
     lines = mb * 1_000_000 // LINE_BYTES
+    ours, theirs, share, ssh_share = [], [], [], []
     with make_hosts(n, isolated_home=True) as hs:
-        ours, theirs = [], []
         for _ in range(runs):
             with tempfile.TemporaryDirectory() as tmp:
-                t, bad = via_mlaunch(hs, n, lines, tmp)
-                ours.append(t)
-                print(f"mlaunch: {t:.2f}s lost/dup/torn={bad}", file=sys.stderr)
+                t, bad, cpu = via_mlaunch(hs, n, lines, tmp)
+                ours.append(t), share.append(cpu)
+                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
             with tempfile.TemporaryDirectory() as tmp:
-                t, bad = via_ssh(hs, n, lines, tmp)
-                theirs.append(t)
-                print(f"ssh:     {t:.2f}s lost/dup/torn={bad}", file=sys.stderr)
+                t, bad, cpu = via_ssh(hs, n, lines, tmp)
+                theirs.append(t), ssh_share.append(cpu)
+                print(f"ssh:     {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
     total = n * mb
     m, s = statistics.median(ours), statistics.median(theirs)
     print(f"{n} hosts x {mb} MB: mlaunch {total / m:.1f} MB/s (median {m:.2f}s), "
           f"parallel ssh {total / s:.1f} MB/s (median {s:.2f}s); throughput ratio {s / m:.2f}; "
+          f"launcher CPU share {statistics.median(share):.2f} of a core (median; "
+          f"{n} ssh clients together {statistics.median(ssh_share):.2f}); "
           "0 lost, duplicated or torn lines")
 
 
