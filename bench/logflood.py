@@ -81,15 +81,21 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
         share = (cpu_s(resource.RUSAGE_SELF) - c0) / elapsed
     assert result.code == 0, result
     by_node: dict[int, list[str]] = {k: [] for k in range(n)}
+    said = 0   # lines the console said it skipped or did not show (console.py): not lost
     with open(out_path) as fh:
         for line in fh:
             m = re.match(r"\[node(\d+) \S+\] (.*)$", line.rstrip("\n"))
             if m:
                 by_node[int(m.group(1))].append(m.group(2))
-    printed = check(by_node, lines)
+            elif m := re.match(r"\[mlaunch\] console(?: behind)?: (?:skipped )?(\d+) lines?", line):
+                said += int(m.group(1))
+    lost, dup, torn = check(by_node, lines)
     logged = check({k: open(p).read().splitlines() for k, p in
                     enumerate(sorted(glob.glob(f"{plan.log_dir}/node*.log")))}, lines)
-    return elapsed, tuple(a + b for a, b in zip(printed, logged)), share
+    # Lost: the node logs' losses, plus console lines gone without being announced.
+    bad = (logged[0] + abs(lost - said), dup + logged[1], torn + logged[2])
+    print(f"  console skipped {said} of {n * lines} lines, and said so", file=sys.stderr)
+    return elapsed, bad, share
 
 
 def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float]:
