@@ -3,6 +3,7 @@
   python bench/fanout.py start      # start `true` on 1..16 hosts: mlaunch vs ssh loop vs pdsh
   python bench/fanout.py teardown   # failing rank's exit -> last job process gone, 2 and 8 hosts
   python bench/fanout.py logs       # 8 hosts x 20 MB of numbered lines: integrity and throughput
+  python bench/fanout.py rate       # a rank's own write rate: launcher running/throttled/stopped/killed
 
 Figures are medians of several runs measured in one session; ratios are what to compare.
 """
@@ -129,7 +130,7 @@ def bench_teardown(runs: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["start", "teardown", "logs"])
+    ap.add_argument("what", choices=["start", "teardown", "logs", "rate"])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mb", type=int, default=20)
     ap.add_argument("--real-home", action="store_true", help="log in with root's real ~/.bashrc")
@@ -138,6 +139,10 @@ def main() -> None:
         bench_start(args.runs, not args.real_home)
     elif args.what == "teardown":
         bench_teardown(args.runs)
+    elif args.what == "rate":
+        import json
+        from bench.logflood import bench_rank_rate
+        print(json.dumps(bench_rank_rate()))
     else:
         from bench.logflood import bench_logs
         bench_logs(args.runs, args.mb)

@@ -1,4 +1,5 @@
-"""Log throughput and integrity: N hosts each print MB of numbered lines.
+"""Log throughput and integrity: N hosts each print MB of numbered lines; and a rank's own
+write rate while the launcher runs, is throttled, stopped and killed.
 
 Compared in one run: mlaunch's streaming path (SSH executor -> pty -> line splitter ->
 prefixed printer + per-node log files) against plain parallel `ssh host cmd > file`.
@@ -10,6 +11,7 @@ import dataclasses
 import glob
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,61 +59,142 @@ def check(lines_by_node: dict[int, list[str]], expected: int) -> tuple[int, int,
     return lost, dup, torn
 
 
-def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int]]:
+def cpu_s(who: int) -> float:
+    """user + sys CPU seconds of this process (the launcher here) or of its waited children."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float]:
+    """Wall seconds, (lost, dup, torn), and the launcher's CPU share (CPU s / wall s): run_job
+    runs in this process, so its getrusage is the launcher's."""
     spec = script_job([h.ip for h in hs.hosts[:n]], 1, "allreduce.py", [], os.path.join(tmp, "out"), hs=hs)
     plan = build_plan(validate(spec))
     nodes = tuple(dataclasses.replace(nd, script=generator(lines)) for nd in plan.nodes)
     plan = dataclasses.replace(plan, nodes=nodes)
     out_path = os.path.join(tmp, "mlaunch.out")
     with open(out_path, "w") as out:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_SELF)
         result = run_job(plan, SSHExecutor([nd.login for nd in nodes], SSH(
             user="root", key_file=hs.key_file, known_hosts=hs.known_hosts)), Printer(plan.mask, out))
         elapsed = time.perf_counter() - t0
+        share = (cpu_s(resource.RUSAGE_SELF) - c0) / elapsed
     assert result.code == 0, result
     by_node: dict[int, list[str]] = {k: [] for k in range(n)}
+    said = 0   # lines the console said it skipped or did not show (console.py): not lost
     with open(out_path) as fh:
         for line in fh:
             m = re.match(r"\[node(\d+) \S+\] (.*)$", line.rstrip("\n"))
             if m:
                 by_node[int(m.group(1))].append(m.group(2))
-    printed = check(by_node, lines)
+            elif m := re.match(r"\[mlaunch\] console(?: behind)?: (?:skipped )?(\d+) lines?", line):
+                said += int(m.group(1))
+    lost, dup, torn = check(by_node, lines)
     logged = check({k: open(p).read().splitlines() for k, p in
                     enumerate(sorted(glob.glob(f"{plan.log_dir}/node*.log")))}, lines)
-    return elapsed, tuple(a + b for a, b in zip(printed, logged))
+    # Lost: the node logs' losses, plus console lines gone without being announced.
+    bad = (logged[0] + abs(lost - said), dup + logged[1], torn + logged[2])
+    print(f"  console skipped {said} of {n * lines} lines, and said so", file=sys.stderr)
+    return elapsed, bad, share
 
 
-def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int]]:
+def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float]:
+    """Wall seconds, (lost, dup, torn), and the ssh clients' CPU share (all n together)."""
     files = [open(os.path.join(tmp, f"ssh{k}.out"), "w") for k in range(n)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_CHILDREN)
     procs = [subprocess.Popen(hs.ssh_argv(h) + [generator(lines)], stdout=f)
              for h, f in zip(hs.hosts[:n], files)]
     codes = [p.wait() for p in procs]
     elapsed = time.perf_counter() - t0
+    share = (cpu_s(resource.RUSAGE_CHILDREN) - c0) / elapsed
     for f in files:
         f.close()
     assert codes == [0] * n
     by_node = {k: open(f.name).read().splitlines() for k, f in enumerate(files)}
-    return elapsed, check(by_node, lines)
+    return elapsed, check(by_node, lines), share
 
 
 def bench_logs(runs: int, mb: int, n: int = 8) -> None:
     lines = mb * 1_000_000 // LINE_BYTES
+    ours, theirs, share, ssh_share = [], [], [], []
     with make_hosts(n, isolated_home=True) as hs:
-        ours, theirs = [], []
         for _ in range(runs):
             with tempfile.TemporaryDirectory() as tmp:
-                t, bad = via_mlaunch(hs, n, lines, tmp)
-                ours.append(t)
-                print(f"mlaunch: {t:.2f}s lost/dup/torn={bad}", file=sys.stderr)
+                t, bad, cpu = via_mlaunch(hs, n, lines, tmp)
+                ours.append(t), share.append(cpu)
+                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
             with tempfile.TemporaryDirectory() as tmp:
-                t, bad = via_ssh(hs, n, lines, tmp)
-                theirs.append(t)
-                print(f"ssh:     {t:.2f}s lost/dup/torn={bad}", file=sys.stderr)
+                t, bad, cpu = via_ssh(hs, n, lines, tmp)
+                theirs.append(t), ssh_share.append(cpu)
+                print(f"ssh:     {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
     total = n * mb
     m, s = statistics.median(ours), statistics.median(theirs)
     print(f"{n} hosts x {mb} MB: mlaunch {total / m:.1f} MB/s (median {m:.2f}s), "
           f"parallel ssh {total / s:.1f} MB/s (median {s:.2f}s); throughput ratio {s / m:.2f}; "
+          f"launcher CPU share {statistics.median(share):.2f} of a core (median; "
+          f"{n} ssh clients together {statistics.median(ssh_share):.2f}); "
           "0 lost, duplicated or torn lines")
+
+
+def _rate_samples(path: str) -> list[tuple[float, int]]:
+    with open(path) as fh:
+        return [(float(t), int(n)) for t, n in (line.split() for line in fh if line.count(" ") == 1)]
+
+
+def _rate(path: str, start: float, end: float) -> float:
+    """The rank's lines/s between two wall-clock times, from its own samples."""
+    samples = _rate_samples(path)
+    before = [s for s in samples if s[0] < start][-1:]  # the anchor: a phase shorter than a sample still counts
+    inside = before + [s for s in samples if start <= s[0] <= end]
+    if len(inside) < 2:
+        return float("nan")
+    (t0, n0), (t1, n1) = inside[0], inside[-1]
+    return (n1 - n0) / (t1 - t0)
+
+
+def bench_rank_rate(window: float = 4.0) -> dict:
+    """A local one-rank job writing as fast as it can: its lines/s with the launcher running,
+    throttled (SIGSTOP/SIGCONT, 50 ms each), stopped (SIGSTOP held) and killed (SIGKILL;
+    the rank then lives until the node's hang-up guard ends it)."""
+    import signal
+    from tests.helpers import ROOT, write_spec
+    from tests.procs import job_pids
+    tmp = tempfile.mkdtemp(prefix="mlaunch-rate-")
+    rate_file = os.path.join(tmp, "rate")
+    spec = script_job(["localhost"], 1, "allreduce.py", [], os.path.join(tmp, "out"),
+                      env={"RATE_FILE": rate_file}, hangup_after_s=60)
+    spec["script"]["path"] = os.path.join(ROOT, "bench", "rank_writer.py")
+    spec["name"] = name = f"rate{os.getpid()}"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    while not os.path.exists(rate_file) or len(_rate_samples(rate_file)) < 5:
+        assert proc.poll() is None, "the job ended before it wrote"
+        time.sleep(0.05)
+    phases = {}
+    t = time.time(); time.sleep(window); phases["running"] = (t, time.time())
+    t = time.time()
+    while time.time() - t < window:
+        proc.send_signal(signal.SIGSTOP); time.sleep(0.05)
+        proc.send_signal(signal.SIGCONT); time.sleep(0.05)
+    phases["throttled"] = (t, time.time())
+    t = time.time(); proc.send_signal(signal.SIGSTOP); time.sleep(window)
+    phases["stopped"] = (t, time.time()); proc.send_signal(signal.SIGCONT)
+    time.sleep(1.0)  # back to draining before the kill
+    t = time.time(); proc.kill(); proc.wait()
+    while job_pids(name + "-"):
+        time.sleep(0.02)
+    phases["killed"] = (t, time.time())
+    rates = {k: _rate(rate_file, *v) for k, v in phases.items() if k != "killed"}
+    base = rates["running"]
+    res = {k: {"lines_per_s": round(v), "ratio": round(v / base, 2)} for k, v in rates.items()}
+    # Killed: the rank is not held by the dead launcher; the hang-up guard ends it.
+    killed, gone = phases["killed"]
+    after = [s for s in _rate_samples(rate_file) if s[0] >= killed]
+    last_before = [s for s in _rate_samples(rate_file) if s[0] < killed][-1]
+    res["killed"] = {"rank_wrote_for_s": round(after[-1][0] - killed, 2) if after else 0.0,
+                     "lines_per_s": round(_rate(rate_file, killed, gone)) if after else None,
+                     "lines_after_kill": after[-1][1] - last_before[1] if after else 0,
+                     "all_job_processes_gone_s": round(gone - killed, 2)}
+    return res

@@ -81,6 +81,9 @@ class TorchrunRootCause:
         self.code: int | None = None
 
     def see(self, lines: list[str]) -> None:
+        # One scan of the chunk instead of a regex per line, outside the block.
+        if not self._in_block and "Root Cause" not in "\n".join(lines):
+            return
         for line in lines:
             if self._HEADER.search(line):
                 self._in_block = True
