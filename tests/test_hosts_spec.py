@@ -220,7 +220,8 @@ def test_unusable_spec_text(tmp_path, content, line):
 
 def test_spec_path_is_a_directory_or_missing(tmp_path):
     r = mlaunch("validate", str(tmp_path))
-    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "a directory, not a job spec file" in r.stderr
+    assert "Traceback" not in r.stderr
     r = mlaunch("validate", str(tmp_path / "nope.yaml"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == f"mlaunch: {tmp_path / 'nope.yaml'}: cannot read the spec: No such file or directory"

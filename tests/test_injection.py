@@ -10,9 +10,11 @@ import os
 import stat
 import subprocess
 
+import pytest
 import yaml
 
 from launcher.plan.launch_plan import build_plan
+from launcher.errors import SpecError
 from launcher.spec import validate
 
 from .helpers import seed000
@@ -41,7 +43,9 @@ def make_job(tmp_path, canary: str) -> tuple[dict, list[str]]:
     job = {"name": "inject", "trainer": "script",
            "cluster": {"hosts": ["localhost"], "gpus_per_node": 1, "python": str(bindir / "python"),
                        "workdir": str(workdir),
-                       "env": {"RECORD": str(tmp_path / "record.json"), "EVIL": values[1] + values[0]}},
+                       # `$$` is a literal `$` (a bare `$(` is refused: test below)
+                       "env": {"RECORD": str(tmp_path / "record.json"),
+                               "EVIL": values[1].replace("$", "$$") + values[0]}},
            "script": {"path": "/opt/train.py; touch " + canary + "/path", "args": values}}
     return job, values
 
@@ -63,7 +67,7 @@ def test_hostile_values_do_not_run(tmp_path):
     assert record["argv"] == list(node.argv[1:])
     assert record["argv"][-len(values):] == values
     assert record["argv"][-len(values) - 1] == data["script"]["path"]
-    assert record["env"]["EVIL"] == data["cluster"]["env"]["EVIL"]
+    assert record["env"]["EVIL"] == values[1] + values[0]
     assert record["cwd"] == data["cluster"]["workdir"]
 
 
@@ -82,4 +86,15 @@ def test_hostile_shared_dir_quoted(tmp_path):
     data = seed000()
     data["cluster"]["shared_dir"] = "/mnt/a b/$(id)"
     plan = build_plan(validate(data), run_id="q")
-    assert "mkdir -p '/mnt/a b/$(id)/.mlaunch/q' || exit 96" in plan.nodes[0].script
+    script = plan.nodes[0].script
+    assert "mkdir -p -- '/mnt/a b/$(id)' || exit 96" in script
+    assert "for d in '/mnt/a b/$(id)/.mlaunch' '/mnt/a b/$(id)/.mlaunch/q'; do" in script
+
+
+def test_a_command_substitution_in_an_env_value_is_refused(tmp_path):
+    data, _ = make_job(tmp_path, str(tmp_path / "canary"))
+    data["cluster"]["env"]["EVIL"] = "$(touch /tmp/x)"
+    with pytest.raises(SpecError) as e:
+        validate(data)
+    assert ("cluster.env.EVIL: '$(': only $NAME and ${NAME} are expanded (from each node's "
+            "environment); write $$ for a literal $") in "\n".join(e.value.lines())

@@ -5,6 +5,7 @@ their modes are set here, not left to the umask or to the mode of the directory 
 made in (an existing 0755 MLAUNCH_HOME or output_dir/logs)."""
 from __future__ import annotations
 
+import errno
 import os
 from typing import TextIO
 
@@ -16,6 +17,8 @@ def private_dir(path: str) -> str:
     """Create path 0700 (its missing parents as the umask makes them); an existing one is
     made 0700 too. Returns path."""
     parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):   # say what is wrong with path
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
     os.makedirs(parent, exist_ok=True)
     try:
         os.mkdir(path, DIR_MODE)

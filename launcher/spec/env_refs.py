@@ -65,7 +65,8 @@ def check_env_refs(env: dict[str, str]) -> list[Problem]:
     for name, value in env.items():
         if not isinstance(value, str) or SECRET_NAME.search(name):
             continue
-        bad = BAD_BRACE.search(value) or re.search(r"\$\(", value)
+        bare = value.replace("$$", "")   # `$$(` is a literal `$(`, as the message says
+        bad = BAD_BRACE.search(bare) or re.search(r"\$\(", bare)
         if bad:
             out.append(Problem(f"cluster.env.{name}", f"{bad[0]!r}: only $NAME and ${{NAME}} are "
                                "expanded (from each node's environment); write $$ for a literal $, "
