@@ -10,6 +10,8 @@ import pytest
 from launcher.nodeprog import source
 from launcher.nodeprog.checkpoints import Discovery, Skipped, find_latest_complete, has_checkpoints
 
+from .loadfactor import limit
+
 SOURCE = source("checkpoints")   # the text the launcher ships: ckpt_checks.py inlined
 
 
@@ -250,7 +252,7 @@ def test_json_round_trip(tmp_path):
 def run_script(*args):
     """Run the module source via `python -` on stdin, as the launcher does remotely."""
     proc = subprocess.run([sys.executable, "-", *args], input=SOURCE,
-                          capture_output=True, text=True, timeout=60, cwd="/")
+                          capture_output=True, text=True, timeout=limit(60), cwd="/")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

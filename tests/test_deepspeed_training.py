@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from .loadfactor import limit
 from .test_swift_training import assert_trained as swift_trained
 from .test_swift_training import checkpoint as swift_checkpoint
 from .test_swift_training import swift_spec
@@ -41,7 +42,7 @@ def optimizer_groups(ckpt: str, python: str = TRAINER_PYTHON) -> list[dict]:
         "base = sd.get('base_optimizer_state', sd.get('optimizer_state_dict', sd))\n"
         "keys = ('lr', 'weight_decay', 'betas')\n"
         "print(json.dumps([{k: g[k] for k in keys} for g in base['param_groups']]))\n")
-    r = subprocess.run([python, "-c", code, shard[0]], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([python, "-c", code, shard[0]], capture_output=True, text=True, timeout=limit(300))
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

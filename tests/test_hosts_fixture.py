@@ -15,10 +15,12 @@ import pytest
 
 try:
     from . import hosts as H
+    from .loadfactor import limit
 except ImportError:
     if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # importlib mode
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import hosts as H
+    from loadfactor import limit
 
 pytestmark = pytest.mark.multihost
 
@@ -75,7 +77,7 @@ def test_each_host_answers_ssh_with_own_name_and_ip(hosts2):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in hosts2]
     names = []
     for h, p in zip(hosts2, procs):
-        out, err = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=limit(30))
         assert p.returncode == 0, err
         # Own hostname; it resolves to the host's bridge IP, not loopback.
         assert out.split() == [h.name, h.ip]
@@ -89,7 +91,7 @@ def test_each_host_answers_ssh_with_own_name_and_ip(hosts2):
     assert r.stdout.split() == [a.ip, b.ip], r.stderr
     # The generated ssh_config works with the host alias.
     r = subprocess.run(["ssh", "-F", hosts2.ssh_config, b.name, "hostname"],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=limit(30))
     assert r.returncode == 0 and r.stdout.strip() == b.name, r.stderr
 
 
@@ -112,7 +114,7 @@ def test_host_a_reaches_host_b_over_tcp(hosts2):
         port = int(srv.stdout.readline())
         client = (f"import socket; c = socket.create_connection(({b.ip!r}, {port}), 5);"
                   "print(c.recv(100).decode())")
-        r = a.run([PY, "-c", client], timeout=20)
+        r = a.run([PY, "-c", client], timeout=limit(20))
         assert r.returncode == 0, r.stderr
         # B saw the connection come from A's own address.
         assert r.stdout.split() == [token, a.ip]
@@ -121,7 +123,7 @@ def test_host_a_reaches_host_b_over_tcp(hosts2):
         srv.kill()
         srv.wait()
     # And a host can ssh to a peer (what a launcher on node 0 would do).
-    r = a.run(hosts2.ssh_argv(b) + ["hostname"], timeout=30)
+    r = a.run(hosts2.ssh_argv(b) + ["hostname"], timeout=limit(30))
     assert r.returncode == 0 and r.stdout.strip() == b.name, r.stderr
 
 
@@ -137,7 +139,7 @@ def test_pids_lists_processes_in_host(hosts2):
     h = hosts2[0]
     p = h.popen(["sleep", "30"])
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + limit(5)
         while p.pid not in h.pids() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert p.pid in h.pids()
@@ -145,7 +147,7 @@ def test_pids_lists_processes_in_host(hosts2):
         assert p.pid not in hosts2[1].pids()
         # Same answer as the /proc scan used by teardown (retry: short-lived
         # processes, e.g. sshd's child for the readiness probe, come and go).
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + limit(3)
         while H._netns_pids([h.ns])[h.ns] != h.pids() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert H._netns_pids([h.ns])[h.ns] == h.pids()
@@ -181,7 +183,7 @@ def test_link_down_makes_host_unreachable(hosts2):
     r = ssh(hosts2, h, "hostname", connect_timeout=1, timeout=10)
     assert r.returncode == 255
     assert "timed out" in r.stderr.lower(), r.stderr
-    _, err = peer.communicate(timeout=10)
+    _, err = peer.communicate(timeout=limit(10))
     assert peer.returncode != 0 and "timed out" in err, err
     h.link_up()
     with socket.create_connection((h.ip, 22), 5) as c:
@@ -196,7 +198,7 @@ def test_many_concurrent_sessions_isolated_home(make_hostset):
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
                  for _ in range(12)]
-        outs = [p.communicate(timeout=30) for p in procs]
+        outs = [p.communicate(timeout=limit(30)) for p in procs]
         assert [p.returncode for p in procs] == [0] * 12, [e for _, e in outs]
         assert {tuple(o.split()) for o, _ in outs} == {(h.name, h.home)}
 
@@ -206,7 +208,7 @@ def test_teardown_is_complete(make_hostset):
         bg = hs[1].popen(["sleep", "60"])
         r = subprocess.Popen(hs.ssh_argv(hs[0]) + ["sleep 60"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + limit(5)
         while len(hs[0].pids()) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)  # sshd + session sshd + sleep
         snap = snapshot(hs)
@@ -250,7 +252,7 @@ def test_four_hosts_full_mesh(make_hostset):
                                           stderr=subprocess.PIPE, text=True)
                  for h in hs}
         for name, p in procs.items():
-            out, err = p.communicate(timeout=30)
+            out, err = p.communicate(timeout=limit(30))
             assert p.returncode == 0 and out.strip() == name, err
         # Every host reads every peer's SSH banner.
         peers = [h.ip for h in hs]
@@ -263,7 +265,7 @@ def test_four_hosts_full_mesh(make_hostset):
         procs = [h.popen([PY, "-c", mesh], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE) for h in hs]
         for p in procs:
-            out, err = p.communicate(timeout=30)
+            out, err = p.communicate(timeout=limit(30))
             assert p.returncode == 0 and out.strip() == "ok", err
 
 
@@ -283,7 +285,7 @@ def test_stale_resources_of_crashed_run_are_cleaned():
                           "dir": hs.dir}}), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    r = subprocess.run([PY, "-c", child], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([PY, "-c", child], capture_output=True, text=True, timeout=limit(60))
     assert r.returncode == -signal.SIGKILL, r.stderr
     info = json.loads(r.stdout)
     # The crash left everything behind ...

@@ -17,6 +17,7 @@ from launcher.plan.launch_plan import build_plan
 from launcher.errors import SpecError
 from launcher.spec import validate
 
+from .loadfactor import limit
 from .helpers import seed000
 
 FAKE_TORCHRUN = """#!/bin/sh
@@ -60,7 +61,7 @@ def test_hostile_values_do_not_run(tmp_path):
     proc = subprocess.Popen(["/bin/sh", "-c", node.script], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = proc.stdout.read()
-    assert proc.wait(timeout=60) == 0, output
+    assert proc.wait(timeout=limit(60)) == 0, output
     proc.stdin.close()
     assert os.listdir(canary) == [], "an injected command ran"
     record = json.loads((tmp_path / "record.json").read_text())

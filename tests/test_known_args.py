@@ -13,6 +13,7 @@ import pytest
 
 from launcher.spec import known_args
 
+from .loadfactor import limit
 from .helpers import ROOT
 from .training import require_swift, require_trainer
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.training
 @pytest.mark.parametrize("entry", ["swift.sft", "swift.rlhf", "megatron.sft", "megatron.rlhf"])
 def test_swift_names_match_the_installed_parser(entry):
     out = subprocess.run([require_swift(), os.path.join(ROOT, "tools", "swift_args.py"), "names", entry],
-                         capture_output=True, text=True, timeout=300, check=True)
+                         capture_output=True, text=True, timeout=limit(300), check=True)
     assert frozenset(json.loads(out.stdout.strip().splitlines()[-1])) == known_args.names("swift", entry)
     assert known_args.version("swift") == "4.6.0"
 
@@ -32,7 +33,7 @@ def test_llamafactory_names_match_the_installed_parser():
             "from llamafactory.hparams.parser import _TRAIN_ARGS; "
             "print(json.dumps(sorted({o[2:] for a in HfArgumentParser(_TRAIN_ARGS)._actions "
             "for o in a.option_strings if o.startswith('--') and '-' not in o[2:]} - {'help'})))")
-    out = subprocess.run([require_trainer(), "-c", code], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([require_trainer(), "-c", code], capture_output=True, text=True, timeout=limit(300),
                          check=True, env={**os.environ, "DISABLE_VERSION_CHECK": "1"})
     assert frozenset(json.loads(out.stdout.strip().splitlines()[-1])) == \
         known_args.names("llamafactory", "llamafactory")

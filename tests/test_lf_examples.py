@@ -20,6 +20,7 @@ from launcher.errors import SpecError
 from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
+from .loadfactor import limit
 from .helpers import CONFIGS, ROOT, free_port, load_yaml
 from .lf_examples import OWN, REFUSED, example
 from .training import require_trainer
@@ -109,7 +110,7 @@ def parsed(tmp_path_factory):
     r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
                         os.path.join(ROOT, "tests", "scripts", "lf_parse_pairs.py"),
                         os.path.join(base, "pairs.json"), out],
-                       capture_output=True, text=True, env=env, timeout=900)
+                       capture_output=True, text=True, env=env, timeout=limit(900))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     return json.load(open(out))
 
@@ -146,7 +147,7 @@ def test_fsdp_section_parses_as_the_trainers_fsdp_arguments(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "LLAMAFACTORY_VERBOSITY": "WARN"}
     r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
                         os.path.join(ROOT, "tests", "scripts", "lf_parse_pairs.py"), str(pairs),
-                        str(tmp_path / "out.json")], capture_output=True, text=True, env=env, timeout=600)
+                        str(tmp_path / "out.json")], capture_output=True, text=True, env=env, timeout=limit(600))
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.load(open(tmp_path / "out.json"))["fsdp"]
     ex, ml = got["example"], got["mlaunch"]

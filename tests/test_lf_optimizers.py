@@ -18,6 +18,7 @@ import subprocess
 
 import pytest
 
+from .loadfactor import limit
 from .test_training import assert_trained
 from .training import TRAINER_PYTHON, TRAINER_VENV, build_tiny, lf_spec, require_trainer, submit_timed
 
@@ -61,7 +62,7 @@ OPTIMIZER_PACKAGES = ("badam", "adam_mini", "bitsandbytes")   # tests/env/traine
 def tiny(tmp_path_factory):
     python = require_trainer()
     code = "import importlib.util, sys; print([m for m in sys.argv[1:] if not importlib.util.find_spec(m)])"
-    r = subprocess.run([python, "-c", code, *OPTIMIZER_PACKAGES], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([python, "-c", code, *OPTIMIZER_PACKAGES], capture_output=True, text=True, timeout=limit(120))
     missing = r.stdout.strip()
     if missing != "[]":
         pytest.skip(f"the trainer venv {TRAINER_VENV} lacks {missing} (an older build): run "
@@ -77,7 +78,7 @@ def saved_optimizer(ckpt: str) -> dict:
              or glob.glob(os.path.join(ckpt, "global_step*", "mp_rank_00_model_states.pt")))
     assert len(found) == 1, os.listdir(ckpt)
     r = subprocess.run([TRAINER_PYTHON, "-c", _SUMMARY, found[0]], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=limit(300))
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -156,7 +157,7 @@ print(json.dumps(sorted(k for k in base if k in new and not base[k].equal(new[k]
 def changed_tensors(base_model: str, out: str) -> list[str]:
     """Names of the weights that training changed (the saved model against the base)."""
     r = subprocess.run([TRAINER_PYTHON, "-c", _CHANGED, os.path.join(base_model, "model.safetensors"),
-                        os.path.join(out, "model.safetensors")], capture_output=True, text=True, timeout=300)
+                        os.path.join(out, "model.safetensors")], capture_output=True, text=True, timeout=limit(300))
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -10,6 +10,7 @@ import pytest
 
 from launcher.plan import memory
 
+from .loadfactor import limit
 from .helpers import ROOT
 
 DATA = sorted(glob.glob(os.path.join(ROOT, "bench", "results", "memory", "*.jsonl")))
@@ -143,7 +144,7 @@ def test_parameter_count_matches_transformers():
             "    with torch.device('meta'): m=AutoModelForCausalLM.from_config(cfg)\n"
             "    out.append(sum(p.numel() for p in m.parameters()))\nprint(json.dumps(out))")
     cfgs = [QWEN_039, QWEN_15, {**LLAMA_7, "num_hidden_layers": 2}]
-    got = subprocess.run([py, "-c", code, json.dumps(cfgs)], capture_output=True, text=True, timeout=300)
+    got = subprocess.run([py, "-c", code, json.dumps(cfgs)], capture_output=True, text=True, timeout=limit(300))
     counts = json.loads(got.stdout.strip().splitlines()[-1])
     assert counts == [memory.shape_from_config(c).params() for c in cfgs]
 

@@ -11,6 +11,8 @@ import pytest
 
 from launcher import nodeprog
 
+from .loadfactor import limit
+
 PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir")
 PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt_checks",)}
 
@@ -18,7 +20,7 @@ PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt
 def ship(program: str, *args: str) -> subprocess.CompletedProcess:
     """Run node program `program`'s shipped text on stdin, with argv args."""
     return subprocess.run([sys.executable, "-", *args], input=nodeprog.source(program),
-                          capture_output=True, text=True, timeout=120, cwd="/")
+                          capture_output=True, text=True, timeout=limit(120), cwd="/")
 
 
 @pytest.mark.parametrize("program", PROGRAMS)

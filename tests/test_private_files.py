@@ -14,6 +14,7 @@ import tempfile
 
 import pytest
 
+from .loadfactor import limit
 from .helpers import ROOT, mlaunch, script_job, write_spec
 
 CANARY = "canarypw"
@@ -37,7 +38,7 @@ def as_nobody_grep(paths: list[str], needle: str) -> list[str]:
               'grep -laF -- "$NEEDLE" "$f" 2>/dev/null; done; true')
     r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                         "sh", "-c", script, "scan", *paths], env={"NEEDLE": needle, "PATH": os.environ["PATH"]},
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=limit(120))
     return [ln for ln in r.stdout.splitlines() if ln and not _scanner(ln)]
 
 
@@ -92,7 +93,7 @@ def test_canary_secret_is_in_no_file_or_process_another_user_reads(make_hostset)
             assert seen == [control], seen           # while the ranks run: files and /proc
         finally:
             open(go, "w").close()
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=limit(300))
         text = "".join(lines) + out
         assert proc.returncode == 0, text[-3000:]
     assert CANARY not in text and f" {SHORT}" not in text and "db *** short ***" in text

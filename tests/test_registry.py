@@ -13,6 +13,7 @@ import pytest
 from launcher.launch.process import proc_start
 from launcher.record.registry import ACTIVE, FINAL, STATES, Registry
 
+from .loadfactor import limit
 from .helpers import ROOT, free_port
 from .runs import CLI, Runs
 
@@ -84,7 +85,7 @@ def _ps_loop(env: dict, stop: threading.Event, seen: list, errors: list) -> None
     seen.append(mine)
     while not stop.is_set():
         r = subprocess.run([*CLI, "ps", "--json", "--all"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=limit(120))
         if r.returncode != 0:
             errors.append(r.stderr)
             continue
@@ -107,7 +108,7 @@ def test_two_writers_on_one_row_lose_no_update_while_20_ps_read(runs):
     for w in writers:
         w.start()
     for w in writers:
-        w.join(timeout=300)
+        w.join(timeout=limit(300))
     stop.set()
     for t in readers:
         t.join()

@@ -11,6 +11,7 @@ import pytest
 from launcher.record.events import read_events
 from launcher.record.registry import Registry
 
+from .loadfactor import limit
 from .helpers import ROOT, free_port, write_spec
 from .runs import Runs
 
@@ -73,8 +74,8 @@ def test_a_lock_held_past_the_timeout_never_fails_a_run(tmp_path, runs):
                                       "for over 0.2 s (database is locked); try again once it "
                                       "is free") and stop.stderr.count("\n") == 1, stop.stderr
     finally:
-        locker.communicate("\n", timeout=30)
-    rest, err = sub.communicate(timeout=120)
+        locker.communicate("\n", timeout=limit(30))
+    rest, err = sub.communicate(timeout=limit(120))
     assert sub.returncode == 0, rest[-2000:] + err
     row = runs.run("held")
     assert (row["state"], row["exit_code"]) == ("succeeded", 0), row

@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 
+from .loadfactor import limit
 from .helpers import ROOT, mlaunch, script_job, write_spec
 
 FAKE_TORCHRUN = """#!/bin/sh
@@ -119,7 +120,7 @@ def test_concurrent_submit_refused_then_stale_lock_taken_over(tmp_path):
     second = mlaunch("submit", spec, "--no-preflight")
     assert second.returncode == 2
     assert f"{out} is in use by run t-" in second.stderr and f"on {socket.gethostname()}" in second.stderr
-    first.communicate(timeout=60)
+    first.communicate(timeout=limit(60))
     assert first.returncode == 0
     assert not os.path.exists(os.path.join(out, ".mlaunch.lock")), "lock not released"
     # A launcher that died without unlocking: same host, dead pid -> taken over, evidence kept.

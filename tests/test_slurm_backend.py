@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from .loadfactor import limit
 from .runs import Runs
 from .slurmjobs import baseline, leftovers, slurm_script_job, submit, wait_until
 
@@ -62,7 +63,7 @@ def test_detached_run_ps_and_logs_follow(slurm2, tmp_path, runs):
     assert runs.run(run_id)["state"] == "running"
     assert runs.run(run_id)["hosts"] == [h.name for h in slurm2.hs.hosts]
     follower = runs.popen("logs", "-f", run_id)
-    followed, err = follower.communicate(timeout=180)
+    followed, err = follower.communicate(timeout=limit(180))
     assert follower.returncode == 0, err
     assert re.search(r"tick rank [0-3] node [01] i 29 ", followed), followed[-2000:]
     row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"))
@@ -83,7 +84,7 @@ def test_stop_of_a_running_slurm_job(slurm2, tmp_path, runs):
     attach = runs.popen("attach", run_id)   # attach, then Ctrl-C: detaches, the job runs on
     wait_until(lambda: "ready rank" in (attach.stdout.readline() or "ready rank"), 60)
     attach.send_signal(signal.SIGINT)
-    _, err = attach.communicate(timeout=60)
+    _, err = attach.communicate(timeout=limit(60))
     assert attach.returncode == 0 and "it keeps running" in err, err
     assert runs.run(run_id)["state"] == "running"
     assert all(leftovers(slurm2, keep).values()), "attach's Ctrl-C stopped the job"
@@ -151,7 +152,7 @@ def test_ctrl_c_cancels_and_secrets_stay_out_of_slurm(slurm2, tmp_path):
     ranks = [p for h in slurm2.hs.hosts for p in h.pids() if _environ_has(p, b"RANK=")]
     assert ranks and all(_environ_has(p, f"HF_TOKEN={secret}".encode()) for p in ranks)
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=120)
+    rest, _ = proc.communicate(timeout=limit(120))
     assert proc.returncode == 130, "".join(seen) + rest
     assert f"interrupted: scancel {job}" in rest and "has left every node" in rest, rest
     assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}

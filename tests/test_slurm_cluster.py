@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from .loadfactor import limit
 from .test_fanout import job_pids
 
 pytestmark = pytest.mark.multihost
@@ -46,13 +47,13 @@ def test_scancel_ends_every_job_process_in_every_host(slurm2, tmp_path):
     keep = [job_pids(h, set()) for h in slurm2.hs.hosts]   # slurmd itself
     job = slurm2.run(["sbatch", "--parsable", "-N", "2", "-o", os.devnull, str(script)]).stdout.strip()
     _wait_state(slurm2, job, {"RUNNING"})
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + limit(30)
     while any(len(job_pids(h, k)) == 0 for h, k in zip(slurm2.hs.hosts, keep)):
         assert time.monotonic() < deadline, "the job's processes never appeared"
         time.sleep(0.2)
     slurm2.run(["scancel", job])
     _wait_state(slurm2, job, {"CANCELLED"})
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + limit(30)
     while any(job_pids(h, k) for h, k in zip(slurm2.hs.hosts, keep)):
         assert time.monotonic() < deadline, [job_pids(h, k) for h, k in zip(slurm2.hs.hosts, keep)]
         time.sleep(0.2)

@@ -17,6 +17,7 @@ from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 from launcher.view.present import describe_plan
 
+from .loadfactor import limit
 from .helpers import ROOT, write_spec
 from .slurmjobs import baseline, leftovers, slurm_script_job
 
@@ -95,7 +96,7 @@ def test_drained_node_is_excluded_from_the_restart_job(slurm3, tmp_path):
     assert ranks, f"no rank of the job on {lost}"
     for pid in ranks:
         os.kill(pid, signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=300)
+    rest, _ = proc.communicate(timeout=limit(300))
     console = "".join(seen) + rest
     assert proc.returncode == 0, console[-4000:]
     assert re.search(rf"slurm: the restart excludes {lost} \(Slurm state \S*DRAIN\S*: test\)", console), console

@@ -21,6 +21,7 @@ import pytest
 from launcher.spec import load_spec
 from launcher.plan.trainers import TRAINERS, RunContext
 
+from .loadfactor import limit
 from .helpers import ROOT
 from .training import require_swift
 
@@ -58,7 +59,7 @@ def parse_all(jobs: list) -> list[dict]:
     python = require_swift()
     out = subprocess.run([python, os.path.join(ROOT, "tools", "swift_args.py")],
                          input=json.dumps({"jobs": jobs}), capture_output=True, text=True,
-                         timeout=600, check=True)
+                         timeout=limit(600), check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

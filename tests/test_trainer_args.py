@@ -21,6 +21,7 @@ from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 from launcher.plan.trainers import warmup_arg
 
+from .loadfactor import limit
 from .helpers import CONFIGS, preflight
 from .training import SWIFT_PYTHON, TRAINER_PYTHON, require_swift, require_trainer
 
@@ -64,7 +65,7 @@ def parse(tmp_path, text: str, five: bool) -> subprocess.CompletedProcess:
         env["PYTHONPATH"] = f"{site_packages(SWIFT_PYTHON)}:{site_packages(TRAINER_PYTHON)}"
         env["DISABLE_VERSION_CHECK"] = "1"   # LLaMA-Factory 0.9.5 officially stops at 4.57
     return subprocess.run([python, "-c", PARSE, str(path)], capture_output=True, text=True,
-                          env=env, timeout=180)
+                          env=env, timeout=limit(180))
 
 
 def parsed(r: subprocess.CompletedProcess) -> dict:

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 
+from .loadfactor import limit
 from .training import (TRAINER_PYTHON, build_tiny, lf_spec, local_job_pids, losses,
                        require_trainer, submit_timed, trainer_state, worker_killed)
 
@@ -38,7 +39,7 @@ def assert_trained(r, out: str, steps: int) -> dict:
 
 def reload_ok(code: str) -> None:
     """Run a reload snippet in the trainer venv; it must print OK."""
-    r = subprocess.run([TRAINER_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([TRAINER_PYTHON, "-c", code], capture_output=True, text=True, timeout=limit(300))
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
 
 

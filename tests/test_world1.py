@@ -19,6 +19,7 @@ import pytest
 from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 
+from .loadfactor import limit
 from .helpers import ROOT, write_spec
 from .procs import job_pids
 from .training import build_tiny, lf_spec, losses, require_trainer, submit_timed, trainer_state
@@ -106,9 +107,9 @@ def test_world_of_one_ctrl_c_tears_down_exit_130(tmp_path, tiny):
             break
     assert job_pids(f"{name}-"), "no job process"
     proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=120)[0]
+    rest = proc.communicate(timeout=limit(120))[0]
     assert proc.returncode == 130, rest
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + limit(10)
     while job_pids(f"{name}-") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert job_pids(f"{name}-") == set()

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from .loadfactor import limit
 from .helpers import ROOT, free_port, ssh_of
 
 TRAINER_VENV = os.environ.get("MLAUNCH_TRAINER_VENV", os.path.join(ROOT, ".venvs", "trainer"))
@@ -55,7 +56,7 @@ def build_tiny(dest: str) -> dict:
             tmp = cache + ".tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             out = subprocess.run([python, src, os.path.join(tmp, "tiny")], capture_output=True,
-                                 text=True, timeout=300, check=True)
+                                 text=True, timeout=limit(300), check=True)
             with open(os.path.join(tmp, "info.json"), "w") as fh:
                 fh.write(out.stdout)
             os.rename(tmp, cache)
