@@ -231,10 +231,12 @@ def _restart_wait(job, plan, executor, printer, attempt, limit, result, events, 
     printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
     time.sleep(job.restart_backoff_s)
     executor.close()
-    if job.cluster.scheduler == "slurm":   # Slurm picks the nodes: leave out the failed ones
-        job = slurm_exclude.exclude_failed(job, result, printer, events)
-    if not job.cluster.spare_hosts and not shrink.allowed(job):
-        return job, plan, _connect(plan)
     run_id, log_dir = where   # the attempt's plan is built again in the loop; this one connects
     rebuild = lambda j: build_plan(j, run_id=run_id, log_dir=log_dir)  # noqa: E731
+    if job.cluster.scheduler == "slurm":   # Slurm picks the nodes: leave out the failed ones
+        job = slurm_exclude.exclude_failed(job, result, printer, events)
+        job = slurm_exclude.fit(job, printer, events)   # too few left: a smaller --nodes
+        return job, rebuild(job), _connect(plan)
+    if not job.cluster.spare_hosts and not shrink.allowed(job):
+        return job, plan, _connect(plan)
     return spares.reconnect(job, plan, result, printer, events, rebuild)

@@ -13,8 +13,6 @@ from .hosts import parse_host
 from .models import Cluster, JobBase
 from .select import node_procs
 
-SHRINK_NOT_BUILT = ("elastic shrink under Slurm (a smaller --nodes) is not built yet; set "
-                    "min_nodes to the node count ({n}) or leave it out")
 # DeepSpeed issue #6470: the HF Trainer does not load a universal checkpoint (forcing
 # load_universal_checkpoint ends training after one step), so a ZeRO checkpoint saved at
 # one data-parallel size cannot be resumed at another through the trainers mlaunch runs.
@@ -35,7 +33,7 @@ def shrinks(c: Cluster) -> bool:
 def check_shrink(job: JobBase) -> list[Problem]:
     """A job that may shrink must resume at a smaller data-parallel size."""
     c = job.cluster
-    if c.scheduler == "slurm" or not shrinks(c):
+    if not shrinks(c):
         return []
     n, why = len(node_procs(c)), None
     if getattr(job, "megatron", None):
@@ -69,17 +67,16 @@ def check_spares(c: Cluster) -> list[Problem]:
 
 
 def _check_min_nodes(c: Cluster) -> list[Problem]:
-    """min_nodes ≤ the node count; below it, one process count for every node (ssh only)."""
+    """min_nodes ≤ the node count; below it, one process count for every node."""
     if c.min_nodes is None:
         return []
     n = len(node_procs(c))
     if not n:
         return []   # no hosts: that problem has its own line
     if c.min_nodes > n:
+        of = "cluster.slurm.nodes" if c.scheduler == "slurm" else "cluster.hosts"
         return [Problem("cluster.min_nodes", f"{c.min_nodes} is more than the {n} nodes of "
-                        f"cluster.hosts; give at most {n}, or leave it out")]
-    if c.min_nodes < n and c.scheduler == "slurm":
-        return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + SHRINK_NOT_BUILT.format(n=n))]
+                        f"{of}; give at most {n}, or leave it out")]
     if c.min_nodes < n and isinstance(c.gpus_per_node, list):
         return [Problem("cluster.gpus_per_node", f"{list(c.gpus_per_node)}: a shrink "
                         f"(cluster.min_nodes {c.min_nodes}) may drop any node, so every node must "

@@ -96,13 +96,17 @@ def shrink_lines(job) -> list[str]:
     from ..spec.select import node_procs
     from ..spec.spare_rules import shrinks
     c = job.cluster
-    if c.scheduler == "slurm" or not shrinks(c):
+    if not shrinks(c):
         return []
-    procs, n = node_procs(c), len(c.hosts)
+    procs = node_procs(c)
+    n = len(procs)
     unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will shrink"
+    how = ("when the excluded nodes leave fewer usable nodes in the partition, the restart job "
+           "asks for fewer (sbatch --nodes)" if c.scheduler == "slurm" else
+           "a node lost with no spare left is dropped and the restart runs on the healthy hosts "
+           "(node 0 kept when healthy)")
     lines = [f"elastic shrink: down to {c.min_nodes} nodes (cluster.min_nodes), world "
-             f"{c.min_nodes * procs[0]}: a node lost with no spare left is dropped and the "
-             "restart runs on the healthy hosts (node 0 kept when healthy)" + unused]
+             f"{c.min_nodes * procs[0]}: {how}" + unused]
     if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
         return lines
     gb, pd = global_batch(job), job.batch.per_device
