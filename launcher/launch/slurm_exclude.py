@@ -2,7 +2,7 @@
 
 Slurm picks the nodes, so there are no spare hosts under Slurm: the next sbatch gets
 `--exclude` with every node of the last attempt that Slurm reports drained, down or failing,
-or whose task was lost, added to the user's own extra_sbatch exclude and to those of earlier
+whose task was lost, or whose output showed a hardware-looking cause (execute/hwcause.py), added to the user's own extra_sbatch exclude and to those of earlier
 attempts (the job carries them from attempt to attempt). When cluster.min_nodes allows it and
 the exclusions leave fewer usable nodes in the partition than the job asks for, the next sbatch
 asks for fewer (--nodes, down to min_nodes) with grad_accum recomputed (shrink.py's arithmetic).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..execute.job import JobResult
 from ..errors import UserError
+from ..execute import hwcause
 from ..execute.slurm import failed_nodes, hostnames, usable_nodes
 from ..execute.stream import Printer
 from ..record.events import EventLog
@@ -26,6 +27,10 @@ def failed(result: JobResult) -> dict[str, str]:
     for o in result.nodes:
         if o.exit is not None and o.exit.lost and not o.terminated and o.host in hosts:
             bad.setdefault(o.host, f"task lost ({o.exit.detail or 'no exit status'})")
+    torn = {o.rank for o in result.nodes if o.terminated}
+    for rank, why in hwcause.hardware_nodes(result.hardware, result.first_failure, torn).items():
+        if result.nodes[rank].host in hosts:
+            bad.setdefault(result.nodes[rank].host, why)
     return bad
 
 

@@ -86,8 +86,9 @@ def spare_lines(job) -> list[str]:
               f"node 0 cannot be replaced: cluster.master_addr {c.master_addr} is given")
     unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will use them"
     return [f"spare hosts, in order: {', '.join(c.spare_hosts)}: before a restart each node lost "
-            "in the last attempt (connection lost) or unreachable now takes the next one, with "
-            f"its rank; {keep} the same; {master}{unused}"]
+            "in the last attempt (connection lost or a hardware-looking error), unreachable now, "
+            "or failing the host check (GPU, disk) takes the next one, with its rank; "
+            f"{keep} the same; {master}{unused}"]
 
 
 def shrink_lines(job) -> list[str]:
