@@ -78,12 +78,17 @@ def test_min_nodes_refusals(change, line):
 
 def test_zero_and_megatron_shrink_refused_ddp_lora_accepted():
     validate(lora(min_nodes=2))
-    zero = lora(min_nodes=2) | {"deepspeed": {"stage": 2}}
-    assert problems(zero) == [
-        "cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank and the "
-        "HF Trainer cannot resume it at another data-parallel size (no universal-checkpoint load; "
-        "mlaunch's ds_to_universal route is not built); set cluster.min_nodes to the node count "
-        "(3), give cluster.spare_hosts instead, or use LoRA/DDP without deepspeed"]
+    validate(lora(min_nodes=2) | {"deepspeed": {"stage": 2}})   # the universal-checkpoint route
+    validate(lora(min_nodes=2) | {"deepspeed": {"stage": 1}})
+    head = ("cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank; "
+            "mlaunch resumes it at another data-parallel size through DeepSpeed's universal "
+            "checkpoint (ds_to_universal, then checkpoint.load_universal), verified for "
+            "LLaMA-Factory with ZeRO-2 (ZeRO-1 shares its optimizer) over ssh only, not ")
+    tail = ("; set cluster.min_nodes to the node count (3), give cluster.spare_hosts instead, or "
+            "use deepspeed.stage 2 without offload")
+    assert problems(lora(min_nodes=2) | {"deepspeed": {"stage": 3}}) == [head + "ZeRO stage 3" + tail]
+    offload = {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}}
+    assert problems(lora(min_nodes=2) | offload) == [head + "with offload" + tail]
     data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-megatron.yaml")))
     n = len(data["cluster"]["hosts"])
     data["cluster"]["min_nodes"] = n - 1
@@ -220,3 +225,4 @@ def test_cli_dry_run_shows_the_shrink_and_refuses_zero(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines()[1].startswith(
         "mlaunch: cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard"), r.stderr
+    assert "not ZeRO stage 3;" in r.stderr, r.stderr

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from . import finished, shrink, slurm_exclude, spares
+from . import universal as universal_ckpt
 from ..errors import UserError
 from ..execute.job import JobResult, make_executor, run_job
 from ..record.events import EventLog
@@ -172,11 +173,12 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     notice = timeout_notice(job)
     if notice:
         printer.say(notice)
+    universal = False
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,
                           overwrite=_overwrite_why(opts, attempt, resume_from, master),
-                          attempt=attempt, transformers=transformers)
+                          attempt=attempt, transformers=transformers, universal=universal)
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, **kw: rec.attempt_started(p, n, r, **kw)  # noqa: E731
         result = run_job(plan, executor, printer, connected=True, on_started=started)
@@ -198,6 +200,7 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
         if found and (done := finished.complete_line(job, found)):
             printer.say(f"restart {attempt}/{limit} not needed: {done}")
             break
+        universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
