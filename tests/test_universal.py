@@ -112,3 +112,10 @@ def test_same_world_needs_nothing_and_failures_end_the_run(tmp_path):
                           ck, Said(), Events())
     assert "ds_to_universal exited 1: AssertionError: universal_checkpoint_info missing" in err.value.lines()[0]
     assert not os.path.exists(f"{ck}/latest_universal")
+
+
+def test_dry_run_says_a_zero_checkpoint_goes_through_the_universal_one(tmp_path):
+    from launcher.view.present import describe_plan
+    text = describe_plan(build_plan(zero_job(tmp_path), run_id="r"))
+    assert ("  a ZeRO checkpoint saved at another world is converted once on node 0 "
+            "(ds_to_universal) and loaded with checkpoint.load_universal") in text, text

@@ -19,8 +19,11 @@ CONVERT_TIMEOUT_S = 3600.0   # a 70B model's fp32 states are hundreds of GB to r
 
 
 def needed(job: JobBase, resume_from: str | None) -> bool:
-    """Whether this job's restarts may resume a ZeRO checkpoint at another world (min_nodes)."""
-    return bool(resume_from and getattr(job, "deepspeed", None) and job.cluster.min_nodes)
+    """Whether this job's restarts may resume a ZeRO checkpoint at another world (min_nodes;
+    ssh only: spare_rules.py refuses a ZeRO shrink under Slurm)."""
+    c = job.cluster
+    return bool(resume_from and getattr(job, "deepspeed", None) and c.min_nodes
+                and c.scheduler == "ssh")
 
 
 def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,

@@ -110,6 +110,9 @@ def shrink_lines(job) -> list[str]:
              f"{c.min_nodes * procs[0]}: {how}" + unused]
     if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
         return lines
+    if getattr(job, "deepspeed", None):
+        lines.append("  a ZeRO checkpoint saved at another world is converted once on node 0 "
+                     "(ds_to_universal) and loaded with checkpoint.load_universal")
     gb, pd = global_batch(job), job.batch.per_device
     for s in shrink.sizes(procs[0], n, c.min_nodes, gb, pd):
         lines.append(f"  at {s.nodes} nodes: global batch {gb} = world {s.world} × {pd} per "
