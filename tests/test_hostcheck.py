@@ -31,6 +31,12 @@ from .test_spares import Events, FakeExecutor, Said, spec
 def test_hardware_looking_lines(line, what, device):
     got = hwcause.cause(line)
     assert got is not None and got[0].startswith(f"{what}: ") and got[1] is device, got
+    assert hwcause.first_cause(["{'loss': 1.0}", line]) == got   # the cheap word scan lets it by
+
+
+def test_an_ib_work_completion_status_is_a_link_cause():
+    got = hwcause.first_cause(["NCCL WARN NET/IB : wc status IBV_WC_RETRY_EXC_ERR opcode 0"])
+    assert got is not None and got[0].startswith("InfiniBand error: ") and got[1] is False
 
 
 @pytest.mark.parametrize("line", [

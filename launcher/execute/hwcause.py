@@ -31,7 +31,7 @@ LINK = (
     (re.compile(r"NET/IB\b.*\b(?:error|failed)|IBV_WC_\w+_ERR", re.I), "InfiniBand error"),
 )
 # Every pattern needs one of these words: one cheap scan spares most chunks the regexes.
-_WORDS = ("rror", "ECC", "Xid", "lost", "bus", "device", "failed")
+_WORDS = ("rror", "ECC", "Xid", "lost", "bus", "device", "failed", "IBV_WC")
 
 
 def cause(line: str) -> tuple[str, bool] | None:
