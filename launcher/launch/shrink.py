@@ -57,7 +57,8 @@ def _resized(job: JobBase, new: JobBase, lost: str, why: str, printer: Printer,
     and its console line (why: the same, told)."""
     old_world, new_world = world_size(job), world_size(new)
     nodes = len(node_procs(new.cluster))
-    head = f"shrink: {why}; the next attempt runs on {nodes} nodes, world {old_world} -> {new_world} processes"
+    head = (f"shrink: {why}; the next attempt runs on {nodes} nodes, world {old_world} -> "
+            f"{new_world} processes")
     if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
         events.emit("shrink", old_world=old_world, new_world=new_world, nodes=nodes, lost=lost)
         printer.say(head)

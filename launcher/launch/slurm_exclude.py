@@ -2,8 +2,9 @@
 
 Slurm picks the nodes, so there are no spare hosts under Slurm: the next sbatch gets
 `--exclude` with every node of the last attempt that Slurm reports drained, down or failing,
-whose task was lost, or whose output showed a hardware-looking cause (execute/hwcause.py), added to the user's own extra_sbatch exclude and to those of earlier
-attempts (the job carries them from attempt to attempt). When cluster.min_nodes allows it and
+whose task was lost, or whose output showed a hardware-looking cause (execute/hwcause.py),
+added to the user's own extra_sbatch exclude and to those of earlier attempts (the job
+carries them from attempt to attempt). When cluster.min_nodes allows it and
 the exclusions leave fewer usable nodes in the partition than the job asks for, the next sbatch
 asks for fewer (--nodes, down to min_nodes) with grad_accum recomputed (shrink.py's arithmetic).
 """

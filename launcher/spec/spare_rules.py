@@ -20,8 +20,9 @@ from .select import node_procs
 ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; mlaunch resumes it "
                    "at another data-parallel size through DeepSpeed's universal checkpoint "
                    "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory "
-                   "with ZeRO-2 (ZeRO-1 shares its optimizer) over ssh only, not {what}; set cluster.min_nodes to the node "
-                   "count ({n}), give cluster.spare_hosts instead, or use {fix}")
+                   "with ZeRO-2 (ZeRO-1 shares its optimizer) over ssh only, not {what}; set "
+                   "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
+                   "or use {fix}")
 MEGATRON_SHRINK = ("Megatron-SWIFT's distributed checkpoint is laid out for its tp/pp/dp grid "
                    "and mlaunch does not re-shard it; set cluster.min_nodes to the node count "
                    "({n}) or give cluster.spare_hosts instead")
