@@ -1,4 +1,6 @@
-"""Issue 29, spare hosts with a real trainer: LLaMA-Factory LoRA on CPU over namespace hosts."""
+"""Issue 29 with a real trainer on CPU over namespace hosts: LLaMA-Factory LoRA resumed on a spare
+(3 nodes + 1 spare), and a ZeRO-2 full fine-tune shrunk from 4 to 3 nodes through the universal
+checkpoint."""
 from __future__ import annotations
 
 import glob
