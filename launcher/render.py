@@ -248,6 +248,13 @@ def llamafactory_entry() -> str:
     return render("llamafactory_entry.py.j2")
 
 
+def universal_script(env, bindir: str | None, python: str, checkpoint: str, world: int) -> str:
+    """Shell text for node 0: convert checkpoint to DeepSpeed's universal checkpoint once,
+    unless it was saved at this world (launch/universal.py reads its status line)."""
+    return render("universal.sh.j2", env=list(env), bindir=bindir, python=python,
+                  checkpoint=checkpoint, world=int(world))
+
+
 def python_script(python: str, source: str, args: list[str]) -> str:
     """Shell text that runs a Python source (fed on stdin) with args on a node."""
     if "\nMLAUNCH_PY_EOF\n" in source:

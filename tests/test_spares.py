@@ -83,8 +83,9 @@ def test_min_nodes_equal_to_the_nodes_and_spares_accepted_and_shown():
     job = validate(spec(min_nodes=2, spare_hosts=["c", "d"]) | {"max_restarts": 1})
     text = describe_plan(build_plan(job, run_id="r"))
     assert ("spare hosts, in order: c, d: before a restart each node lost in the last attempt "
-            "(connection lost) or unreachable now takes the next one, with its rank; the world (2) "
-            "stays the same; a replaced node 0's spare becomes the master") in text, text
+            "(connection lost or a hardware-looking error), unreachable now, or failing the host "
+            "check (GPU, disk) takes the next one, with its rank; the world (2) stays the same; a "
+            "replaced node 0's spare becomes the master") in text, text
 
 
 def test_lora_dry_run_says_the_global_batch_stays():
@@ -149,22 +150,46 @@ def test_node0_replaced_only_without_a_given_master_addr():
                           "2 processes; node 0 is the new master"]
 
 
+def gpu_bin(tmp_path) -> str:
+    """cluster.python whose bin directory has tests/scripts/fake_gpu_smi.sh as nvidia-smi:
+    one idle GPU per host, a failed driver on a host with a broken-<hostname> file there."""
+    import shutil
+    import sys
+    from .helpers import SCRIPTS
+    bindir = tmp_path / "bin"
+    bindir.mkdir(parents=True)
+    os.symlink(sys.executable, bindir / "python")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    os.symlink(torchrun if os.path.exists(torchrun) else shutil.which("torchrun"), bindir / "torchrun")
+    os.symlink(os.path.join(SCRIPTS, "fake_gpu_smi.sh"), bindir / "nvidia-smi")
+    return str(bindir / "python")
+
+
 def test_lost_node_replaced_by_the_spare(make_hostset, tmp_path):
-    """2 nodes + 1 spare, max_restarts 1: node 1's link is cut mid-run; the restart runs on the
-    spare, with node 1's rank and the same world, and exits 0."""
+    """2 nodes + 2 spares, max_restarts 1, one (fake) GPU per host: node 1's link is cut
+    mid-run; the first spare's GPU driver has failed, so the restart's host check replaces it
+    by the second; the restart runs there, with node 1's rank and the same world, and exits 0."""
     from .test_fanout import node_logs, start, wait_ready
-    with make_hostset(3) as hs:
-        a, b, spare = hs.hosts
+    with make_hostset(4) as hs:
+        a, b, broken, spare = hs.hosts
         out = str(tmp_path / "out")
         os.makedirs(out)
+        python = gpu_bin(tmp_path)
+        (tmp_path / "bin" / f"broken-{broken.name}").write_text("")
         job = script_job([a.ip, b.ip], 1, "spare_job.py", [out], out, hs=hs, hangup_after_s=6,
-                         spare_hosts=[spare.ip]) | {"max_restarts": 1, "restart_backoff_s": 0}
+                         python=python, spare_hosts=[broken.ip, spare.ip]) | {
+            "max_restarts": 1, "restart_backoff_s": 0}
         proc = start(tmp_path, job)
         assert len(wait_ready(proc, 2, deadline_s=240)) == 2
         b.link_down()
         rest = proc.communicate(timeout=limit(240))[0]
         assert proc.returncode == 0, rest[-4000:]
-        assert (f"host replaced: node1 {b.ip} -> spare {spare.ip} (connection lost); the world "
+        assert (f"host replaced: node1 {b.ip} -> spare {broken.ip} (connection lost); the world "
+                "stays 2 processes") in rest, rest[-4000:]
+        driver = ("health check: gpu: nvidia-smi failed: NVIDIA-SMI has failed because it "
+                  "couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA "
+                  "driver is installed and running.")
+        assert (f"host replaced: node1 {broken.ip} -> spare {spare.ip} ({driver}); the world "
                 "stays 2 processes") in rest, rest[-4000:]
         assert re.search(rf"^\[node1 {re.escape(spare.ip)} local0\] where rank 1/2 node 1 host "
                          rf"{spare.name} attempt 1$", rest, re.M), rest[-4000:]
@@ -176,8 +201,9 @@ def test_lost_node_replaced_by_the_spare(make_hostset, tmp_path):
         (path,) = glob.glob(f"{out}/logs/*/events.jsonl")
         events = [json.loads(ln) for ln in open(path)]
         replaced = [e for e in events if e["event"] == "host_replaced"]
-        assert [(e["attempt"], e["rank"], e["old_host"], e["new_host"], e["reason"])
-                for e in replaced] == [(1, 1, b.ip, spare.ip, "connection lost")]
+        assert [(e["attempt"], e["rank"], e["old_host"], e["new_host"], e["reason"], e["spares_left"])
+                for e in replaced] == [(1, 1, b.ip, broken.ip, "connection lost", 1),
+                                       (1, 1, broken.ip, spare.ip, driver, 0)]
         assert events[-1]["event"] == "run_end" and events[-1]["code"] == 0
 
 
@@ -199,6 +225,7 @@ def test_unreachable_spare_skipped_and_no_spare_left_refused(monkeypatch):
     down = {"c"}
     monkeypatch.setattr(spares, "make_executor",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], down))
+    monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {})
     job = validate(spec(spare_hosts=["c", "d"]))
     plan = build_plan(job, run_id="r")
     said, ev = Said(), Events()
@@ -217,6 +244,7 @@ def test_unreachable_spare_skipped_and_no_spare_left_refused(monkeypatch):
 def test_a_rank_exit_replaces_nothing(monkeypatch):
     monkeypatch.setattr(spares, "make_executor",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], set()))
+    monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {})
     job = validate(spec(spare_hosts=["c"]))
     plan = build_plan(job, run_id="r")
     exited = JobResult(3, [NodeOutcome(0, "a", Exit(143), terminated=True), NodeOutcome(1, "b", Exit(3))])

@@ -308,6 +308,7 @@ class _Session:
         self.printer.set_status(None)
         r = self.result
         self.watch.finish(ok=all(o.exit is not None and o.exit.code == 0 for o in self.outcomes))
+        r.hardware = dict(self.watch.hardware)
         if r.health is not None:
             r.code = EXIT_CODES[r.health.event]
         elif r.interrupted:

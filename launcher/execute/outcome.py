@@ -48,6 +48,7 @@ class JobResult:
     torn_down_at: float | None = None   # monotonic time teardown finished on every host
     health: object | None = None        # the health verdict that stopped the job, if any
     never_starts: str | None = None     # the scheduler's reason the job can never start
+    hardware: dict = field(default_factory=dict)   # node -> (hwcause line, device?): watch.py
 
     @property
     def restartable(self) -> bool:

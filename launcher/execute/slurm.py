@@ -135,3 +135,27 @@ def failed_nodes(names: list[str]) -> dict[str, str]:
             reason = re.search(r"Reason=(.*?)(?: \[|$)", r.stdout.strip())
             bad[name] = f"Slurm state {info['State']}" + (f": {reason.group(1)}" if reason else "")
     return bad
+
+
+def usable_nodes(partition: str | None, exclude: list[str]) -> tuple[str, list[str]] | None:
+    """(partition, its nodes a job could still get): every node of the partition (the default
+    one when None) that is not in `exclude` and that sinfo shows neither drained, down,
+    failing nor unresponsive. None when sinfo cannot tell (then nothing is changed)."""
+    r = slurm_cmd(["sinfo", "-h", "-N", "-o", "%N|%P|%T"])
+    if r.returncode != 0:
+        return None
+    rows = [ln.split("|") for ln in r.stdout.splitlines() if ln.count("|") == 2]
+    part = partition or next((p.rstrip("*") for _, p, _ in rows if p.endswith("*")), None)
+    if part is None:
+        return None
+    skip = set(exclude)
+    nodes = {n for n, p, state in rows if p.rstrip("*") == part and n not in skip
+             and not _unusable(state)}
+    return part, sorted(nodes)
+
+
+def _unusable(state: str) -> bool:
+    """sinfo's long state (%T) of a node Slurm will not start a job on: drained/draining,
+    down, fail/failing, inval, future, or a trailing * (not responding)."""
+    base = state.lower().rstrip("~#!%$@^-")
+    return base.endswith("*") or base.startswith(("drain", "down", "fail", "inval", "future"))

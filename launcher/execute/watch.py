@@ -11,7 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import render
-from . import stacks
+from . import hwcause, stacks
 from ..record import fsmode
 from ..record.events import EventLog
 from .health import HealthConfig, Monitor, Verdict
@@ -50,12 +50,16 @@ class Watch:
         base_id = plan.run_id.split(".a")[0]
         self.events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id, plan.attempt)
         self.verdict: Verdict | None = None   # the first verdict that stopped the run
+        self.hardware: dict[int, tuple[str, bool]] = {}   # node -> its first hwcause line
         self._lock = threading.Lock()
         self._logged = 0
 
     def lines(self, rank: int, host: str, lines: list[str]) -> Verdict | None:
         """Feed one node's lines; the stopping verdict, if these lines caused one."""
         with self._lock:
+            if rank not in self.hardware and (found := hwcause.first_cause(lines)):
+                self.hardware[rank] = found
+                self.events.emit("hardware_error", node=rank, host=host, cause=found[0])
             verdicts = self.monitor.lines(rank, host, lines)
             return self._take(verdicts)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from . import finished, shrink, slurm_exclude, spares
+from . import universal as universal_ckpt
 from ..errors import UserError
 from ..execute.job import JobResult, make_executor, run_job
 from ..record.events import EventLog
@@ -172,11 +173,12 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     notice = timeout_notice(job)
     if notice:
         printer.say(notice)
+    universal = False
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,
                           overwrite=_overwrite_why(opts, attempt, resume_from, master),
-                          attempt=attempt, transformers=transformers)
+                          attempt=attempt, transformers=transformers, universal=universal)
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, **kw: rec.attempt_started(p, n, r, **kw)  # noqa: E731
         result = run_job(plan, executor, printer, connected=True, on_started=started)
@@ -198,6 +200,7 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
         if found and (done := finished.complete_line(job, found)):
             printer.say(f"restart {attempt}/{limit} not needed: {done}")
             break
+        universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
@@ -231,10 +234,12 @@ def _restart_wait(job, plan, executor, printer, attempt, limit, result, events, 
     printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
     time.sleep(job.restart_backoff_s)
     executor.close()
-    if job.cluster.scheduler == "slurm":   # Slurm picks the nodes: leave out the failed ones
-        job = slurm_exclude.exclude_failed(job, result, printer, events)
-    if not job.cluster.spare_hosts and not shrink.allowed(job):
-        return job, plan, _connect(plan)
     run_id, log_dir = where   # the attempt's plan is built again in the loop; this one connects
     rebuild = lambda j: build_plan(j, run_id=run_id, log_dir=log_dir)  # noqa: E731
+    if job.cluster.scheduler == "slurm":   # Slurm picks the nodes: leave out the failed ones
+        job = slurm_exclude.exclude_failed(job, result, printer, events)
+        job = slurm_exclude.fit(job, printer, events)   # too few left: a smaller --nodes
+        return job, rebuild(job), _connect(plan)
+    if not job.cluster.spare_hosts and not shrink.allowed(job):
+        return job, plan, _connect(plan)
     return spares.reconnect(job, plan, result, printer, events, rebuild)

@@ -3,7 +3,8 @@
 The next attempt runs on the healthy hosts, in their old order (ranks contiguous; node 0
 stays node 0 when it is healthy, else the next host becomes node 0 and the master). The
 global batch is kept by recomputing grad_accum (launcher/plan/shrink.py); a world that does
-not divide it ends the run with the node counts that would.
+not divide it ends the run with the node counts that would. Under Slurm (to_nodes, called by
+slurm_shrink.py) the next sbatch asks for fewer nodes (--nodes) with the same arithmetic.
 """
 from __future__ import annotations
 
@@ -36,27 +37,40 @@ def drop(job: JobBase, bad: dict[int, str], printer: Printer, events: EventLog) 
                         f"is lost ({bad[0]}); a shrink cannot move the master while master_addr "
                         "names it: leave master_addr out (it follows node 0) and submit again")
     new = job.model_copy(update={"cluster": c.model_copy(update={"hosts": hosts})})
+    return _resized(job, new, lost, f"lost {lost}", printer, events)
+
+
+def to_nodes(job: JobBase, nodes: int, lost: str, why: str, printer: Printer,
+             events: EventLog) -> JobBase:
+    """job asking Slurm for `nodes` nodes (--nodes) with the accumulation for that world;
+    lost: the excluded nodes, why: how they leave too few. UserError when the world misses
+    the batch."""
+    c = job.cluster
+    slurm = c.slurm.model_copy(update={"nodes": nodes})
+    new = job.model_copy(update={"cluster": c.model_copy(update={"slurm": slurm})})
+    return _resized(job, new, lost, why, printer, events)
+
+
+def _resized(job: JobBase, new: JobBase, lost: str, why: str, printer: Printer,
+             events: EventLog) -> JobBase:
+    """new (fewer nodes) with the global batch kept; the shrink event (lost: what was lost)
+    and its console line (why: the same, told)."""
     old_world, new_world = world_size(job), world_size(new)
-    if isinstance(job, (LlamaFactoryJob, SwiftJob)):
-        new = _regrad(job, new, old_world, new_world, printer, events, lost)
-    else:
-        events.emit("shrink", old_world=old_world, new_world=new_world, nodes=len(hosts), lost=lost)
-        printer.say(f"shrink: lost {lost}; the next attempt runs on {len(hosts)} nodes, world "
-                    f"{old_world} -> {new_world} processes")
-    return new
-
-
-def _regrad(job, new, old_world, new_world, printer, events, lost):
-    """new with grad_accum = global / (new world × per_device), or the refusal."""
+    nodes = len(node_procs(new.cluster))
+    head = (f"shrink: {why}; the next attempt runs on {nodes} nodes, world {old_world} -> "
+            f"{new_world} processes")
+    if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
+        events.emit("shrink", old_world=old_world, new_world=new_world, nodes=nodes, lost=lost)
+        printer.say(head)
+        return new
     b, gb, c = job.batch, global_batch(job), job.cluster
     ga = arith.regrad(gb, new_world, b.per_device)
     if ga is None:
-        table = arith.sizes(node_procs(c)[0], len(c.hosts), c.min_nodes, gb, b.per_device)
+        table = arith.sizes(node_procs(c)[0], len(node_procs(c)), c.min_nodes, gb, b.per_device)
         size = next(s for s in table if s.world == new_world)
-        raise UserError(f"lost {lost}: " + arith.refusal(size, gb, b.per_device, table))
-    events.emit("shrink", old_world=old_world, new_world=new_world, nodes=len(new.cluster.hosts),
+        raise UserError(f"{why}: " + arith.refusal(size, gb, b.per_device, table))
+    events.emit("shrink", old_world=old_world, new_world=new_world, nodes=nodes,
                 old_grad_accum=b.grad_accum, new_grad_accum=ga, global_batch=gb, lost=lost)
-    printer.say(f"shrink: lost {lost}; the next attempt runs on {len(new.cluster.hosts)} nodes, "
-                f"world {old_world} -> {new_world} processes, grad_accum {b.grad_accum} -> {ga}, "
-                f"global batch {gb} = {new_world} × {b.per_device} per device × {ga} (kept)")
+    printer.say(f"{head}, grad_accum {b.grad_accum} -> {ga}, global batch {gb} = {new_world} × "
+                f"{b.per_device} per device × {ga} (kept)")
     return new.model_copy(update={"batch": b.model_copy(update={"grad_accum": ga})})

@@ -2,16 +2,23 @@
 
 Slurm picks the nodes, so there are no spare hosts under Slurm: the next sbatch gets
 `--exclude` with every node of the last attempt that Slurm reports drained, down or failing,
-or whose task was lost, added to the user's own extra_sbatch exclude and to those of earlier
-attempts (the job carries them from attempt to attempt).
+whose task was lost, or whose output showed a hardware-looking cause (execute/hwcause.py),
+added to the user's own extra_sbatch exclude and to those of earlier attempts (the job
+carries them from attempt to attempt). When cluster.min_nodes allows it and
+the exclusions leave fewer usable nodes in the partition than the job asks for, the next sbatch
+asks for fewer (--nodes, down to min_nodes) with grad_accum recomputed (shrink.py's arithmetic).
 """
 from __future__ import annotations
 
 from ..execute.job import JobResult
-from ..execute.slurm import failed_nodes
+from ..errors import UserError
+from ..execute import hwcause
+from ..execute.slurm import failed_nodes, hostnames, usable_nodes
 from ..execute.stream import Printer
 from ..record.events import EventLog
 from ..spec import JobBase
+from ..spec.select import node_procs
+from . import shrink
 
 
 def failed(result: JobResult) -> dict[str, str]:
@@ -21,6 +28,10 @@ def failed(result: JobResult) -> dict[str, str]:
     for o in result.nodes:
         if o.exit is not None and o.exit.lost and not o.terminated and o.host in hosts:
             bad.setdefault(o.host, f"task lost ({o.exit.detail or 'no exit status'})")
+    torn = {o.rank for o in result.nodes if o.terminated}
+    for rank, why in hwcause.hardware_nodes(result.hardware, result.first_failure, torn).items():
+        if result.nodes[rank].host in hosts:
+            bad.setdefault(result.nodes[rank].host, why)
     return bad
 
 
@@ -40,3 +51,23 @@ def exclude_failed(job: JobBase, result: JobResult, printer: Printer, events: Ev
     extra = {**s.extra_sbatch, "exclude": ",".join(before + new)}
     slurm = s.model_copy(update={"extra_sbatch": extra})
     return job.model_copy(update={"cluster": job.cluster.model_copy(update={"slurm": slurm})})
+
+
+def fit(job: JobBase, printer: Printer, events: EventLog) -> JobBase:
+    """job asking for no more nodes than the partition has left outside --exclude (shrink),
+    when cluster.min_nodes allows it; UserError (the run ends) when fewer than min_nodes are left."""
+    if not shrink.allowed(job):
+        return job
+    s, want = job.cluster.slurm, len(node_procs(job.cluster))
+    spec = str(s.extra_sbatch.get("exclude", ""))
+    excluded = hostnames(spec) if spec else []
+    found = usable_nodes(s.partition, excluded)
+    if found is None or len(found[1]) >= want:
+        return job
+    part, usable = found
+    lost = ", ".join(excluded) or "none"
+    why = (f"excluded {lost}, which leaves {len(usable)} usable node(s) of the {want} asked in "
+           f"partition {part}")
+    if len(usable) < job.cluster.min_nodes:
+        raise UserError(f"cluster.min_nodes: {job.cluster.min_nodes}: {why}; the run ends")
+    return shrink.to_nodes(job, len(usable), lost, why, printer, events)

@@ -1,7 +1,10 @@
-"""Before a restart: replace lost or unreachable nodes by cluster.spare_hosts, in order.
+"""Before a restart: replace lost, unhealthy or unreachable nodes by cluster.spare_hosts, in order.
 
-A node is replaced when the last attempt lost it (its connection dropped: a hardware-looking
-cause, not a rank's non-zero exit) or when it cannot be reached now. The spare takes the
+A node is replaced when the last attempt lost it (its connection dropped), when its output
+showed a hardware-looking cause (execute/hwcause.py: an ECC error, a lost GPU, NCCL's
+"unhandled system error" on the node that failed first; not a rank's plain non-zero exit),
+when it cannot be reached now, or when it fails the host check (preflight/hostcheck.py: GPU,
+disk) run on every host of the next attempt before it starts. The spare takes the
 node's rank, so ranks stay contiguous and a surviving node 0 stays node 0; a replaced node 0
 makes the spare the master (cluster.master_addr defaults to node 0). The world and the
 batch stay what they were: every node runs the same processes (spare_rules.py). With no
@@ -10,10 +13,12 @@ spare left for a node and cluster.min_nodes below the node count, shrink.py drop
 from __future__ import annotations
 
 from ..errors import UserError
+from ..execute import hwcause
 from ..execute.job import JobResult, make_executor
 from ..execute.stream import Printer
 from ..execute.watch import world_size
 from ..plan.launch_plan import LaunchPlan
+from ..preflight.hostcheck import unfit_hosts
 from ..record.events import EventLog
 from ..spec import JobBase
 from . import shrink
@@ -25,14 +30,21 @@ def lost_ranks(result: JobResult) -> dict[int, str]:
             if o.exit is not None and o.exit.lost and not o.terminated}
 
 
+def hardware_ranks(result: JobResult) -> dict[int, str]:
+    """{rank: cause} of the nodes whose output looked like failing hardware (hwcause.py)."""
+    torn = {o.rank for o in result.nodes if o.terminated}
+    return hwcause.hardware_nodes(result.hardware, result.first_failure, torn)
+
+
 def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printer,
               events: EventLog, rebuild) -> tuple[JobBase, LaunchPlan, object]:
-    """Connect to every host of the next attempt, replacing bad nodes by spares first.
+    """Connect to every host of the next attempt and check its health (hostcheck.py),
+    replacing bad nodes by spares (or dropping them, shrink.py) until every host passes.
 
     rebuild(job): the attempt's plan for a job (the same run id and log dir). Returns the job
     (its hosts the next attempt's), that plan and the connected executor; raises UserError
-    when a node is bad and no spare is left (nothing is started anywhere)."""
-    bad = lost_ranks(result)
+    when a node is unreachable or unfit and no spare is left (nothing is started anywhere)."""
+    bad = {**hardware_ranks(result), **lost_ranks(result)}
     while True:
         left = {r: bad[r] for r in sorted(bad)[len(job.cluster.spare_hosts):]}
         job = _replace(job, plan, bad, printer, events)
@@ -42,7 +54,16 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
         executor = make_executor(plan)
         problems = executor.connect()
         if not problems:
-            return job, plan, executor
+            bad = unfit_hosts(plan, executor)
+            if not bad:
+                return job, plan, executor
+            if not (job.cluster.spare_hosts or shrink.allowed(job)):
+                executor.close()
+                raise UserError([f"node{r} {plan.nodes[r].host}: {why}" for r, why in bad.items()],
+                                header="a host of the next attempt fails its health check and no "
+                                "spare host is left; nothing was started anywhere:")
+            executor.close()
+            continue
         executor.close()
         bad = _unreachable(plan, problems)
         if not bad or not (job.cluster.spare_hosts or shrink.allowed(job)):

@@ -95,7 +95,7 @@ def new_run_id(name: str) -> str:
 def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
                resume_from: str | None = None, overwrite: bool | str | None = False,
                attempt: int = 0, transformers: str | None = None,
-               memory: batchplan.MemoryInputs | None = None) -> LaunchPlan:
+               memory: batchplan.MemoryInputs | None = None, universal: bool = False) -> LaunchPlan:
     """Turn a validated job into the per-node commands and the files they read.
 
     Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
@@ -113,7 +113,7 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     run_dir = posixpath.join(c.shared_dir or c.workdir or default_base(job), ".mlaunch", run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
-                     transformers=transformers)
+                     transformers=transformers, universal=universal)
     trainer = TRAINERS[job.trainer]
     log_base = os.path.join(log_dir or job.output_dir or "mlaunch-logs", "logs", run_id)
     argv_tail = tuple(trainer.entry(job, run))

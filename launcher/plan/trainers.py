@@ -35,6 +35,7 @@ class RunContext:
     resume_from: str | None = None
     overwrite: bool | str | None = False  # why overwrite_output_dir (submit._overwrite_why)
     transformers: str | None = None   # the nodes' version, when preflight probed it
+    universal: bool = False   # resume_from holds DeepSpeed's universal checkpoint (launch/universal.py)
 
 
 class Trainer(Protocol):
@@ -73,7 +74,7 @@ class LlamaFactory:
             job, run.run_id, ds_path, run.resume_from, run.overwrite,
             warmup=warmup_arg(job.training, run.transformers)))]
         if ds_path:
-            out.append(ds_file(job, ds_path))
+            out.append(ds_file(job, ds_path, run.universal))
             out.append(RenderedFile(self._entry_path(run), render.llamafactory_entry()))
         return out
 
@@ -242,13 +243,19 @@ def deepspeed_discovery_args(job) -> list[str]:
     return ["--deepspeed", "--dp-size", str(world_size(job))]
 
 
-def ds_file(job, path: str) -> RenderedFile:
-    """The resolved ds_config.json, with where each value came from as its dry-run note."""
+def ds_file(job, path: str, universal: bool = False) -> RenderedFile:
+    """The resolved ds_config.json, with where each value came from as its dry-run note;
+    universal: the attempt resumes DeepSpeed's universal checkpoint (checkpoint.load_universal)."""
     built = build_for(job)
     if built.problems:  # validation reports these; a plan is never built from such a job
         raise ValueError("; ".join(map(str, built.problems)))
     note = "where each value comes from (not part of the file):\n" + built.note()
-    return RenderedFile(path, render.ds_config(built.config), note)
+    config = built.config
+    if universal:
+        config = {**config, "checkpoint": {"load_universal": True}}
+        note += ("\ncheckpoint.load_universal: mlaunch (the checkpoint was saved at another "
+                 "data-parallel size and converted by ds_to_universal)")
+    return RenderedFile(path, render.ds_config(config), note)
 
 
 def global_batch(job: LlamaFactoryJob) -> int:

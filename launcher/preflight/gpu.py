@@ -65,8 +65,9 @@ def memory_facts(ctx: Ctx, facts: dict) -> dict:
     return {"gpu_mib": min(totals) if totals else None, "model_config": cfg if isinstance(cfg, dict) else None}
 
 
-def check(ctx: Ctx, facts: dict) -> list[CheckResult]:
-    """Per node: nvidia-smi works, the GPUs exist, the driver matches the majority, GPUs are idle."""
+def check(ctx: Ctx, facts: dict, busy: bool = True) -> list[CheckResult]:
+    """Per node: nvidia-smi works, the GPUs exist, the driver matches the majority, GPUs are
+    idle (busy False: not judged, for a restart's host check, hostcheck.py)."""
     gpus = {r: parse_gpus(f["gpu"].get("gpus", "")) for r in ctx.live
             if isinstance(f := facts.get(r), dict) and f.get("gpu", {}).get("smi")}
     drivers = {r: g[0]["driver"] for r, g in gpus.items() if g}
@@ -82,13 +83,14 @@ def check(ctx: Ctx, facts: dict) -> list[CheckResult]:
             why = g.get("error") or "no nvidia-smi (CPU-only node?)"
             out.append(CheckResult("gpu", r, host, "skip", why))
             continue
-        problem = _problem(ctx, r, host, g, gpus.get(r, []), ref)
+        problem = _problem(ctx, r, host, g, gpus.get(r, []), ref, busy)
         status, detail, fix = ("fail", *problem) if problem else ("pass", _summary(gpus[r]), None)
         out.append(CheckResult("gpu", r, host, status, detail, fix))
     return out
 
 
-def _problem(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict], ref) -> tuple[str, str] | None:
+def _problem(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict], ref,
+             busy: bool = True) -> tuple[str, str] | None:
     """(detail, fix) of the first thing wrong with this node's GPUs, or None."""
     if g.get("code") != 0 or not rows:
         first = (g.get("gpus") or "").strip().splitlines()[:1]
@@ -109,7 +111,7 @@ def _problem(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict], ref) -> 
     if ref and rows[0]["driver"] != ref[1]:
         return (f"driver {rows[0]['driver']} here, {ref[1]} on node{ref[0]}",
                 f"install NVIDIA driver {ref[1]} on {host} (as on node{ref[0]}), then reboot")
-    return _busy(ctx, rank, host, g, rows)
+    return _busy(ctx, rank, host, g, rows) if busy else None
 
 
 def _busy(ctx: Ctx, rank: int, host: str, g: dict, rows: list[dict]) -> tuple[str, str] | None:

@@ -13,15 +13,16 @@ from .hosts import parse_host
 from .models import Cluster, JobBase
 from .select import node_procs
 
-SHRINK_NOT_BUILT = ("elastic shrink under Slurm (a smaller --nodes) is not built yet; set "
-                    "min_nodes to the node count ({n}) or leave it out")
-# DeepSpeed issue #6470: the HF Trainer does not load a universal checkpoint (forcing
-# load_universal_checkpoint ends training after one step), so a ZeRO checkpoint saved at
-# one data-parallel size cannot be resumed at another through the trainers mlaunch runs.
-ZERO_SHRINK = ("a DeepSpeed checkpoint holds one optimizer shard per rank and the HF Trainer "
-               "cannot resume it at another data-parallel size (no universal-checkpoint load; "
-               "mlaunch's ds_to_universal route is not built); set cluster.min_nodes to the node "
-               "count ({n}), give cluster.spare_hosts instead, or use LoRA/DDP without deepspeed")
+# A ZeRO checkpoint holds one optimizer shard per rank; at another data-parallel size mlaunch
+# resumes it through DeepSpeed's universal checkpoint (launch/universal.py): verified with
+# LLaMA-Factory 0.9.5, transformers 4.57, DeepSpeed 0.19.8, ZeRO-2 on CPU/gloo, 4 -> 3 ranks.
+# Everything else stays refused, each with its reason.
+ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; mlaunch resumes it "
+                   "at another data-parallel size through DeepSpeed's universal checkpoint "
+                   "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory "
+                   "with ZeRO-2 (ZeRO-1 shares its optimizer) over ssh only, not {what}; set "
+                   "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
+                   "or use {fix}")
 MEGATRON_SHRINK = ("Megatron-SWIFT's distributed checkpoint is laid out for its tp/pp/dp grid "
                    "and mlaunch does not re-shard it; set cluster.min_nodes to the node count "
                    "({n}) or give cluster.spare_hosts instead")
@@ -35,14 +36,33 @@ def shrinks(c: Cluster) -> bool:
 def check_shrink(job: JobBase) -> list[Problem]:
     """A job that may shrink must resume at a smaller data-parallel size."""
     c = job.cluster
-    if c.scheduler == "slurm" or not shrinks(c):
+    if not shrinks(c):
         return []
     n, why = len(node_procs(c)), None
     if getattr(job, "megatron", None):
         why = MEGATRON_SHRINK
     elif getattr(job, "deepspeed", None):
-        why = ZERO_SHRINK
+        why = _zero_unverified(job)
     return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + why.format(n=n))] if why else []
+
+
+def _zero_unverified(job: JobBase) -> str | None:
+    """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory, ZeRO-1/2 from the
+    spec's stage, no offload, ssh), or None."""
+    ds, c = job.deepspeed, job.cluster
+    what, fix = None, "deepspeed.stage 2 without offload"
+    if job.trainer != "llamafactory":
+        what, fix = f"trainer {job.trainer}", "LLaMA-Factory, or LoRA/DDP without deepspeed"
+    elif c.scheduler == "slurm":
+        what, fix = ("under Slurm (the conversion runs on node 0 over ssh; the login node may "
+                     "lack DeepSpeed)"), "scheduler: ssh"
+    elif ds.config:
+        what = f"your own ds_config (deepspeed.config {ds.config})"
+    elif ds.stage not in (1, 2):
+        what = f"ZeRO stage {ds.stage}"
+    elif ds.offload_optimizer != "none" or ds.offload_param != "none":
+        what = "with offload"
+    return ZERO_UNVERIFIED.replace("{what}", what).replace("{fix}", fix) if what else None
 
 
 def check_spares(c: Cluster) -> list[Problem]:
@@ -69,17 +89,16 @@ def check_spares(c: Cluster) -> list[Problem]:
 
 
 def _check_min_nodes(c: Cluster) -> list[Problem]:
-    """min_nodes ≤ the node count; below it, one process count for every node (ssh only)."""
+    """min_nodes ≤ the node count; below it, one process count for every node."""
     if c.min_nodes is None:
         return []
     n = len(node_procs(c))
     if not n:
         return []   # no hosts: that problem has its own line
     if c.min_nodes > n:
+        of = "cluster.slurm.nodes" if c.scheduler == "slurm" else "cluster.hosts"
         return [Problem("cluster.min_nodes", f"{c.min_nodes} is more than the {n} nodes of "
-                        f"cluster.hosts; give at most {n}, or leave it out")]
-    if c.min_nodes < n and c.scheduler == "slurm":
-        return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + SHRINK_NOT_BUILT.format(n=n))]
+                        f"{of}; give at most {n}, or leave it out")]
     if c.min_nodes < n and isinstance(c.gpus_per_node, list):
         return [Problem("cluster.gpus_per_node", f"{list(c.gpus_per_node)}: a shrink "
                         f"(cluster.min_nodes {c.min_nodes}) may drop any node, so every node must "

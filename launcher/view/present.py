@@ -86,8 +86,9 @@ def spare_lines(job) -> list[str]:
               f"node 0 cannot be replaced: cluster.master_addr {c.master_addr} is given")
     unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will use them"
     return [f"spare hosts, in order: {', '.join(c.spare_hosts)}: before a restart each node lost "
-            "in the last attempt (connection lost) or unreachable now takes the next one, with "
-            f"its rank; {keep} the same; {master}{unused}"]
+            "in the last attempt (connection lost or a hardware-looking error), unreachable now, "
+            "or failing the host check (GPU, disk) takes the next one, with its rank; "
+            f"{keep} the same; {master}{unused}"]
 
 
 def shrink_lines(job) -> list[str]:
@@ -96,15 +97,22 @@ def shrink_lines(job) -> list[str]:
     from ..spec.select import node_procs
     from ..spec.spare_rules import shrinks
     c = job.cluster
-    if c.scheduler == "slurm" or not shrinks(c):
+    if not shrinks(c):
         return []
-    procs, n = node_procs(c), len(c.hosts)
+    procs = node_procs(c)
+    n = len(procs)
     unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will shrink"
+    how = ("when the excluded nodes leave fewer usable nodes in the partition, the restart job "
+           "asks for fewer (sbatch --nodes)" if c.scheduler == "slurm" else
+           "a node lost with no spare left is dropped and the restart runs on the healthy hosts "
+           "(node 0 kept when healthy)")
     lines = [f"elastic shrink: down to {c.min_nodes} nodes (cluster.min_nodes), world "
-             f"{c.min_nodes * procs[0]}: a node lost with no spare left is dropped and the "
-             "restart runs on the healthy hosts (node 0 kept when healthy)" + unused]
+             f"{c.min_nodes * procs[0]}: {how}" + unused]
     if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
         return lines
+    if getattr(job, "deepspeed", None):
+        lines.append("  a ZeRO checkpoint saved at another world is converted once on node 0 "
+                     "(ds_to_universal) and loaded with checkpoint.load_universal")
     gb, pd = global_batch(job), job.batch.per_device
     for s in shrink.sizes(procs[0], n, c.min_nodes, gb, pd):
         lines.append(f"  at {s.nodes} nodes: global batch {gb} = world {s.world} × {pd} per "

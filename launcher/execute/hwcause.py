@@ -1,0 +1,64 @@
+"""Hardware-looking causes in a node's output (issue 29): which node a restart should not reuse.
+
+Pure: it reads lines. A node whose ranks printed one of these is replaced by a spare (or
+dropped by a shrink, or excluded under Slurm) before the next attempt, as a lost node is.
+Two kinds:
+
+* DEVICE: the node's own GPU, driver or NVLink said it failed (an ECC error, a GPU fallen off
+  the bus, no usable CUDA device, NCCL's "unhandled cuda error"). Only that node prints them.
+* LINK: NCCL's "unhandled system error" and InfiniBand completion errors. A peer of the node
+  that failed may print them too when its connection breaks, so they count only for the
+  node that failed first (the one mlaunch did not tear down).
+
+Software errors that merely mention CUDA (out of memory, an illegal memory access, a device-side
+assert) are not here: a restart on the same node is the right answer to them.
+"""
+from __future__ import annotations
+
+import re
+
+DEVICE = (
+    (re.compile(r"uncorrectable ECC error|\bECC error|cudaErrorECCUncorrectable", re.I), "GPU ECC error"),
+    (re.compile(r"GPU is lost|fallen off the bus|\bXid\b", re.I), "GPU lost"),
+    (re.compile(r"NVLink error|cudaErrorNvlinkUncorrectable", re.I), "NVLink error"),
+    (re.compile(r"no CUDA-capable device is detected|CUDA-capable device\(s\) is/are busy or "
+                r"unavailable|CUDA driver initialization failed|cudaErrorDevicesUnavailable", re.I),
+     "no usable GPU"),
+    (re.compile(r"unhandled cuda error", re.I), "NCCL: unhandled cuda error"),
+)
+LINK = (
+    (re.compile(r"unhandled system error", re.I), "NCCL: unhandled system error"),
+    (re.compile(r"NET/IB\b.*\b(?:error|failed)|IBV_WC_\w+_ERR", re.I), "InfiniBand error"),
+)
+# Every pattern needs one of these words: one cheap scan spares most chunks the regexes.
+_WORDS = ("rror", "ECC", "Xid", "lost", "bus", "device", "failed", "IBV_WC")
+
+
+def cause(line: str) -> tuple[str, bool] | None:
+    """(what it looks like, whether it is the node's own device) for one line, or None."""
+    for table, device in ((DEVICE, True), (LINK, False)):
+        for pattern, what in table:
+            if pattern.search(line):
+                return f"{what}: {line.strip()[:160]}", device
+    return None
+
+
+def first_cause(lines: list[str]) -> tuple[str, bool] | None:
+    """The first hardware-looking line among lines, as cause() says it, or None."""
+    text = "\n".join(lines)
+    if not any(w in text for w in _WORDS):
+        return None
+    for line in lines:
+        found = cause(line)
+        if found:
+            return found
+    return None
+
+
+def hardware_nodes(seen: dict[int, tuple[str, bool]], first_failure: int | None,
+                   torn_down: set[int]) -> dict[int, str]:
+    """{rank: cause} of the nodes a restart should not reuse: seen holds each node's first
+    hardware-looking line; a LINK cause counts only for the first failure, and only when
+    mlaunch had not torn that node down."""
+    return {r: why for r, (why, device) in seen.items()
+            if device or (r == first_failure and r not in torn_down)}

@@ -1,0 +1,54 @@
+"""Resuming a ZeRO checkpoint at another data-parallel size (issue 29: ZeRO shrink).
+
+A ZeRO-1/2 checkpoint holds one optimizer shard per rank of the world that saved it. Before
+an attempt at another world (a shrink), node 0 converts it once to DeepSpeed's universal
+checkpoint (ds_to_universal, beside the original in the checkpoint directory, marked complete
+only after its files are checked: templates/universal.sh.j2), and the attempt's ds_config gets
+checkpoint.load_universal, through which the HF Trainer's engine.load_checkpoint reads it.
+"""
+from __future__ import annotations
+
+from .. import render
+from ..errors import UserError
+from ..execute.stream import Printer
+from ..plan.launch_plan import LaunchPlan, remote_bin, remote_python
+from ..record.events import EventLog
+from ..spec import JobBase, world_size
+
+CONVERT_TIMEOUT_S = 3600.0   # a 70B model's fp32 states are hundreds of GB to rewrite
+
+
+def needed(job: JobBase, resume_from: str | None) -> bool:
+    """Whether this job's restarts may resume a ZeRO checkpoint at another world (min_nodes;
+    ssh only: spare_rules.py refuses a ZeRO shrink under Slurm)."""
+    c = job.cluster
+    return bool(resume_from and getattr(job, "deepspeed", None) and c.min_nodes
+                and c.scheduler == "ssh")
+
+
+def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
+            printer: Printer, events: EventLog) -> bool:
+    """Whether the next attempt loads the universal checkpoint: converts resume_from on node 0
+    when it was saved at another world; UserError (the run ends) when that fails."""
+    if not needed(job, resume_from):
+        return False
+    node = plan.nodes[0]
+    world = world_size(job)
+    script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world)
+    code, out = executor.run(node.login, script, CONVERT_TIMEOUT_S)
+    status = next((ln.split(" ", 1)[1] for ln in reversed(out.splitlines())
+                   if ln.startswith("mlaunch-universal ")), f"failed exit {code}: {out.strip()[-200:]}")
+    if status == "same":
+        return False
+    word, _, rest = status.partition(" ")
+    if word not in ("converted", "done"):
+        raise UserError(f"resume from {resume_from} at world {world}: DeepSpeed's universal "
+                        f"checkpoint could not be made on node0 {node.host}: {rest or word}; the run "
+                        "ends (the checkpoint itself is untouched)")
+    how = "converted" if word == "converted" else "already converted"
+    events.emit("universal_checkpoint", path=resume_from, saved_world=int(rest), world=world,
+                converted=word == "converted")
+    printer.say(f"resume: {resume_from} was saved at world {rest}; {how} to DeepSpeed's universal "
+                f"checkpoint on node0 {node.host} (ds_to_universal), loaded at world {world} "
+                "(checkpoint.load_universal)")
+    return True

@@ -1,0 +1,1 @@
+"""A stand-in for LLaMA-Factory (tests only): see launcher.py."""

@@ -1,0 +1,122 @@
+"""Issue 29: which nodes a restart does not reuse. The hardware-looking causes in a node's
+output (execute/hwcause.py), the host check of the next attempt's hosts (preflight/hostcheck.py)
+and what spares.reconnect and the Slurm exclusion do with them. Namespace-host runs:
+test_spares.py (a spare whose GPU driver failed) and test_shrink.py (an ECC error)."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import UserError
+from launcher.execute import hwcause
+from launcher.execute.base import Exit
+from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.launch import slurm_exclude, spares
+from launcher.plan.launch_plan import build_plan
+from launcher.preflight import hostcheck
+from launcher.spec import validate
+
+from .test_spares import Events, FakeExecutor, Said, spec
+
+
+@pytest.mark.parametrize("line, what, device", [
+    ("[default0]:RuntimeError: CUDA error: uncorrectable ECC error encountered", "GPU ECC error", True),
+    ("NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, GPU has fallen off the bus.", "GPU lost", True),
+    ("RuntimeError: No CUDA GPUs are available; no CUDA-capable device is detected", "no usable GPU", True),
+    ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda "
+     "error (run with NCCL_DEBUG=INFO for details)", "NCCL: unhandled cuda error", True),
+    ("ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device "
+     "error. NCCL error in: ..., unhandled system error", "NCCL: unhandled system error", False),
+    ("n1:123:456 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2 with error 12", "InfiniBand error", False),
+])
+def test_hardware_looking_lines(line, what, device):
+    got = hwcause.cause(line)
+    assert got is not None and got[0].startswith(f"{what}: ") and got[1] is device, got
+    assert hwcause.first_cause(["{'loss': 1.0}", line]) == got   # the cheap word scan lets it by
+
+
+def test_an_ib_work_completion_status_is_a_link_cause():
+    got = hwcause.first_cause(["NCCL WARN NET/IB : wc status IBV_WC_RETRY_EXC_ERR opcode 0"])
+    assert got is not None and got[0].startswith("InfiniBand error: ") and got[1] is False
+
+
+@pytest.mark.parametrize("line", [
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "RuntimeError: CUDA error: device-side assert triggered",
+    "ValueError: loss is nan", "{'loss': 1.25, 'grad_norm': 0.5, 'epoch': 0.1}",
+])
+def test_software_errors_are_not_hardware(line):
+    assert hwcause.cause(line) is None and hwcause.first_cause([line]) is None
+
+
+def test_a_link_cause_counts_only_for_the_node_that_failed_first():
+    seen = {0: ("NCCL: unhandled system error: x", False), 1: ("NCCL: unhandled system error: y", False),
+            2: ("GPU ECC error: z", True)}
+    assert hwcause.hardware_nodes(seen, 1, {0}) == {1: "NCCL: unhandled system error: y",
+                                                    2: "GPU ECC error: z"}
+    assert hwcause.hardware_nodes(seen, 0, {0}) == {2: "GPU ECC error: z"}   # torn down: not its own
+
+
+def _facts(free_gb=100.0, smi=True, code=0, workdir_error=None):
+    f = {"out": {"path": "/o", "base": "/o", "writable": True, "free_gb": free_gb},
+         "gpu": {"smi": "/usr/bin/nvidia-smi" if smi else None, "code": code,
+                 "gpus": "0, GPU-1, 550.54.15, 0, 143771\n" if code == 0 else "NVIDIA-SMI has failed",
+                 "apps": ""}}
+    if workdir_error:
+        f["workdir_error"] = workdir_error
+    return f
+
+
+def test_host_check_fails_disk_gpu_and_silent_probes_not_busy_gpus(monkeypatch):
+    job = validate(spec(hosts=["a", "b", "c", "d", "e"]) | {"preflight": {"min_free_gb": 10}})
+    plan = build_plan(job, run_id="r")
+    busy = _facts()
+    busy["gpu"]["apps"] = "GPU-1, 4242, python, 60000\n"   # the last attempt's memory, going away
+    facts = {0: busy, 1: _facts(free_gb=2.5), 2: _facts(code=9), 3: "facts probe failed (exit 255)",
+             4: _facts(smi=False)}
+    monkeypatch.setattr(hostcheck, "gather_facts", lambda ctx: facts)
+    monkeypatch.setattr(hostcheck, "cleanup", lambda ctx: None)
+    assert hostcheck.unfit_hosts(plan, None) == {
+        1: "health check: storage/output: 2.5 GB free under /o, need 10 GB",
+        2: "health check: gpu: nvidia-smi failed: NVIDIA-SMI has failed",
+        3: "health check: facts probe failed (exit 255)",
+        4: "health check: gpu: no nvidia-smi here, while the other nodes have GPUs"}
+    facts = {r: _facts(smi=False) for r in range(5)}   # CPU nodes: no GPU expected anywhere
+    facts[0] = _facts(smi=False, workdir_error="/w: No such file or directory")
+    assert hostcheck.unfit_hosts(plan, None) == {
+        0: "health check: storage/output: workdir /w: No such file or directory"}
+
+
+def test_an_unfit_host_takes_the_next_spare_or_ends_the_run(monkeypatch):
+    monkeypatch.setattr(spares, "make_executor",
+                        lambda plan: FakeExecutor([n.login for n in plan.nodes], set()))
+    unfit = {"c": "health check: gpu: nvidia-smi failed: x"}
+    monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {
+        n.rank: unfit[n.host] for n in plan.nodes if n.host in unfit})
+    job = validate(spec(spare_hosts=["c", "d"]))
+    plan = build_plan(job, run_id="r")
+    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
+    ecc = JobResult(1, [NodeOutcome(0, "a", Exit(143), terminated=True), NodeOutcome(1, "b", Exit(1))],
+                    first_failure=1, hardware={1: ("GPU ECC error: e", True)})
+    said, ev = Said(), Events()
+    new, new_plan, _ = spares.reconnect(job, plan, ecc, said, ev, rebuild)
+    assert [n.host for n in new_plan.nodes] == ["a", "d"] and new.cluster.spare_hosts == []
+    assert [(kw["old_host"], kw["new_host"], kw["reason"]) for _, kw in ev.seen] == [
+        ("b", "c", "GPU ECC error: e"), ("c", "d", "health check: gpu: nvidia-smi failed: x")]
+    unfit["a"] = "health check: storage/output: 0.5 GB free under /o, need 10 GB"
+    ev = Events()   # b -> c (ECC); then a and c fail the check: a -> d, and none is left for c
+    with pytest.raises(UserError) as err:
+        spares.reconnect(job, plan, ecc, Said(), ev, rebuild)
+    assert err.value.lines() == [
+        "a host of the next attempt fails its health check and no spare host is left; nothing "
+        "was started anywhere:", "node1 c: health check: gpu: nvidia-smi failed: x"]
+    assert [(kw["old_host"], kw["new_host"]) for _, kw in ev.seen] == [("b", "c"), ("a", "d")]
+
+
+def test_slurm_restart_excludes_a_node_with_a_hardware_looking_cause(monkeypatch):
+    monkeypatch.setattr(slurm_exclude, "failed_nodes", lambda names: {})
+    result = JobResult(1, [NodeOutcome(0, "n0", Exit(143), terminated=True),
+                           NodeOutcome(1, "n1", Exit(1))], first_failure=1,
+                       hardware={1: ("NCCL: unhandled system error: s", False),
+                                 0: ("NCCL: unhandled system error: t", False)})
+    assert slurm_exclude.failed(result) == {"n1": "NCCL: unhandled system error: s"}

@@ -1,0 +1,121 @@
+"""ZeRO shrink (issue 29): node 0's conversion to DeepSpeed's universal checkpoint
+(templates/universal.sh.j2 run by launch/universal.py) and the ds_config that loads it. The
+conversion runs here in a real shell against checkpoint directories laid out as the HF Trainer
+writes them, with a stand-in `python -m deepspeed.checkpoint.ds_to_universal` (the real one runs
+in tests/test_spares_training.py's 4 -> 3 node ZeRO-2 run)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from launcher.errors import UserError
+from launcher.launch import universal
+from launcher.plan.launch_plan import build_plan
+from launcher.spec import validate
+
+from .test_shrink import lora
+from .test_spares import Events, Said
+
+# What ds_to_universal leaves (its last step writes latest_universal beside the tag folder).
+FAKE_CONVERTER = """#!/bin/sh
+[ -n "$FAIL" ] && { echo "AssertionError: $FAIL"; exit 1; }
+while [ $# -gt 0 ]; do case $1 in --output_folder) out=$2 ;; esac; shift; done
+mkdir -p "$out/zero/lm_head.weight" && touch "$out/mp_rank_00_model_states.pt"
+basename "$out" > "$(dirname "$out")/latest_universal"
+echo converted >> "$(dirname "$out")/calls"
+"""
+
+
+def checkpoint(tmp_path, shards: int, ranks: int | None = None) -> str:
+    ck = tmp_path / "out" / "checkpoint-3"
+    (ck / "global_step3").mkdir(parents=True)
+    (ck / "latest").write_text("global_step3")
+    (ck / "global_step3" / "mp_rank_00_model_states.pt").write_text("")
+    for r in range(shards):
+        (ck / "global_step3" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_text("")
+    for r in range(shards if ranks is None else ranks):
+        (ck / f"rng_state_{r}.pth").write_text("")
+    return str(ck)
+
+
+class ShellExecutor:
+    """Runs node scripts in a local shell (the login is ignored), as SSH would on node 0."""
+
+    def __init__(self, env=None):
+        self.env = env or {}
+
+    def run(self, login, script, timeout):
+        r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                           timeout=timeout, env={**os.environ, **self.env})
+        return r.returncode, r.stdout + r.stderr
+
+
+def zero_job(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").write_text(FAKE_CONVERTER)
+    (bindir / "python").chmod(0o755)
+    data = lora(hosts=3, gpus=1, per_device=2, grad_accum=4, min_nodes=2) | {
+        "deepspeed": {"stage": 2}, "output_dir": str(tmp_path / "out")}
+    data["cluster"]["python"] = str(bindir / "python")
+    return validate(data)
+
+
+def test_saved_at_another_world_converted_once_and_loaded_universal(tmp_path):
+    job = zero_job(tmp_path)   # 3 nodes × 1: world 3, after a shrink from 4
+    ck = checkpoint(tmp_path, shards=4)
+    plan = build_plan(job, run_id="r")
+    said, ev = Said(), Events()
+    assert universal.prepare(job, plan, ShellExecutor(), ck, said, ev) is True
+    assert said.lines == [f"resume: {ck} was saved at world 4; converted to DeepSpeed's universal "
+                          "checkpoint on node0 n0 (ds_to_universal), loaded at world 3 "
+                          "(checkpoint.load_universal)"]
+    assert ev.seen == [("universal_checkpoint", {"path": ck, "saved_world": 4, "world": 3,
+                                                 "converted": True})]
+    assert os.path.exists(f"{ck}/global_step3_universal/.mlaunch-complete")
+    said = Said()   # a second restart from the same checkpoint: not converted again
+    assert universal.prepare(job, plan, ShellExecutor(), ck, said, Events()) is True
+    assert "already converted" in said.lines[0]
+    assert open(f"{ck}/calls").read() == "converted\n"
+    plan = build_plan(job, run_id="r", resume_from=ck, universal=True)
+    ds = next(f for f in plan.files if f.path.endswith("ds_config.json"))
+    assert json.loads(ds.content)["checkpoint"] == {"load_universal": True}
+    assert json.loads(ds.content)["gradient_accumulation_steps"] == 4
+    assert "checkpoint.load_universal: mlaunch" in ds.note
+    plain = next(f for f in build_plan(job, run_id="r", resume_from=ck).files
+                 if f.path.endswith("ds_config.json"))
+    assert "checkpoint" not in json.loads(plain.content)
+
+
+def test_same_world_needs_nothing_and_failures_end_the_run(tmp_path):
+    job = zero_job(tmp_path)
+    plan = build_plan(job, run_id="r")
+    ck = checkpoint(tmp_path, shards=3)
+    assert universal.prepare(job, plan, ShellExecutor(), ck, Said(), Events()) is False
+    assert not os.path.exists(f"{ck}/latest_universal")
+    assert universal.prepare(job, plan, ShellExecutor(), None, Said(), Events()) is False
+    os.rename(f"{ck}/global_step3/zero_pp_rank_2_mp_rank_00_optim_states.pt", f"{ck}/x")
+    (tmp_path / "out" / "checkpoint-3" / "rng_state_3.pth").write_text("")   # saved by 4, 2 shards
+    with pytest.raises(UserError) as err:
+        universal.prepare(job, plan, ShellExecutor(), ck, Said(), Events())
+    assert err.value.lines() == [
+        f"resume from {ck} at world 3: DeepSpeed's universal checkpoint could not be made on "
+        f"node0 n0: {ck}/global_step3 has 2 optimizer shards but 4 ranks saved it; the run ends "
+        "(the checkpoint itself is untouched)"]
+    os.rename(f"{ck}/x", f"{ck}/global_step3/zero_pp_rank_2_mp_rank_00_optim_states.pt")
+    (tmp_path / "out" / "checkpoint-3" / "global_step3" / "zero_pp_rank_3_mp_rank_00_optim_states.pt").write_text("")
+    with pytest.raises(UserError) as err:
+        universal.prepare(job, plan, ShellExecutor({"FAIL": "universal_checkpoint_info missing"}),
+                          ck, Said(), Events())
+    assert "ds_to_universal exited 1: AssertionError: universal_checkpoint_info missing" in err.value.lines()[0]
+    assert not os.path.exists(f"{ck}/latest_universal")
+
+
+def test_dry_run_says_a_zero_checkpoint_goes_through_the_universal_one(tmp_path):
+    from launcher.view.present import describe_plan
+    text = describe_plan(build_plan(zero_job(tmp_path), run_id="r"))
+    assert ("  a ZeRO checkpoint saved at another world is converted once on node 0 "
+            "(ds_to_universal) and loaded with checkpoint.load_universal") in text, text
