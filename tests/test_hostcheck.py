@@ -8,7 +8,7 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.execute import hwcause
-from launcher.execute.base import Exit
+from launcher.execute.base import LOST, Exit
 from launcher.execute.outcome import JobResult, NodeOutcome
 from launcher.launch import slurm_exclude, spares
 from launcher.plan.launch_plan import build_plan
@@ -55,6 +55,31 @@ def test_a_link_cause_counts_only_for_the_node_that_failed_first():
     assert hwcause.hardware_nodes(seen, 1, {0}) == {1: "NCCL: unhandled system error: y",
                                                     2: "GPU ECC error: z"}
     assert hwcause.hardware_nodes(seen, 0, {0}) == {2: "GPU ECC error: z"}   # torn down: not its own
+
+
+def test_a_lost_node_explains_its_peers_link_errors():
+    """Node 1's link is cut: node 0 prints NCCL's "unhandled system error" and exits first,
+    before node 1's loss is seen. Node 0 is healthy: only node 1 (lost) is to be replaced."""
+    result = JobResult(1, [NodeOutcome(0, "a", Exit(1)),
+                           NodeOutcome(1, "b", Exit(LOST, lost=True, detail="connection lost")),
+                           NodeOutcome(2, "c", Exit(143), terminated=True)], first_failure=0,
+                       hardware={0: ("NCCL: unhandled system error: x", False)})
+    assert hwcause.of_result(result) == {}
+    assert spares.lost_ranks(result) == {1: "connection lost"}
+    alone = JobResult(1, result.nodes[:1] + [NodeOutcome(1, "b", Exit(143), terminated=True)],
+                      first_failure=0, hardware=result.hardware)
+    assert hwcause.of_result(alone) == {0: "NCCL: unhandled system error: x"}
+
+
+def test_a_device_error_on_every_node_is_the_jobs_not_a_nodes():
+    """A wrong CUDA_VISIBLE_DEVICES (or NCCL out of GPU memory) shows on every node: no node is
+    to blame, so none is replaced; on one node of several it is that node's."""
+    seen = {r: ("no usable GPU: no CUDA-capable device is detected", True) for r in range(3)}
+    assert hwcause.hardware_nodes(seen, 0, {1, 2}, nodes=3) == {}
+    del seen[0]
+    assert hwcause.hardware_nodes(seen, 1, {2}, nodes=3) == {
+        1: "no usable GPU: no CUDA-capable device is detected",
+        2: "no usable GPU: no CUDA-capable device is detected"}
 
 
 def _facts(free_gb=100.0, smi=True, code=0, workdir_error=None):

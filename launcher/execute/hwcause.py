@@ -8,7 +8,8 @@ Two kinds:
   the bus, no usable CUDA device, NCCL's "unhandled cuda error"). Only that node prints them.
 * LINK: NCCL's "unhandled system error" and InfiniBand completion errors. A peer of the node
   that failed may print them too when its connection breaks, so they count only for the
-  node that failed first (the one mlaunch did not tear down).
+  node that failed first (the one mlaunch did not tear down), and only when no node was
+  lost (the peers of a lost node print them, often before the loss is seen).
 
 Software errors that merely mention CUDA (out of memory, an illegal memory access, a device-side
 assert) are not here: a restart on the same node is the right answer to them.
@@ -56,9 +57,24 @@ def first_cause(lines: list[str]) -> tuple[str, bool] | None:
 
 
 def hardware_nodes(seen: dict[int, tuple[str, bool]], first_failure: int | None,
-                   torn_down: set[int]) -> dict[int, str]:
+                   torn_down: set[int], lost: set[int] = frozenset(),
+                   nodes: int = 0) -> dict[int, str]:
     """{rank: cause} of the nodes a restart should not reuse: seen holds each node's first
-    hardware-looking line; a LINK cause counts only for the first failure, and only when
-    mlaunch had not torn that node down."""
-    return {r: why for r, (why, device) in seen.items()
-            if device or (r == first_failure and r not in torn_down)}
+    hardware-looking line. A LINK cause counts only for the first failure, only when mlaunch
+    had not torn that node down and no node was lost (a lost node's peers print link errors
+    as their connections break, often before the loss is seen: the loss explains them). A
+    DEVICE cause on every one of several nodes is the job's, not a node's (a wrong
+    CUDA_VISIBLE_DEVICES, NCCL out of GPU memory): it counts for none."""
+    device = {r for r, (_, d) in seen.items() if d}
+    if nodes > 1 and len(device) >= nodes:
+        device = set()
+    link = first_failure not in torn_down and not lost
+    return {r: why for r, (why, own) in seen.items()
+            if (r in device if own else r == first_failure and link)}
+
+
+def of_result(result) -> dict[int, str]:
+    """hardware_nodes() of an attempt's JobResult (execute/outcome.py)."""
+    torn = {o.rank for o in result.nodes if o.terminated}
+    lost = {o.rank for o in result.nodes if o.exit is not None and o.exit.lost and not o.terminated}
+    return hardware_nodes(result.hardware, result.first_failure, torn, lost, len(result.nodes))

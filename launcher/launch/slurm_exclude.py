@@ -28,8 +28,7 @@ def failed(result: JobResult) -> dict[str, str]:
     for o in result.nodes:
         if o.exit is not None and o.exit.lost and not o.terminated and o.host in hosts:
             bad.setdefault(o.host, f"task lost ({o.exit.detail or 'no exit status'})")
-    torn = {o.rank for o in result.nodes if o.terminated}
-    for rank, why in hwcause.hardware_nodes(result.hardware, result.first_failure, torn).items():
+    for rank, why in hwcause.of_result(result).items():
         if result.nodes[rank].host in hosts:
             bad.setdefault(result.nodes[rank].host, why)
     return bad

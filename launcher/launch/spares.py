@@ -30,12 +30,6 @@ def lost_ranks(result: JobResult) -> dict[int, str]:
             if o.exit is not None and o.exit.lost and not o.terminated}
 
 
-def hardware_ranks(result: JobResult) -> dict[int, str]:
-    """{rank: cause} of the nodes whose output looked like failing hardware (hwcause.py)."""
-    torn = {o.rank for o in result.nodes if o.terminated}
-    return hwcause.hardware_nodes(result.hardware, result.first_failure, torn)
-
-
 def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printer,
               events: EventLog, rebuild) -> tuple[JobBase, LaunchPlan, object]:
     """Connect to every host of the next attempt and check its health (hostcheck.py),
@@ -44,7 +38,7 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
     rebuild(job): the attempt's plan for a job (the same run id and log dir). Returns the job
     (its hosts the next attempt's), that plan and the connected executor; raises UserError
     when a node is unreachable or unfit and no spare is left (nothing is started anywhere)."""
-    bad = {**hardware_ranks(result), **lost_ranks(result)}
+    bad = {**hwcause.of_result(result), **lost_ranks(result)}
     while True:
         left = {r: bad[r] for r in sorted(bad)[len(job.cluster.spare_hosts):]}
         job = _replace(job, plan, bad, printer, events)
