@@ -44,6 +44,11 @@ def test_an_ib_work_completion_status_is_a_link_cause():
     "RuntimeError: CUDA error: an illegal memory access was encountered",
     "RuntimeError: CUDA error: device-side assert triggered",
     "ValueError: loss is nan", "{'loss': 1.25, 'grad_norm': 0.5, 'epoch': 0.1}",
+    "    ECC Errors", "        Volatile ECC errors: 0",   # nvidia-smi -q on a healthy GPU
+    "NVRM: Xid (PCI:0000:3b:00): 31, pid=1234, Ch 00000008, intr 00000000. MMU Fault",
+    "xid = 7; commit transaction",
+    "UserWarning: CUDA initialization: CUDA driver initialization failed, you might not have a "
+    "CUDA gpu. (Triggered internally at c10/cuda/CUDAFunctions.cpp:108.)",   # a CPU-only host
 ])
 def test_software_errors_are_not_hardware(line):
     assert hwcause.cause(line) is None and hwcause.first_cause([line]) is None

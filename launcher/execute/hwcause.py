@@ -19,8 +19,12 @@ from __future__ import annotations
 import re
 
 DEVICE = (
-    (re.compile(r"uncorrectable ECC error|\bECC error|cudaErrorECCUncorrectable", re.I), "GPU ECC error"),
-    (re.compile(r"GPU is lost|fallen off the bus|\bXid\b", re.I), "GPU lost"),
+    # Not any "ECC error": nvidia-smi -q lists "ECC Errors" counters on a healthy GPU.
+    (re.compile(r"uncorrectable ECC error|cudaErrorECCUncorrectable", re.I), "GPU ECC error"),
+    # Only the Xids of failed hardware (double-bit ECC, row remap failure, NVLink, off the bus,
+    # uncontained ECC, GSP): Xid 13, 31 and 43 follow an application's own fault.
+    (re.compile(r"GPU is lost|fallen off the bus|"
+                r"\bXid\b \([^)]*\): (?:48|64|74|79|95|119|120)\b", re.I), "GPU lost"),
     (re.compile(r"NVLink error|cudaErrorNvlinkUncorrectable", re.I), "NVLink error"),
     (re.compile(r"no CUDA-capable device is detected|CUDA-capable device\(s\) is/are busy or "
                 r"unavailable|CUDA driver initialization failed|cudaErrorDevicesUnavailable", re.I),
@@ -35,8 +39,15 @@ LINK = (
 _WORDS = ("rror", "ECC", "Xid", "lost", "bus", "device", "failed", "IBV_WC")
 
 
+# A Python warning is not a failure: torch warns "CUDA initialization: CUDA driver
+# initialization failed" on a CPU-only host, where a CPU job runs fine.
+_WARNING = re.compile(r"\w*Warning: ")
+
+
 def cause(line: str) -> tuple[str, bool] | None:
     """(what it looks like, whether it is the node's own device) for one line, or None."""
+    if _WARNING.search(line):
+        return None
     for table, device in ((DEVICE, True), (LINK, False)):
         for pattern, what in table:
             if pattern.search(line):
