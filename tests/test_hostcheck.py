@@ -4,6 +4,8 @@ and what spares.reconnect and the Slurm exclusion do with them. Namespace-host r
 test_spares.py (a spare whose GPU driver failed) and test_shrink.py (an ECC error)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from launcher.errors import UserError
@@ -150,3 +152,22 @@ def test_slurm_restart_excludes_a_node_with_a_hardware_looking_cause(monkeypatch
                        hardware={1: ("NCCL: unhandled system error: s", False),
                                  0: ("NCCL: unhandled system error: t", False)})
     assert slurm_exclude.failed(result) == {"n1": "NCCL: unhandled system error: s"}
+
+
+def test_a_hardware_cause_is_recorded_with_secrets_masked(tmp_path):
+    """The cause goes to events.jsonl, the console and the registry: a secret a node printed
+    on that line is masked there, as in the node logs."""
+    import json
+    import time
+    from launcher.execute.watch import Watch
+    job = validate(spec(env={"HF_TOKEN": "hf_abcdefgh12345"}))
+    plan = build_plan(job, run_id="r", log_dir=str(tmp_path))
+    watch = Watch(plan, None, print, time.monotonic)
+    watch.lines(1, "b", ["RuntimeError: CUDA error: uncorrectable ECC error encountered "
+                         "(token hf_abcdefgh12345)"])
+    why, own = watch.hardware[1]
+    assert own and "hf_abcdefgh12345" not in why and why.startswith("GPU ECC error: "), why
+    (path,) = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs
+               if f == "events.jsonl"]
+    (ev,) = [json.loads(ln) for ln in open(path)]
+    assert ev["event"] == "hardware_error" and ev["cause"] == why

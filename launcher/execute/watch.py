@@ -58,6 +58,7 @@ class Watch:
         """Feed one node's lines; the stopping verdict, if these lines caused one."""
         with self._lock:
             if rank not in self.hardware and (found := hwcause.first_cause(lines)):
+                found = (self.plan.mask(found[0]), found[1])   # it is logged, printed, recorded
                 self.hardware[rank] = found
                 self.events.emit("hardware_error", node=rank, host=host, cause=found[0])
             verdicts = self.monitor.lines(rank, host, lines)
