@@ -150,6 +150,11 @@ def test_usable_nodes_reads_the_partition_from_sinfo(monkeypatch):
         argv, 1, "", "sinfo: error"))
     assert slurm.usable_nodes(None, []) is None
 
+    def hangs(argv, timeout=30):
+        raise subprocess.TimeoutExpired(argv, timeout)
+    monkeypatch.setattr(slurm, "slurm_cmd", hangs)   # slurmctld not answering: no traceback
+    assert slurm.usable_nodes(None, []) is None
+
 
 def test_slurm_dry_run_shows_the_shrink_and_zero_is_refused():
     job = validate(_lora() | {"max_restarts": 1})

@@ -141,7 +141,10 @@ def usable_nodes(partition: str | None, exclude: list[str]) -> tuple[str, list[s
     """(partition, its nodes a job could still get): every node of the partition (the default
     one when None) that is not in `exclude` and that sinfo shows neither drained, down,
     failing nor unresponsive. None when sinfo cannot tell (then nothing is changed)."""
-    r = slurm_cmd(["sinfo", "-h", "-N", "-o", "%N|%P|%T"])
+    try:
+        r = slurm_cmd(["sinfo", "-h", "-N", "-o", "%N|%P|%T"])
+    except (OSError, subprocess.TimeoutExpired):   # no sinfo here, or slurmctld not answering
+        return None
     if r.returncode != 0:
         return None
     rows = [ln.split("|") for ln in r.stdout.splitlines() if ln.count("|") == 2]
