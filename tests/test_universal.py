@@ -105,8 +105,13 @@ def test_same_world_needs_nothing_and_failures_end_the_run(tmp_path):
         f"resume from {ck} at world 3: DeepSpeed's universal checkpoint could not be made on "
         f"node0 n0: {ck}/global_step3 has 2 optimizer shards but 4 ranks saved it; the run ends "
         "(the checkpoint itself is untouched)"]
+    os.rename(f"{ck}/global_step3/zero_pp_rank_1_mp_rank_00_optim_states.pt", f"{ck}/y")
     os.rename(f"{ck}/x", f"{ck}/global_step3/zero_pp_rank_2_mp_rank_00_optim_states.pt")
     (tmp_path / "out" / "checkpoint-3" / "global_step3" / "zero_pp_rank_3_mp_rank_00_optim_states.pt").write_text("")
+    with pytest.raises(UserError) as err:   # 3 shards of the 4 that saved it: not this world's
+        universal.prepare(job, plan, ShellExecutor(), ck, Said(), Events())
+    assert f"{ck}/global_step3 has 3 optimizer shards but 4 ranks saved it" in err.value.lines()[0]
+    os.rename(f"{ck}/y", f"{ck}/global_step3/zero_pp_rank_1_mp_rank_00_optim_states.pt")
     with pytest.raises(UserError) as err:
         universal.prepare(job, plan, ShellExecutor({"FAIL": "universal_checkpoint_info missing"}),
                           ck, Said(), Events())
