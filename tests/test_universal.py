@@ -124,3 +124,14 @@ def test_dry_run_says_a_zero_checkpoint_goes_through_the_universal_one(tmp_path)
     text = describe_plan(build_plan(zero_job(tmp_path), run_id="r"))
     assert ("  a ZeRO checkpoint saved at another world is converted once on node 0 "
             "(ds_to_universal) and loaded with checkpoint.load_universal") in text, text
+
+
+def test_a_braced_ds_config_path_is_quoted_in_the_refusal(tmp_path):
+    """The refusal of a shrink with the user's own ds_config names its path as it is."""
+    from .test_spares import problems
+    cfg = tmp_path / "ds{stage}.json"
+    cfg.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    data = lora(min_nodes=2) | {"deepspeed": {"config": str(cfg)}}
+    (line,) = [p for p in problems(data) if p.startswith("cluster.min_nodes")]
+    assert f"not your own ds_config (deepspeed.config {cfg}); set cluster.min_nodes to the node " \
+           "count (3)" in line, line

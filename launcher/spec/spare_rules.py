@@ -43,7 +43,10 @@ def check_shrink(job: JobBase) -> list[Problem]:
         why = MEGATRON_SHRINK
     elif getattr(job, "deepspeed", None):
         why = _zero_unverified(job)
-    return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + why.format(n=n))] if why else []
+    if why is None:
+        return []
+    # replace, not format: the reason may quote a path with braces in it (deepspeed.config)
+    return [Problem("cluster.min_nodes", f"{c.min_nodes}: " + why.replace("{n}", str(n)))]
 
 
 def _zero_unverified(job: JobBase) -> str | None:
