@@ -4,7 +4,7 @@ The next attempt runs on the healthy hosts, in their old order (ranks contiguous
 stays node 0 when it is healthy, else the next host becomes node 0 and the master). The
 global batch is kept by recomputing grad_accum (launcher/plan/shrink.py); a world that does
 not divide it ends the run with the node counts that would. Under Slurm (to_nodes, called by
-slurm_shrink.py) the next sbatch asks for fewer nodes (--nodes) with the same arithmetic.
+slurm_exclude.fit) the next sbatch asks for fewer nodes (--nodes) with the same arithmetic.
 """
 from __future__ import annotations
 
