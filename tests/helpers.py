@@ -110,6 +110,20 @@ def script_job(hosts: list[str], nproc: int, script: str, args: list[str], out_d
     return spec
 
 
+def python_with_smi(folder, smi_script: str) -> str:
+    """cluster.python for a job on CPU hosts that look like GPU hosts: folder/bin holds this
+    Python, its torchrun and tests/scripts/<smi_script> as nvidia-smi."""
+    import shutil
+    bindir = os.path.join(folder, "bin")
+    os.makedirs(bindir)
+    os.symlink(sys.executable, os.path.join(bindir, "python"))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    os.symlink(torchrun if os.path.exists(torchrun) else shutil.which("torchrun"),
+               os.path.join(bindir, "torchrun"))
+    os.symlink(os.path.join(SCRIPTS, smi_script), os.path.join(bindir, "nvidia-smi"))
+    return os.path.join(bindir, "python")
+
+
 def ssh_of(hs, connect_timeout: int) -> dict:
     """cluster.ssh for the namespace hosts of HostSet hs: root, with the fixture's key."""
     return {"user": "root", "key_file": hs.key_file, "known_hosts": hs.known_hosts,

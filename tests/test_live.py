@@ -18,7 +18,7 @@ from launcher import render
 from launcher.execute.stream import Printer
 from launcher.record.events import read_events
 
-from .helpers import ROOT, SCRIPTS, mlaunch, script_job, write_spec
+from .helpers import ROOT, mlaunch, python_with_smi, script_job, write_spec
 from .test_fanout import job_pids
 
 DATA = os.path.join(ROOT, "tests", "data")
@@ -144,13 +144,7 @@ def test_sampler_is_rendered_only_when_asked_and_not_under_slurm():
 
 def fake_gpu_bin(tmp_path) -> str:
     """A bin directory (cluster.python's) whose nvidia-smi replays the H200 recording."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(parents=True)
-    os.symlink(sys.executable, bindir / "python")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    os.symlink(torchrun if os.path.exists(torchrun) else shutil.which("torchrun"), bindir / "torchrun")
-    os.symlink(os.path.join(SCRIPTS, "fake_nvidia_smi.sh"), bindir / "nvidia-smi")
-    return str(bindir / "python")
+    return python_with_smi(tmp_path, "fake_nvidia_smi.sh")
 
 
 def steps_job(hs, tmp_path, name: str, steps: int, interval: float, every: float) -> tuple[str, str]:

@@ -153,16 +153,8 @@ def test_node0_replaced_only_without_a_given_master_addr():
 def gpu_bin(tmp_path) -> str:
     """cluster.python whose bin directory has tests/scripts/fake_gpu_smi.sh as nvidia-smi:
     one idle GPU per host, a failed driver on a host with a broken-<hostname> file there."""
-    import shutil
-    import sys
-    from .helpers import SCRIPTS
-    bindir = tmp_path / "bin"
-    bindir.mkdir(parents=True)
-    os.symlink(sys.executable, bindir / "python")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    os.symlink(torchrun if os.path.exists(torchrun) else shutil.which("torchrun"), bindir / "torchrun")
-    os.symlink(os.path.join(SCRIPTS, "fake_gpu_smi.sh"), bindir / "nvidia-smi")
-    return str(bindir / "python")
+    from .helpers import python_with_smi
+    return python_with_smi(tmp_path, "fake_gpu_smi.sh")
 
 
 def test_lost_node_replaced_by_the_spare(make_hostset, tmp_path):
