@@ -171,3 +171,21 @@ def test_a_hardware_cause_is_recorded_with_secrets_masked(tmp_path):
                if f == "events.jsonl"]
     (ev,) = [json.loads(ln) for ln in open(path)]
     assert ev["event"] == "hardware_error" and ev["cause"] == why
+
+
+def test_a_device_cause_after_a_link_cause_is_the_nodes(tmp_path):
+    """Node 1's ranks print NCCL's "unhandled system error" first, then its GPU's ECC error:
+    the node keeps the DEVICE cause (replaced whoever failed first); later lines change nothing."""
+    import time
+    from launcher.execute.watch import Watch
+    plan = build_plan(validate(spec()), run_id="r", log_dir=str(tmp_path))
+    watch = Watch(plan, None, print, time.monotonic)
+    watch.lines(1, "b", ["NCCL error in: x, unhandled system error (run with NCCL_DEBUG=INFO)"])
+    assert watch.hardware[1][1] is False
+    watch.lines(1, "b", ["{'loss': 1.0}", "NET/IB : Got completion from peer with error 12"])
+    assert watch.hardware[1][0].startswith("NCCL: unhandled system error: ")
+    watch.lines(1, "b", ["RuntimeError: CUDA error: uncorrectable ECC error encountered"])
+    assert watch.hardware[1] == ("GPU ECC error: RuntimeError: CUDA error: uncorrectable ECC "
+                                 "error encountered", True)
+    watch.lines(1, "b", ["RuntimeError: CUDA error: GPU is lost"])
+    assert watch.hardware[1][0].startswith("GPU ECC error: ")

@@ -55,14 +55,15 @@ def cause(line: str) -> tuple[str, bool] | None:
     return None
 
 
-def first_cause(lines: list[str]) -> tuple[str, bool] | None:
-    """The first hardware-looking line among lines, as cause() says it, or None."""
+def first_cause(lines: list[str], device_only: bool = False) -> tuple[str, bool] | None:
+    """The first hardware-looking line among lines (device_only: the first DEVICE one), as
+    cause() says it, or None."""
     text = "\n".join(lines)
     if not any(w in text for w in _WORDS):
         return None
     for line in lines:
         found = cause(line)
-        if found:
+        if found and (found[1] or not device_only):
             return found
     return None
 

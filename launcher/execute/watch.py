@@ -57,12 +57,21 @@ class Watch:
     def lines(self, rank: int, host: str, lines: list[str]) -> Verdict | None:
         """Feed one node's lines; the stopping verdict, if these lines caused one."""
         with self._lock:
-            if rank not in self.hardware and (found := hwcause.first_cause(lines)):
-                found = (self.plan.mask(found[0]), found[1])   # it is logged, printed, recorded
-                self.hardware[rank] = found
-                self.events.emit("hardware_error", node=rank, host=host, cause=found[0])
+            self._hardware(rank, host, lines)
             verdicts = self.monitor.lines(rank, host, lines)
             return self._take(verdicts)
+
+    def _hardware(self, rank: int, host: str, lines: list[str]) -> None:
+        """Keep the node's first hardware-looking line (hwcause.py), or a DEVICE one after a
+        LINK one: its own GPU failing outweighs the link errors its ranks may print first."""
+        known = self.hardware.get(rank)
+        if known is not None and known[1]:
+            return
+        found = hwcause.first_cause(lines, device_only=known is not None)
+        if found:
+            found = (self.plan.mask(found[0]), found[1])   # it is logged, printed, recorded
+            self.hardware[rank] = found
+            self.events.emit("hardware_error", node=rank, host=host, cause=found[0])
 
     def tick(self) -> Verdict | None:
         """Periodic check for a hang; the stopping verdict if one fired now."""
