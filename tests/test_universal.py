@@ -135,3 +135,32 @@ def test_a_braced_ds_config_path_is_quoted_in_the_refusal(tmp_path):
     (line,) = [p for p in problems(data) if p.startswith("cluster.min_nodes")]
     assert f"not your own ds_config (deepspeed.config {cfg}); set cluster.min_nodes to the node " \
            "count (3)" in line, line
+
+
+def test_an_interrupted_conversion_is_never_taken_as_complete(tmp_path):
+    """A conversion cut off after ds_to_universal wrote latest_universal but before mlaunch
+    checked it leaves no completion mark: the next restart converts again from the untouched
+    checkpoint. A converter that exits 0 without finishing ends the run instead."""
+    job = zero_job(tmp_path)
+    plan = build_plan(job, run_id="r")
+    ck = checkpoint(tmp_path, shards=4)
+    os.makedirs(f"{ck}/global_step3_universal/zero")
+    open(f"{ck}/global_step3_universal/zero/half", "w").close()
+    open(f"{ck}/latest_universal", "w").write("global_step3_universal")
+    said = Said()
+    assert universal.prepare(job, plan, ShellExecutor(), ck, said, Events()) is True
+    assert "; converted to DeepSpeed's universal" in said.lines[0], said.lines
+    assert open(f"{ck}/calls").read() == "converted\n"
+    assert not os.path.exists(f"{ck}/global_step3_universal/zero/half")
+    assert sorted(os.listdir(f"{ck}/global_step3")) == sorted(
+        ["mp_rank_00_model_states.pt"] + [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+                                          for r in range(4)])   # the user's checkpoint as it was
+    os.remove(f"{ck}/global_step3_universal/.mlaunch-complete")
+    with open(tmp_path / "bin" / "python", "w") as fh:   # a converter that stops half way
+        fh.write("#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in --output_folder) out=$2 ;; esac; "
+                 "shift; done\nmkdir -p \"$out/zero\"\n")
+    with pytest.raises(UserError) as err:
+        universal.prepare(job, plan, ShellExecutor(), ck, Said(), Events())
+    assert "global_step3_universal is incomplete" in err.value.lines()[0], err.value.lines()
+    assert not os.path.exists(f"{ck}/global_step3_universal/.mlaunch-complete")
+    assert not os.path.exists(f"{ck}/latest_universal")
