@@ -49,6 +49,7 @@ def test_an_ib_work_completion_status_is_a_link_cause():
     "    ECC Errors", "        Volatile ECC errors: 0",   # nvidia-smi -q on a healthy GPU
     "NVRM: Xid (PCI:0000:3b:00): 31, pid=1234, Ch 00000008, intr 00000000. MMU Fault",
     "xid = 7; commit transaction",
+    "n0:11:22 [0] NCCL INFO NET/IB : dmabuf registration failed, falling back to peermem",
     "UserWarning: CUDA initialization: CUDA driver initialization failed, you might not have a "
     "CUDA gpu. (Triggered internally at c10/cuda/CUDAFunctions.cpp:108.)",   # a CPU-only host
 ])

@@ -33,7 +33,10 @@ DEVICE = (
 )
 LINK = (
     (re.compile(r"unhandled system error", re.I), "NCCL: unhandled system error"),
-    (re.compile(r"NET/IB\b.*\b(?:error|failed)|IBV_WC_\w+_ERR", re.I), "InfiniBand error"),
+    # NCCL's WARN level only: with NCCL_DEBUG=INFO a healthy start logs NET/IB probes and
+    # fallbacks ("... failed, ...") at INFO.
+    (re.compile(r"\bWARN\b.*NET/IB\b.*\b(?:error|failed)|IBV_WC_\w+_ERR", re.I),
+     "InfiniBand error"),
 )
 # Every pattern needs one of these words: one cheap scan spares most chunks the regexes.
 _WORDS = ("rror", "ECC", "Xid", "lost", "bus", "device", "failed", "IBV_WC")
