@@ -176,7 +176,8 @@ def test_a_hardware_cause_is_recorded_with_secrets_masked(tmp_path):
 
 def test_a_device_cause_after_a_link_cause_is_the_nodes(tmp_path):
     """Node 1's ranks print NCCL's "unhandled system error" first, then its GPU's ECC error:
-    the node keeps the DEVICE cause (replaced whoever failed first); later lines change nothing."""
+    the node keeps the DEVICE cause (it counts whichever node failed first); later lines change
+    nothing."""
     import time
     from launcher.execute.watch import Watch
     plan = build_plan(validate(spec()), run_id="r", log_dir=str(tmp_path))
