@@ -1,4 +1,4 @@
-"""Real DeepSpeed runs through `mlaunch submit`: 2 namespace hosts x 2 processes, CPU, gloo.
+"""Real DeepSpeed runs through `mlaunch submit`: 2 namespace hosts x 1 process (x 2 for the user ds_config test), CPU, gloo.
 
 The rendered ds_config states no optimizer: the Trainer builds its own, so LoRA+ keeps its
 two learning rates, a weight decay / beta2 of the user's choice trains (transformers'
@@ -50,7 +50,7 @@ def optimizer_groups(ckpt: str, python: str = TRAINER_PYTHON) -> list[dict]:
 def run_lf(make_hostset, tmp_path, tiny, **kw):
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, **kw)
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, **kw)
         r = submit_timed(tmp_path, spec)
     return r, out
 
@@ -127,7 +127,7 @@ def test_swift_deepspeed_trains_with_swift_defaults(make_hostset, tmp_path, tiny
     require_swift()
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        spec = swift_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs)
+        spec = swift_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs)
         if variant == "full-zero3":
             spec["finetuning"] = {"type": "full"}
             spec["deepspeed"] = {"stage": 3}
@@ -139,7 +139,7 @@ def test_swift_deepspeed_trains_with_swift_defaults(make_hostset, tmp_path, tiny
     assert (args["weight_decay"], args["adam_beta2"]) == (0.1, 0.95)
     ckpt = swift_checkpoint(out, 3)
     shards = glob.glob(os.path.join(ckpt, "global_step3", "*optim_states.pt"))
-    assert len(shards) == 4, os.listdir(ckpt)
+    assert len(shards) == 2, os.listdir(ckpt)   # one per rank: 2 hosts x 1 process
     groups = optimizer_groups(ckpt, SWIFT_PYTHON)   # ms-swift's defaults reached the optimizer
     assert groups and all(g["betas"] == [0.9, 0.95] for g in groups), groups
     assert 0.1 in [g["weight_decay"] for g in groups], groups

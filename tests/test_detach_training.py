@@ -21,7 +21,7 @@ def test_detached_lora_resumes_after_a_killed_worker(make_hostset, tmp_path, tin
     runs = Runs(str(tmp_path / "home"))
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=10,
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10,
                        save_steps=5, max_restarts=1, restart_backoff_s=1)
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
                            b"llamafactory.launcher") as killed:

@@ -91,10 +91,10 @@ def run_local(tmp_path, tiny, **kw):
 
 
 def run_hosts(make_hostset, tmp_path, tiny, **kw):
-    """2 namespace hosts x 2 processes."""
+    """2 namespace hosts x 1 process."""
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        r = submit_timed(tmp_path, lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, **kw))
+        r = submit_timed(tmp_path, lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, **kw))
     return r, out
 
 

@@ -1,5 +1,5 @@
 """Real LLaMA-Factory runs beyond SFT through `mlaunch submit`: DPO with LoRA on a synthetic
-preference dataset, and report_to tensorboard, on 2 namespace hosts x 2 processes (CPU, gloo).
+preference dataset, and report_to tensorboard, on 2 namespace hosts x 1 process (CPU, gloo).
 Plus preflight's input and tracker checks on this machine.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_dpo_lora_trains_on_two_hosts(make_hostset, tmp_path, tiny):
     out = str(tmp_path / "out")
     data = preference_data(tiny, tmp_path)
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=4, save_steps=4,
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=4, save_steps=4,
                        stage="dpo", preference={"beta": 0.1, "loss": "sigmoid"})
         spec.update(dataset="tiny_pref", dataset_dir=data)
         spec["preflight"] = {"min_free_gb": 0, "min_shm_mb": 0}
@@ -84,7 +84,7 @@ def tensorboard_overlay(tmp_path) -> str:
 def test_tensorboard_events_come_from_node0_only(make_hostset, tmp_path, tiny):
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=3, save_steps=3,
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=3, save_steps=3,
                        report_to="tensorboard", name="tb")
         spec["cluster"]["env"]["PYTHONPATH"] = tensorboard_overlay(tmp_path)
         spec["preflight"] = {"min_free_gb": 0, "min_shm_mb": 0}

@@ -37,7 +37,7 @@ def preference_file(tiny_info: dict, dest: str) -> str:
 def test_swift_dpo_lora_trains(make_hostset, tmp_path, tiny):  # noqa: F811 (fixture)
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        spec = swift_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=4, save_steps=4,
+        spec = swift_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=4, save_steps=4,
                           stage="rlhf", rlhf_type="dpo", passthrough={"beta": 0.1})
         spec["dataset"] = preference_file(tiny, str(tmp_path))
         r = submit_timed(tmp_path, spec)

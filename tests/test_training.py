@@ -1,4 +1,4 @@
-"""Real LLaMA-Factory training through `mlaunch submit`: 2 hosts x 2 processes, CPU, gloo.
+"""Real LLaMA-Factory training through `mlaunch submit`: 2 hosts x 1 process, CPU, gloo.
 
 Each test checks outcomes, not logs: exit 0, global_step == max_steps, losses logged,
 weights saved and reloadable.
@@ -72,7 +72,7 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
     finetuning, deepspeed = VARIANTS[variant]
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, finetuning=finetuning,
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, finetuning=finetuning,
                        deepspeed=deepspeed)
         if variant == "full":  # rendered files written once to shared storage, not uploaded
             spec["cluster"]["shared_dir"] = str(tmp_path / "shared")
@@ -83,9 +83,9 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
             assert os.listdir(tmp_path / "shared" / ".mlaunch")
     assert_trained(r, out, 6)
     assert os.path.isfile(os.path.join(out, "checkpoint-3", "trainer_state.json"))
-    if deepspeed:  # DeepSpeed's own checkpoint: one optimizer shard per rank (4 ranks)
+    if deepspeed:  # DeepSpeed's own checkpoint: one optimizer shard per rank (2 ranks)
         shards = os.listdir(os.path.join(out, "checkpoint-3", "global_step3"))
-        assert len([s for s in shards if s.endswith("optim_states.pt")]) == 4, shards
+        assert len([s for s in shards if s.endswith("optim_states.pt")]) == 2, shards
     if variant.startswith("lora"):
         reload_adapter(tiny["model"], out)
     else:
@@ -102,9 +102,9 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
     ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        ref = submit_timed(tmp_path, lf_spec(tiny, hosts, 2, ref_out, hs=hs, max_steps=10, save_steps=5))
+        ref = submit_timed(tmp_path, lf_spec(tiny, hosts, 1, ref_out, hs=hs, max_steps=10, save_steps=5))
         ref_state = assert_trained(ref, ref_out, 10)
-        spec = lf_spec(tiny, hosts, 2, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
+        spec = lf_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                        restart_backoff_s=1)
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
                            b"llamafactory.launcher") as killed:
@@ -145,7 +145,7 @@ def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tin
 def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny):
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 2, out, hs=hs, max_steps=5, save_steps=5)
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=5, save_steps=5)
         assert_trained(submit_timed(tmp_path, spec), out, 5)
         half = os.path.join(out, "checkpoint-10")
         os.makedirs(half)
