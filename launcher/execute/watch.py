@@ -14,7 +14,7 @@ from .. import render
 from . import stacks
 from ..record import fsmode
 from ..record.events import EventLog
-from .health import HealthConfig, Monitor, Verdict
+from .health import HealthConfig, Monitor, Verdict, may_matter
 from ..plan.launch_plan import LaunchPlan, remote_bin
 from .base import Executor
 
@@ -58,6 +58,12 @@ class Watch:
         with self._lock:
             verdicts = self.monitor.lines(rank, host, lines)
             return self._take(verdicts)
+
+    def text(self, rank: int, host: str, text: str) -> Verdict | None:
+        """lines() for a text of whole lines; a text nothing in which can matter costs one scan."""
+        if not may_matter(text):
+            return None
+        return self.lines(rank, host, text[:-1].split("\n"))
 
     def tick(self) -> Verdict | None:
         """Periodic check for a hang; the stopping verdict if one fired now."""
