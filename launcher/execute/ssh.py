@@ -1,6 +1,7 @@
 """SSH executor: fabric connections, one pty session per node, teardown over the same transport."""
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import posixpath
@@ -11,17 +12,18 @@ from concurrent.futures import ThreadPoolExecutor
 import paramiko
 from fabric import Config, Connection
 
-from .. import render
+from .. import nodeprog, render
 from ..errors import Problem
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit, make_run_dirs
+from .inflow import Inflow
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
 WINDOW, MAX_PACKET = 8 * 2**20, 2**15
-READ_SIZE = 2**20  # take whatever has arrived, up to 1 MiB: fewer wake-ups per MB of logs
+READ_SIZE = WINDOW   # all that has arrived: paramiko then empties its buffer, never memmoves the rest
 # Asked for first: an AEAD cipher spares paramiko an HMAC and its compare in Python on every
 # packet (a third of its CPU per MB of node output, bench/results/logpath-*); a server
 # without them settles on the next cipher in paramiko's own order, as before.
@@ -39,12 +41,19 @@ class SSHRunning:
     def __init__(self, chan: paramiko.Channel):
         self._chan = chan
         self._cut = False
+        self._inflow = Inflow()   # zpipe's compressed output, or output as it is
 
     def read(self) -> bytes:
-        try:
-            return self._chan.recv(READ_SIZE)
-        except (OSError, EOFError, paramiko.SSHException):
-            return b""
+        while not (out := self._inflow.more()):
+            try:
+                data = self._chan.recv(READ_SIZE)
+            except (OSError, EOFError, paramiko.SSHException):
+                data = b""
+            if not data:
+                return self._inflow.end()
+            if out := self._inflow.feed(data):
+                return out
+        return out
 
     def wait(self) -> Exit:
         transport = self._chan.get_transport()
@@ -97,7 +106,7 @@ class SSHExecutor:
         chan.set_combine_stderr(True)
         # The script travels over the session's stdin, ahead of the heartbeat bytes: the
         # command line sshd hands the login shell is only the fixed bootstrap.
-        chan.exec_command(bootstrap_command())
+        chan.exec_command(bootstrap_command(compressed=True))
         chan.sendall(render.framed(node.script))
         return SSHRunning(chan)
 
@@ -191,9 +200,17 @@ def aead_first_transport(sock, **kw) -> paramiko.Transport:
 _TAKES_FACTORY = "transport_factory" in inspect.signature(paramiko.SSHClient.connect).parameters
 
 
-def bootstrap_command() -> str:
-    """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is."""
-    return "exec /bin/sh -c " + shlex.quote(render.bootstrap())
+def bootstrap_command(compressed: bool = False) -> str:
+    """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is.
+    compressed: the node's output compressed on its way (nodeprog/zpipe.py), for a node's
+    stream: paramiko then decrypts and moves a fraction of the bytes."""
+    text = render.compressed_bootstrap(_zpipe()) if compressed else render.bootstrap()
+    return "exec /bin/sh -c " + shlex.quote(text)
+
+
+@functools.cache
+def _zpipe() -> str:
+    return nodeprog.source("zpipe")
 
 
 def _addr(login: str) -> HostAddr:

@@ -80,6 +80,16 @@ def text_of(lines: list[str]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _last_lines(text: str, n: int) -> list[str]:
+    """The last n lines of a text of whole lines, found from its end (no copy of the rest)."""
+    start = len(text) - 1
+    for _ in range(n):
+        start = text.rfind("\n", 0, start)
+        if start < 0:
+            break
+    return text[start + 1:-1].split("\n")
+
+
 def _last_frame(line: str) -> str:
     line = line.rstrip("\r")
     return line.rpartition("\r")[2]
@@ -295,8 +305,7 @@ class NodeLog:
         """Append a text of whole lines that plan.mask has already been applied to."""
         if not text:
             return
-        keep = self.tail.maxlen or 1
-        self.tail.extend(text[:-1].rsplit("\n", keep)[-keep:])
+        self.tail.extend(_last_lines(text, self.tail.maxlen or 1))
         try:
             self._reopen_if_removed()
             self._fh.write(text)
