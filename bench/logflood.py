@@ -1,8 +1,9 @@
 """Log throughput and integrity: N hosts each print MB of numbered lines; and a rank's own
 write rate while the launcher runs, is throttled, stopped and killed.
 
-Compared in one run: mlaunch's streaming path (SSH executor -> pty -> line splitter ->
-prefixed printer + per-node log files) against plain parallel `ssh host cmd > file`.
+Compared in one run, interleaved: mlaunch's streaming path (SSH executor, one session per
+node, the node side compressing (nodeprog/zpipe.py) -> line splitter -> per-node log files +
+the prefixed console) against plain parallel `ssh host cmd > file`.
 Every line is checked: no loss, no duplicate, no tear (sequence numbers + exact payload).
 """
 from __future__ import annotations
@@ -122,15 +123,20 @@ def bench_logs(runs: int, mb: int, n: int = 8) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 t, bad, cpu = via_mlaunch(hs, n, lines, tmp)
                 ours.append(t), share.append(cpu)
-                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
+                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
             with tempfile.TemporaryDirectory() as tmp:
                 t, bad, cpu = via_ssh(hs, n, lines, tmp)
                 theirs.append(t), ssh_share.append(cpu)
-                print(f"ssh:     {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
+                print(f"ssh:     {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
     total = n * mb
     m, s = statistics.median(ours), statistics.median(theirs)
+    ratios = [b / a for a, b in zip(ours, theirs)]   # each run's pair, measured side by side
+    print(f"per-run ratios (ssh s / mlaunch s): {', '.join(f'{r:.2f}' for r in ratios)}; "
+          f"launcher CPU shares: {', '.join(f'{c:.2f}' for c in share)}")
     print(f"{n} hosts x {mb} MB: mlaunch {total / m:.1f} MB/s (median {m:.2f}s), "
           f"parallel ssh {total / s:.1f} MB/s (median {s:.2f}s); throughput ratio {s / m:.2f}; "
           f"launcher CPU share {statistics.median(share):.2f} of a core (median; "
