@@ -91,8 +91,12 @@ class SSHExecutor:
         self._config = Config(runtime_ssh_path=path) if path else Config()
 
     def connect(self) -> list[Problem]:
+        # fabric's Connection() writes into the Config it is given, one shared by all hosts
+        # here, and another thread reading it meanwhile finds it empty (64 hosts did): each
+        # is made in turn, then the handshakes run in parallel.
+        conns = {host: self._connection(host) for host in self._hosts}
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
-            results = list(pool.map(self._open, self._hosts))
+            results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
         return [p for p in results if p is not None]
 
     def stage(self, plan: LaunchPlan) -> None:
@@ -131,8 +135,7 @@ class SSHExecutor:
         for conn in self._conns.values():
             conn.close()
 
-    def _open(self, host: str) -> Problem | None:
-        conn = self._connection(host)
+    def _open(self, host: str, conn: Connection) -> Problem | None:
         try:
             conn.open()
         except Exception as e:  # each failure becomes a per-host line, never a traceback
