@@ -135,6 +135,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mb", type=int, default=20)
     ap.add_argument("--hosts", type=int, default=8, help="logs: namespace hosts flooding at once")
+    ap.add_argument("--compress", action="store_true",
+                    help="logs: MLAUNCH_COMPRESS_STREAMS=1 (nodes compress their streams)")
+    ap.add_argument("--payload", choices=["x", "hex"], default="x",
+                    help="logs: 'x' packs 35x under zlib, 'hex' about 2x (bench/logflood.py)")
     ap.add_argument("--real-home", action="store_true", help="log in with root's real ~/.bashrc")
     args = ap.parse_args()
     if args.what == "start":
@@ -147,7 +151,9 @@ def main() -> None:
         print(json.dumps(bench_rank_rate()))
     else:
         from bench.logflood import bench_logs
-        bench_logs(args.runs, args.mb, args.hosts)
+        if args.compress:
+            os.environ["MLAUNCH_COMPRESS_STREAMS"] = "1"
+        bench_logs(args.runs, args.mb, args.hosts, hex_payload=args.payload == "hex")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class SSHExecutor:
         chan.set_combine_stderr(True)
         # The script travels over the session's stdin, ahead of the heartbeat bytes: the
         # command line sshd hands the login shell is only the fixed bootstrap.
-        chan.exec_command(bootstrap_command(compressed=True))
+        chan.exec_command(bootstrap_command(compressed=compress_streams()))
         chan.sendall(render.framed(node.script))
         return SSHRunning(chan)
 
@@ -189,6 +189,14 @@ class SSHExecutor:
                 with sftp.open(path, "w") as fh:   # 0600 before the first byte lands
                     fh.chmod(0o600)
                     fh.write(f.content.encode())
+
+
+def compress_streams() -> bool:
+    """Whether node streams are compressed on the nodes (nodeprog/zpipe.py): opt-in with
+    MLAUNCH_COMPRESS_STREAMS=1. Measured here (bench/results/logpath-2026-12-02b.txt) it
+    cost the launcher as much CPU to inflate as paramiko saved, and on output zlib packs
+    only 2x it halved throughput; it pays where the link, not the launcher, is the limit."""
+    return os.environ.get("MLAUNCH_COMPRESS_STREAMS") == "1"
 
 
 def aead_first_transport(sock, **kw) -> paramiko.Transport:
