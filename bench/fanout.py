@@ -3,6 +3,7 @@
   python bench/fanout.py start      # start `true` on 1..16 hosts: mlaunch vs ssh loop vs pdsh
   python bench/fanout.py teardown   # failing rank's exit -> last job process gone, 2 and 8 hosts
   python bench/fanout.py logs       # 8 hosts x 20 MB of numbered lines: integrity and throughput
+                                    # (--hosts 64 --mb 5: the 64-host flood)
   python bench/fanout.py rate       # a rank's own write rate: launcher running/throttled/stopped/killed
 
 Figures are medians of several runs measured in one session; ratios are what to compare.
@@ -133,6 +134,11 @@ def main() -> None:
     ap.add_argument("what", choices=["start", "teardown", "logs", "rate"])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mb", type=int, default=20)
+    ap.add_argument("--hosts", type=int, default=8, help="logs: namespace hosts flooding at once")
+    ap.add_argument("--compress", action="store_true",
+                    help="logs: MLAUNCH_COMPRESS_STREAMS=1 (nodes compress their streams)")
+    ap.add_argument("--payload", choices=["x", "hex"], default="x",
+                    help="logs: 'x' packs 35x under zlib, 'hex' about 2x (bench/logflood.py)")
     ap.add_argument("--real-home", action="store_true", help="log in with root's real ~/.bashrc")
     args = ap.parse_args()
     if args.what == "start":
@@ -145,7 +151,9 @@ def main() -> None:
         print(json.dumps(bench_rank_rate()))
     else:
         from bench.logflood import bench_logs
-        bench_logs(args.runs, args.mb)
+        if args.compress:
+            os.environ["MLAUNCH_COMPRESS_STREAMS"] = "1"
+        bench_logs(args.runs, args.mb, args.hosts, hex_payload=args.payload == "hex")
 
 
 if __name__ == "__main__":

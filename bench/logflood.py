@@ -1,14 +1,16 @@
 """Log throughput and integrity: N hosts each print MB of numbered lines; and a rank's own
 write rate while the launcher runs, is throttled, stopped and killed.
 
-Compared in one run: mlaunch's streaming path (SSH executor -> pty -> line splitter ->
-prefixed printer + per-node log files) against plain parallel `ssh host cmd > file`.
+Compared in one run, interleaved: mlaunch's streaming path (SSH executor, one session per
+node (with --compress the nodes compress it: nodeprog/zpipe.py) -> line splitter -> per-node
+log files + the prefixed console) against plain parallel `ssh host cmd > file`.
 Every line is checked: no loss, no duplicate, no tear (sequence numbers + exact payload).
 """
 from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
 import os
 import re
 import resource
@@ -30,10 +32,23 @@ LINE_BYTES = 100
 PAYLOAD = "x" * (LINE_BYTES - 11)  # "%09d " + payload + "\n" == 100 bytes
 GEN = ("import sys\nw = sys.stdout.write\np = '{p}'\n"
        "for i in range({n}):\n    w('%09d %s\\n' % (i, p))\n")
+# --payload hex: each line's payload is hex digits of its number's SHA-256, which zlib packs
+# only about 2x (the x payload: 35x; NCCL INFO and training logs fall between).
+GEN_HEX = ("import hashlib, sys\nw = sys.stdout.write\n"
+           "for i in range({n}):\n    h = hashlib.sha256(b'%d' % i).hexdigest()\n"
+           "    w('%09d %s\\n' % (i, (h + h)[:89]))\n")
+HEX = {"on": False}   # bench_logs(hex_payload=True) sets it for the run
+
+
+def payload(seq: int) -> str:
+    if not HEX["on"]:
+        return PAYLOAD
+    h = hashlib.sha256(b"%d" % seq).hexdigest()
+    return (h + h)[:LINE_BYTES - 11]
 
 
 def generator(lines: int) -> str:
-    code = GEN.format(p=PAYLOAD, n=lines)
+    code = GEN_HEX.format(n=lines) if HEX["on"] else GEN.format(p=PAYLOAD, n=lines)
     return f"exec python3 -c {quote(code)}"
 
 
@@ -48,8 +63,8 @@ def check(lines_by_node: dict[int, list[str]], expected: int) -> tuple[int, int,
     for lines in lines_by_node.values():
         seen = set()
         for line in lines:
-            m = re.fullmatch(r"(\d{9}) (x+)", line)
-            if not m or m.group(2) != PAYLOAD:
+            m = re.fullmatch(r"(\d{9}) ([0-9a-fx]+)", line)
+            if not m or m.group(2) != payload(int(m.group(1))):
                 torn += 1
                 continue
             seq = int(m.group(1))
@@ -76,7 +91,7 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     with open(out_path, "w") as out:
         t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_SELF)
         result = run_job(plan, SSHExecutor([nd.login for nd in nodes], SSH(
-            user="root", key_file=hs.key_file, known_hosts=hs.known_hosts)), Printer(plan.mask, out))
+            user="root", key_file=hs.key_file, known_hosts=hs.known_hosts, connect_timeout=60)), Printer(plan.mask, out))
         elapsed = time.perf_counter() - t0
         share = (cpu_s(resource.RUSAGE_SELF) - c0) / elapsed
     assert result.code == 0, result
@@ -102,19 +117,22 @@ def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, in
     """Wall seconds, (lost, dup, torn), and the ssh clients' CPU share (all n together)."""
     files = [open(os.path.join(tmp, f"ssh{k}.out"), "w") for k in range(n)]
     t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_CHILDREN)
-    procs = [subprocess.Popen(hs.ssh_argv(h) + [generator(lines)], stdout=f)
+    # A minute to connect, as mlaunch's side gets: 64 handshakes at once on a loaded 2-core
+    # machine outlast ssh_argv's 10 s.
+    procs = [subprocess.Popen(hs.ssh_argv(h, connect_timeout=60) + [generator(lines)], stdout=f)
              for h, f in zip(hs.hosts[:n], files)]
     codes = [p.wait() for p in procs]
     elapsed = time.perf_counter() - t0
     share = (cpu_s(resource.RUSAGE_CHILDREN) - c0) / elapsed
     for f in files:
         f.close()
-    assert codes == [0] * n
+    assert codes == [0] * n, codes
     by_node = {k: open(f.name).read().splitlines() for k, f in enumerate(files)}
     return elapsed, check(by_node, lines), share
 
 
-def bench_logs(runs: int, mb: int, n: int = 8) -> None:
+def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False) -> None:
+    HEX["on"] = hex_payload
     lines = mb * 1_000_000 // LINE_BYTES
     ours, theirs, share, ssh_share = [], [], [], []
     with make_hosts(n, isolated_home=True) as hs:
@@ -122,15 +140,20 @@ def bench_logs(runs: int, mb: int, n: int = 8) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 t, bad, cpu = via_mlaunch(hs, n, lines, tmp)
                 ours.append(t), share.append(cpu)
-                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
+                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
             with tempfile.TemporaryDirectory() as tmp:
                 t, bad, cpu = via_ssh(hs, n, lines, tmp)
                 theirs.append(t), ssh_share.append(cpu)
-                print(f"ssh:     {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad}", file=sys.stderr)
+                print(f"ssh:     {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
     total = n * mb
     m, s = statistics.median(ours), statistics.median(theirs)
+    ratios = [b / a for a, b in zip(ours, theirs)]   # each run's pair, measured side by side
+    print(f"per-run ratios (ssh s / mlaunch s): {', '.join(f'{r:.2f}' for r in ratios)}; "
+          f"launcher CPU shares: {', '.join(f'{c:.2f}' for c in share)}")
     print(f"{n} hosts x {mb} MB: mlaunch {total / m:.1f} MB/s (median {m:.2f}s), "
           f"parallel ssh {total / s:.1f} MB/s (median {s:.2f}s); throughput ratio {s / m:.2f}; "
           f"launcher CPU share {statistics.median(share):.2f} of a core (median; "

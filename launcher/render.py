@@ -166,6 +166,13 @@ def bootstrap() -> str:
     return render("bootstrap.sh.j2").strip()
 
 
+def compressed_bootstrap(program: str) -> str:
+    """bootstrap() run under node program `program` (nodeprog/zpipe.py's text), which
+    compresses what it prints, where the node has a python3 with zlib; bootstrap() alone
+    elsewhere. The launcher tells the two apart by zpipe's header."""
+    return render("zbootstrap.sh.j2", program=program, bootstrap=bootstrap()).strip()
+
+
 def framed(script: str) -> bytes:
     """script as bootstrap() reads it from stdin: its byte length, a newline, the bytes."""
     data = script.encode("utf-8")

@@ -316,6 +316,23 @@ def test_heartbeat_period_is_a_quarter_of_the_hangup_wait_at_most():
 
 
 @pytest.mark.multihost
+def test_sessions_use_an_aead_cipher_when_the_server_has_one(make_hostset):
+    """OpenSSH offers AES-GCM: the transport settles on it (paramiko checks no HMAC then)."""
+    from launcher.execute.ssh import SSHExecutor
+    from launcher.spec import SSH
+    with make_hostset(1) as hs:
+        ex = SSHExecutor([hs.hosts[0].ip], SSH(user="root", key_file=hs.key_file,
+                                               known_hosts=hs.known_hosts))
+        try:
+            assert ex.connect() == []
+            transport = ex._conns[hs.hosts[0].ip].client.get_transport()
+            assert (transport.local_cipher, transport.remote_cipher) == ("aes128-gcm@openssh.com",) * 2
+            assert ex.run(hs.hosts[0].ip, "echo over gcm", 10) == (0, "over gcm\n")
+        finally:
+            ex.close()
+
+
+@pytest.mark.multihost
 def test_heartbeat_keeps_a_long_node_alive_ssh(make_hostset, tmp_path):
     with make_hostset(1) as hs:
         spec = script_job([hs.hosts[0].ip], 1, "fail_or_sleep.py", ["0", "0", "12"],

@@ -7,11 +7,12 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
-from .helpers import ROOT, script_job, write_spec
+from .helpers import ROOT, limit, script_job, write_spec
 from .procs import job_pids
 
 # Every test here starts a real torchrun job on this machine.
@@ -79,6 +80,44 @@ def test_slow_console_skips_to_the_newest_and_says_it_is_behind(tmp_path):
     assert shown == sorted(shown) and shown[-1] > len(shown), "no gap: nothing was skipped"
 
 
+def _wait_for_file(path: str, proc: subprocess.Popen, seconds: float) -> None:
+    """Until path exists (the event waited on); fails when the run ends first or past limit()."""
+    deadline = time.monotonic() + limit(seconds)
+    while not os.path.exists(path):
+        assert proc.poll() is None, f"the run ended before {path}"
+        assert time.monotonic() < deadline, f"no {path} within {limit(seconds):.0f} s"
+        time.sleep(0.02)
+
+
+def _stopped(pid: int) -> bool:
+    """pid is stopped by a signal (state T in /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    return stat[stat.rindex(b")") + 2:].split()[0] == b"T"
+
+
+def test_a_rank_never_waits_for_a_stopped_launcher(tmp_path):
+    """mlaunch stopped (SIGSTOP) before the rank writes: the rank still writes all of its
+    4 MB (60 times what the pipe between them holds) and says so; once mlaunch continues,
+    the run ends 0 with every line in the node log."""
+    ready, go, done = (str(tmp_path / name) for name in ("ready", "go", "done"))
+    spec = script_job(["localhost"], 1, "write_when_told.py", [ready, go, done, "4000"],
+                      str(tmp_path / "out"), hangup_after_s=600)   # no heartbeat while stopped
+    with open(tmp_path / "console", "wb") as out:
+        proc = launch(tmp_path, spec, out)
+        try:
+            _wait_for_file(ready, proc, 60)
+            proc.send_signal(signal.SIGSTOP)
+            open(go, "w").close()
+            _wait_for_file(done, proc, 60)
+            assert _stopped(proc.pid), "mlaunch ran while the rank wrote"
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        assert proc.wait(timeout=limit(120)) == 0, (tmp_path / "console").read_text()[-3000:]
+    (log,) = glob.glob(str(tmp_path / "out/logs/*/node0-*.log"))
+    assert flood_lines(log) == list(range(4000))
+
+
 def _wait_line(proc: subprocess.Popen, text: str) -> list[str]:
     seen = []
     for line in proc.stdout:
@@ -88,8 +127,9 @@ def _wait_line(proc: subprocess.Popen, text: str) -> list[str]:
     raise AssertionError("".join(seen))
 
 
-def test_log_dir_removed_mid_run_costs_one_line_not_the_run(tmp_path):
-    """The run's log directory removed while it runs: made again, one line, exit 0."""
+def _damage_log_dir_mid_run(tmp_path, damage) -> tuple[str, str]:
+    """Run a job that waits for a file; once it runs, remove its log directory and call
+    damage(log_dir), then release it. (console output, log_dir); the run ended 0, no traceback."""
     go = str(tmp_path / "go")
     spec = script_job(["localhost"], 1, "wait_for_file.py", [go], str(tmp_path / "out"))
     proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
@@ -97,10 +137,17 @@ def test_log_dir_removed_mid_run_costs_one_line_not_the_run(tmp_path):
     seen = _wait_line(proc, "waiting for")
     (log_dir,) = glob.glob(str(tmp_path / "out/logs/*"))
     shutil.rmtree(log_dir)
+    damage(log_dir)
     open(go, "w").close()
     out = "".join(seen) + proc.stdout.read()
     assert proc.wait() == 0, out
     assert "Traceback" not in out
+    return out, log_dir
+
+
+def test_log_dir_removed_mid_run_costs_one_line_not_the_run(tmp_path):
+    """The run's log directory removed while it runs: made again, one line, exit 0."""
+    out, log_dir = _damage_log_dir_mid_run(tmp_path, lambda log_dir: None)
     assert out.count(f"{log_dir} was removed during the run") == 1, out
     assert os.path.exists(os.path.join(log_dir, "events.jsonl"))
     assert "released" in open(glob.glob(os.path.join(log_dir, "node0-*.log"))[0]).read()
@@ -108,16 +155,5 @@ def test_log_dir_removed_mid_run_costs_one_line_not_the_run(tmp_path):
 
 def test_log_dir_that_cannot_be_written_costs_one_line_not_the_run(tmp_path):
     """The log directory replaced by a plain file (no event can be written): one line, exit 0."""
-    go = str(tmp_path / "go")
-    spec = script_job(["localhost"], 1, "wait_for_file.py", [go], str(tmp_path / "out"))
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = _wait_line(proc, "waiting for")
-    (log_dir,) = glob.glob(str(tmp_path / "out/logs/*"))
-    shutil.rmtree(log_dir)
-    open(log_dir, "w").close()
-    open(go, "w").close()
-    out = "".join(seen) + proc.stdout.read()
-    assert proc.wait() == 0, out
-    assert "Traceback" not in out
+    out, log_dir = _damage_log_dir_mid_run(tmp_path, lambda log_dir: open(log_dir, "w").close())
     assert out.count(f"cannot record events in {log_dir}/events.jsonl") == 1, out

@@ -23,7 +23,7 @@ class Console:
 
     def __init__(self, printer: Printer, log_paths: dict[int, str], bound: int = BOUND_BYTES):
         self.printer, self.log_paths, self.bound = printer, log_paths, bound
-        self._queue: collections.deque[tuple[int, str, list[str], int]] = collections.deque()
+        self._queue: collections.deque[tuple[int, str, str, int]] = collections.deque()
         self._bytes = 0
         self._cond = threading.Condition()
         self._skipped = [0, 0]       # lines, bytes skipped since the last "behind" line
@@ -35,19 +35,20 @@ class Console:
         self._thread = threading.Thread(target=self._print_loop, daemon=True)
         self._thread.start()
 
-    def offer(self, rank: int, host: str, lines: list[str]) -> None:
-        """Queue lines for the console; the oldest queued lines go if the bound is passed."""
-        size = sum(len(line) + 1 for line in lines)
+    def offer(self, rank: int, host: str, text: str) -> None:
+        """Queue a masked text of whole lines (stream.LineSplitter.feed_text) for the console;
+        the oldest queued texts go if the bound is passed."""
+        size = len(text)
         with self._cond:
             if self._abandoned:
-                self._count(self._unshown, self._unshown_ranks, rank, len(lines), size)
+                self._count(self._unshown, self._unshown_ranks, rank, text.count("\n"), size)
                 return
-            self._queue.append((rank, host, lines, size))
+            self._queue.append((rank, host, text, size))
             self._bytes += size
             while self._bytes > self.bound and len(self._queue) > 1:
                 r, _, old, n = self._queue.popleft()
                 self._bytes -= n
-                self._count(self._skipped, self._skipped_ranks, r, len(old), n)
+                self._count(self._skipped, self._skipped_ranks, r, old.count("\n"), n)
             self._cond.notify()
 
     def abandon(self) -> None:
@@ -57,8 +58,8 @@ class Console:
             if self._abandoned:
                 return
             self._abandoned = True
-            for r, _, lines, n in self._queue:
-                self._count(self._unshown, self._unshown_ranks, r, len(lines), n)
+            for r, _, text, n in self._queue:
+                self._count(self._unshown, self._unshown_ranks, r, text.count("\n"), n)
             self._count(self._unshown, self._unshown_ranks, None, *self._skipped)
             self._unshown_ranks |= self._skipped_ranks
             self._queue.clear()
@@ -92,12 +93,12 @@ class Console:
                     self._cond.wait()
                 if self._abandoned or not self._queue:
                     return
-                rank, host, lines, size = self._queue.popleft()
+                rank, host, text, size = self._queue.popleft()
                 self._bytes -= size
                 behind = self._behind_line()
             if behind:
                 self.printer.say(behind)
-            self.printer.node_lines(rank, host, lines)
+            self.printer.node_text(rank, host, text, masked=True)
 
     def _behind_line(self) -> str | None:
         # Called under the lock: one line now and then, never one per skipped batch.

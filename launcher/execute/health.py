@@ -75,10 +75,12 @@ def _parse_dict(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _may_matter(text: str) -> bool:
+def may_matter(text: str) -> bool:
     """Whether text holds what a world-size line, a save, a dict or a tqdm step needs (each
-    pattern's fixed part): one scan of a chunk spares a flood of plain lines every regex."""
-    return "world" in text or "{" in text or "%|" in text or "Saving model checkpoint" in text
+    pattern's fixed part): one scan of a chunk spares a flood of plain lines every regex.
+    "|" alone first: one character is a memchr, several times faster than "%|"."""
+    return ("world" in text or "{" in text or ("|" in text and "%|" in text)
+            or "Saving model checkpoint" in text)
 
 
 def read_step(line: str) -> Step | None:
@@ -160,7 +162,7 @@ class Monitor:
     def lines(self, node: int, host: str, lines: list[str]) -> list[Verdict]:
         """Verdicts from one node's new lines, in order."""
         out: list[Verdict] = []
-        if not _may_matter("\n".join(lines)):
+        if not may_matter("\n".join(lines)):
             return out
         for line in lines:
             out += self._world(node, host, line)

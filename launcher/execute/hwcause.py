@@ -58,11 +58,15 @@ def cause(line: str) -> tuple[str, bool] | None:
     return None
 
 
+def may_matter(text: str) -> bool:
+    """Whether text holds a word every pattern needs: most chunks are spared the regexes."""
+    return any(w in text for w in _WORDS)
+
+
 def first_cause(lines: list[str], device_only: bool = False) -> tuple[str, bool] | None:
     """The first hardware-looking line among lines (device_only: the first DEVICE one), as
     cause() says it, or None."""
-    text = "\n".join(lines)
-    if not any(w in text for w in _WORDS):
+    if not may_matter("\n".join(lines)):
         return None
     for line in lines:
         found = cause(line)

@@ -15,7 +15,7 @@ from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .console import Console
-from .stream import LineSplitter, NodeLog, Printer, SignalTracebacks, TorchrunRootCause
+from .stream import LineSplitter, NodeLog, Printer, SignalTracebacks, TorchrunRootCause, text_of
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 
@@ -131,10 +131,10 @@ class _Session:
         noise = SignalTracebacks(lambda: self._teardown is not None)
         try:
             while chunk := running.read():
-                self._emit(node, log, cause, splitter.feed(chunk), noise)
-            self._emit(node, log, cause, splitter.flush(), noise)
+                self._emit(node, log, cause, splitter.feed_text(chunk), noise)
+            self._emit(node, log, cause, splitter.flush_text(), noise)
             if held := noise.flush():
-                self.console.offer(node.rank, node.host, held)
+                self.console.offer(node.rank, node.host, self.plan.mask(text_of(held)))
             outcome = running.wait()
             if outcome.code == 1 and cause.code not in (None, 0, 1):
                 outcome = Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
@@ -146,17 +146,20 @@ class _Session:
         self.events.put((node.rank, outcome))
 
     def _emit(self, node: NodePlan, log: NodeLog, cause: TorchrunRootCause,
-              lines: list[str], noise: SignalTracebacks) -> None:
-        lines, samples = nodeview.split(lines)
+              text: str, noise: SignalTracebacks) -> None:
+        # A text of whole lines throughout: each step scans it once, none makes a per-line
+        # object unless its marker is there (bench/results/logpath-*: the flood's profile).
+        text, samples = nodeview.split_text(text)
         if samples:
             self.view.output(node.rank, samples)
-        if lines:
+        if text:
             self.view.lines_seen(node.rank)
-            cause.see(lines)
-            log.write(lines)
-            if shown := noise.filter(lines):  # after the node log: never blocks
+            cause.see_text(text)
+            masked = self.plan.mask(text)   # once, for the node log and the console alike
+            log.write_masked(masked)
+            if shown := noise.filter_text(masked):  # after the node log: never blocks
                 self.console.offer(node.rank, node.host, shown)
-            verdict = self.watch.lines(node.rank, node.host, lines)
+            verdict = self.watch.text(node.rank, node.host, text)
             if verdict is not None:
                 self._health_stop(verdict)
 

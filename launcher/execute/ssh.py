@@ -1,6 +1,8 @@
 """SSH executor: fabric connections, one pty session per node, teardown over the same transport."""
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import posixpath
 import shlex
@@ -10,17 +12,22 @@ from concurrent.futures import ThreadPoolExecutor
 import paramiko
 from fabric import Config, Connection
 
-from .. import render
+from .. import nodeprog, render
 from ..errors import Problem
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit, make_run_dirs
+from .inflow import Inflow
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
 WINDOW, MAX_PACKET = 8 * 2**20, 2**15
-READ_SIZE = 2**20  # take whatever has arrived, up to 1 MiB: fewer wake-ups per MB of logs
+READ_SIZE = WINDOW   # all that has arrived: paramiko then empties its buffer, never memmoves the rest
+# Asked for first: an AEAD cipher spares paramiko an HMAC and its compare in Python on every
+# packet (a third of its CPU per MB of node output, bench/results/logpath-*); a server
+# without them settles on the next cipher in paramiko's own order, as before.
+AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 
 class SSHRunning:
@@ -34,12 +41,19 @@ class SSHRunning:
     def __init__(self, chan: paramiko.Channel):
         self._chan = chan
         self._cut = False
+        self._inflow = Inflow()   # zpipe's compressed output, or output as it is
 
     def read(self) -> bytes:
-        try:
-            return self._chan.recv(READ_SIZE)
-        except (OSError, EOFError, paramiko.SSHException):
-            return b""
+        while not (out := self._inflow.more()):
+            try:
+                data = self._chan.recv(READ_SIZE)
+            except (OSError, EOFError, paramiko.SSHException):
+                data = b""
+            if not data:
+                return self._inflow.end()
+            if out := self._inflow.feed(data):
+                return out
+        return out
 
     def wait(self) -> Exit:
         transport = self._chan.get_transport()
@@ -77,8 +91,12 @@ class SSHExecutor:
         self._config = Config(runtime_ssh_path=path) if path else Config()
 
     def connect(self) -> list[Problem]:
+        # fabric's Connection() writes into the Config it is given, one shared by all hosts
+        # here, and another thread reading it meanwhile finds it empty (64 hosts did): each
+        # is made in turn, then the handshakes run in parallel.
+        conns = {host: self._connection(host) for host in self._hosts}
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
-            results = list(pool.map(self._open, self._hosts))
+            results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
         return [p for p in results if p is not None]
 
     def stage(self, plan: LaunchPlan) -> None:
@@ -92,7 +110,7 @@ class SSHExecutor:
         chan.set_combine_stderr(True)
         # The script travels over the session's stdin, ahead of the heartbeat bytes: the
         # command line sshd hands the login shell is only the fixed bootstrap.
-        chan.exec_command(bootstrap_command())
+        chan.exec_command(bootstrap_command(compressed=compress_streams()))
         chan.sendall(render.framed(node.script))
         return SSHRunning(chan)
 
@@ -117,8 +135,7 @@ class SSHExecutor:
         for conn in self._conns.values():
             conn.close()
 
-    def _open(self, host: str) -> Problem | None:
-        conn = self._connection(host)
+    def _open(self, host: str, conn: Connection) -> Problem | None:
         try:
             conn.open()
         except Exception as e:  # each failure becomes a per-host line, never a traceback
@@ -133,6 +150,8 @@ class SSHExecutor:
     def _connection(self, login: str) -> Connection:
         s, config, addr = self._ssh, self._config, _addr(login)
         kwargs: dict = {"allow_agent": True}
+        if _TAKES_FACTORY:
+            kwargs["transport_factory"] = aead_first_transport
         if s.key_file:
             kwargs["key_filename"] = [os.path.expanduser(s.key_file)]
         # The jump host authenticates with the same key and host-key policy as the nodes.
@@ -172,9 +191,37 @@ class SSHExecutor:
                     fh.write(f.content.encode())
 
 
-def bootstrap_command() -> str:
-    """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is."""
-    return "exec /bin/sh -c " + shlex.quote(render.bootstrap())
+def compress_streams() -> bool:
+    """Whether node streams are compressed on the nodes (nodeprog/zpipe.py): opt-in with
+    MLAUNCH_COMPRESS_STREAMS=1. Measured here (bench/results/logpath-2026-12-02b.txt) it
+    cost the launcher as much CPU to inflate as paramiko saved, and on output zlib packs
+    only 2x it halved throughput; it pays where the link, not the launcher, is the limit."""
+    return os.environ.get("MLAUNCH_COMPRESS_STREAMS") == "1"
+
+
+def aead_first_transport(sock, **kw) -> paramiko.Transport:
+    """A paramiko Transport that offers AEAD_FIRST ahead of its other ciphers (those it knows)."""
+    transport = paramiko.Transport(sock, **kw)
+    opts = transport.get_security_options()
+    first = tuple(c for c in AEAD_FIRST if c in opts.ciphers)
+    opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
+    return transport
+
+
+_TAKES_FACTORY = "transport_factory" in inspect.signature(paramiko.SSHClient.connect).parameters
+
+
+def bootstrap_command(compressed: bool = False) -> str:
+    """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is.
+    compressed: the node's output compressed on its way (nodeprog/zpipe.py), for a node's
+    stream: paramiko then decrypts and moves a fraction of the bytes."""
+    text = render.compressed_bootstrap(_zpipe()) if compressed else render.bootstrap()
+    return "exec /bin/sh -c " + shlex.quote(text)
+
+
+@functools.cache
+def _zpipe() -> str:
+    return nodeprog.source("zpipe")
 
 
 def _addr(login: str) -> HostAddr:

@@ -37,20 +37,29 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> list[str]:
         """Lines completed by data, without their line endings."""
+        return lines_of(self.feed_text(data))
+
+    def feed_text(self, data: bytes) -> str:
+        """The lines completed by data as one text, each ending in "\n" ("" for none): the
+        readers' form, which costs no object per line."""
         text = self._pending + self._decoder.decode(data)
-        parts = text.split("\n")
-        self._pending = parts.pop()
+        cut = text.rfind("\n") + 1
+        block, self._pending = text[:cut], text[cut:]
         # Fast path: plain "\n" output (the common, high-volume case) needs no frame logic.
-        lines = [_last_frame(p) for p in parts] if "\r" in text else parts
+        if "\r" in block:
+            block = "".join(_last_frame(p) + "\n" for p in lines_of(block))
         frame = self._progress_frame() if "\r" in self._pending else None
-        return lines + ([frame] if frame is not None else [])
+        return block if frame is None else block + frame + "\n"
 
     def flush(self) -> list[str]:
         """Whatever is left at end of stream, as a final line."""
-        rest = self._pending + self._decoder.decode(b"", final=True)
+        return lines_of(self.flush_text())
+
+    def flush_text(self) -> str:
+        """flush() as feed_text() gives lines."""
+        rest = _last_frame(self._pending + self._decoder.decode(b"", final=True))
         self._pending = ""
-        rest = _last_frame(rest)
-        return [rest] if rest else []
+        return rest + "\n" if rest else ""
 
     def _progress_frame(self) -> str | None:
         # Pending text holding "\r" has finished frames; echo the newest one now and then.
@@ -59,6 +68,26 @@ class LineSplitter:
         self._last_frame = self._clock()
         head, _, _ = self._pending.rpartition("\r")
         return head.rpartition("\r")[2] or None
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of a text whose every line ends in "\n", without their endings."""
+    return text[:-1].split("\n") if text else []
+
+
+def text_of(lines: list[str]) -> str:
+    """lines as one text, each ending in "\n" (lines_of's inverse)."""
+    return "".join(line + "\n" for line in lines)
+
+
+def _last_lines(text: str, n: int) -> list[str]:
+    """The last n lines of a text of whole lines, found from its end (no copy of the rest)."""
+    start = len(text) - 1
+    for _ in range(n):
+        start = text.rfind("\n", 0, start)
+        if start < 0:
+            break
+    return text[start + 1:-1].split("\n")
 
 
 def _last_frame(line: str) -> str:
@@ -81,10 +110,14 @@ class TorchrunRootCause:
         self.code: int | None = None
 
     def see(self, lines: list[str]) -> None:
+        self.see_text(text_of(lines))
+
+    def see_text(self, text: str) -> None:
+        """Take in a text of whole lines (LineSplitter.feed_text)."""
         # One scan of the chunk instead of a regex per line, outside the block.
-        if not self._in_block and "Root Cause" not in "\n".join(lines):
+        if not self._in_block and "Root Cause" not in text:
             return
-        for line in lines:
+        for line in lines_of(text):
             if self._HEADER.search(line):
                 self._in_block = True
             elif self._in_block and (m := self._CODE.match(line)):
@@ -112,6 +145,12 @@ class SignalTracebacks:
         self.active = active
         self.folded = 0
         self._block: list[str] = []
+
+    def filter_text(self, text: str) -> str:
+        """filter() on a text of whole lines; as it is, without a look, outside a teardown."""
+        if not self._block and not self.active():
+            return text
+        return text_of(self.filter(lines_of(text)))
 
     def filter(self, lines: list[str]) -> list[str]:
         """The lines to print now."""
@@ -210,13 +249,18 @@ class Printer:
 
     def node_lines(self, rank: int, host: str, lines: list[str]) -> None:
         """Print lines from one node, each prefixed."""
-        body = "\n".join(lines)
-        if body.startswith("[") or "\n[" in body:  # torchrun local-rank tags: per line
-            text = "".join([self._prefixed(rank, host, line) for line in lines])
-        else:  # the high-volume case: one join, no per-line work
+        self.node_text(rank, host, text_of(lines))
+
+    def node_text(self, rank: int, host: str, text: str, masked: bool = False) -> None:
+        """node_lines() for a text of whole lines (masked: plan.mask was applied already)."""
+        if not text:
+            return
+        if "[" in text and (text[0] == "[" or "\n[" in text):  # torchrun's local-rank tags
+            text = "".join([self._prefixed(rank, host, line) for line in lines_of(text)])
+        else:  # the high-volume case: one replace, no per-line work
             head = self._tag(rank, f"node{rank} {host}")
-            text = head + body.replace("\n", "\n" + head) + "\n"
-        self._write(self.mask(text))
+            text = head + text[:-1].replace("\n", "\n" + head) + "\n"
+        self._write(text if masked else self.mask(text))
 
     def raw_lines(self, lines: list[str]) -> None:
         """Lines printed as they are (a console log that already has its prefixes)."""
@@ -254,10 +298,14 @@ class NodeLog:
         return fsmode.open_private(self.path, "a", buffering=1)
 
     def write(self, lines: list[str]) -> None:
-        if not lines:
+        if lines:
+            self.write_masked(self._mask(text_of(lines)))
+
+    def write_masked(self, text: str) -> None:
+        """Append a text of whole lines that plan.mask has already been applied to."""
+        if not text:
             return
-        text = self._mask("\n".join(lines) + "\n")
-        self.tail.extend(self._mask(line) for line in lines[-(self.tail.maxlen or 1):])
+        self.tail.extend(_last_lines(text, self.tail.maxlen or 1))
         try:
             self._reopen_if_removed()
             self._fh.write(text)

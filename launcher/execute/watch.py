@@ -14,7 +14,7 @@ from .. import render
 from . import hwcause, stacks
 from ..record import fsmode
 from ..record.events import EventLog
-from .health import HealthConfig, Monitor, Verdict
+from .health import HealthConfig, Monitor, Verdict, may_matter
 from ..plan.launch_plan import LaunchPlan, remote_bin
 from .base import Executor
 
@@ -72,6 +72,16 @@ class Watch:
             found = (self.plan.mask(found[0]), found[1])   # it is logged, printed, recorded
             self.hardware[rank] = found
             self.events.emit("hardware_error", node=rank, host=host, cause=found[0])
+
+    def text(self, rank: int, host: str, text: str) -> Verdict | None:
+        """lines() for a text of whole lines; a text nothing in which can matter costs one scan
+        for the health patterns and one for the hardware words."""
+        if may_matter(text):
+            return self.lines(rank, host, text[:-1].split("\n"))
+        if hwcause.may_matter(text):
+            with self._lock:
+                self._hardware(rank, host, text[:-1].split("\n"))
+        return None
 
     def tick(self) -> Verdict | None:
         """Periodic check for a hang; the stopping verdict if one fired now."""

@@ -36,6 +36,14 @@ class Cpu:
     total_mib: int
 
 
+def split_text(text: str) -> tuple[str, list[str]]:
+    """split() for a text of whole lines, each ending in "\n": (the job's text, the samples)."""
+    if "\x1e" not in text:   # the common case: one scan, no copies
+        return text, []
+    kept, samples = split(text[:-1].split("\n"))
+    return "".join(line + "\n" for line in kept), samples
+
+
 def split(lines: list[str]) -> tuple[list[str], list[str]]:
     """(the job's lines, the sample bodies) of a batch of lines from one node.
 
