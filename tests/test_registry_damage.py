@@ -187,3 +187,21 @@ def test_stop_refuses_an_empty_or_short_run_argument_naming_the_candidates(runs)
                             "jobx-b, job-a); give at least 3 characters of the id, or the job "
                             "name\n"), r.stderr
     assert {x["id"]: x["state"] for x in runs.ps()}["jobx-b"] == "lost"   # untouched by the refusals
+
+
+
+def test_a_first_command_that_loses_the_race_to_mark_the_registry_goes_on(tmp_path, monkeypatch):
+    """Two first commands at once (CI: 20 `ps` readers beside a first submit) both see no
+    marker, and the second to create it found it made meanwhile: it goes on (was
+    FileExistsError, printed as a registry error). The race is made certain by letting
+    the check before the create see no marker."""
+    from launcher.record import regguard
+    path = str(tmp_path / "runs.db")
+    Registry(path).close()                       # the winner: tables and marker
+    marker = path + regguard.MARKER
+    before = open(marker).read()
+    real_exists = os.path.exists
+    monkeypatch.setattr(regguard.os.path, "exists", lambda p: False if p == marker else real_exists(p))
+    regguard.mark_created(path)                  # the loser
+    Registry(path).close()
+    assert open(marker).read() == before and "created with its tables" in before

@@ -44,11 +44,13 @@ def check_before_open(path: str) -> None:
 
 def mark_created(path: str) -> None:
     """The registry has its tables: from now on an empty runs.db means a truncated one."""
-    if not os.path.exists(path + MARKER):
+    try:
         fd = os.open(path + MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write("mlaunch: runs.db beside this file was created with its tables; "
-                     "a zero-byte runs.db is a truncated one\n")
+    except FileExistsError:   # marked already, or by a concurrent first command (20 `ps` at once)
+        return
+    with os.fdopen(fd, "w") as fh:
+        fh.write("mlaunch: runs.db beside this file was created with its tables; "
+                 "a zero-byte runs.db is a truncated one\n")
 
 
 def locked(exc: BaseException) -> bool:
