@@ -76,6 +76,7 @@ def test_registry_paths_are_absolute_and_logs_ps_report_work_from_another_direct
     r = cli("ps", finished)
     assert r.returncode == 0 and "no node samples" not in r.stdout, r.stdout
     assert "node0  localhost  exit 0" in r.stdout
+    assert "attempts:" not in r.stdout       # one attempt, no change: nothing to say
     r = cli("report", finished)                       # by id, through the registry
     assert r.returncode == 0, r.stderr
     assert f"| run | {finished} |" in r.stdout
@@ -250,3 +251,30 @@ def test_one_node_slurm_batch_script_is_singular(cli):
     assert r.returncode == 0, r.stderr
     head = open(cli.other / "r" / "job.sbatch").read().splitlines()[1]
     assert head == "# mlaunch run R1: 1 node x 1 process, one srun task per node."
+
+
+def test_ps_of_a_run_lists_each_attempts_hosts_and_why_they_changed(cli, finished):
+    """ps RUN and ps RUN --json name each attempt's nodes and every membership change
+    (issue 29): here the finished run's own events.jsonl, with what a lost node 1 replaced by
+    a spare and then a shrink write after it (launch/spares.py, launch/shrink.py)."""
+    from launcher.record.events import EventLog
+    log_dir = str(cli.sub / "out" / "logs" / finished)
+    EventLog(os.path.join(log_dir, "events.jsonl"), finished, 0).emit(
+        "host_replaced", rank=1, old_host="n1", new_host="n4", reason="connection lost", spares_left=0)
+    later = EventLog(os.path.join(log_dir, "events.jsonl"), finished, 1)
+    later.emit("node_start", node=0, host="localhost")
+    later.emit("node_start", node=1, host="n4")
+    later.emit("shrink", old_world=2, new_world=1, nodes=["localhost"], old_grad_accum=1,
+               new_grad_accum=2, global_batch=2, lost=["n4"])
+    r = cli("ps", finished)
+    assert r.returncode == 0, r.stderr
+    assert "attempts:\n" in r.stdout, r.stdout
+    shown = r.stdout.split("attempts:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(shown) == 4, r.stdout
+    assert shown[0] == "  attempt 0: 1 nodes: node0 localhost"
+    assert shown[1].startswith("  attempt 0: host_replaced (rank 1, old_host n1, new_host n4, "
+                               "reason connection lost")
+    assert shown[2] == "  attempt 1: 2 nodes: node0 localhost, node1 n4"
+    assert "shrink (old_world 2, new_world 1" in shown[3] and "new_grad_accum 2, global_batch 2" in shown[3]
+    r = cli("ps", finished, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["attempts"] == [s.strip() for s in shown]

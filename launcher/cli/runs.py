@@ -125,6 +125,7 @@ def ps(run: str | None, show_all: bool, as_json: bool) -> None:
 
 def _ps_one(r, as_json: bool) -> None:
     from ..view.nodeview import read_snapshot, status_lines
+    from ..record import runevents
     from ..record.registry import locate
     log_dir, gone = None, None
     try:
@@ -132,10 +133,13 @@ def _ps_one(r, as_json: bool) -> None:
     except LookupError as e:
         gone = str(e)
     snap = read_snapshot(log_dir)
+    changes = runevents.attempt_lines(runevents.read(log_dir)) if log_dir else []
     if as_json:
-        click.echo(json.dumps({**r.public(), "live": snap}))
+        click.echo(json.dumps({**r.public(), "live": snap, "attempts": changes}))
         return
     _table([r])
+    if changes:   # which hosts each attempt ran on, and why that changed
+        click.echo("\n".join(["", "attempts:"] + [f"  {line}" for line in changes]))
     if gone:
         click.echo(f"no node samples: {gone}")
         return

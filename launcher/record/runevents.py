@@ -9,6 +9,8 @@ from datetime import datetime
 
 # Events worth a line in the report; step/checkpoint/node_* are the plot's or routine.
 HEALTH = ("hang", "stacks", "nan", "world_size_suspect", "world_size_mismatch")
+# Events that change who runs the job (spare hosts, shrink, Slurm exclusions, universal checkpoint).
+CHANGES = ("host_replaced", "shrink", "node_excluded", "universal_checkpoint", "hardware_error")
 
 
 def read(log_dir: str) -> list[dict]:
@@ -79,11 +81,34 @@ def health_lines(events: list[dict]) -> list[str]:
     out = []
     for e in events:
         if e["event"] in HEALTH:
-            fields = ", ".join(f"{k} {v}" for k, v in e.items()
-                               if k not in ("time", "run_id", "attempt", "event"))
+            fields = _fields(e)
             out.append(f"{e.get('time', '?')} attempt {e.get('attempt', 0)}: {e['event']}"
                        + (f" ({fields})" if fields else ""))
     return out
+
+
+def attempt_lines(events: list[dict]) -> list[str]:
+    """The run's membership, attempt by attempt: one line with each attempt's nodes (its
+    node_start events) and one per change (a spare in, a shrink with its batch arithmetic, a
+    Slurm exclusion, a checkpoint converted), in order. [] for one attempt and no change."""
+    nodes: dict[int, dict] = {}
+    out: list[tuple[int, int, str]] = []
+    for i, e in enumerate(events):
+        attempt = e.get("attempt", 0)
+        if e["event"] == "node_start":
+            nodes.setdefault(attempt, {})[e.get("node")] = e.get("host")
+        elif e["event"] in CHANGES:
+            out.append((attempt, i, f"attempt {attempt}: {e['event']} ({_fields(e)})"))
+    if len(nodes) < 2 and not out:
+        return []
+    for attempt, hosts in nodes.items():
+        listed = ", ".join(f"node{k} {h}" for k, h in sorted(hosts.items(), key=lambda kv: str(kv[0])))
+        out.append((attempt, -1, f"attempt {attempt}: {len(hosts)} nodes: {listed}"))
+    return [line for _, _, line in sorted(out)]
+
+
+def _fields(e: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("time", "run_id", "attempt", "event"))
 
 
 def _t(e: dict) -> datetime | None:
