@@ -7,7 +7,8 @@ import signal
 import subprocess
 import zlib
 
-from launcher.execute.stream import LineSplitter, NodeLog, Printer, SignalTracebacks, TorchrunRootCause
+from launcher.execute.stream import LineSplitter, NodeLog, Printer
+from launcher.execute.torchrun_out import SignalTracebacks, TorchrunRootCause
 
 from .helpers import limit
 

@@ -5,7 +5,9 @@ Holds base (the Executor interface, exits, timing), ssh and local (executors), f
 (`mlaunch exec` on every node), slurm
 (sbatch/squeue/scancel), slurm_executor and slurm_follow (one attempt as a batch job),
 slurm_alloc (helpers inside an allocation), job (one attempt on every node: start, stream,
-fail fast, tear down), stream (node-prefixed printing and the node logs), watch, health and
+fail fast, tear down), stream (node-prefixed printing and the node logs), torchrun_out
+(torchrun's root-cause report and teardown tracebacks), inflow (compressed node streams),
+hwcause (hardware-looking errors), console (the bounded console queue), watch, health and
 stacks (progress, hangs, NaNs, world size, py-spy dumps), outcome (what each node came to).
 
 May import: errors, render, nodeprog, spec, plan, record, view. Names are imported lazily:

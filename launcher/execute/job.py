@@ -15,7 +15,8 @@ from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .console import Console
-from .stream import LineSplitter, NodeLog, Printer, SignalTracebacks, TorchrunRootCause, text_of
+from .stream import LineSplitter, NodeLog, Printer, text_of
+from .torchrun_out import SignalTracebacks, TorchrunRootCause
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 

@@ -13,7 +13,8 @@ from .base import LOST, Exit
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .slurm import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
                     never_starts, node_outcomes)
-from .stream import LineSplitter, TorchrunRootCause
+from .stream import LineSplitter
+from .torchrun_out import TorchrunRootCause
 
 STATE_POLL_MAX_S = 2.0
 
