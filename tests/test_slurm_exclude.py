@@ -150,10 +150,35 @@ def test_usable_nodes_reads_the_partition_from_sinfo(monkeypatch):
         argv, 1, "", "sinfo: error"))
     assert slurm.usable_nodes(None, []) is None
 
-    def hangs(argv, timeout=30):
-        raise subprocess.TimeoutExpired(argv, timeout)
-    monkeypatch.setattr(slurm, "slurm_cmd", hangs)   # slurmctld not answering: no traceback
+    def hangs(*args, **kw):
+        raise subprocess.TimeoutExpired(args[0], kw.get("timeout"))
+    monkeypatch.setattr(slurm.subprocess, "run", hangs)   # slurmctld not answering: no traceback
     assert slurm.usable_nodes(None, []) is None
+
+
+def test_slurm_commands_that_hang_or_are_missing_are_failures_not_tracebacks(monkeypatch):
+    """Every Slurm client call goes through slurm_cmd: a hung slurmctld (timeout) or a missing
+    binary is its exit code, and each caller reads it as 'could not tell', never as 'gone'."""
+    from launcher.execute import slurm
+
+    def hangs(*args, **kw):
+        raise subprocess.TimeoutExpired(args[0], kw.get("timeout"))
+    monkeypatch.setattr(slurm.subprocess, "run", hangs)
+    r = slurm.slurm_cmd(["scontrol", "ping"], timeout=3)
+    assert (r.returncode, r.stderr) == (124, "scontrol: no answer in 3 s (is slurmctld up?)")
+    assert slurm.hostnames("n[0-1]") == []
+    assert slurm.failed_nodes(["n0", "n1"]) == {}
+    info = slurm.job_info("7")
+    assert info["JobState"] == "UNANSWERED" and not slurm.is_gone(info)   # may still run
+    assert slurm.cancel_and_wait("7", timeout=0.3) is False   # never claims the job left
+
+    def missing(*args, **kw):
+        raise FileNotFoundError(2, "No such file or directory")
+    monkeypatch.setattr(slurm.subprocess, "run", missing)
+    r = slurm.slurm_cmd(["sinfo"])
+    assert (r.returncode, r.stderr) == (127, "sinfo: No such file or directory")
+    assert not slurm.is_gone(slurm.job_info("7"))
+    assert slurm.usable_nodes(None, []) is None and slurm.hostnames("n0") == []
 
 
 def test_slurm_dry_run_shows_the_shrink_and_zero_is_refused():

@@ -20,6 +20,8 @@ GONE_WAIT_S = 180.0    # how long a cancel waits for the job to leave every node
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
           "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD")
 NEVER_EXIT = 2         # a job Slurm can never start: the request is the user's to fix
+NO_ANSWER = 124        # slurm_cmd's exit code when the command did not answer in time
+UNANSWERED = "UNANSWERED"   # job_info's JobState when scontrol could not be asked
 # Pending reasons that no wait can clear: the request exceeds what the partition, its nodes,
 # the account or the QOS allow (squeue's REASON; `scontrol show job`'s Reason=).
 NEVER_STARTS = {
@@ -44,22 +46,34 @@ SBATCH_FIELDS = (("partition", "cluster.slurm.partition"), ("account", "cluster.
 
 
 def slurm_cmd(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    """A Slurm client command (SLURM_CONF and PATH from this environment)."""
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    """A Slurm client command (SLURM_CONF and PATH from this environment). Never raises: a
+    missing binary is exit 127 and no answer within timeout exit 124 (NO_ANSWER), each with
+    a stderr line saying so, so that every caller handles it as the command failing."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except OSError as e:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {e.strerror or e}")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, NO_ANSWER, "", f"{argv[0]}: no answer in "
+                                           f"{timeout:g} s (is slurmctld up?)")
 
 
 def job_info(job_id: str) -> dict[str, str]:
-    """`scontrol show job -o` as a dict; {} once Slurm has forgotten the job."""
+    """`scontrol show job -o` as a dict; {} once Slurm has forgotten the job; JobState
+    UNANSWERED when scontrol cannot tell (the job may still be running)."""
     r = slurm_cmd(["scontrol", "show", "job", "-o", job_id])
+    if r.returncode in (NO_ANSWER, 127):
+        return {"JobState": UNANSWERED, "Reason": r.stderr.strip()}
     if r.returncode != 0:
         return {}
     return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
 
 
 def is_gone(info: dict[str, str]) -> bool:
-    """The job has ended on every node (COMPLETING counts as still there)."""
-    return not info or info.get("JobState") not in ACTIVE
+    """The job has ended on every node (COMPLETING, and a controller that did not answer,
+    count as still there: a blip of slurmctld must not end or orphan a run)."""
+    return not info or info.get("JobState") not in (*ACTIVE, UNANSWERED)
 
 
 def cancel_and_wait(job_id: str, kill: bool = False, timeout: float = GONE_WAIT_S) -> bool:
@@ -141,11 +155,8 @@ def usable_nodes(partition: str | None, exclude: list[str]) -> tuple[str, list[s
     """(partition, its nodes a job could still get): every node of the partition (the default
     one when None) that is not in `exclude` and that sinfo shows neither drained, down,
     failing nor unresponsive. None when sinfo cannot tell (then nothing is changed)."""
-    try:
-        r = slurm_cmd(["sinfo", "-h", "-N", "-o", "%N|%P|%T"])
-    except (OSError, subprocess.TimeoutExpired):   # no sinfo here, or slurmctld not answering
-        return None
-    if r.returncode != 0:
+    r = slurm_cmd(["sinfo", "-h", "-N", "-o", "%N|%P|%T"])
+    if r.returncode != 0:   # no sinfo here, slurmctld not answering, or an error
         return None
     rows = [ln.split("|") for ln in r.stdout.splitlines() if ln.count("|") == 2]
     part = partition or next((p.rstrip("*") for _, p, _ in rows if p.endswith("*")), None)

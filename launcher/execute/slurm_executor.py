@@ -7,10 +7,10 @@ import os
 import shutil
 import subprocess
 
-from ..errors import Problem
+from ..errors import Problem, UserError
 from ..record import fsmode
 from .base import make_run_dirs
-from .slurm import sbatch_error, slurm_cmd
+from .slurm import NO_ANSWER, sbatch_error, slurm_cmd
 
 
 class SlurmExecutor:
@@ -60,6 +60,10 @@ class SlurmExecutor:
         _write(req.script_path, req.script)
         try:
             r = slurm_cmd(["sbatch", "--parsable", req.script_path], timeout=60)
+            if r.returncode == NO_ANSWER:   # it may have queued the job all the same
+                raise UserError(f"cluster.scheduler: {r.stderr}: sbatch may have queued "
+                                f"{req.script_path} without saying so; check `squeue --me` and "
+                                "scancel it before submitting again")
             if r.returncode != 0:
                 raise sbatch_error(r.stderr or r.stdout)
             job_id = r.stdout.strip().split(";")[0]
