@@ -16,7 +16,7 @@ if [ "${1:-}" = "--fast" ]; then
   # A test that asks for a venv without the training mark fails here (tests/training.py).
   export MLAUNCH_TESTS_FAST=1
   set +e
-  python -m pytest -q -n 2 --dist loadfile --durations=15 \
+  python -m pytest -q -n 2 --dist loadgroup --durations=15 \
     -m "not multihost and not training and not launches" "$@"
   rc=$?
   [ "$rc" -eq 5 ] && { echo "run-tests: pytest collected no tests; failing" >&2; rc=1; }
@@ -50,9 +50,10 @@ bash tests/env/make_swift_venv.sh .venvs/swift
 
 echo "run-tests: setup took $(( $(date +%s) - start ))s"
 set +e
-# Two workers (pytest-xdist), a test file each at a time: most tests wait on sshd, torchrun
-# and timers rather than the CPU, so the suite takes about 20 % less wall time than serially.
-python -m pytest -q -n 2 --dist loadfile --durations=30 "$@"
+# Two workers (pytest-xdist), a test file each at a time and every Slurm test on one worker
+# (loadgroup; tests/conftest.py names the groups): most tests wait on sshd, torchrun and
+# timers rather than the CPU, so the suite takes less wall time than serially.
+python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"
 rc=$?
 set -e
 # Exit code 5 means pytest collected no tests: that is a failure, not a pass.

@@ -39,14 +39,23 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 HOST_FIXTURES = {"make_hostset", "hosts2", "slurm2", "slurm3"}   # each needs namespace hosts (or Slurm)
+SLURM_FIXTURES = {"slurm2", "slurm3"}
 
 
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test that takes a host fixture is multihost whether or not it says so: the fast
     # inner loop (run-tests.sh --fast, -m "not multihost ...") never starts hosts.
     for item in items:
-        if HOST_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if HOST_FIXTURES & names:
             item.add_marker(pytest.mark.multihost)
+        # run-tests.sh runs `--dist loadgroup`: a file's tests stay on one worker (its
+        # module-scoped fixtures are built once), and every test of a Slurm cluster runs on the
+        # same worker, because only one cluster can run on this machine at a time: the other
+        # worker runs other files instead of waiting on the Slurm lock.
+        group = "slurm" if SLURM_FIXTURES & names else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

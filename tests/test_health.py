@@ -426,14 +426,15 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.training
 def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_path, tiny):
-    """A real LLaMA-Factory run (2 local ranks); rank 1 is SIGSTOPped after checkpoint-5."""
+    """A real LLaMA-Factory run (1 local rank: a stopped rank is a hang at any world size, and
+    one rank halves the trainer start-up CPU); the rank is SIGSTOPped after checkpoint-5."""
     from .test_training import assert_trained
     from .training import lf_spec, local_job_pids, submit_timed, worker_killed
     out = str(tmp_path / "out")
-    spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=10, save_steps=5, max_restarts=1,
+    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=10, save_steps=5, max_restarts=1,
                    restart_backoff_s=1, name="health-stop", health={"hang_after_s": 15})
     with worker_killed(local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
-                       b"llamafactory.launcher", sig=signal.SIGSTOP, local_rank=1) as stopped:
+                       b"llamafactory.launcher", sig=signal.SIGSTOP, local_rank=0) as stopped:
         r = submit_timed(tmp_path, spec)
     assert stopped, "no worker was stopped"
     assert_trained(r, out, 10)
@@ -447,7 +448,7 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     restart = next(e for e in ev if e["event"] == "restart")
     assert restart["reason"] == "hang" and restart["resume_from"].endswith("checkpoint-5")
     ckpts = [(e["attempt"], os.path.basename(e["path"])) for e in ev if e["event"] == "checkpoint"]
-    # A checkpoint event means the trainer moved past the save; rank 1 may be stopped before
+    # A checkpoint event means the trainer moved past the save; the rank may be stopped before
     # attempt 0 logs another step, so its checkpoint-5 event may be missing, never wrong.
     assert (1, "checkpoint-10") in ckpts
     assert {name for attempt, name in ckpts if attempt == 0} <= {"checkpoint-5"}

@@ -1,4 +1,4 @@
-"""`mlaunch report` on a real tiny LLaMA-Factory run (2 processes on this machine, CPU, gloo)
+"""`mlaunch report` on a real tiny LLaMA-Factory run (1 process on this machine, CPU, gloo)
 whose rank is SIGKILLed after its first checkpoint and which an automatic restart finishes;
 then the report of it, alone and overlaid on a second, uninterrupted run."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("report")
     tiny = build_tiny(str(base / "tiny"))
     out = str(base / "out")
-    spec = lf_spec(tiny, ["localhost"], 2, out, max_steps=STEPS, save_steps=SAVE, max_restarts=1,
+    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=STEPS, save_steps=SAVE, max_restarts=1,
                    restart_backoff_s=1, name="report-restart")
     with worker_killed(local_job_pids("report-restart"),
                        os.path.join(out, f"checkpoint-{SAVE}", "trainer_state.json"), b"llamafactory.launcher") as killed:
@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
     assert r.returncode == 0 and killed, r.stdout[-3000:]
     assert f"restart 1/1: resuming from {out}/checkpoint-{SAVE}" in r.stdout
     plain = str(base / "plain")
-    r = submit_timed(base, lf_spec(tiny, ["localhost"], 2, plain, max_steps=10, save_steps=10, name="report-plain"))
+    r = submit_timed(base, lf_spec(tiny, ["localhost"], 1, plain, max_steps=10, save_steps=10, name="report-plain"))
     assert r.returncode == 0, r.stdout[-3000:]
     return out, plain
 
@@ -66,20 +66,22 @@ def test_report_of_a_restarted_run(runs, tmp_path):
         assert value == pytest.approx(want[step], abs=1e-4), step
     (restart,) = data[0]["restarts"]
     assert restart["step"] == SAVE and restart["checkpoint"] == f"{out}/checkpoint-{SAVE}"
-    assert re.match(r"node0: exit 137 \(Signal 9 \(SIGKILL\) received by PID \d+\)$", restart["reason"])
+    # A world of one has no torchrun and so no root-cause block: the cause is the node's exit
+    # from events.jsonl, with the signal it means.
+    assert restart["reason"] == "node0: exit 137 (SIGKILL)"
     assert all(rate > 0 and 1 <= step <= STEPS for step, rate in data[0]["throughput"]["points"])
 
     # The Markdown holds the run's figures.
     md = open(tmp_path / "rep" / "report.md").read()
     assert md in r.stdout
     assert "| job | report-restart |" in md
-    assert "| nodes × GPUs | 1 × 2 (world 2) |" in md
-    assert "| global batch | 4 |" in md
+    assert "| nodes × GPUs | 1 × 1 (world 1) |" in md
+    assert "| global batch | 2 |" in md
     assert f"| steps | {STEPS} / {STEPS} |" in md
     assert "| restarts | 1 |" in md
     assert f"- step records: {out}/trainer_log.jsonl\n" in md and "trainer_state.json" not in md
     assert f"| final loss | {want[STEPS]:.4f} (step {STEPS}) |" in md
-    assert f"| 1 | {out}/checkpoint-{SAVE} | {SAVE} | node0: exit 137 (Signal 9 (SIGKILL)" in md
+    assert f"| 1 | {out}/checkpoint-{SAVE} | {SAVE} | node0: exit 137 (SIGKILL) |" in md
     for ckpt in (SAVE, STEPS):
         assert f"- {out}/checkpoint-{ckpt}\n" in md
     assert "## Health events\n\nnone: no hang, NaN or world-size event\n" in md   # events.jsonl was read
@@ -190,3 +192,34 @@ def test_health_events_and_wall_time_from_events_jsonl(tmp_path):
     assert runevents.restarts(events)[1]["resume_from"] == "/o/checkpoint-40"
     assert runevents.health_lines(events) == [
         "2026-12-01T09:05:00.000Z attempt 0: hang (phase training, silent_s 300, limit_s 300, last_step 40)"]
+
+
+def test_restart_cause_is_torchruns_root_cause_else_the_nodes_exit(tmp_path):
+    """Why an attempt ended: torchrun's root-cause block on the node that failed (not the one
+    mlaunch sent SIGTERM); without that block (a world of one, no torchrun), the first failing
+    node's exit from events.jsonl with its signal; with neither, say that nothing was found."""
+    from launcher.record.runlog import RunPaths, read_run
+    block = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-01_09:00:00\n"
+             "  exitcode  : {code} (pid: 7)\n  traceback : {why}\n")
+    ev = lambda attempt, **kw: json.dumps({"time": "2026-12-01T09:00:00.000Z", "run_id": "r",
+                                           "attempt": attempt, **kw}) + "\n"
+    cases = {
+        "torchrun": ({"node0-a.log": block.format(code=-15, why="Signal 15 (SIGTERM) received by PID 7"),
+                      "node1-b.log": block.format(code=-9, why="Signal 9 (SIGKILL) received by PID 8")},
+                     [], "node1: exit 137 (Signal 9 (SIGKILL) received by PID 8)"),
+        "events": ({"node0-a.log": "step 3\n"},
+                   [ev(0, event="node_exit", node=0, host="a", code=0), ev(0, event="node_exit", node=1, host="b", code=137),
+                    ev(0, event="node_exit", node=0, host="a", code=143)], "node1: exit 137 (SIGKILL)"),
+        "lost": ({"node0-a.log": ""}, [ev(0, event="node_exit", node=2, host="c", code=255, lost=True)],
+                 "node2: connection lost"),
+        "nothing": ({"node0-a.log": ""}, [], "no root cause in the logs (connection lost or launcher stopped?)"),
+    }
+    for name, (logs, events, want) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        for fname, text in {**logs, "node0-a.attempt1.log": "resumed\n"}.items():
+            (d / fname).write_text(text)
+        if events:
+            (d / "events.jsonl").write_text("".join(events))
+        (restart,) = read_run(RunPaths("t-20260101-000000-abcd", str(d), None)).restarts
+        assert restart.reason == want, name

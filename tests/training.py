@@ -159,18 +159,26 @@ def worker_killed(pids, state_glob: str, module: bytes, **kw):
 def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *,
                      sig: int = 9, local_rank: int = 0) -> None:
     """Once a file matching state_glob exists, send sig (default SIGKILL) to the worker of
-    local_rank running module among pids() (e.g. one host's processes, or local_job_pids)."""
+    local_rank running module among pids() (e.g. one host's processes, or local_job_pids).
+    A world of one runs the trainer in-process without torchrun: no LOCAL_RANK, and its one
+    trainer process is local rank 0."""
     import glob
     import time
     while not done.is_set() and not glob.glob(state_glob):
         time.sleep(0.05)
+    trainers = []
     for pid in sorted(pids()):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if f"LOCAL_RANK={local_rank}".encode() in env and module in cmd:
-            os.kill(pid, sig)
-            killed.append(pid)
-            return
+        if module in cmd and b"torchrun" not in cmd:
+            rank = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"LOCAL_RANK=")), None)
+            trainers.append((pid, rank, module in cmd.split(b"\0")))
+    ranked = [pid for pid, rank, _ in trainers if rank == str(local_rank).encode()]
+    alone = [pid for pid, _, argv in trainers if argv] if local_rank == 0 and all(
+        rank is None for _, rank, _ in trainers) else []
+    for pid in (ranked or alone)[:1]:
+        os.kill(pid, sig)
+        killed.append(pid)

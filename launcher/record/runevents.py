@@ -76,6 +76,30 @@ def restarts(events: list[dict]) -> dict[int, dict]:
     return {e.get("attempt", 0): e for e in events if e["event"] == "restart"}
 
 
+def first_failure(events: list[dict], attempt: int) -> str | None:
+    """How the attempt's first failing node ended, from its node_exit event ("node0: exit 137
+    (SIGKILL)", "node1: connection lost"): the cause when no torchrun root-cause block was
+    logged (a world of one runs the trainer in-process). None when no node failed."""
+    for e in events:
+        if e.get("event") != "node_exit" or e.get("attempt") != attempt:
+            continue
+        if e.get("lost"):
+            return f"node{e.get('node')}: connection lost"
+        code = e.get("code")
+        if isinstance(code, int) and code != 0:
+            return f"node{e.get('node')}: exit {code}" + (f" ({_signal_name(code - 128)})"
+                                                          if 128 < code < 160 else "")
+    return None
+
+
+def _signal_name(num: int) -> str:
+    import signal
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
 def health_lines(events: list[dict]) -> list[str]:
     """One line per health event: when, which attempt, what, its fields."""
     out = []

@@ -98,7 +98,8 @@ def read_run(paths: RunPaths) -> Run:
     attempts = sorted({a for a, _ in logs})
     out = paths.output_dir
     events = runevents.read(paths.log_dir)
-    restarts = [_restart(a, text, runevents.restarts(events).get(a)) for a in attempts if a > 0]
+    restarts = [_restart(a, text, runevents.restarts(events).get(a), runevents.first_failure(events, a - 1))
+                for a in attempts if a > 0]
     steps, sources = step_records(out, {r.step for r in restarts}) if out else ([], [])
     if not steps and (recorded := runevents.step_events(events)):
         # No trainer log (a script job): the steps and losses the launcher's health watch saw.
@@ -161,21 +162,23 @@ def _record(r: dict) -> tuple | None:
     return None
 
 
-def _restart(attempt: int, text: dict, event: dict | None) -> Restart:
+def _restart(attempt: int, text: dict, event: dict | None, exited: str | None) -> Restart:
     """What attempt `attempt` resumed from and why the one before ended: the launcher's
-    restart event when there is one, else the attempt's own log; torchrun's root cause."""
+    restart event when there is one, else the attempt's own log; torchrun's root cause, else
+    `exited` (the first failing node's exit from events.jsonl)."""
     mine = "\n".join(t for (a, _), t in sorted(text.items()) if a == attempt)
     ckpt = (event or {}).get("resume_from") or next(
         (m.group(1) for line in mine.splitlines() if (m := LOADED.search(line)) and CHECKPOINT.search(m.group(1))),
         None)
     step = int(CHECKPOINT.search(ckpt).group(1)) if ckpt and CHECKPOINT.search(ckpt) else \
         _first_int(CONTINUED, mine)
-    cause = _reason({r: t for (a, r), t in text.items() if a == attempt - 1})
+    cause = _reason({r: t for (a, r), t in text.items() if a == attempt - 1}) or exited or \
+        "no root cause in the logs (connection lost or launcher stopped?)"
     said = (event or {}).get("reason")
     return Restart(attempt, ckpt, step, f"{said}: {cause}" if said and said not in cause else cause)
 
 
-def _reason(node_text: dict[int, str]) -> str:
+def _reason(node_text: dict[int, str]) -> str | None:
     """The root cause torchrun reported, on the node where it was not mlaunch's own SIGTERM."""
     causes = []
     for rank, t in sorted(node_text.items()):
@@ -190,7 +193,7 @@ def _reason(node_text: dict[int, str]) -> str:
             causes.append((code in (-15, 15), f"node{rank}: exit {128 - code if code < 0 else code}"
                                               + (f" ({why})" if why and "<N/A>" not in why else "")))
     causes.sort(key=lambda c: c[0])
-    return causes[0][1] if causes else "no root cause in the logs (connection lost or launcher stopped?)"
+    return causes[0][1] if causes else None
 
 
 def _wall(paths: RunPaths, text: dict) -> float | None:
