@@ -233,6 +233,37 @@ def test_unreachable_spare_skipped_and_no_spare_left_refused(monkeypatch):
                                  "started anywhere:", "host d: connection timed out"]
 
 
+def test_every_host_failing_alike_uses_no_spare(monkeypatch):
+    """When the whole next attempt fails its host check (or cannot be reached), the cause is
+    shared, not a host's: no spare is spent, one line per node, and nothing starts."""
+    job = validate(spec(spare_hosts=["c", "d"]))
+    plan = build_plan(job, run_id="r")
+    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
+    execs = []
+    monkeypatch.setattr(spares, "make_executor", lambda p: execs.append(
+        FakeExecutor([n.login for n in p.nodes], set())) or execs[-1])
+    monkeypatch.setattr(spares, "unfit_hosts", lambda p, ex: {
+        n.rank: "health check: storage: /out: 0.1 GB free, under preflight.min_free_gb 5" for n in p.nodes})
+    ev = Events()
+    with pytest.raises(UserError) as err:
+        spares.reconnect(job, plan, lost_result(1), Said(), ev, rebuild)
+    lines = err.value.lines()
+    assert lines[0].startswith("every host of the next attempt fails its health check: the cause "
+                               "is shared") and lines[0].endswith("nothing was started anywhere:")
+    assert lines[1:] == [f"node{r} {h}: health check: storage: /out: 0.1 GB free, under "
+                         "preflight.min_free_gb 5" for r, h in enumerate("ac")]
+    # The lost node 1 took spare c; the check then failed everywhere: d was never used.
+    assert [kw["new_host"] for _, kw in ev.seen] == ["c"] and all(e.closed for e in execs)
+
+    monkeypatch.setattr(spares, "make_executor",
+                        lambda p: FakeExecutor([n.login for n in p.nodes], {"a", "b", "c", "d"}))
+    ev = Events()
+    with pytest.raises(UserError) as err:
+        spares.reconnect(job, plan, JobResult(1, []), Said(), ev, rebuild)
+    assert err.value.lines()[0].startswith("every host of the next attempt cannot be reached")
+    assert ev.seen == []
+
+
 def test_a_rank_exit_replaces_nothing(monkeypatch):
     monkeypatch.setattr(spares, "make_executor",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], set()))

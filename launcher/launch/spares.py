@@ -51,6 +51,7 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
             bad = unfit_hosts(plan, executor)
             if not bad:
                 return job, plan, executor
+            _not_every_host(plan, bad, "fails its health check", executor)
             if not (job.cluster.spare_hosts or shrink.allowed(job)):
                 executor.close()
                 raise UserError([f"node{r} {plan.nodes[r].host}: {why}" for r, why in bad.items()],
@@ -60,9 +61,24 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
             continue
         executor.close()
         bad = _unreachable(plan, problems)
+        _not_every_host(plan, bad, "cannot be reached", executor)
         if not bad or not (job.cluster.spare_hosts or shrink.allowed(job)):
             raise UserError(problems, header="cannot reach every host and no spare host is left; "
                             "nothing was started anywhere:")
+
+
+def _not_every_host(plan: LaunchPlan, bad: dict[int, str], what: str, executor) -> None:
+    """Raise when every node of a multi-node attempt fails the same way: that is the launcher's
+    network, the shared storage or the check, not the hosts, and replacing each by a spare
+    would only use the spares up."""
+    if len(plan.nodes) < 2 or len(bad) < len(plan.nodes):
+        return
+    executor.close()
+    raise UserError([f"node{r} {plan.nodes[r].host}: {why}" for r, why in sorted(bad.items())],
+                    header=f"every host of the next attempt {what}: the cause is shared (this "
+                    "machine's network, the storage, the environment), not one host, so no spare "
+                    "was used; fix it and resubmit (the checkpoints are kept); nothing was "
+                    "started anywhere:")
 
 
 def _unreachable(plan: LaunchPlan, problems) -> dict[int, str]:
