@@ -42,7 +42,7 @@ def once(tmp: str, after: int) -> dict:
     decided = datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
         tzinfo=datetime.timezone.utc).timestamp()
     (log,) = glob.glob(f"{tmp}/out/logs/*/node0-*.log")
-    (rank_file,) = glob.glob(f"/tmp/mlaunch/.mlaunch/{name}-*/torchrun/node0/*/attempt_0/0/stdout.log")
+    (rank_file,) = glob.glob(f"/tmp/mlaunch*/.mlaunch/{name}-*/torchrun/node0/*/attempt_0/0/stdout.log")
     written, logged = os.path.getsize(rank_file), os.path.getsize(log)
     os.remove(rank_file)  # hundreds of MB per run
     return {"code": code, "decision_to_gone_s": round(gone - decided, 2),
