@@ -164,7 +164,7 @@ def test_a_hardware_cause_is_recorded_with_secrets_masked(tmp_path):
     job = validate(spec(env={"HF_TOKEN": "hf_abcdefgh12345"}))
     plan = build_plan(job, run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
-    watch.lines(1, "b", ["RuntimeError: CUDA error: uncorrectable ECC error encountered "
+    watch.hardware_in(1, "b", ["RuntimeError: CUDA error: uncorrectable ECC error encountered "
                          "(token hf_abcdefgh12345)"])
     why, own = watch.hardware[1]
     assert own and "hf_abcdefgh12345" not in why and why.startswith("GPU ECC error: "), why
@@ -182,12 +182,40 @@ def test_a_device_cause_after_a_link_cause_is_the_nodes(tmp_path):
     from launcher.execute.watch import Watch
     plan = build_plan(validate(spec()), run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
-    watch.lines(1, "b", ["NCCL error in: x, unhandled system error (run with NCCL_DEBUG=INFO)"])
+    watch.hardware_in(1, "b", ["NCCL error in: x, unhandled system error (run with NCCL_DEBUG=INFO)"])
     assert watch.hardware[1][1] is False
-    watch.lines(1, "b", ["{'loss': 1.0}", "NET/IB : Got completion from peer with error 12"])
+    watch.hardware_in(1, "b", ["{'loss': 1.0}", "NET/IB : Got completion from peer with error 12"])
     assert watch.hardware[1][0].startswith("NCCL: unhandled system error: ")
-    watch.lines(1, "b", ["RuntimeError: CUDA error: uncorrectable ECC error encountered"])
+    watch.hardware_in(1, "b", ["RuntimeError: CUDA error: uncorrectable ECC error encountered"])
     assert watch.hardware[1] == ("GPU ECC error: RuntimeError: CUDA error: uncorrectable ECC "
                                  "error encountered", True)
-    watch.lines(1, "b", ["RuntimeError: CUDA error: GPU is lost"])
+    watch.hardware_in(1, "b", ["RuntimeError: CUDA error: GPU is lost"])
     assert watch.hardware[1][0].startswith("GPU ECC error: ")
+
+
+def test_hardware_cause_read_from_the_node_logs_after_a_failed_attempt(tmp_path, monkeypatch):
+    """The streaming path does not scan for hardware words; a failed attempt's node logs are
+    read back (their last HW_TAIL_BYTES, in 4 MiB reads) and give the same first cause, the
+    DEVICE one outranking an earlier LINK one; a cause before the tail is not read."""
+    import time
+    from launcher.execute import watch as watch_mod
+    from launcher.execute.watch import Watch
+    plan = build_plan(validate(spec()), run_id="r", log_dir=str(tmp_path))
+    watch = Watch(plan, None, print, time.monotonic)
+    filler = "".join(f"{{'loss': 1.0, 'step': {i}}}\n" for i in range(300_000))   # ~8 MiB
+    logs = {0: filler + "RuntimeError: CUDA error: uncorrectable ECC error encountered\n" + filler,
+            1: "NCCL error in: x, unhandled system error\n" + filler + "é" * 3 + "\n"
+               "RuntimeError: CUDA error: GPU is lost\n" + filler}
+    for node in plan.nodes:
+        os.makedirs(os.path.dirname(node.log_path), exist_ok=True)
+        with open(node.log_path, "w") as fh:
+            fh.write(logs[node.rank])
+    assert watch.text(0, "a", logs[0]) is None and watch.hardware == {}   # streaming: no scan
+    watch.hardware_in_logs()
+    assert watch.hardware == {
+        0: ("GPU ECC error: RuntimeError: CUDA error: uncorrectable ECC error encountered", True),
+        1: ("GPU lost: RuntimeError: CUDA error: GPU is lost", True)}
+    monkeypatch.setattr(watch_mod, "HW_TAIL_BYTES", len(filler) - 1000)
+    watch = Watch(plan, None, print, time.monotonic)
+    watch.hardware_in_logs()
+    assert watch.hardware == {}

@@ -311,7 +311,10 @@ class _Session:
         self._live(force=True)
         self.printer.set_status(None)
         r = self.result
-        self.watch.finish(ok=all(o.exit is not None and o.exit.code == 0 for o in self.outcomes))
+        ok = all(o.exit is not None and o.exit.code == 0 for o in self.outcomes)
+        if not ok:
+            self.watch.hardware_in_logs()
+        self.watch.finish(ok=ok)
         r.hardware = dict(self.watch.hardware)
         if r.health is not None:
             r.code = EXIT_CODES[r.health.event]

@@ -163,10 +163,12 @@ class Follow:
                                         terminated=first is not None and n.rank != first
                                         and ex is not None and ex.code != 0))
         result = JobResult(code=0, nodes=outcomes, interrupted=self.interrupted, first_failure=first,
-                           health=self.verdict, never_starts=self.never,
-                           hardware=dict(self.watch.hardware) if self.watch else {})
+                           health=self.verdict, never_starts=self.never)
         result.code = self._code(state, outcomes, first, result)
         if self.watch is not None:
+            if result.code != 0:
+                self.watch.hardware_in_logs()
+            result.hardware = dict(self.watch.hardware)
             self.watch.finish(ok=result.code == 0)
         return result
 

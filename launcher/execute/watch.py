@@ -22,6 +22,28 @@ HANG_EXIT = 124       # as GNU timeout: the job made no progress in time
 NAN_EXIT = 65         # EX_DATAERR: the numbers diverged
 WORLD_EXIT = 78       # EX_CONFIG: a node joined a world of the wrong size
 EXIT_CODES = {"hang": HANG_EXIT, "nan": NAN_EXIT, "world_size_mismatch": WORLD_EXIT}
+HW_TAIL_BYTES = 64 << 20   # of each node log, read for a hardware cause after a failed attempt
+
+
+def _tail_chunks(path: str, size: int, chunk: int = 1 << 22):
+    """The whole lines of the last `size` bytes of the file at path, a list per 4 MiB read
+    (none when it cannot be read: a node log removed meanwhile)."""
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return
+    with fh:
+        fh.seek(max(0, os.fstat(fh.fileno()).st_size - size))
+        rest, first = b"", fh.tell() > 0
+        while data := fh.read(chunk):
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            text, rest = data[:cut].decode("utf-8", "replace"), data[cut:]
+            if first:   # the partial line the seek landed in
+                text, first = text.partition("\n")[2], False
+            yield text.splitlines()
+        if rest:
+            yield [rest.decode("utf-8", "replace")]
 
 
 def world_size(plan: LaunchPlan) -> int:
@@ -57,11 +79,10 @@ class Watch:
     def lines(self, rank: int, host: str, lines: list[str]) -> Verdict | None:
         """Feed one node's lines; the stopping verdict, if these lines caused one."""
         with self._lock:
-            self._hardware(rank, host, lines)
             verdicts = self.monitor.lines(rank, host, lines)
             return self._take(verdicts)
 
-    def _hardware(self, rank: int, host: str, lines: list[str]) -> None:
+    def hardware_in(self, rank: int, host: str, lines: list[str]) -> None:
         """Keep the node's first hardware-looking line (hwcause.py), or a DEVICE one after a
         LINK one: its own GPU failing outweighs the link errors its ranks may print first."""
         known = self.hardware.get(rank)
@@ -73,14 +94,20 @@ class Watch:
             self.hardware[rank] = found
             self.events.emit("hardware_error", node=rank, host=host, cause=found[0])
 
+    def hardware_in_logs(self) -> None:
+        """After an attempt that failed: each node's hardware-looking cause, from the last
+        HW_TAIL_BYTES of its node log. Not scanned as the output streams: the hardware words
+        cost a flood more than every other step together (bench/results/logpath-*), and a
+        cause matters only once the attempt has failed, printed just before the node died."""
+        for node in self.plan.nodes:
+            for chunk in _tail_chunks(node.log_path, HW_TAIL_BYTES):
+                self.hardware_in(node.rank, node.host, chunk)
+
     def text(self, rank: int, host: str, text: str) -> Verdict | None:
         """lines() for a text of whole lines; a text nothing in which can matter costs one scan
-        for the health patterns and one for the hardware words."""
+        for the health patterns."""
         if may_matter(text):
             return self.lines(rank, host, text[:-1].split("\n"))
-        if hwcause.may_matter(text):
-            with self._lock:
-                self._hardware(rank, host, text[:-1].split("\n"))
         return None
 
     def tick(self) -> Verdict | None:

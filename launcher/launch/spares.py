@@ -68,10 +68,11 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
 
 
 def _not_every_host(plan: LaunchPlan, bad: dict[int, str], what: str, executor) -> None:
-    """Raise when every node of a multi-node attempt fails the same way: that is the launcher's
-    network, the shared storage or the check, not the hosts, and replacing each by a spare
-    would only use the spares up."""
-    if len(plan.nodes) < 2 or len(bad) < len(plan.nodes):
+    """Raise when every node of a multi-node attempt fails the same way (the same check, or
+    all unreachable): that is the launcher's network, the shared storage or the check, not
+    the hosts, and replacing each by a spare would only use the spares up."""
+    kinds = {":".join(why.split(":")[:2 if why.startswith("health check") else 1]) for why in bad.values()}
+    if len(plan.nodes) < 2 or len(bad) < len(plan.nodes) or len(kinds) > 1:
         return
     executor.close()
     raise UserError([f"node{r} {plan.nodes[r].host}: {why}" for r, why in sorted(bad.items())],
