@@ -271,10 +271,12 @@ def test_ps_of_a_run_lists_each_attempts_hosts_and_why_they_changed(cli, finishe
     assert "attempts:\n" in r.stdout, r.stdout
     shown = r.stdout.split("attempts:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert len(shown) == 4, r.stdout
-    assert shown[0] == "  attempt 0: 1 nodes: node0 localhost"
+    assert shown[0] == "  attempt 0: 1 nodes: node0 localhost; world 1"   # world: the registry's
     assert shown[1].startswith("  attempt 0: host_replaced (rank 1, old_host n1, new_host n4, "
                                "reason connection lost")
     assert shown[2] == "  attempt 1: 2 nodes: node0 localhost, node1 n4"
     assert "shrink (old_world 2, new_world 1" in shown[3] and "new_grad_accum 2, global_batch 2" in shown[3]
     r = cli("ps", finished, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["attempts"] == [s.strip() for s in shown]
+    (row,) = json.loads(r.stdout)["attempt_rows"]   # the registry's row of the one real attempt
+    assert (row["n"], row["hosts"], row["world"], row["batch"]) == (0, ["localhost"], 1, None)

@@ -162,3 +162,40 @@ def test_two_runs_change_state_while_20_ps_read(tmp_path, runs):
             ended = [i for i, r in enumerate(rows) if r["state"] in FINAL]
             assert all(r["state"] in FINAL for r in rows[ended[0]:]) if ended else True
             assert all((r["exit_code"] is None) == (r["state"] in ACTIVE) for r in rows)
+
+
+def test_each_attempt_records_its_hosts_world_and_batch_and_old_databases_gain_the_columns(tmp_path):
+    """Issue 29: every attempt's host set, world and batch arithmetic are in the registry
+    (beside events.jsonl); a runs.db from before those columns gets them when opened, its
+    old rows reading None."""
+    import sqlite3
+    from launcher.plan.launch_plan import build_plan
+    from launcher.record.recorder import _world_and_batch
+    from launcher.spec import validate
+    from .helpers import seed000, set_path
+    path = str(tmp_path / "runs.db")
+    old = sqlite3.connect(path)   # the schema as an older mlaunch made it
+    old.executescript(
+        "CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, backend TEXT NOT NULL, hosts TEXT NOT NULL,"
+        " spec TEXT NOT NULL, state TEXT NOT NULL, handle TEXT NOT NULL DEFAULT '{}', supervisor_pid INTEGER,"
+        " supervisor_start INTEGER, detached INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,"
+        " exit_code INTEGER, log_dir TEXT, output_dir TEXT, resumed_from TEXT, stop_requested INTEGER NOT NULL"
+        " DEFAULT 0, created REAL NOT NULL, started REAL, ended REAL);"
+        "CREATE TABLE attempts (run_id TEXT NOT NULL, n INTEGER NOT NULL, tag TEXT NOT NULL, state TEXT NOT NULL,"
+        " exit_code INTEGER, resumed_from TEXT, log_paths TEXT NOT NULL, started REAL, ended REAL,"
+        " PRIMARY KEY (run_id, n));"
+        "INSERT INTO attempts VALUES ('r', 0, 'r', 'failed', 1, NULL, '[]', 1.0, 2.0);")
+    old.close()
+    reg, again = Registry(path), Registry(path)   # the second open finds the columns there
+    raw = seed000()
+    for k, v in {"cluster.hosts": ["a", "b", "c"], "cluster.gpus_per_node": 2, "batch": {"global": 12, "per_device": 1}}.items():
+        set_path(raw, k, v)
+    plan = build_plan(validate(raw), run_id="r")
+    world, batch = _world_and_batch(plan)
+    assert (world, batch) == (6, "global 12 = world 6 × 1 per device × 2 accumulation")
+    reg.attempt_started("r", 1, "r.a1", ["/l/node0.log"], "/o/checkpoint-5", ["a", "b", "c"], world, batch)
+    first, second = again.attempts("r")
+    assert (first.n, first.hosts, first.world, first.batch) == (0, None, None, None)
+    assert (second.n, second.hosts, second.world, second.batch, second.resumed_from) == (
+        1, ["a", "b", "c"], 6, batch, "/o/checkpoint-5")
+    reg.close(), again.close()

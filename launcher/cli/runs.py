@@ -133,9 +133,11 @@ def _ps_one(r, as_json: bool) -> None:
     except LookupError as e:
         gone = str(e)
     snap = read_snapshot(log_dir)
-    changes = runevents.attempt_lines(runevents.read(log_dir)) if log_dir else []
+    rows = _registry().attempts(r.id)
+    changes = _with_world(runevents.attempt_lines(runevents.read(log_dir)) if log_dir else [], rows)
     if as_json:
-        click.echo(json.dumps({**r.public(), "live": snap, "attempts": changes}))
+        click.echo(json.dumps({**r.public(), "live": snap, "attempts": changes,
+                               "attempt_rows": [a.__dict__ for a in rows]}))
         return
     _table([r])
     if changes:   # which hosts each attempt ran on, and why that changed
@@ -148,6 +150,19 @@ def _ps_one(r, as_json: bool) -> None:
         return
     click.echo("")
     click.echo("\n".join(status_lines(snap, 200, age_s=max(0.0, time.time() - snap["time"]))))
+
+
+def _with_world(lines: list[str], rows) -> list[str]:
+    """Each attempt's node line with the world and batch arithmetic the registry holds."""
+    import re
+    by_n = {a.n: a for a in rows}
+    out = []
+    for line in lines:
+        m = re.match(r"attempt (\d+): \d+ nodes: ", line)
+        a = by_n.get(int(m.group(1))) if m else None
+        out.append(line + (f"; world {a.world}" if a and a.world else "")
+                   + (f"; batch {a.batch}" if a and a.batch else ""))
+    return out
 
 
 def _table(runs) -> None:

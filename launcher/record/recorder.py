@@ -148,8 +148,10 @@ class Recorder:
             self._write(self.reg.set_handle, self.run_id, self.handle)
         if not queued:
             self._write(self.reg.set_hosts, self.run_id, [n.host for n in plan.nodes])
+            world, batch = _world_and_batch(plan)
             self._write(self.reg.attempt_started, self.run_id, attempt, plan.run_id,
-                        [n.log_path for n in plan.nodes], resumed_from)
+                        [n.log_path for n in plan.nodes], resumed_from,
+                        [n.host for n in plan.nodes], world, batch)
         if attempt == 0 and self.on_detach is not None:
             detach, self.on_detach = self.on_detach, None   # once, at the first of the two
             detach()
@@ -214,3 +216,14 @@ class NullRecorder(Recorder):
 
     def end(self, code, interrupted=False):
         pass
+
+
+def _world_and_batch(plan: LaunchPlan) -> tuple[int, str | None]:
+    """The attempt's processes, and its batch arithmetic when the plan has one."""
+    from ..spec.select import world_size
+    world = world_size(plan.job)
+    b = plan.batch
+    if b is None:
+        return world, None
+    return world, (f"global {world * b.per_device * b.grad_accum} = world {world} × "
+                   f"{b.per_device} per device × {b.grad_accum} accumulation")

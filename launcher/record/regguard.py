@@ -107,3 +107,18 @@ def patiently(fn: Callable[..., T], *args, notice: Callable[[str], None] | None 
 
 def _stderr(line: str) -> None:
     print(f"mlaunch: {line}", file=sys.stderr, flush=True)
+
+
+def add_columns(db: sqlite3.Connection, added: tuple) -> None:
+    """Add the columns (table, column, type) of `added` that a runs.db made by an older
+    mlaunch lacks (another process may add one at the same moment: its "duplicate column"
+    is this one's success)."""
+    have = {(t, r[1]) for t in {t for t, _, _ in added}
+            for r in db.execute(f"PRAGMA table_info({t})").fetchall()}
+    for table, column, kind in added:
+        if (table, column) not in have:
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as e:
+                if "duplicate column" not in str(e):
+                    raise

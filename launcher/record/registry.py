@@ -34,8 +34,11 @@ CREATE INDEX IF NOT EXISTS runs_state ON runs(state);
 CREATE TABLE IF NOT EXISTS attempts (
   run_id TEXT NOT NULL, n INTEGER NOT NULL, tag TEXT NOT NULL, state TEXT NOT NULL,
   exit_code INTEGER, resumed_from TEXT, log_paths TEXT NOT NULL, started REAL, ended REAL,
+  hosts TEXT, world INTEGER, batch TEXT,
   PRIMARY KEY (run_id, n));
 """
+# Columns a runs.db made before them lacks: added when it is opened (NULL in its old rows).
+ADDED = (("attempts", "hosts", "TEXT"), ("attempts", "world", "INTEGER"), ("attempts", "batch", "TEXT"))
 
 
 _COLUMNS = ("id name backend hosts spec state handle supervisor_pid supervisor_start detached attempts"
@@ -143,6 +146,9 @@ class Attempt:
     log_paths: list
     started: float | None
     ended: float | None
+    hosts: list | None = None   # its nodes' hosts, in rank order
+    world: int | None = None    # its processes
+    batch: str | None = None    # its batch arithmetic: "global G = world W × P per device × A accumulation"
 
 
 class Registry:
@@ -161,6 +167,7 @@ class Registry:
         self._db.execute("PRAGMA synchronous=NORMAL")
         if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name='attempts'").fetchone():
             self._db.executescript(_SCHEMA)
+        regguard.add_columns(self._db, ADDED)
         _private_db(self.path)
         regguard.mark_created(self.path)
 
@@ -189,14 +196,16 @@ class Registry:
              time.time()))
 
     def attempt_started(self, run_id: str, n: int, tag: str, log_paths: list[str],
-                        resumed_from: str | None) -> None:
+                        resumed_from: str | None, hosts: list | None = None,
+                        world: int | None = None, batch: str | None = None) -> None:
         """Attempt n has started on every node: the run is running."""
         now = time.time()
         with self._tx():
             self._db.execute(
                 "INSERT OR REPLACE INTO attempts (run_id, n, tag, state, resumed_from, log_paths,"
-                " started) VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                (run_id, n, tag, resumed_from, json.dumps([absolute(p) for p in log_paths]), now))
+                " started, hosts, world, batch) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+                (run_id, n, tag, resumed_from, json.dumps([absolute(p) for p in log_paths]), now,
+                 json.dumps(hosts) if hosts is not None else None, world, batch))
             self._db.execute(
                 "UPDATE runs SET state='running', attempts=?, started=COALESCE(started, ?),"
                 " resumed_from=COALESCE(?, resumed_from) WHERE id=? AND state IN"
@@ -242,8 +251,11 @@ class Registry:
         return [self._run(r) for r in rows]
 
     def attempts(self, run_id: str) -> list[Attempt]:
-        rows = self._db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY n", (run_id,)).fetchall()
-        return [Attempt(*r[:6], json.loads(r[6]), *r[7:]) for r in rows]
+        rows = self._db.execute("SELECT run_id, n, tag, state, exit_code, resumed_from, log_paths,"
+                                " started, ended, hosts, world, batch FROM attempts WHERE run_id=?"
+                                " ORDER BY n", (run_id,)).fetchall()
+        return [Attempt(*r[:6], json.loads(r[6]), *r[7:9], r[9] and json.loads(r[9]), *r[10:])
+                for r in rows]
 
     def resolve(self, ref: str) -> Run | None | list[str]:
         """RUN as the user typed it: a unique id prefix, or a job name (its latest run).
