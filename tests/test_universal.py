@@ -164,3 +164,27 @@ def test_an_interrupted_conversion_is_never_taken_as_complete(tmp_path):
     assert "global_step3_universal is incomplete" in err.value.lines()[0], err.value.lines()
     assert not os.path.exists(f"{ck}/global_step3_universal/.mlaunch-complete")
     assert not os.path.exists(f"{ck}/latest_universal")
+
+
+def test_a_long_conversion_says_it_is_still_running(tmp_path, monkeypatch):
+    """A conversion that outlasts TICK_S prints a line each TICK_S with the time so far, then
+    the usual result line; the run itself is the same."""
+    monkeypatch.setattr(universal, "TICK_S", 0.01)
+    job = zero_job(tmp_path)
+    ck = checkpoint(tmp_path, shards=4)
+    said = Said()
+
+    class Slow(ShellExecutor):
+        def run(self, login, script, timeout):   # returns once two progress lines were said
+            for _ in range(100000):
+                if len(said.lines) >= 2:
+                    break
+                __import__("time").sleep(0.001)
+            return super().run(login, script, timeout)
+    assert universal.prepare(job, build_plan(job, run_id="r"), Slow(), ck, said, Events()) is True
+    ticks, last = said.lines[:-1], said.lines[-1]
+    assert len(ticks) >= 2 and all(line.startswith(
+        f"resume: node0 n0 is still checking {ck} or converting it to DeepSpeed's universal "
+        "checkpoint (ds_to_universal rewrites every optimizer state): ") and line.endswith(" s so far")
+        for line in ticks), said.lines
+    assert last.startswith(f"resume: {ck} was saved at world 4; converted")

@@ -16,6 +16,7 @@ from ..record.events import EventLog
 from ..spec import JobBase, world_size
 
 CONVERT_TIMEOUT_S = 3600.0   # a 70B model's fp32 states are hundreds of GB to rewrite
+TICK_S = 30.0                # a line this often while it runs: the console is not silent for minutes
 
 
 def needed(job: JobBase, resume_from: str | None) -> bool:
@@ -35,7 +36,10 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
     node = plan.nodes[0]
     world = world_size(job)
     script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world)
-    code, out = executor.run(node.login, script, CONVERT_TIMEOUT_S)
+    code, out = _run_saying(executor, node.login, script, printer,
+                            f"resume: node0 {node.host} is still checking {resume_from} or converting it "
+                            "to DeepSpeed's universal checkpoint (ds_to_universal rewrites every "
+                            "optimizer state)")
     status = next((ln.split(" ", 1)[1] for ln in reversed(out.splitlines())
                    if ln.startswith("mlaunch-universal ")), f"failed exit {code}: {out.strip()[-200:]}")
     if status == "same":
@@ -52,3 +56,18 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
                 f"checkpoint on node0 {node.host} (ds_to_universal), loaded at world {world} "
                 "(checkpoint.load_universal)")
     return True
+
+
+def _run_saying(executor, login: str, script: str, printer: Printer, what: str) -> tuple[int, str]:
+    """executor.run(login, script), saying `what` with the time so far every TICK_S while it
+    runs (a quick check, e.g. a checkpoint saved at this world, says nothing)."""
+    import threading
+    import time
+    done, result = threading.Event(), []
+    worker = threading.Thread(target=lambda: (result.append(executor.run(login, script, CONVERT_TIMEOUT_S)),
+                                              done.set()), daemon=True)
+    start = time.monotonic()
+    worker.start()
+    while not done.wait(TICK_S):
+        printer.say(f"{what}: {time.monotonic() - start:.0f} s so far")
+    return result[0]
