@@ -27,7 +27,9 @@ os.environ["MLAUNCH_HOME"] = tempfile.mkdtemp(prefix="mlaunch-test-home-")
 def pytest_configure(config: pytest.Config) -> None:
     # Measured once, before any worker starts: every wait limit is stretched by it
     # (tests/loadfactor.py); pytest-xdist's workers inherit it through the environment.
-    _loadfactor.load_factor()
+    n = config.getoption("numprocesses", None)   # pytest-xdist's -n ("auto", a number, None)
+    _loadfactor.load_factor(workers=os.cpu_count() or 1 if n in ("auto", "logical")
+                            else int(n or 1))
     config.addinivalue_line(
         "markers",
         "multihost: needs real namespace+sshd hosts (tests/hosts.py); "

@@ -21,28 +21,41 @@ def cpu_share_slowdown(probe_s: float = PROBE_S) -> float:
     return wall / max(cpu, 1e-3)
 
 
-def queue_slowdown() -> float:
-    """Runnable processes per core over the last minute (at least 1)."""
+def with_workers(others: float, workers: int, cores: int) -> float:
+    """How much slower the suite's `workers` run beside `others` CPU-bound processes than
+    alone: the quiet limits were chosen with the workers running, so they are the baseline.
+    2 hogs + 2 workers on 2 cores: 2.0 (each worker gets half the core it had)."""
+    return max(1.0, (others + workers) / cores) / max(1.0, workers / cores)
+
+
+def measure(workers: int = 1) -> float:
+    """The session's load factor, between 1 and MAX_FACTOR, before the suite's `workers`
+    start: the other runnable processes, from the worse of two views (the probe's CPU share,
+    which counts them now; the load average, which also sees those a lone probe would not
+    notice), and what they will take from the workers (with_workers)."""
+    cores = os.cpu_count() or 1
+    slow = cpu_share_slowdown()
+    # A probe slowed to 1/s of a core shares the cores with cores*s - 1 others; unslowed,
+    # it cannot tell how many fewer than cores - 1 there are: the load average says.
+    others = max(cores * slow - 1 if slow > 1.05 else 0.0, _loadavg())
+    factor = max(slow, with_workers(others, workers, cores))
+    return round(min(max(1.0, factor), MAX_FACTOR), 2)
+
+
+def _loadavg() -> float:
     try:
-        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        return os.getloadavg()[0]
     except OSError:
-        return 1.0
+        return 0.0
 
 
-def measure() -> float:
-    """The session's load factor: the worse of both views, between 1 and MAX_FACTOR.
-    The suite's own workers are not running yet when this is measured: the quiet limits
-    were chosen with them running, so they are the baseline, not load."""
-    factor = max(1.0, cpu_share_slowdown(), queue_slowdown())
-    return round(min(factor, MAX_FACTOR), 2)
-
-
-def load_factor() -> float:
-    """The factor measured at session start (conftest.py), or now if none was."""
+def load_factor(workers: int = 1) -> float:
+    """The factor measured at session start (conftest.py, with the number of pytest-xdist
+    workers about to start), or now if none was."""
     try:
         return max(1.0, min(float(os.environ[ENV]), MAX_FACTOR))
     except (KeyError, ValueError):
-        os.environ[ENV] = str(measure())
+        os.environ[ENV] = str(measure(workers))
         return float(os.environ[ENV])
 
 

@@ -210,7 +210,8 @@ def test_hardware_cause_read_from_the_node_logs_after_a_failed_attempt(tmp_path,
         os.makedirs(os.path.dirname(node.log_path), exist_ok=True)
         with open(node.log_path, "w") as fh:
             fh.write(logs[node.rank])
-    assert watch.text(0, "a", logs[0]) is None and watch.hardware == {}   # streaming: no scan
+    ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+    assert watch.text(0, "a", ecc) is None and watch.hardware == {}   # streaming: no scan
     watch.hardware_in_logs()
     assert watch.hardware == {
         0: ("GPU ECC error: RuntimeError: CUDA error: uncorrectable ECC error encountered", True),
