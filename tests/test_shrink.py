@@ -80,15 +80,17 @@ def test_zero_and_megatron_shrink_refused_ddp_lora_accepted():
     validate(lora(min_nodes=2))
     validate(lora(min_nodes=2) | {"deepspeed": {"stage": 2}})   # the universal-checkpoint route
     validate(lora(min_nodes=2) | {"deepspeed": {"stage": 1}})
+    validate(lora(min_nodes=2) | {"deepspeed": {"stage": 3}})
     head = ("cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank; "
             "mlaunch resumes it at another data-parallel size through DeepSpeed's universal "
             "checkpoint (ds_to_universal, then checkpoint.load_universal), verified for "
-            "LLaMA-Factory with ZeRO-2 (ZeRO-1 shares its optimizer) over ssh only, not ")
+            "LLaMA-Factory with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer) over ssh only, not ")
     tail = ("; set cluster.min_nodes to the node count (3), give cluster.spare_hosts instead, or "
-            "use deepspeed.stage 2 without offload")
-    assert problems(lora(min_nodes=2) | {"deepspeed": {"stage": 3}}) == [head + "ZeRO stage 3" + tail]
+            "use deepspeed.stage 2 or 3 without offload")
     offload = {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}}
     assert problems(lora(min_nodes=2) | offload) == [head + "with offload" + tail]
+    offload3 = {"deepspeed": {"stage": 3, "offload_param": "cpu"}}
+    assert problems(lora(min_nodes=2) | offload3) == [head + "with offload" + tail]
     data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-megatron.yaml")))
     n = len(data["cluster"]["hosts"])
     data["cluster"]["min_nodes"] = n - 1
@@ -220,9 +222,9 @@ def test_cli_dry_run_shows_the_shrink_and_refuses_zero(tmp_path):
     assert "  at 2 nodes: global batch 12 = world 4 × 1 per device × 3 accumulation" in d.stdout
     j = mlaunch("submit", good, "--dry-run", "--json", "--run-id", "R1")
     assert json.loads(j.stdout)["restarts"]["min_nodes"] == 2
-    bad = write_spec(tmp_path, lora(min_nodes=2) | {"deepspeed": {"stage": 3}}, "bad.yaml")
+    bad = write_spec(tmp_path, lora(min_nodes=2) | {"deepspeed": {"stage": 3, "offload_param": "cpu"}}, "bad.yaml")
     r = mlaunch("submit", bad, "--dry-run")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines()[1].startswith(
         "mlaunch: cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard"), r.stderr
-    assert "not ZeRO stage 3;" in r.stderr, r.stderr
+    assert "not with offload;" in r.stderr, r.stderr

@@ -1,6 +1,6 @@
 """Issue 29 with a real trainer on CPU over namespace hosts: LLaMA-Factory LoRA resumed on a spare
-(3 nodes + 1 spare), and a ZeRO-2 full fine-tune shrunk from 4 to 3 nodes through the universal
-checkpoint."""
+(3 nodes + 1 spare), a ZeRO-2 full fine-tune shrunk from 4 to 3 nodes and a ZeRO-3 one from 3
+to 2, each through the universal checkpoint."""
 from __future__ import annotations
 
 import glob
@@ -137,3 +137,48 @@ def test_zero2_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(make_
     events = [json.loads(ln) for p in glob.glob(f"{out}/logs/*/events.jsonl") for ln in open(p)]
     (conv,) = [e for e in events if e["event"] == "universal_checkpoint"]
     assert (conv["saved_world"], conv["world"], conv["converted"]) == (4, 3, True)
+
+
+def test_zero3_full_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make_hostset, tmp_path, tiny):
+    """ZeRO-3 (parameters sharded too): 3 nodes, min_nodes 2, global batch 12 = 3 × 2 × 2;
+    node 2's link is cut after checkpoint-3; node 0 converts the ZeRO-3 checkpoint to the
+    universal one, the restart runs on 2 nodes with grad_accum 3 (global batch 12 kept) and
+    reaches max_steps, its final loss within 2% of an uninterrupted 3-process run (printed)."""
+    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    sched = {"finetuning": {"type": "full"}, "deepspeed": {"stage": 3}, "max_steps": 6,
+             "save_steps": 3}
+    ref = lf_spec(tiny, ["localhost"], 3, ref_out, name="zero3-ref", **sched)
+    ref["batch"] = {"per_device": 2, "grad_accum": 2}
+    r = submit_timed(tmp_path, ref)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    with make_hostset(3) as hs:
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_restarts=1,
+                       restart_backoff_s=0, **sched)
+        spec["batch"] = {"per_device": 2, "grad_accum": 2}
+        spec["cluster"] |= {"min_nodes": 2, "hangup_after_s": 6}
+        proc = start(tmp_path, spec)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        _wait_for(lambda: os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json")),
+                  limit(400), proc, "checkpoint-3")
+        hs.hosts[2].link_down()
+        proc.wait(timeout=limit(600))
+        reader.join(limit(60))
+        rest = "".join(lines)
+    assert proc.returncode == 0, rest[-4000:]
+    assert (f"shrink: lost node2 {hs.hosts[2].ip} (connection lost); the next attempt runs on 2 "
+            "nodes, world 3 -> 2 processes, grad_accum 2 -> 3, global batch 12 = 2 × 2 per device "
+            "× 3 (kept)") in rest, rest[-4000:]
+    ckpt = f"{out}/checkpoint-3"
+    assert (f"resume: {ckpt} was saved at world 3; converted to DeepSpeed's universal checkpoint "
+            f"on node0 {hs.hosts[0].ip} (ds_to_universal), loaded at world 2") in rest, rest[-4000:]
+    assert os.path.exists(f"{ckpt}/global_step3_universal/.mlaunch-complete")
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 12" in rest
+    state, ref_state = trainer_state(out), trainer_state(ref_out)
+    assert state["global_step"] == 6 and sorted(losses(state)) == list(range(1, 7))
+    got, want = losses(state), losses(ref_state)
+    print(f"[losses] ZeRO-3 uninterrupted world 3: {want}; shrunk to world 2 after step 3: {got}")
+    for step in (1, 2, 3):
+        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
+    assert got[6] == pytest.approx(want[6], rel=0.02), (got, want)

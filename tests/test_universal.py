@@ -23,7 +23,7 @@ from .test_spares import Events, Said
 FAKE_CONVERTER = """#!/bin/sh
 [ -n "$FAIL" ] && { echo "AssertionError: $FAIL"; exit 1; }
 while [ $# -gt 0 ]; do case $1 in --output_folder) out=$2 ;; esac; shift; done
-mkdir -p "$out/zero/lm_head.weight" && touch "$out/mp_rank_00_model_states.pt"
+mkdir -p "$out/zero/lm_head.weight" && touch "$out/${MODEL_STATES:-mp_rank_00_model_states.pt}"
 basename "$out" > "$(dirname "$out")/latest_universal"
 echo converted >> "$(dirname "$out")/calls"
 """
@@ -188,3 +188,18 @@ def test_a_long_conversion_says_it_is_still_running(tmp_path, monkeypatch):
         "checkpoint (ds_to_universal rewrites every optimizer state): ") and line.endswith(" s so far")
         for line in ticks), said.lines
     assert last.startswith(f"resume: {ck} was saved at world 4; converted")
+
+
+def test_a_zero3_conversion_is_complete_with_rank_0s_model_states(tmp_path):
+    """ZeRO-3's universal checkpoint keeps a model-states file per rank (DeepSpeed loads rank
+    0's): complete with zero_pp_rank_0_mp_rank_00_model_states.pt, incomplete with neither."""
+    job = zero_job(tmp_path)
+    ck = checkpoint(tmp_path, shards=4)
+    plan = build_plan(job, run_id="r")
+    zero3 = ShellExecutor({"MODEL_STATES": "zero_pp_rank_0_mp_rank_00_model_states.pt"})
+    assert universal.prepare(job, plan, zero3, ck, Said(), Events()) is True
+    assert os.path.exists(f"{ck}/global_step3_universal/.mlaunch-complete")
+    ck2 = checkpoint(tmp_path / "again", shards=4)
+    with pytest.raises(UserError) as err:
+        universal.prepare(job, plan, ShellExecutor({"MODEL_STATES": "other.pt"}), ck2, Said(), Events())
+    assert "is incomplete (latest_universal, model states, zero/)" in str(err.value)

@@ -20,7 +20,7 @@ from .select import node_procs
 ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; mlaunch resumes it "
                    "at another data-parallel size through DeepSpeed's universal checkpoint "
                    "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory "
-                   "with ZeRO-2 (ZeRO-1 shares its optimizer) over ssh only, not {what}; set "
+                   "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer) over ssh only, not {what}; set "
                    "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
                    "or use {fix}")
 MEGATRON_SHRINK = ("Megatron-SWIFT's distributed checkpoint is laid out for its tp/pp/dp grid "
@@ -50,10 +50,10 @@ def check_shrink(job: JobBase) -> list[Problem]:
 
 
 def _zero_unverified(job: JobBase) -> str | None:
-    """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory, ZeRO-1/2 from the
-    spec's stage, no offload, ssh), or None."""
+    """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory, ZeRO-1/2/3 from
+    the spec's stage, no offload, ssh), or None."""
     ds, c = job.deepspeed, job.cluster
-    what, fix = None, "deepspeed.stage 2 without offload"
+    what, fix = None, "deepspeed.stage 2 or 3 without offload"
     if job.trainer != "llamafactory":
         what, fix = f"trainer {job.trainer}", "LLaMA-Factory, or LoRA/DDP without deepspeed"
     elif c.scheduler == "slurm":
@@ -61,7 +61,7 @@ def _zero_unverified(job: JobBase) -> str | None:
                      "lack DeepSpeed)"), "scheduler: ssh"
     elif ds.config:
         what = f"your own ds_config (deepspeed.config {ds.config})"
-    elif ds.stage not in (1, 2):
+    elif ds.stage not in (1, 2, 3):
         what = f"ZeRO stage {ds.stage}"
     elif ds.offload_optimizer != "none" or ds.offload_param != "none":
         what = "with offload"
