@@ -84,12 +84,17 @@ def run_id_of(stdout: str) -> str:
 
 def submit_in_terminal(runs: Runs, spec_path: str) -> tuple[subprocess.Popen, str]:
     """`submit -d` in a session and process group of its own, like a shell in a terminal that
-    stays open afterwards; returns that group's leader and the run id."""
+    stays open afterwards; returns that group's leader and the run id.
+
+    A terminal's shell takes SIGHUP's default action. The suite itself may run under `nohup`
+    (SIGHUP ignored, and an ignored signal stays ignored through fork and exec, where bash
+    cannot trap it back): the hang-up would then end nothing and prove nothing, so the
+    shell's disposition is reset here."""
     shell = subprocess.Popen(
         ["bash", "-c", " ".join([*CLI, "submit", "-d", spec_path, "--no-preflight"]) +
          "; echo SUBMIT-RC=$?; exec sleep 600"],
         cwd=ROOT, env=runs.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_sighup_default)
     out = []
     for line in shell.stdout:
         out.append(line)
@@ -98,6 +103,10 @@ def submit_in_terminal(runs: Runs, spec_path: str) -> tuple[subprocess.Popen, st
     text = "".join(out)
     assert "SUBMIT-RC=0" in text, text
     return shell, run_id_of(text)
+
+
+def _sighup_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def hang_up(shell: subprocess.Popen) -> None:
