@@ -7,6 +7,8 @@ import signal
 import subprocess
 import zlib
 
+import pytest
+
 from launcher.execute.stream import LineSplitter, NodeLog, Printer
 from launcher.execute.torchrun_out import SignalTracebacks, TorchrunRootCause
 
@@ -176,3 +178,63 @@ def test_zpipe_steps_aside_on_a_node_without_a_working_python3(tmp_path):
     fake.chmod(0o755)
     code, out = _zpipe_run("echo plain; exit 4", path=f"{tmp_path}:/usr/bin:/bin")
     assert (code, out) == (4, b"plain\n")
+
+
+def test_torchrun_cut_lines_are_whole_again():
+    """torchrun's tail threads print a rank's half-written line, then the rest with the tag
+    again; another rank's line can land in between. Each rank's line comes out whole, once."""
+    out = io.StringIO()
+    p = Printer(lambda t: t, out, color=False)
+    p.node_text(0, "h", "[default0]:rank 0 sum 3[default1]:rank 1 sum 3\n[default0]:\n"
+                        "[default1]:[rank1]: text with a tag of another role\n"
+                        "[default0]:half[default0]: and the rest\n[default0]:\n")
+    assert out.getvalue().splitlines() == [
+        "[node0 h local0] rank 0 sum 3", "[node0 h local1] rank 1 sum 3",
+        "[node0 h local1] [rank1]: text with a tag of another role",
+        "[node0 h local0] half and the rest", "[node0 h local0] "]
+
+
+_TAIL = r"""
+import os, sys, threading, time
+from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+d = sys.argv[1]
+files = {i: os.path.join(d, f"{i}.log") for i in (0, 1)}
+for f in files.values():
+    open(f, "w").close()
+class Dst:
+    def __init__(self): self.text, self.lock = "", threading.Lock()
+    def write(self, s):
+        with self.lock: self.text += s
+    def flush(self): pass
+dst = Dst()
+def wait_for(s):
+    end = time.monotonic() + 60
+    while s not in dst.text:
+        assert time.monotonic() < end, dst.text
+        time.sleep(0.01)
+tail = TailLog("default", files, dst, interval_sec=0.01).start()
+with open(files[0], "a") as a, open(files[1], "a") as b:
+    a.write("rank 0 sum 3"); a.flush()        # print()'s text, its "\n" not yet written
+    wait_for("[default0]:rank 0 sum 3")
+    b.write("rank 1 sum 3\n"); b.flush()
+    wait_for("[default1]:rank 1 sum 3\n")
+    a.write("\n"); a.flush()
+    wait_for("[default0]:\n")
+tail.stop()
+sys.stdout.write(dst.text)
+"""
+
+
+@pytest.mark.training
+def test_torchruns_own_tail_threads_cut_a_line_and_the_console_mends_it(tmp_path):
+    """The real torch TailLog that torchrun --tee uses, driven into the cut: the console shows
+    both ranks' lines whole, each with its own local rank."""
+    from .training import TRAINER_PYTHON
+    r = subprocess.run([TRAINER_PYTHON, "-c", _TAIL, str(tmp_path)], capture_output=True,
+                       text=True, timeout=limit(120))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == "[default0]:rank 0 sum 3[default1]:rank 1 sum 3\n[default0]:\n"
+    out = io.StringIO()
+    Printer(lambda t: t, out, color=False).node_text(0, "h", r.stdout)
+    assert out.getvalue().splitlines() == ["[node0 h local0] rank 0 sum 3",
+                                           "[node0 h local1] rank 1 sum 3"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import codecs
 import collections
+import functools
 import io
 import os
 import re
@@ -16,7 +17,7 @@ from ..record import fsmode
 from ..record.events import said_removed
 
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:"
-TORCHRUN_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")
+TORCHRUN_PREFIX = re.compile(r"^\[([A-Za-z_]*?)(\d+)\]:")
 PROGRESS_EVERY = 2.0  # seconds between echoed frames of a carriage-return progress bar
 COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
 
@@ -106,6 +107,7 @@ class Printer:
         self._lock = threading.Lock()
         self._status: Callable[[int], list[str]] | None = None
         self._shown = 0   # status lines now on the screen, below the stream
+        self._cut: set[tuple[int, str]] = set()   # (node, local rank) whose last line was cut
 
     @property
     def live(self) -> bool:
@@ -180,14 +182,57 @@ class Printer:
 
     def _prefixed(self, rank: int, host: str, line: str) -> str:
         m = TORCHRUN_PREFIX.match(line)
-        tag = f"node{rank} {host}" + (f" local{m.group(1)}" if m else "")
-        body = line[m.end():].lstrip(" ") if m else line
-        return f"{self._tag(rank, tag)}{body}\n"
+        if not m:
+            return f"{self._tag(rank, f'node{rank} {host}')}{line}\n"
+        return "".join([self._worker_line(rank, host, local, body, cut)
+                        for local, body, cut in torchrun_pieces(line, m)])
+
+    def _worker_line(self, rank: int, host: str, local: str, body: str, cut: bool) -> str:
+        # A rank's line that torchrun cut (torchrun_pieces) ends with its own tagged "\n" later:
+        # that empty line is the cut line's end, not a line the rank printed.
+        key = (rank, local)
+        if key in self._cut:
+            self._cut.discard(key)
+            if not body:
+                return ""
+        if cut:
+            self._cut.add(key)
+        return f"{self._tag(rank, f'node{rank} {host} local{local}')}{body.lstrip(' ')}\n"
 
     def _tag(self, rank: int, tag: str) -> str:
         if self.color:
             return f"\033[{COLORS[rank % len(COLORS)]}m[{tag}]\033[0m "
         return f"[{tag}] "
+
+
+def torchrun_pieces(line: str, m: re.Match) -> list[tuple[str, str, bool]]:
+    """A torchrun --tee line (m: its tag) as (local rank, text, cut) pieces, most often one.
+
+    torchrun's tail threads read each rank's log file with readline(), which returns a part
+    of a line when the rank has written its text but not yet its "\n" (print() writes them
+    apart under PYTHONUNBUFFERED); the rest follows with the tag again, and another rank's line
+    can come in between: "[default0]:A[default1]:B" then "[default0]:". Such a line is split at
+    each tag of the same role; cut: the piece ended where a tag began. Consecutive pieces of one
+    rank are one line again."""
+    role, local, start = m.group(1), m.group(2), m.end()
+    if line.find("[" + role, start) < 0:          # the common case: one whole line
+        return [(local, line[start:], False)]
+    pieces: list[tuple[str, str, bool]] = []
+    for t in _role_tag(role).finditer(line, start):
+        pieces.append((local, line[start:t.start()], True))
+        local, start = t.group(1), t.end()
+    pieces.append((local, line[start:], False))
+    joined: list[tuple[str, str, bool]] = []
+    for local, text, cut in pieces:
+        if joined and joined[-1][0] == local and joined[-1][2]:
+            text = joined.pop()[1] + text
+        joined.append((local, text, cut))
+    return joined
+
+
+@functools.lru_cache(maxsize=8)
+def _role_tag(role: str) -> re.Pattern:
+    return re.compile(r"\[" + re.escape(role) + r"(\d+)\]:")
 
 
 class NodeLog:
