@@ -84,13 +84,14 @@ def test_zero_and_megatron_shrink_refused_ddp_lora_accepted():
     head = ("cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank; "
             "mlaunch resumes it at another data-parallel size through DeepSpeed's universal "
             "checkpoint (ds_to_universal, then checkpoint.load_universal), verified for "
-            "LLaMA-Factory with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer) over ssh only, not ")
+            "LLaMA-Factory with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), from the spec's "
+            "stage or your own ds_config, over ssh only, not ")
     tail = ("; set cluster.min_nodes to the node count (3), give cluster.spare_hosts instead, or "
             "use deepspeed.stage 2 or 3 without offload")
     offload = {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}}
-    assert problems(lora(min_nodes=2) | offload) == [head + "with offload" + tail]
+    assert problems(lora(min_nodes=2) | offload) == [head + "with offload_optimizer" + tail]
     offload3 = {"deepspeed": {"stage": 3, "offload_param": "cpu"}}
-    assert problems(lora(min_nodes=2) | offload3) == [head + "with offload" + tail]
+    assert problems(lora(min_nodes=2) | offload3) == [head + "with offload_param" + tail]
     data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-megatron.yaml")))
     n = len(data["cluster"]["hosts"])
     data["cluster"]["min_nodes"] = n - 1
@@ -98,6 +99,30 @@ def test_zero_and_megatron_shrink_refused_ddp_lora_accepted():
     assert (f"cluster.min_nodes: {n - 1}: Megatron-SWIFT's distributed checkpoint is laid out for "
             "its tp/pp/dp grid and mlaunch does not re-shard it; set cluster.min_nodes to the node "
             f"count ({n}) or give cluster.spare_hosts instead") in got, got
+
+
+def test_shrink_reads_the_users_own_ds_config(tmp_path):
+    """deepspeed.config: the stage and offload come from the file; its own checkpoint keys stay
+    beside load_universal in the shrunk attempt's ds_config."""
+    from launcher.plan.trainers import ds_file
+    path = tmp_path / "ds.json"
+    own = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+           "gradient_accumulation_steps": "auto", "checkpoint": {"tag_validation": "Warn"},
+           "zero_optimization": {"stage": 3}}
+    path.write_text(json.dumps(own))
+    job = validate(lora(min_nodes=2) | {"deepspeed": {"config": str(path)}})
+    written = json.loads(ds_file(job, "ds.json", universal=True).content)
+    assert written["checkpoint"] == {"tag_validation": "Warn", "load_universal": True}
+    assert written["zero_optimization"]["stage"] == 3
+    own["zero_optimization"] |= {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    path.write_text(json.dumps(own))
+    (line,) = problems(lora(min_nodes=2) | {"deepspeed": {"config": str(path)}})
+    assert line.startswith("cluster.min_nodes: 2: a DeepSpeed checkpoint holds"), line
+    assert f"not with offload_optimizer and offload_param in {path};" in line, line
+    own["zero_optimization"] = {"stage": 0}
+    path.write_text(json.dumps(own))
+    (line,) = problems(lora(min_nodes=2) | {"deepspeed": {"config": str(path)}})
+    assert f"not ZeRO stage 0 in {path};" in line, line
 
 
 def test_dry_run_shows_the_smallest_world_and_the_batch_at_each_size():
@@ -227,4 +252,4 @@ def test_cli_dry_run_shows_the_shrink_and_refuses_zero(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines()[1].startswith(
         "mlaunch: cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard"), r.stderr
-    assert "not with offload;" in r.stderr, r.stderr
+    assert "not with offload_param;" in r.stderr, r.stderr

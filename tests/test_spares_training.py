@@ -1,11 +1,12 @@
 """Issue 29 with a real trainer on CPU over namespace hosts: LLaMA-Factory LoRA resumed on a spare
-(3 nodes + 1 spare), a ZeRO-2 full fine-tune shrunk from 4 to 3 nodes and a ZeRO-3 one from 3
-to 2, each through the universal checkpoint."""
+(3 nodes + 1 spare), a ZeRO-2 full fine-tune shrunk from 4 to 3 nodes and a ZeRO-3 one (the
+user's own ds_config file) from 3 to 2, each through the universal checkpoint."""
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 import threading
 import time
 
@@ -86,6 +87,48 @@ def _wait_for(cond, timeout: float, proc, what: str) -> None:
         time.sleep(0.2)
 
 
+def _shrink_run(make_hostset, tmp_path, tiny, nodes: int, deepspeed: dict, grad_accum: int,
+                max_steps: int) -> tuple[str, list[str], str, str]:
+    """An uninterrupted `nodes`-process full fine-tune on localhost (the reference), then the
+    same spec on `nodes` namespace hosts, min_nodes nodes - 1, per_device 2, whose last node's
+    link is cut once checkpoint-3 is saved. Returns the shrunk run's console, the hosts' IPs,
+    its output_dir and the reference's."""
+    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    sched = {"finetuning": {"type": "full"}, "deepspeed": deepspeed, "max_steps": max_steps,
+             "save_steps": 3}
+    batch = {"per_device": 2, "grad_accum": grad_accum}
+    ref = lf_spec(tiny, ["localhost"], nodes, ref_out, name="zero-ref", **sched) | {"batch": batch}
+    r = submit_timed(tmp_path, ref)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    with make_hostset(nodes) as hs:
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_restarts=1,
+                       restart_backoff_s=0, **sched) | {"batch": batch}
+        spec["cluster"] |= {"min_nodes": nodes - 1, "hangup_after_s": 6}
+        proc = start(tmp_path, spec)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        _wait_for(lambda: os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json")),
+                  limit(400), proc, "checkpoint-3")
+        hs.hosts[-1].link_down()
+        proc.wait(timeout=limit(600))
+        reader.join(limit(60))
+        rest = "".join(lines)
+    assert proc.returncode == 0, rest[-4000:]
+    return rest, [h.ip for h in hs.hosts], out, ref_out
+
+
+def _losses_agree(out: str, ref_out: str, max_steps: int, what: str) -> None:
+    """All steps logged; the steps before the cut equal the reference's, the last within 2%."""
+    state, ref_state = trainer_state(out), trainer_state(ref_out)
+    assert state["global_step"] == max_steps and sorted(losses(state)) == list(range(1, max_steps + 1))
+    got, want = losses(state), losses(ref_state)
+    print(f"[losses] {what}: uninterrupted {want}; shrunk after step 3: {got}")
+    for step in (1, 2, 3):   # before the cut: the same run
+        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
+    assert got[max_steps] == pytest.approx(want[max_steps], rel=0.02), (got, want)
+
+
 def test_zero2_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(make_hostset, tmp_path, tiny):
     """4 nodes, no spare, min_nodes 3, full fine-tuning with ZeRO-2 (global batch 24 = 4 × 2 ×
     3): node 3's link is cut after checkpoint-3; the restart converts it to DeepSpeed's
@@ -93,92 +136,50 @@ def test_zero2_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(make_
     and reaches max_steps. Its final loss is within 2% of an uninterrupted 4-process run of the
     same spec (both printed): at world 3 each rank averages its loss over other micro-batches,
     so the curves agree closely, not bit for bit (measured: 0.1% at the first resumed step)."""
-    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
-    sched = {"finetuning": {"type": "full"}, "deepspeed": {"stage": 2}, "max_steps": 8,
-             "save_steps": 3}
-    ref = lf_spec(tiny, ["localhost"], 4, ref_out, name="zero-ref", **sched)
-    ref["batch"] = {"per_device": 2, "grad_accum": 3}
-    r = submit_timed(tmp_path, ref)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    with make_hostset(4) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_restarts=1,
-                       restart_backoff_s=0, **sched)
-        spec["batch"] = {"per_device": 2, "grad_accum": 3}
-        spec["cluster"] |= {"min_nodes": 3, "hangup_after_s": 6}
-        proc = start(tmp_path, spec)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-        reader.start()
-        _wait_for(lambda: os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json")),
-                  limit(400), proc, "checkpoint-3")
-        hs.hosts[3].link_down()
-        proc.wait(timeout=limit(600))
-        reader.join(limit(60))
-        rest = "".join(lines)
-    assert proc.returncode == 0, rest[-4000:]
-    lost = hs.hosts[3].ip
-    assert (f"shrink: lost node3 {lost} (connection lost); the next attempt runs on 3 nodes, "
+    rest, ips, out, ref_out = _shrink_run(make_hostset, tmp_path, tiny, 4, {"stage": 2}, 3, 8)
+    assert (f"shrink: lost node3 {ips[3]} (connection lost); the next attempt runs on 3 nodes, "
             "world 4 -> 3 processes, grad_accum 3 -> 4, global batch 24 = 3 × 2 per device × 4 "
             "(kept)") in rest, rest[-4000:]
     ckpt = f"{out}/checkpoint-3"
     assert (f"resume: {ckpt} was saved at world 4; converted to DeepSpeed's universal checkpoint "
-            f"on node0 {hs.hosts[0].ip} (ds_to_universal), loaded at world 3 "
+            f"on node0 {ips[0]} (ds_to_universal), loaded at world 3 "
             "(checkpoint.load_universal)") in rest, rest[-4000:]
     assert open(f"{ckpt}/latest_universal").read() == "global_step3_universal"
     assert os.path.exists(f"{ckpt}/global_step3_universal/.mlaunch-complete")
     assert "Total train batch size (w. parallel, distributed & accumulation) = 24" in rest
-    state, ref_state = trainer_state(out), trainer_state(ref_out)
-    assert state["global_step"] == 8 and sorted(losses(state)) == list(range(1, 9))
-    got, want = losses(state), losses(ref_state)
-    print(f"[losses] uninterrupted world 4: {want}; shrunk to world 3 after step 3: {got}")
-    for step in (1, 2, 3):   # before the cut: the same run
-        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
-    assert got[8] == pytest.approx(want[8], rel=0.02), (got, want)
+    _losses_agree(out, ref_out, 8, "ZeRO-2 world 4 -> 3")
     events = [json.loads(ln) for p in glob.glob(f"{out}/logs/*/events.jsonl") for ln in open(p)]
     (conv,) = [e for e in events if e["event"] == "universal_checkpoint"]
     assert (conv["saved_world"], conv["world"], conv["converted"]) == (4, 3, True)
 
 
-def test_zero3_full_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make_hostset, tmp_path, tiny):
-    """ZeRO-3 (parameters sharded too): 3 nodes, min_nodes 2, global batch 12 = 3 × 2 × 2;
-    node 2's link is cut after checkpoint-3; node 0 converts the ZeRO-3 checkpoint to the
-    universal one, the restart runs on 2 nodes with grad_accum 3 (global batch 12 kept) and
-    reaches max_steps, its final loss within 2% of an uninterrupted 3-process run (printed)."""
-    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
-    sched = {"finetuning": {"type": "full"}, "deepspeed": {"stage": 3}, "max_steps": 6,
-             "save_steps": 3}
-    ref = lf_spec(tiny, ["localhost"], 3, ref_out, name="zero3-ref", **sched)
-    ref["batch"] = {"per_device": 2, "grad_accum": 2}
-    r = submit_timed(tmp_path, ref)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    with make_hostset(3) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_restarts=1,
-                       restart_backoff_s=0, **sched)
-        spec["batch"] = {"per_device": 2, "grad_accum": 2}
-        spec["cluster"] |= {"min_nodes": 2, "hangup_after_s": 6}
-        proc = start(tmp_path, spec)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-        reader.start()
-        _wait_for(lambda: os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json")),
-                  limit(400), proc, "checkpoint-3")
-        hs.hosts[2].link_down()
-        proc.wait(timeout=limit(600))
-        reader.join(limit(60))
-        rest = "".join(lines)
-    assert proc.returncode == 0, rest[-4000:]
-    assert (f"shrink: lost node2 {hs.hosts[2].ip} (connection lost); the next attempt runs on 2 "
+def test_zero3_own_ds_config_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(
+        make_hostset, tmp_path, tiny):
+    """ZeRO-3 (parameters sharded too) from the user's own ds_config file with "auto" batch
+    keys and a checkpoint section of its own: 3 nodes, min_nodes 2, global batch 12 = 3 × 2 ×
+    2; node 2's link is cut after checkpoint-3; node 0 converts the ZeRO-3 checkpoint to the
+    universal one, the restart runs on 2 nodes with grad_accum 3 (global batch 12 kept) from a
+    ds_config that keeps the user's keys and adds load_universal, and reaches max_steps, its
+    final loss within 2% of an uninterrupted 3-process run (printed)."""
+    own = tmp_path / "my_ds.json"
+    own.write_text(json.dumps({
+        "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+        "checkpoint": {"tag_validation": "Warn"},
+        "zero_optimization": {"stage": 3, "overlap_comm": False,
+                              "stage3_gather_16bit_weights_on_model_save": True}}))
+    rest, ips, out, ref_out = _shrink_run(make_hostset, tmp_path, tiny, 3, {"config": str(own)}, 2, 6)
+    assert (f"shrink: lost node2 {ips[2]} (connection lost); the next attempt runs on 2 "
             "nodes, world 3 -> 2 processes, grad_accum 2 -> 3, global batch 12 = 2 × 2 per device "
             "× 3 (kept)") in rest, rest[-4000:]
     ckpt = f"{out}/checkpoint-3"
     assert (f"resume: {ckpt} was saved at world 3; converted to DeepSpeed's universal checkpoint "
-            f"on node0 {hs.hosts[0].ip} (ds_to_universal), loaded at world 2") in rest, rest[-4000:]
+            f"on node0 {ips[0]} (ds_to_universal), loaded at world 2") in rest, rest[-4000:]
     assert os.path.exists(f"{ckpt}/global_step3_universal/.mlaunch-complete")
     assert "Total train batch size (w. parallel, distributed & accumulation) = 12" in rest
-    state, ref_state = trainer_state(out), trainer_state(ref_out)
-    assert state["global_step"] == 6 and sorted(losses(state)) == list(range(1, 7))
-    got, want = losses(state), losses(ref_state)
-    print(f"[losses] ZeRO-3 uninterrupted world 3: {want}; shrunk to world 2 after step 3: {got}")
-    for step in (1, 2, 3):
-        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
-    assert got[6] == pytest.approx(want[6], rel=0.02), (got, want)
+    run_id = re.search(r"^\[mlaunch\] run (\S+): ", rest, re.M).group(1)
+    (path,) = glob.glob(f"/tmp/mlaunch-*/.mlaunch/{run_id}/ds_config.json")  # default_base
+    written = json.load(open(path))   # the last attempt's: the shrunk one
+    assert written["checkpoint"] == {"tag_validation": "Warn", "load_universal": True}, written
+    assert written["zero_optimization"]["stage"] == 3
+    _losses_agree(out, ref_out, 6, "ZeRO-3 (own ds_config) world 3 -> 2")

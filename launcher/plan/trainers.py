@@ -252,7 +252,8 @@ def ds_file(job, path: str, universal: bool = False) -> RenderedFile:
     note = "where each value comes from (not part of the file):\n" + built.note()
     config = built.config
     if universal:
-        config = {**config, "checkpoint": {"load_universal": True}}
+        # merged: a user's own checkpoint keys (tag_validation, ...) stay as they are
+        config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
         note += ("\ncheckpoint.load_universal: mlaunch (the checkpoint was saved at another "
                  "data-parallel size and converted by ds_to_universal)")
     return RenderedFile(path, render.ds_config(config), note)

@@ -15,12 +15,14 @@ from .select import node_procs
 
 # A ZeRO checkpoint holds one optimizer shard per rank; at another data-parallel size mlaunch
 # resumes it through DeepSpeed's universal checkpoint (launch/universal.py): verified with
-# LLaMA-Factory 0.9.5, transformers 4.57, DeepSpeed 0.19.8, ZeRO-2 on CPU/gloo, 4 -> 3 ranks.
+# LLaMA-Factory 0.9.5, transformers 4.57, DeepSpeed 0.19.8 on CPU/gloo: ZeRO-2 4 -> 3 ranks
+# (the spec's stage), ZeRO-3 3 -> 2 ranks (the user's own ds_config file).
 # Everything else stays refused, each with its reason.
 ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; mlaunch resumes it "
                    "at another data-parallel size through DeepSpeed's universal checkpoint "
                    "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory "
-                   "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer) over ssh only, not {what}; set "
+                   "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), from the spec's stage or your "
+                   "own ds_config, over ssh only, not {what}; set "
                    "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
                    "or use {fix}")
 MEGATRON_SHRINK = ("Megatron-SWIFT's distributed checkpoint is laid out for its tp/pp/dp grid "
@@ -51,7 +53,7 @@ def check_shrink(job: JobBase) -> list[Problem]:
 
 def _zero_unverified(job: JobBase) -> str | None:
     """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory, ZeRO-1/2/3 from
-    the spec's stage, no offload, ssh), or None."""
+    the spec's stage or the user's file, no offload, ssh), or None."""
     ds, c = job.deepspeed, job.cluster
     what, fix = None, "deepspeed.stage 2 or 3 without offload"
     if job.trainer != "llamafactory":
@@ -59,13 +61,25 @@ def _zero_unverified(job: JobBase) -> str | None:
     elif c.scheduler == "slurm":
         what, fix = ("under Slurm (the conversion runs on node 0 over ssh; the login node may "
                      "lack DeepSpeed)"), "scheduler: ssh"
-    elif ds.config:
-        what = f"your own ds_config (deepspeed.config {ds.config})"
-    elif ds.stage not in (1, 2, 3):
-        what = f"ZeRO stage {ds.stage}"
-    elif ds.offload_optimizer != "none" or ds.offload_param != "none":
-        what = "with offload"
+    else:
+        what = _zero_form(job)
     return ZERO_UNVERIFIED.replace("{what}", what).replace("{fix}", fix) if what else None
+
+
+def _zero_form(job: JobBase) -> str | None:
+    """What keeps this DeepSpeed config from a verified shrink: a stage other than 1-3, or
+    offload, read from the resolved config (the spec's stage, or the user's own file)."""
+    from .deepspeed import build_for
+    built = build_for(job)
+    if built.problems:            # check_job reports those; a shrink rule adds nothing
+        return None
+    src = f" in {job.deepspeed.config}" if job.deepspeed.config else ""
+    zero = built.config.get("zero_optimization", {})
+    if built.stage() not in (1, 2, 3):
+        return f"ZeRO stage {built.stage()}{src}"
+    offload = [k for k in ("offload_optimizer", "offload_param")
+               if (zero.get(k) or {}).get("device", "none") not in ("none", None)]
+    return f"with {' and '.join(offload)}{src}" if offload else None
 
 
 def check_spares(c: Cluster) -> list[Problem]:
