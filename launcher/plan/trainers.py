@@ -134,7 +134,7 @@ class Swift:
     def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
         if not job.deepspeed or job.megatron:
             return []
-        return [ds_file(job, self._ds_path(run))]
+        return [ds_file(job, self._ds_path(run), run.universal)]
 
     def entry(self, job: SwiftJob, run: RunContext) -> list[str]:
         module = ("swift.cli._megatron." if job.megatron else "swift.cli.") + job.stage

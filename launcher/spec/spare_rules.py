@@ -16,11 +16,12 @@ from .select import node_procs
 # A ZeRO checkpoint holds one optimizer shard per rank; at another data-parallel size mlaunch
 # resumes it through DeepSpeed's universal checkpoint (launch/universal.py): verified with
 # LLaMA-Factory 0.9.5, transformers 4.57, DeepSpeed 0.19.8 on CPU/gloo: ZeRO-2 4 -> 3 ranks
-# (the spec's stage), ZeRO-3 3 -> 2 ranks (the user's own ds_config file).
+# (the spec's stage), ZeRO-3 3 -> 2 ranks (the user's own ds_config file); ms-swift 4.6 ZeRO-3
+# (its `zero3` file) 3 -> 2 ranks.
 # Everything else stays refused, each with its reason.
 ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; mlaunch resumes it "
                    "at another data-parallel size through DeepSpeed's universal checkpoint "
-                   "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory "
+                   "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory and ms-swift "
                    "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), from the spec's stage or your "
                    "own ds_config, over ssh only, not {what}; set "
                    "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
@@ -52,12 +53,13 @@ def check_shrink(job: JobBase) -> list[Problem]:
 
 
 def _zero_unverified(job: JobBase) -> str | None:
-    """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory, ZeRO-1/2/3 from
-    the spec's stage or the user's file, no offload, ssh), or None."""
+    """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory or ms-swift without
+    Megatron, ZeRO-1/2/3 from the spec's stage, a named file or the user's own, no offload,
+    ssh), or None."""
     ds, c = job.deepspeed, job.cluster
     what, fix = None, "deepspeed.stage 2 or 3 without offload"
-    if job.trainer != "llamafactory":
-        what, fix = f"trainer {job.trainer}", "LLaMA-Factory, or LoRA/DDP without deepspeed"
+    if job.trainer not in ("llamafactory", "swift"):
+        what, fix = f"trainer {job.trainer}", "LLaMA-Factory or ms-swift, or LoRA/DDP without deepspeed"
     elif c.scheduler == "slurm":
         what, fix = ("under Slurm (the conversion runs on node 0 over ssh; the login node may "
                      "lack DeepSpeed)"), "scheduler: ssh"
