@@ -18,7 +18,7 @@ from launcher import render
 from launcher.execute.stream import Printer
 from launcher.record.events import read_events
 
-from .helpers import ROOT, mlaunch, python_with_smi, script_job, write_spec
+from .helpers import ROOT, limit, mlaunch, python_with_smi, script_job, write_spec
 from .test_fanout import job_pids
 
 DATA = os.path.join(ROOT, "tests", "data")
@@ -163,15 +163,29 @@ def sessions(host) -> int:
 
 
 def settled_sessions(hosts) -> list[int]:
-    # sshd logs a session as it starts; give the last teardown's line a moment to land.
-    counts = None
-    for _ in range(20):
-        now = [sessions(h) for h in hosts]
-        if now == counts:
-            return now
-        counts = now
-        time.sleep(0.25)
-    return counts
+    """sessions() once every connection to each host has ended: an sshd session process writes
+    its "Starting session" line before it exits, so with none of sshd's children left the log
+    holds every session so far. (Waiting for two equal counts 0.25 s apart was not enough
+    under load: a session of a finished run was logged after that.)"""
+    deadline = time.monotonic() + limit(60)
+    while any(_sshd_children(h.sshd_pid) for h in hosts):
+        assert time.monotonic() < deadline, {h.name: _sshd_children(h.sshd_pid) for h in hosts}
+        time.sleep(0.1)
+    return [sessions(h) for h in hosts]
+
+
+def _sshd_children(sshd_pid: int) -> list[int]:
+    """The processes whose parent is this sshd (one per connection being served)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == sshd_pid:
+            kids.append(int(d))
+    return kids
 
 
 @pytest.mark.multihost
