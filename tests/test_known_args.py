@@ -20,11 +20,20 @@ from .training import require_swift, require_trainer
 pytestmark = pytest.mark.training
 
 
-@pytest.mark.parametrize("entry", ["swift.sft", "swift.rlhf", "megatron.sft", "megatron.rlhf"])
-def test_swift_names_match_the_installed_parser(entry):
-    out = subprocess.run([require_swift(), os.path.join(ROOT, "tools", "swift_args.py"), "names", entry],
-                         capture_output=True, text=True, timeout=limit(300), check=True)
-    assert frozenset(json.loads(out.stdout.strip().splitlines()[-1])) == known_args.names("swift", entry)
+SWIFT_ENTRIES = ["swift.sft", "swift.rlhf", "megatron.sft", "megatron.rlhf"]
+
+
+@pytest.fixture(scope="module")
+def swift_names() -> dict[str, list[str]]:
+    """Each entry's names from ms-swift's own parsers, read in one process (one import)."""
+    out = subprocess.run([require_swift(), os.path.join(ROOT, "tools", "swift_args.py"), "names",
+                          *SWIFT_ENTRIES], capture_output=True, text=True, timeout=limit(300), check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("entry", SWIFT_ENTRIES)
+def test_swift_names_match_the_installed_parser(swift_names, entry):
+    assert frozenset(swift_names[entry]) == known_args.names("swift", entry)
     assert known_args.version("swift") == "4.6.0"
 
 

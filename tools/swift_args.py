@@ -3,8 +3,8 @@
 Run with the swift venv's python. `parse` reads JSON {"jobs": [[entry, [argv...]], ...]}
 on stdin and prints, per job, every argument's effective value as ms-swift's
 HfArgumentParser reads it (defaults filled in, types converted; __post_init__ is not run,
-it needs the model and a GPU), or the parser's error. `names ENTRY` prints the argument
-names of one entry (swift.sft, swift.pt, swift.rlhf, megatron.sft, megatron.pt,
+it needs the model and a GPU), or the parser's error. `names ENTRY...` prints the argument
+names of each entry (swift.sft, swift.pt, swift.rlhf, megatron.sft, megatron.pt,
 megatron.rlhf) as a JSON list; tools/gen_known_args.py collects them.
 
 Megatron-SWIFT's argument modules import megatron.core, mcore_bridge and transformer_engine
@@ -122,8 +122,8 @@ def parse(entry: str, argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["names"]:
-        print(json.dumps(names(argv[1])))
+    if argv[:1] == ["names"]:   # names ENTRY...: {entry: names}, one import for them all
+        print(json.dumps({entry: names(entry) for entry in argv[1:]}))
         return 0
     jobs = json.load(sys.stdin)["jobs"]
     print(json.dumps([parse(entry, args) for entry, args in jobs]))
