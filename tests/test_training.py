@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -98,12 +99,28 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
 
 
 
-def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, tiny):
-    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
+@pytest.fixture(scope="module")
+def ref10(tiny, tmp_path_factory) -> str:
+    """The output_dir of an uninterrupted 10-step LoRA run on 2 hosts × 1, checkpoints 5 and 10:
+    the restart test's reference losses and the half-checkpoint test's checkpoint-5 (one
+    trainer run fewer than each making its own)."""
+    from . import hosts as _hosts
+    if (reason := _hosts.skip_reason()) is not None:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("ref10")
+    out = str(base / "out")
+    with _hosts.make_hosts(2) as hs:
+        r = submit_timed(base, lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10,
+                                       save_steps=5))
+    assert_trained(r, out, 10)
+    return out
+
+
+def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, tiny, ref10):
+    out = str(tmp_path / "out")
+    ref_state = trainer_state(ref10)
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        ref = submit_timed(tmp_path, lf_spec(tiny, hosts, 1, ref_out, hs=hs, max_steps=10, save_steps=5))
-        ref_state = assert_trained(ref, ref_out, 10)
         spec = lf_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
                        restart_backoff_s=1)
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
@@ -142,16 +159,19 @@ def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tin
     assert json.load(open(state_path))["global_step"] == 100, "the older run's checkpoint changed"
 
 
-def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny):
+def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny, ref10):
+    """An output_dir whose complete checkpoint-5 is the reference run's (same spec, same world)
+    and a half-written checkpoint-10 planted beside it: --resume takes checkpoint-5, and the
+    resumed steps 6-10 have the reference's losses."""
     out = str(tmp_path / "out")
+    os.makedirs(out)
+    shutil.copytree(os.path.join(ref10, "checkpoint-5"), os.path.join(out, "checkpoint-5"))
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=5, save_steps=5)
-        assert_trained(submit_timed(tmp_path, spec), out, 5)
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10, save_steps=5)
         half = os.path.join(out, "checkpoint-10")
         os.makedirs(half)
         with open(os.path.join(half, "adapter_model.safetensors"), "wb") as fh:
             fh.write(b"half")
-        spec["training"]["max_steps"] = 10
         r = submit_timed(tmp_path, spec, "--resume")
     assert "checkpoint-10: no trainer_state.json (interrupted save?) — using checkpoint-5" in r.stdout
     assert f"resuming from {out}/checkpoint-5" in r.stdout
@@ -159,3 +179,6 @@ def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny):
     assert r.returncode == 0 and state["global_step"] == 10
     assert os.path.exists(os.path.join(half, "adapter_model.safetensors")), "mlaunch deleted a file"
     assert json.load(open(os.path.join(out, "checkpoint-5", "trainer_state.json")))["global_step"] == 5
+    got, want = losses(state), losses(trainer_state(ref10))
+    for step in range(6, 11):
+        assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), (step, got, want)
