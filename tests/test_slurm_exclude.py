@@ -181,7 +181,7 @@ def test_slurm_commands_that_hang_or_are_missing_are_failures_not_tracebacks(mon
     assert slurm.usable_nodes(None, []) is None and slurm.hostnames("n0") == []
 
 
-def test_slurm_dry_run_shows_the_shrink_and_zero_is_refused():
+def test_slurm_dry_run_shows_the_shrink_and_zero_offload_is_refused():
     job = validate(_lora() | {"max_restarts": 1})
     text = describe_plan(build_plan(job, run_id="r"))
     got = [ln for ln in text.splitlines() if ln.startswith(("elastic shrink", "  at "))]
@@ -191,8 +191,9 @@ def test_slurm_dry_run_shows_the_shrink_and_zero_is_refused():
         "  at 3 nodes: global batch 12 = world 6 × 1 per device × 2 accumulation",
         "  at 2 nodes: global batch 12 = world 4 × 1 per device × 3 accumulation"], text
     from launcher.errors import SpecError
+    validate(_lora() | {"deepspeed": {"stage": 2}})   # converted in a one-node Slurm job
     with pytest.raises(SpecError) as err:
-        validate(_lora() | {"deepspeed": {"stage": 2}})
+        validate(_lora() | {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}})
     assert [str(p) for p in err.value.problems][0].startswith(
         "cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank")
     with pytest.raises(SpecError) as err:
@@ -200,6 +201,36 @@ def test_slurm_dry_run_shows_the_shrink_and_zero_is_refused():
     assert [str(p) for p in err.value.problems] == [
         "cluster.min_nodes: 4 is more than the 3 nodes of cluster.slurm.nodes; give at most 3, "
         "or leave it out"]
+
+
+def test_slurm_universal_conversion_is_a_one_node_job_of_its_own(tmp_path):
+    """Under Slurm no node is held between attempts: the conversion is `srun --nodes=1
+    --ntasks=1` with the job's partition, account and exclusions, and says so."""
+    from launcher.launch import universal
+    from launcher.plan import sbatch
+    job = validate(_lora() | {"deepspeed": {"stage": 2}, "max_restarts": 1})
+    slurm = job.cluster.slurm.model_copy(update={"extra_sbatch": {"exclude": "b", "gres": "gpu:2"},
+                                                 "account": "ml"})
+    job = job.model_copy(update={"cluster": job.cluster.model_copy(update={"slurm": slurm})})
+    plan = build_plan(job, run_id="r", attempt=1)
+    argv = sbatch.step_argv(plan, "universal", "echo hi")
+    assert argv == ["srun", "--nodes=1", "--ntasks=1", "--job-name=r.a1-universal", "--partition=gpu",
+                    "--account=ml", "--time=2-00:00:00", "--exclude=b", "/bin/sh", "-c", "echo hi"], argv
+    ck = tmp_path / "checkpoint-3"
+    ck.mkdir()
+
+    class Steps:
+        got: list = []
+
+        def run_step(self, plan, name, script, timeout):
+            self.got.append((name, script))
+            return 0, "mlaunch-universal converted 6\n"
+    say, steps = _Say(), Steps()
+    assert universal.prepare(job, plan, steps, str(ck), say, _Events()) is True
+    assert [n for n, _ in steps.got] == ["universal"] and str(ck) in steps.got[0][1]
+    assert say.lines == [f"resume: {ck} was saved at world 6; converted to DeepSpeed's universal "
+                         "checkpoint on a one-node Slurm job (srun) (ds_to_universal), loaded at "
+                         "world 6 (checkpoint.load_universal)"]
 
 
 def _standin_lf(tmp_path, out) -> dict:

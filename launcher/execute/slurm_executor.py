@@ -45,6 +45,19 @@ class SlurmExecutor:
             return 124, str(e.stdout or "")
         return done.returncode, done.stdout + done.stderr
 
+    def run_step(self, plan, name: str, script: str, timeout: float) -> tuple[int, str]:
+        """script in a one-node Slurm job of its own (plan/sbatch.step_argv); (exit, output).
+        srun waits for the allocation, so timeout covers the queue too."""
+        from ..plan import sbatch
+        try:
+            done = subprocess.run(sbatch.step_argv(plan, name, script), capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            return 127, f"srun: {e.strerror or e}"
+        except subprocess.TimeoutExpired as e:
+            return 124, str(e.stdout or "")
+        return done.returncode, done.stdout + done.stderr
+
     def close(self) -> None:
         pass
 

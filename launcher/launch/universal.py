@@ -1,7 +1,7 @@
 """Resuming a ZeRO checkpoint at another data-parallel size (issue 29: ZeRO shrink).
 
 A ZeRO-1/2 checkpoint holds one optimizer shard per rank of the world that saved it. Before
-an attempt at another world (a shrink), node 0 converts it once to DeepSpeed's universal
+an attempt at another world (a shrink), node 0 (under Slurm: a one-node job) converts it once to DeepSpeed's universal
 checkpoint (ds_to_universal, beside the original in the checkpoint directory, marked complete
 only after its files are checked: templates/universal.sh.j2), and the attempt's ds_config gets
 checkpoint.load_universal, through which the HF Trainer's engine.load_checkpoint reads it.
@@ -20,11 +20,8 @@ TICK_S = 30.0                # a line this often while it runs: the console is n
 
 
 def needed(job: JobBase, resume_from: str | None) -> bool:
-    """Whether this job's restarts may resume a ZeRO checkpoint at another world (min_nodes;
-    ssh only: spare_rules.py refuses a ZeRO shrink under Slurm)."""
-    c = job.cluster
-    return bool(resume_from and getattr(job, "deepspeed", None) and c.min_nodes
-                and c.scheduler == "ssh")
+    """Whether this job's restarts may resume a ZeRO checkpoint at another world (min_nodes)."""
+    return bool(resume_from and getattr(job, "deepspeed", None) and job.cluster.min_nodes)
 
 
 def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
@@ -33,11 +30,16 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
     when it was saved at another world; UserError (the run ends) when that fails."""
     if not needed(job, resume_from):
         return False
-    node = plan.nodes[0]
-    world = world_size(job)
+    node, world = plan.nodes[0], world_size(job)
     script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world)
-    code, out = _run_saying(executor, node.login, script, printer,
-                            f"resume: node0 {node.host} is still checking {resume_from} or converting it "
+    if job.cluster.scheduler == "slurm":   # no node is held between attempts: a job of its own
+        where = "a one-node Slurm job (srun)"
+        run = lambda: executor.run_step(plan, "universal", script, CONVERT_TIMEOUT_S)  # noqa: E731
+    else:
+        where = f"node0 {node.host}"
+        run = lambda: executor.run(node.login, script, CONVERT_TIMEOUT_S)  # noqa: E731
+    code, out = _run_saying(run, printer,
+                            f"resume: {where} is still checking {resume_from} or converting it "
                             "to DeepSpeed's universal checkpoint (ds_to_universal rewrites every "
                             "optimizer state)")
     status = next((ln.split(" ", 1)[1] for ln in reversed(out.splitlines())
@@ -47,25 +49,24 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
     word, _, rest = status.partition(" ")
     if word not in ("converted", "done"):
         raise UserError(f"resume from {resume_from} at world {world}: DeepSpeed's universal "
-                        f"checkpoint could not be made on node0 {node.host}: {rest or word}; the run "
+                        f"checkpoint could not be made on {where}: {rest or word}; the run "
                         "ends (the checkpoint itself is untouched)")
     how = "converted" if word == "converted" else "already converted"
     events.emit("universal_checkpoint", path=resume_from, saved_world=int(rest), world=world,
                 converted=word == "converted")
     printer.say(f"resume: {resume_from} was saved at world {rest}; {how} to DeepSpeed's universal "
-                f"checkpoint on node0 {node.host} (ds_to_universal), loaded at world {world} "
+                f"checkpoint on {where} (ds_to_universal), loaded at world {world} "
                 "(checkpoint.load_universal)")
     return True
 
 
-def _run_saying(executor, login: str, script: str, printer: Printer, what: str) -> tuple[int, str]:
-    """executor.run(login, script), saying `what` with the time so far every TICK_S while it
-    runs (a quick check, e.g. a checkpoint saved at this world, says nothing)."""
+def _run_saying(run, printer: Printer, what: str) -> tuple[int, str]:
+    """run() (an executor call: (exit, output)), saying `what` with the time so far every
+    TICK_S while it runs (a quick check, e.g. a checkpoint saved at this world, says nothing)."""
     import threading
     import time
     done, result = threading.Event(), []
-    worker = threading.Thread(target=lambda: (result.append(executor.run(login, script, CONVERT_TIMEOUT_S)),
-                                              done.set()), daemon=True)
+    worker = threading.Thread(target=lambda: (result.append(run()), done.set()), daemon=True)
     start = time.monotonic()
     worker.start()
     while not done.wait(TICK_S):

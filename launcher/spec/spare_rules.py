@@ -23,7 +23,7 @@ ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; m
                    "at another data-parallel size through DeepSpeed's universal checkpoint "
                    "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory and ms-swift "
                    "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), from the spec's stage or your "
-                   "own ds_config, over ssh only, not {what}; set "
+                   "own ds_config, over ssh and under Slurm, not {what}; set "
                    "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
                    "or use {fix}")
 MEGATRON_SHRINK = ("Megatron-SWIFT's distributed checkpoint is laid out for its tp/pp/dp grid "
@@ -54,15 +54,12 @@ def check_shrink(job: JobBase) -> list[Problem]:
 
 def _zero_unverified(job: JobBase) -> str | None:
     """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory or ms-swift without
-    Megatron, ZeRO-1/2/3 from the spec's stage, a named file or the user's own, no offload,
-    ssh), or None."""
-    ds, c = job.deepspeed, job.cluster
+    Megatron, ZeRO-1/2/3 from the spec's stage, a named file or the user's own, no offload),
+    or None."""
+    ds = job.deepspeed
     what, fix = None, "deepspeed.stage 2 or 3 without offload"
     if job.trainer not in ("llamafactory", "swift"):
         what, fix = f"trainer {job.trainer}", "LLaMA-Factory or ms-swift, or LoRA/DDP without deepspeed"
-    elif c.scheduler == "slurm":
-        what, fix = ("under Slurm (the conversion runs on node 0 over ssh; the login node may "
-                     "lack DeepSpeed)"), "scheduler: ssh"
     else:
         what = _zero_form(job)
     return ZERO_UNVERIFIED.replace("{what}", what).replace("{fix}", fix) if what else None
