@@ -65,3 +65,64 @@ def test_killed_worker_restarts_from_its_checkpoint_as_a_new_job(slurm2, tmp_pat
     assert len(row["handle"]["job_ids"]) == 2, row["handle"]   # two chained sbatch jobs
     assert all(os.path.exists(p) for a in attempts for p in a.log_paths)
     assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}
+
+
+def test_zero2_drained_node_shrinks_3_to_2_through_a_universal_conversion_job(slurm3, tmp_path, tiny):
+    """Issue 29 under Slurm with ZeRO: full fine-tuning, ZeRO-2, 3 nodes × 1, min_nodes 2, global
+    batch 12 = 3 × 2 × 2. Once checkpoint-3 is saved, node 2 is drained and its rank killed.
+    The restart excludes it, asks for 2 nodes with grad_accum 3 (global batch 12 kept); the
+    checkpoint saved by 3 ranks is converted to DeepSpeed's universal one in a one-node Slurm
+    job of its own (no node is held between attempts), and the 2-node job loads it and reaches
+    max_steps."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from .helpers import ROOT, limit, write_spec
+    from .test_slurm_exclude import _environ_has
+    from .test_spares_training import _wait_for
+    keep = baseline(slurm3)
+    out = str(tmp_path / "out")
+    spec = lf_spec(tiny, [], 1, out, finetuning={"type": "full"}, deepspeed={"stage": 2},
+                   max_restarts=1, restart_backoff_s=1)
+    spec["cluster"] = {**slurm_cluster(tmp_path, nproc=1, nodes=3), "python": TRAINER_PYTHON,
+                       "env": spec["cluster"]["env"], "min_nodes": 2}
+    spec["batch"] = {"per_device": 2, "grad_accum": 2}
+    env = {**os.environ, "SLURM_CONF": slurm3.conf}
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "--no-preflight",
+                             write_spec(tmp_path, spec)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    _wait_for(lambda: os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json")),
+              limit(600), proc, "checkpoint-3")
+    first = re.search(r"slurm job (\d+) running on (\S+), (\S+), (\S+)\n", "".join(lines))
+    assert first, "".join(lines)
+    lost = first.group(4)   # node 2 of the first attempt
+    slurm3.run(["scontrol", "update", f"nodename={lost}", "state=drain", "reason=test"])
+    host = next(h for h in slurm3.hs.hosts if h.name == lost)
+    ranks = [p for p in host.pids() if _environ_has(p, b"RANK=")]
+    assert ranks, f"no rank of the job on {lost}"
+    for pid in ranks:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=limit(900))
+    reader.join(limit(60))
+    console = "".join(lines)
+    assert proc.returncode == 0, console[-4000:]
+    assert (f"shrink: excluded {lost}, which leaves 2 usable node(s) of the 3 asked in partition "
+            "debug; the next attempt runs on 2 nodes, world 3 -> 2 processes, grad_accum 2 -> 3, "
+            "global batch 12 = 2 × 2 per device × 3 (kept)") in console, console[-4000:]
+    ckpt = f"{out}/checkpoint-3"
+    assert (f"resume: {ckpt} was saved at world 3; converted to DeepSpeed's universal checkpoint "
+            "on a one-node Slurm job (srun) (ds_to_universal), loaded at world 2") in console, console[-4000:]
+    assert os.path.exists(f"{ckpt}/global_step3_universal/.mlaunch-complete")
+    state = trainer_state(out)
+    got = losses(state)
+    print(f"[losses] Slurm ZeRO-2 world 3 -> 2 after step 3: {got}")
+    assert state["global_step"] == 6 and sorted(got) == list(range(1, 7)), got
+    assert got[6] < got[1], got   # still learning after the shrink
+    jobs = re.findall(r"slurm job (\d+): (\d) nodes requested", console)
+    assert [n for _, n in jobs] == ["3", "2"], console[-4000:]
+    assert leftovers(slurm3, keep) == {h.name: set() for h in slurm3.hs.hosts}
