@@ -165,7 +165,12 @@ class Printer:
         if not text:
             return
         if "[" in text and (text[0] == "[" or "\n[" in text):  # torchrun's local-rank tags
-            text = "".join([self._prefixed(rank, host, line) for line in lines_of(text)])
+            # A tag inside a line (a line torchrun cut, torchrun_pieces) is rare: two C-speed
+            # counts tell that no "]:" is past the lines' own tags (a body's own "]:", e.g.
+            # torch's "[rank1]:", only takes the slower path), keeping whole lines at one match.
+            whole = not self._cut and text.count("]:") <= text.count("\n[") + 1
+            fn = self._whole_prefixed if whole else self._prefixed
+            text = "".join([fn(rank, host, line) for line in lines_of(text)])
         else:  # the high-volume case: one replace, no per-line work
             head = self._tag(rank, f"node{rank} {host}")
             text = head + text[:-1].replace("\n", "\n" + head) + "\n"
@@ -179,6 +184,12 @@ class Printer:
         """A launcher message (not from a node)."""
         tag = "\033[1mmlaunch\033[0m" if self.color else "mlaunch"
         self._write(self.mask(f"[{tag}] {line}\n"))
+
+    def _whole_prefixed(self, rank: int, host: str, line: str) -> str:
+        m = TORCHRUN_PREFIX.match(line)
+        tag = f"node{rank} {host}" + (f" local{m.group(2)}" if m else "")
+        body = line[m.end():].lstrip(" ") if m else line
+        return f"{self._tag(rank, tag)}{body}\n"
 
     def _prefixed(self, rank: int, host: str, line: str) -> str:
         m = TORCHRUN_PREFIX.match(line)
