@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import sys
 import tempfile
 from typing import Callable, ContextManager, Iterator
@@ -22,6 +23,16 @@ except ImportError:  # rootdir-relative import (tests/ on sys.path, no __init__)
 
 # Every mlaunch the tests start registers its runs here, never in the user's ~/.mlaunch.
 os.environ["MLAUNCH_HOME"] = tempfile.mkdtemp(prefix="mlaunch-test-home-")
+
+# The tests send Ctrl-C and hang-ups to what they start, as a terminal would. Whatever started
+# the suite may have left SIGINT or SIGHUP ignored (`cmd &` in a script ignores SIGINT and
+# SIGQUIT, `nohup` SIGHUP), and an ignored signal stays ignored through fork and exec: every
+# mlaunch the tests start would then shrug off its Ctrl-C (Python installs no KeyboardInterrupt
+# handler where SIGINT is ignored at start). This process (each xdist worker imports this file)
+# takes a terminal's dispositions, so its children start with the defaults.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def pytest_configure(config: pytest.Config) -> None:
