@@ -213,9 +213,9 @@ def test_slurm_universal_conversion_is_a_one_node_job_of_its_own(tmp_path):
                                                  "account": "ml"})
     job = job.model_copy(update={"cluster": job.cluster.model_copy(update={"slurm": slurm})})
     plan = build_plan(job, run_id="r", attempt=1)
-    argv = sbatch.step_argv(plan, "universal", "echo hi")
+    argv = sbatch.step_argv(plan, "universal")   # the script goes on stdin, never in argv
     assert argv == ["srun", "--nodes=1", "--ntasks=1", "--job-name=r.a1-universal", "--partition=gpu",
-                    "--account=ml", "--time=2-00:00:00", "--exclude=b", "/bin/sh", "-c", "echo hi"], argv
+                    "--account=ml", "--time=2-00:00:00", "--exclude=b", "/bin/sh", "-s"], argv
     ck = tmp_path / "checkpoint-3"
     ck.mkdir()
 

@@ -50,8 +50,8 @@ class SlurmExecutor:
         srun waits for the allocation, so timeout covers the queue too."""
         from ..plan import sbatch
         try:
-            done = subprocess.run(sbatch.step_argv(plan, name, script), capture_output=True,
-                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            done = subprocess.run(sbatch.step_argv(plan, name), input=script, capture_output=True,
+                                  text=True, timeout=timeout)
         except OSError as e:
             return 127, f"srun: {e.strerror or e}"
         except subprocess.TimeoutExpired as e:

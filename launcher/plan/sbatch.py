@@ -66,17 +66,18 @@ def request(plan: LaunchPlan) -> SlurmRequest:
                         node_log_pattern=pattern)
 
 
-def step_argv(plan: LaunchPlan, name: str, script: str) -> list[str]:
-    """srun of a one-task, one-node job of its own that runs script (sh -c) on a node of the
-    job's partition, with the job's account, qos, time, constraint, reservation and
-    exclusions: a helper that needs what the nodes have (e.g. the trainer's DeepSpeed) and
-    the shared storage, not the login node's software."""
+def step_argv(plan: LaunchPlan, name: str) -> list[str]:
+    """srun of a one-task, one-node job of its own whose shell reads a script on stdin (never
+    on a command line: it may export cluster.env values, and srun's argv is in ps and in
+    Slurm's job record), on a node of the job's partition with the job's account, qos, time,
+    constraint, reservation and exclusions: for a helper that needs what the nodes have
+    (e.g. the trainer's DeepSpeed) and the shared storage, not the login node's software."""
     s = plan.job.cluster.slurm
     opts = [f"--{n}={getattr(s, n)}" for n in BLOCK_OPTIONS if getattr(s, n)]
-    if s.extra_sbatch.get("exclude") or s.extra_sbatch.get("--exclude"):
-        opts.append(f"--exclude={s.extra_sbatch.get('exclude') or s.extra_sbatch.get('--exclude')}")
+    if excluded := s.extra_sbatch.get("exclude") or s.extra_sbatch.get("--exclude"):
+        opts.append(f"--exclude={excluded}")
     return ["srun", "--nodes=1", "--ntasks=1", f"--job-name={plan.run_id}-{name}", *opts,
-            "/bin/sh", "-c", script]
+            "/bin/sh", "-s"]
 
 
 def _secrets(plan: LaunchPlan) -> RenderedFile | None:
