@@ -45,3 +45,23 @@ def wait_until(cond, timeout: float = 120, what: str = "") -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out: {what}"
         time.sleep(0.2)
+
+
+def drain_and_kill(cluster, name: str) -> None:
+    """Node `name` fails under a job: drained in Slurm, then every rank on it killed."""
+    import signal
+    cluster.run(["scontrol", "update", f"nodename={name}", "state=drain", "reason=test"])
+    host = next(h for h in cluster.hs.hosts if h.name == name)
+    ranks = [p for p in host.pids() if environ_has(p, b"RANK=")]
+    assert ranks, f"no rank of the job on {name}"
+    for pid in ranks:
+        os.kill(pid, signal.SIGKILL)
+
+
+def environ_has(pid: int, entry: bytes) -> bool:
+    """Whether process pid's environment has an entry starting with entry."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return any(e.startswith(entry) for e in fh.read().split(b"\0"))
+    except OSError:
+        return False

@@ -10,7 +10,7 @@ import pytest
 
 from .loadfactor import limit
 from .runs import Runs
-from .slurmjobs import baseline, leftovers, slurm_script_job, submit, wait_until
+from .slurmjobs import baseline, environ_has, leftovers, slurm_script_job, submit, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -149,8 +149,8 @@ def test_ctrl_c_cancels_and_secrets_stay_out_of_slurm(slurm2, tmp_path):
     assert os.stat(os.path.dirname(secrets[0])).st_mode & 0o777 == 0o700
     node_sh = open(os.path.join(os.path.dirname(os.path.dirname(secrets[0])), "node.sh")).read()
     assert secret not in node_sh
-    ranks = [p for h in slurm2.hs.hosts for p in h.pids() if _environ_has(p, b"RANK=")]
-    assert ranks and all(_environ_has(p, f"HF_TOKEN={secret}".encode()) for p in ranks)
+    ranks = [p for h in slurm2.hs.hosts for p in h.pids() if environ_has(p, b"RANK=")]
+    assert ranks and all(environ_has(p, f"HF_TOKEN={secret}".encode()) for p in ranks)
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=limit(120))
     assert proc.returncode == 130, "".join(seen) + rest
@@ -159,11 +159,3 @@ def test_ctrl_c_cancels_and_secrets_stay_out_of_slurm(slurm2, tmp_path):
     assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""
     assert not os.path.exists(secrets[0]), "the secrets file outlived the run"
     assert secret not in "".join(seen) + rest
-
-
-def _environ_has(pid: int, entry: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            return any(e.startswith(entry) for e in fh.read().split(b"\0"))
-    except OSError:
-        return False

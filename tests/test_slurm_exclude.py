@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from launcher.spec import validate
 from launcher.view.present import describe_plan
 
 from .helpers import CONFIGS, ROOT, SCRIPTS, limit, load_yaml, write_spec
-from .slurmjobs import baseline, leftovers, slurm_cluster, slurm_script_job
+from .slurmjobs import baseline, drain_and_kill, leftovers, slurm_cluster, slurm_script_job
 
 
 class _Say:
@@ -267,12 +266,7 @@ def test_drained_node_is_excluded_and_the_restart_job_shrinks(slurm3, tmp_path):
     first = re.search(r"slurm job (\d+) running on (\S+), (\S+), (\S+)\n", "".join(seen))
     assert first, "".join(seen)
     lost = first.group(3)   # node 1 of the first attempt: drained, then its task killed
-    slurm3.run(["scontrol", "update", f"nodename={lost}", "state=drain", "reason=test"])
-    host = next(h for h in slurm3.hs.hosts if h.name == lost)
-    ranks = [p for p in host.pids() if _environ_has(p, b"RANK=")]
-    assert ranks, f"no rank of the job on {lost}"
-    for pid in ranks:
-        os.kill(pid, signal.SIGKILL)
+    drain_and_kill(slurm3, lost)
     rest, _ = proc.communicate(timeout=limit(300))
     console = "".join(seen) + rest
     assert proc.returncode == 0, console[-4000:]
@@ -305,11 +299,3 @@ def test_drained_node_is_excluded_and_the_restart_job_shrinks(slurm3, tmp_path):
             shrunk["new_grad_accum"], shrunk["global_batch"], shrunk["lost"]) == (1, 2, 3, 2, 3, 6, lost)
     assert leftovers(slurm3, keep) == {h.name: set() for h in slurm3.hs.hosts}
     assert slurm3.run(["squeue", "-h"]).stdout.strip() == ""
-
-
-def _environ_has(pid: int, entry: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            return any(e.startswith(entry) for e in fh.read().split(b"\0"))
-    except OSError:
-        return False

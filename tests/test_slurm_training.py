@@ -6,9 +6,9 @@ import os
 import pytest
 
 from .runs import Runs
-from .slurmjobs import baseline, leftovers, slurm_cluster, submit
-from .training import (TRAINER_PYTHON, build_tiny, lf_spec, losses,
-                       require_trainer, trainer_state, worker_killed)
+from .slurmjobs import baseline, drain_and_kill, leftovers, slurm_cluster, submit
+from .training import (TRAINER_PYTHON, build_tiny, lf_spec, losses, require_trainer,
+                       submit_and_cut, trainer_state, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -75,13 +75,6 @@ def test_zero2_drained_node_shrinks_3_to_2_through_a_universal_conversion_job(sl
     job of its own (no node is held between attempts), and the 2-node job loads it and reaches
     max_steps."""
     import re
-    import signal
-    import subprocess
-    import sys
-    import threading
-    from .helpers import ROOT, limit, write_spec
-    from .test_slurm_exclude import _environ_has
-    from .test_spares_training import _wait_for
     keep = baseline(slurm3)
     out = str(tmp_path / "out")
     spec = lf_spec(tiny, [], 1, out, finetuning={"type": "full"}, deepspeed={"stage": 2},
@@ -89,28 +82,17 @@ def test_zero2_drained_node_shrinks_3_to_2_through_a_universal_conversion_job(sl
     spec["cluster"] = {**slurm_cluster(tmp_path, nproc=1, nodes=3), "python": TRAINER_PYTHON,
                        "env": spec["cluster"]["env"], "min_nodes": 2}
     spec["batch"] = {"per_device": 2, "grad_accum": 2}
-    env = {**os.environ, "SLURM_CONF": slurm3.conf}
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "--no-preflight",
-                             write_spec(tmp_path, spec)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    _wait_for(lambda: os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json")),
-              limit(600), proc, "checkpoint-3")
-    first = re.search(r"slurm job (\d+) running on (\S+), (\S+), (\S+)\n", "".join(lines))
-    assert first, "".join(lines)
-    lost = first.group(4)   # node 2 of the first attempt
-    slurm3.run(["scontrol", "update", f"nodename={lost}", "state=drain", "reason=test"])
-    host = next(h for h in slurm3.hs.hosts if h.name == lost)
-    ranks = [p for p in host.pids() if _environ_has(p, b"RANK=")]
-    assert ranks, f"no rank of the job on {lost}"
-    for pid in ranks:
-        os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=limit(900))
-    reader.join(limit(60))
-    console = "".join(lines)
-    assert proc.returncode == 0, console[-4000:]
+    lost = []
+
+    def cut(console: str) -> None:   # node 2 of the first attempt
+        first = re.search(r"slurm job (\d+) running on (\S+), (\S+), (\S+)\n", console)
+        assert first, console
+        lost.append(first.group(4))
+        drain_and_kill(slurm3, lost[0])
+    code, console = submit_and_cut(tmp_path, spec, os.path.join(out, "checkpoint-3", "trainer_state.json"),
+                                   cut, "--no-preflight", env={"SLURM_CONF": slurm3.conf})
+    lost = lost[0]
+    assert code == 0, console[-4000:]
     assert (f"shrink: excluded {lost}, which leaves 2 usable node(s) of the 3 asked in partition "
             "debug; the next attempt runs on 2 nodes, world 3 -> 2 processes, grad_accum 2 -> 3, "
             "global batch 12 = 2 × 2 per device × 3 (kept)") in console, console[-4000:]

@@ -14,7 +14,8 @@ import pytest
 
 from .helpers import limit
 from .test_fanout import start
-from .training import build_tiny, lf_spec, losses, require_trainer, submit_timed, trainer_state
+from .training import (build_tiny, lf_spec, losses, require_trainer, submit_and_cut, submit_timed,
+                       trainer_state)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -104,17 +105,9 @@ def _shrink_run(make_hostset, tmp_path, tiny, nodes: int, deepspeed: dict, grad_
         spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_restarts=1,
                        restart_backoff_s=0, **sched) | {"batch": batch}
         spec["cluster"] |= {"min_nodes": nodes - 1, "hangup_after_s": 6}
-        proc = start(tmp_path, spec)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-        reader.start()
-        _wait_for(lambda: os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json")),
-                  limit(400), proc, "checkpoint-3")
-        hs.hosts[-1].link_down()
-        proc.wait(timeout=limit(600))
-        reader.join(limit(60))
-        rest = "".join(lines)
-    assert proc.returncode == 0, rest[-4000:]
+        code, rest = submit_and_cut(tmp_path, spec, os.path.join(out, "checkpoint-3", "trainer_state.json"),
+                                    lambda _: hs.hosts[-1].link_down())
+    assert code == 0, rest[-4000:]
     return rest, [h.ip for h in hs.hosts], out, ref_out
 
 

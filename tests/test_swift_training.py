@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from .helpers import free_port, limit, ssh_of
-from .training import (SWIFT_PYTHON, build_tiny, losses, require_swift,
-                       require_trainer, submit_timed, tiny_schedule, worker_killed)
+from .helpers import free_port, ssh_of
+from .training import (SWIFT_PYTHON, build_tiny, losses, require_swift, require_trainer,
+                       submit_and_cut, submit_timed, tiny_schedule, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -127,9 +127,6 @@ def test_swift_zero3_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make
     the restart runs on 2 hosts with grad_accum 3 (global batch 12 kept), swift loads it
     through --deepspeed's checkpoint.load_universal and reaches max_steps. Its final loss is
     within 2% of an uninterrupted 3-process run on the same hosts (both printed)."""
-    import threading
-    from .test_fanout import start
-    from .test_spares_training import _wait_for
     ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
     with make_hostset(3) as hs:
         hosts = [h.ip for h in hs.hosts]
@@ -140,17 +137,9 @@ def test_swift_zero3_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make
         spec = swift_spec(tiny, hosts, 1, out, hs=hs, max_restarts=1, restart_backoff_s=0, **ds)
         spec["batch"]["grad_accum"] = 2
         spec["cluster"] |= {"min_nodes": 2, "hangup_after_s": 6}
-        proc = start(tmp_path, spec)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-        reader.start()
-        _wait_for(lambda: glob.glob(os.path.join(out, "v*-*", "checkpoint-3", "trainer_state.json")),
-                  limit(400), proc, "checkpoint-3")
-        hs.hosts[2].link_down()
-        proc.wait(timeout=limit(600))
-        reader.join(limit(60))
-        rest = "".join(lines)
-    assert proc.returncode == 0, rest[-4000:]
+        code, rest = submit_and_cut(tmp_path, spec, os.path.join(out, "v*-*", "checkpoint-3", "trainer_state.json"),
+                                    lambda _: hs.hosts[2].link_down())
+    assert code == 0, rest[-4000:]
     assert (f"shrink: lost node2 {hosts[2]} (connection lost); the next attempt runs on 2 nodes, "
             "world 3 -> 2 processes, grad_accum 2 -> 3, global batch 12 = 2 × 2 per device × 3 "
             "(kept)") in rest, rest[-4000:]

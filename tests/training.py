@@ -182,3 +182,32 @@ def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *
     for pid in (ranked or alone)[:1]:
         os.kill(pid, sig)
         killed.append(pid)
+
+
+def submit_and_cut(tmp_path, spec: dict, ready_glob: str, cut, *args: str,
+                   env: dict | None = None) -> tuple[int, str]:
+    """`mlaunch submit` of spec; once a file matches ready_glob (e.g. a checkpoint's
+    trainer_state.json), cut(console so far) makes the failure under test; then waits for the
+    run to end. Returns (exit code, the whole console). Fails if the run ends before the file."""
+    import sys
+    import time
+    from .helpers import write_spec
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", *args,
+                             write_spec(tmp_path, spec)], cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + limit(600)
+        while not glob.glob(ready_glob):
+            assert proc.poll() is None, f"the run ended before {ready_glob}: " + "".join(lines)[-3000:]
+            assert time.monotonic() < deadline, f"timed out waiting for {ready_glob}"
+            time.sleep(0.2)
+        cut("".join(lines))
+        proc.wait(timeout=limit(900))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(limit(60))
+    return proc.returncode, "".join(lines)
