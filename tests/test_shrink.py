@@ -76,22 +76,27 @@ def test_min_nodes_refusals(change, line):
     assert problems(data) == [line]
 
 
-def test_zero_and_megatron_shrink_refused_ddp_lora_accepted():
+def test_zero_and_megatron_shrink_refused_ddp_lora_accepted(tmp_path):
     validate(lora(min_nodes=2))
     validate(lora(min_nodes=2) | {"deepspeed": {"stage": 2}})   # the universal-checkpoint route
     validate(lora(min_nodes=2) | {"deepspeed": {"stage": 1}})
     validate(lora(min_nodes=2) | {"deepspeed": {"stage": 3}})
+    # CPU offload keeps the checkpoint's layout (tests/test_spares_training.py resumes both)
+    validate(lora(min_nodes=2) | {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}})
+    validate(lora(min_nodes=2) | {"deepspeed": {"stage": 3, "offload_param": "cpu",
+                                                "offload_optimizer": "cpu"}})
     head = ("cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank; "
             "mlaunch resumes it at another data-parallel size through DeepSpeed's universal "
             "checkpoint (ds_to_universal, then checkpoint.load_universal), verified for "
-            "LLaMA-Factory and ms-swift with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), from the spec's "
+            "LLaMA-Factory and ms-swift with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), "
+            "with or without CPU offload, from the spec's "
             "stage or your own ds_config, over ssh and under Slurm, not ")
     tail = ("; set cluster.min_nodes to the node count (3), give cluster.spare_hosts instead, or "
-            "use deepspeed.stage 2 or 3 without offload")
-    offload = {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}}
-    assert problems(lora(min_nodes=2) | offload) == [head + "with offload_optimizer" + tail]
-    offload3 = {"deepspeed": {"stage": 3, "offload_param": "cpu"}}
-    assert problems(lora(min_nodes=2) | offload3) == [head + "with offload_param" + tail]
+            "use deepspeed.stage 1, 2 or 3 with offload to cpu or none")
+    nvme = {"deepspeed": {"stage": 2, "offload_optimizer": "nvme", "nvme_path": str(tmp_path)}}
+    assert problems(lora(min_nodes=2) | nvme) == [head + "with offload_optimizer to nvme" + tail]
+    nvme3 = {"deepspeed": {"stage": 3, "offload_param": "nvme", "nvme_path": str(tmp_path)}}
+    assert problems(lora(min_nodes=2) | nvme3) == [head + "with offload_param to nvme" + tail]
     data = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-megatron.yaml")))
     n = len(data["cluster"]["hosts"])
     data["cluster"]["min_nodes"] = n - 1
@@ -116,9 +121,13 @@ def test_shrink_reads_the_users_own_ds_config(tmp_path):
     assert written["zero_optimization"]["stage"] == 3
     own["zero_optimization"] |= {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
     path.write_text(json.dumps(own))
+    validate(lora(min_nodes=2) | {"deepspeed": {"config": str(path)}})
+    own["zero_optimization"] |= {"offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
+                                 "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}
+    path.write_text(json.dumps(own))
     (line,) = problems(lora(min_nodes=2) | {"deepspeed": {"config": str(path)}})
     assert line.startswith("cluster.min_nodes: 2: a DeepSpeed checkpoint holds"), line
-    assert f"not with offload_optimizer and offload_param in {path};" in line, line
+    assert f"not with offload_optimizer and offload_param to nvme in {path};" in line, line
     own["zero_optimization"] = {"stage": 0}
     path.write_text(json.dumps(own))
     (line,) = problems(lora(min_nodes=2) | {"deepspeed": {"config": str(path)}})
@@ -239,7 +248,7 @@ def test_lost_node_dropped_when_no_spare_is_left(make_hostset, tmp_path):
         assert events[-1]["event"] == "run_end" and events[-1]["code"] == 0
 
 
-def test_cli_dry_run_shows_the_shrink_and_refuses_zero(tmp_path):
+def test_cli_dry_run_shows_the_shrink_and_refuses_nvme_offload(tmp_path):
     from .helpers import mlaunch, write_spec
     good = write_spec(tmp_path, lora(per_device=1, grad_accum=2, min_nodes=2), "good.yaml")
     d = mlaunch("submit", good, "--dry-run")
@@ -247,9 +256,10 @@ def test_cli_dry_run_shows_the_shrink_and_refuses_zero(tmp_path):
     assert "  at 2 nodes: global batch 12 = world 4 × 1 per device × 3 accumulation" in d.stdout
     j = mlaunch("submit", good, "--dry-run", "--json", "--run-id", "R1")
     assert json.loads(j.stdout)["restarts"]["min_nodes"] == 2
-    bad = write_spec(tmp_path, lora(min_nodes=2) | {"deepspeed": {"stage": 3, "offload_param": "cpu"}}, "bad.yaml")
+    bad = write_spec(tmp_path, lora(min_nodes=2) | {"deepspeed": {"stage": 3, "offload_param": "nvme",
+                                                                  "nvme_path": str(tmp_path)}}, "bad.yaml")
     r = mlaunch("submit", bad, "--dry-run")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines()[1].startswith(
         "mlaunch: cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard"), r.stderr
-    assert "not with offload_param;" in r.stderr, r.stderr
+    assert "not with offload_param to nvme;" in r.stderr, r.stderr

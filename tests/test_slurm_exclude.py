@@ -180,7 +180,7 @@ def test_slurm_commands_that_hang_or_are_missing_are_failures_not_tracebacks(mon
     assert slurm.usable_nodes(None, []) is None and slurm.hostnames("n0") == []
 
 
-def test_slurm_dry_run_shows_the_shrink_and_zero_offload_is_refused():
+def test_slurm_dry_run_shows_the_shrink_and_zero_nvme_offload_is_refused():
     job = validate(_lora() | {"max_restarts": 1})
     text = describe_plan(build_plan(job, run_id="r"))
     got = [ln for ln in text.splitlines() if ln.startswith(("elastic shrink", "  at "))]
@@ -191,8 +191,9 @@ def test_slurm_dry_run_shows_the_shrink_and_zero_offload_is_refused():
         "  at 2 nodes: global batch 12 = world 4 × 1 per device × 3 accumulation"], text
     from launcher.errors import SpecError
     validate(_lora() | {"deepspeed": {"stage": 2}})   # converted in a one-node Slurm job
+    validate(_lora() | {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}})
     with pytest.raises(SpecError) as err:
-        validate(_lora() | {"deepspeed": {"stage": 2, "offload_optimizer": "cpu"}})
+        validate(_lora() | {"deepspeed": {"stage": 2, "offload_optimizer": "nvme", "nvme_path": "/nvme"}})
     assert [str(p) for p in err.value.problems][0].startswith(
         "cluster.min_nodes: 2: a DeepSpeed checkpoint holds one optimizer shard per rank")
     with pytest.raises(SpecError) as err:

@@ -122,14 +122,20 @@ def _losses_agree(out: str, ref_out: str, max_steps: int, what: str) -> None:
     assert got[max_steps] == pytest.approx(want[max_steps], rel=0.02), (got, want)
 
 
-def test_zero2_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(make_hostset, tmp_path, tiny):
-    """4 nodes, no spare, min_nodes 3, full fine-tuning with ZeRO-2 (global batch 24 = 4 × 2 ×
-    3): node 3's link is cut after checkpoint-3; the restart converts it to DeepSpeed's
+def test_zero2_offload_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(
+        make_hostset, tmp_path, tiny):
+    """4 nodes, no spare, min_nodes 3, full fine-tuning with ZeRO-2 and the optimizer offloaded
+    to the CPU (DeepSpeed's CPUAdam steps the fp32 partitions; global batch 24 = 4 × 2 × 3;
+    plain ZeRO-2 is the Slurm test's): node 3's link is cut after checkpoint-3; the restart converts it to DeepSpeed's
     universal checkpoint on node 0, runs on 3 nodes with grad_accum 4 (global batch 24 kept)
     and reaches max_steps. Its final loss is within 2% of an uninterrupted 4-process run of the
     same spec (both printed): at world 3 each rank averages its loss over other micro-batches,
     so the curves agree closely, not bit for bit (measured: 0.1% at the first resumed step)."""
-    rest, ips, out, ref_out = _shrink_run(make_hostset, tmp_path, tiny, 4, {"stage": 2}, 3, 8)
+    rest, ips, out, ref_out = _shrink_run(make_hostset, tmp_path, tiny, 4,
+                                          {"stage": 2, "offload_optimizer": "cpu"}, 3, 8)
+    # DeepSpeedCPUAdam's own line: ZeRO-Offload swapped the Trainer's AdamW for it on every
+    # rank of both attempts (4 + 3)
+    assert rest.count("Adam Optimizer #0 is created with") == 7, rest[-4000:]
     assert (f"shrink: lost node3 {ips[3]} (connection lost); the next attempt runs on 3 nodes, "
             "world 4 -> 3 processes, grad_accum 3 -> 4, global batch 24 = 3 × 2 per device × 4 "
             "(kept)") in rest, rest[-4000:]
@@ -140,7 +146,7 @@ def test_zero2_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(make_
     assert open(f"{ckpt}/latest_universal").read() == "global_step3_universal"
     assert os.path.exists(f"{ckpt}/global_step3_universal/.mlaunch-complete")
     assert "Total train batch size (w. parallel, distributed & accumulation) = 24" in rest
-    _losses_agree(out, ref_out, 8, "ZeRO-2 world 4 -> 3")
+    _losses_agree(out, ref_out, 8, "ZeRO-2 + CPU offload, world 4 -> 3")
     events = [json.loads(ln) for p in glob.glob(f"{out}/logs/*/events.jsonl") for ln in open(p)]
     (conv,) = [e for e in events if e["event"] == "universal_checkpoint"]
     assert (conv["saved_world"], conv["world"], conv["converted"]) == (4, 3, True)
@@ -149,7 +155,8 @@ def test_zero2_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(make_
 def test_zero3_own_ds_config_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(
         make_hostset, tmp_path, tiny):
     """ZeRO-3 (parameters sharded too) from the user's own ds_config file with "auto" batch
-    keys and a checkpoint section of its own: 3 nodes, min_nodes 2, global batch 12 = 3 × 2 ×
+    keys, a checkpoint section of its own and both optimizer and parameters offloaded to the
+    CPU: 3 nodes, min_nodes 2, global batch 12 = 3 × 2 ×
     2; node 2's link is cut after checkpoint-3; node 0 converts the ZeRO-3 checkpoint to the
     universal one, the restart runs on 2 nodes with grad_accum 3 (global batch 12 kept) from a
     ds_config that keeps the user's keys and adds load_universal, and reaches max_steps, its
@@ -160,6 +167,7 @@ def test_zero3_own_ds_config_lost_node_shrinks_3_to_2_from_the_universal_checkpo
         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
         "checkpoint": {"tag_validation": "Warn"},
         "zero_optimization": {"stage": 3, "overlap_comm": False,
+                              "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
                               "stage3_gather_16bit_weights_on_model_save": True}}))
     rest, ips, out, ref_out = _shrink_run(make_hostset, tmp_path, tiny, 3, {"config": str(own)}, 2, 6)
     assert (f"shrink: lost node2 {ips[2]} (connection lost); the next attempt runs on 2 "
@@ -175,4 +183,5 @@ def test_zero3_own_ds_config_lost_node_shrinks_3_to_2_from_the_universal_checkpo
     written = json.load(open(path))   # the last attempt's: the shrunk one
     assert written["checkpoint"] == {"tag_validation": "Warn", "load_universal": True}, written
     assert written["zero_optimization"]["stage"] == 3
-    _losses_agree(out, ref_out, 6, "ZeRO-3 (own ds_config) world 3 -> 2")
+    assert written["zero_optimization"]["offload_param"] == {"device": "cpu"}, written
+    _losses_agree(out, ref_out, 6, "ZeRO-3 (own ds_config, CPU offload) world 3 -> 2")

@@ -130,10 +130,11 @@ def test_a_braced_ds_config_path_is_quoted_in_the_refusal(tmp_path):
     """The refusal of a shrink with the user's own ds_config names its path as it is."""
     from .test_spares import problems
     cfg = tmp_path / "ds{stage}.json"
-    cfg.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
+    cfg.write_text(json.dumps({"zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}}}))
     data = lora(min_nodes=2) | {"deepspeed": {"config": str(cfg)}}
     (line,) = [p for p in problems(data) if p.startswith("cluster.min_nodes")]
-    assert f"not with offload_optimizer in {cfg}; set cluster.min_nodes to the node " \
+    assert f"not with offload_optimizer to nvme in {cfg}; set cluster.min_nodes to the node " \
            "count (3)" in line, line
 
 

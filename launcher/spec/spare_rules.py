@@ -22,8 +22,8 @@ from .select import node_procs
 ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; mlaunch resumes it "
                    "at another data-parallel size through DeepSpeed's universal checkpoint "
                    "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory and ms-swift "
-                   "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), from the spec's stage or your "
-                   "own ds_config, over ssh and under Slurm, not {what}; set "
+                   "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), with or without CPU offload, "
+                   "from the spec's stage or your own ds_config, over ssh and under Slurm, not {what}; set "
                    "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
                    "or use {fix}")
 MEGATRON_SHRINK = ("Megatron-SWIFT's distributed checkpoint is laid out for its tp/pp/dp grid "
@@ -54,10 +54,9 @@ def check_shrink(job: JobBase) -> list[Problem]:
 
 def _zero_unverified(job: JobBase) -> str | None:
     """The refusal of a ZeRO shrink outside the verified form (LLaMA-Factory or ms-swift without
-    Megatron, ZeRO-1/2/3 from the spec's stage, a named file or the user's own, no offload),
-    or None."""
-    ds = job.deepspeed
-    what, fix = None, "deepspeed.stage 2 or 3 without offload"
+    Megatron, ZeRO-1/2/3 from the spec's stage, a named file or the user's own, offload to the
+    CPU or none), or None."""
+    what, fix = None, "deepspeed.stage 1, 2 or 3 with offload to cpu or none"
     if job.trainer not in ("llamafactory", "swift"):
         what, fix = f"trainer {job.trainer}", "LLaMA-Factory or ms-swift, or LoRA/DDP without deepspeed"
     else:
@@ -67,7 +66,10 @@ def _zero_unverified(job: JobBase) -> str | None:
 
 def _zero_form(job: JobBase) -> str | None:
     """What keeps this DeepSpeed config from a verified shrink: a stage other than 1-3, or
-    offload, read from the resolved config (the spec's stage, or the user's own file)."""
+    offload to NVMe, read from the resolved config (the spec's stage, or the user's own file).
+    CPU offload keeps the checkpoint's layout (DeepSpeed saves the fp32 partitions the same
+    way), and was verified; NVMe offload needs the async-io op and a swap folder per node,
+    which no test here has."""
     from .deepspeed import build_for
     built = build_for(job)
     if built.problems:            # check_job reports those; a shrink rule adds nothing
@@ -76,9 +78,9 @@ def _zero_form(job: JobBase) -> str | None:
     zero = built.config.get("zero_optimization", {})
     if built.stage() not in (1, 2, 3):
         return f"ZeRO stage {built.stage()}{src}"
-    offload = [k for k in ("offload_optimizer", "offload_param")
-               if (zero.get(k) or {}).get("device", "none") not in ("none", None)]
-    return f"with {' and '.join(offload)}{src}" if offload else None
+    nvme = [k for k in ("offload_optimizer", "offload_param")
+            if (zero.get(k) or {}).get("device") == "nvme"]
+    return f"with {' and '.join(nvme)} to nvme{src}" if nvme else None
 
 
 def check_spares(c: Cluster) -> list[Problem]:

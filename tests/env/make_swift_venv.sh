@@ -22,7 +22,7 @@ install_pinned() { install_reqs_then_deepspeed; }
 
 place_local_files() { :; }
 
-after_local_files() { build_deepspeed_shm_op; }
+after_local_files() { build_deepspeed_ops; }
 
 verify_source() {
     printf '%s' "$COMMON_VERIFY"

@@ -32,7 +32,7 @@ place_local_files() {
     cp "$STUBS"/torchaudio/*.py "$1/torchaudio/"
 }
 
-after_local_files() { build_deepspeed_shm_op; }
+after_local_files() { build_deepspeed_ops; }
 
 verify_source() {
     printf '%s' "$COMMON_VERIFY"

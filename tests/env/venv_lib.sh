@@ -36,23 +36,27 @@ install_reqs_then_deepspeed() {
     DS_BUILD_OPS=0 pip_ install --no-deps --no-build-isolation "$ds_pin"
 }
 
-# DeepSpeed's CPU shm op, built now into the venv's TORCH_EXTENSIONS_DIR (sitecustomize
-# points every worker there): test runs never JIT-compile, never wait on a build lock.
+# DeepSpeed's CPU ops, built now into the venv's TORCH_EXTENSIONS_DIR (sitecustomize points
+# every worker there): test runs never JIT-compile, never wait on a build lock. The shm op
+# is what gloo's DeepSpeed comm uses; CPUAdam is the optimizer ZeRO-Offload swaps in
+# (offload_optimizer: cpu), which the shrink tests resume at another world.
 # A lock found here was left by a killed build (the builder holds the venv's flock).
-# It is built with the venv's own ninja first on PATH, as in every worker (mlaunch puts the
+# They are built with the venv's own ninja first on PATH, as in every worker (mlaunch puts the
 # python's bin/ first): ninja 1.11 (/usr/bin) and 1.12+ hash command lines differently, so
 # an op built by the system's ninja was rebuilt by the first DeepSpeed run of every CI
 # (about 25 s of both cores, with every rank waiting on the build lock).
-build_deepspeed_shm_op() {
-    local ext="$DEST/torch_extensions" dir
+build_deepspeed_ops() {
+    local ext="$DEST/torch_extensions" dir op
     find "$ext" -name lock -type f -delete 2>/dev/null || true
-    log "building DeepSpeed's CPU shm op into $ext"
-    PATH="$DEST/bin:$PATH" timeout 600 "$PY" -c 'from deepspeed.accelerator import get_accelerator
-b = get_accelerator().create_op_builder("ShareMemCommBuilder")
-b.load(verbose=False)' >/dev/null 2>&1 || die "building DeepSpeed's shm op failed"
+    for op in ShareMemCommBuilder CPUAdamBuilder; do
+        log "building DeepSpeed's $op op into $ext"
+        PATH="$DEST/bin:$PATH" timeout 900 "$PY" -c "from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder('$op').load(verbose=False)" >/dev/null 2>&1 \
+            || die "building DeepSpeed's $op op failed"
+    done
     for dir in "$ext"/*/; do
         "$DEST/bin/ninja" -C "$dir" -n 2>&1 | grep -q 'no work to do' \
-            || die "DeepSpeed's shm op in $dir is not up to date for $DEST/bin/ninja"
+            || die "DeepSpeed's op in $dir is not up to date for $DEST/bin/ninja"
     done
 }
 
