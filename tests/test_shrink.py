@@ -89,7 +89,7 @@ def test_zero_and_megatron_shrink_refused_ddp_lora_accepted(tmp_path):
             "mlaunch resumes it at another data-parallel size through DeepSpeed's universal "
             "checkpoint (ds_to_universal, then checkpoint.load_universal), verified for "
             "LLaMA-Factory and ms-swift with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), "
-            "with or without CPU offload, from the spec's "
+            "CPU offload with LLaMA-Factory, from the spec's "
             "stage or your own ds_config, over ssh and under Slurm, not ")
     tail = ("; set cluster.min_nodes to the node count (3), give cluster.spare_hosts instead, or "
             "use deepspeed.stage 1, 2 or 3 with offload to cpu or none")

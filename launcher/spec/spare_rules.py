@@ -22,7 +22,7 @@ from .select import node_procs
 ZERO_UNVERIFIED = ("a DeepSpeed checkpoint holds one optimizer shard per rank; mlaunch resumes it "
                    "at another data-parallel size through DeepSpeed's universal checkpoint "
                    "(ds_to_universal, then checkpoint.load_universal), verified for LLaMA-Factory and ms-swift "
-                   "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), with or without CPU offload, "
+                   "with ZeRO-2 and ZeRO-3 (ZeRO-1 shares ZeRO-2's optimizer), CPU offload with LLaMA-Factory, "
                    "from the spec's stage or your own ds_config, over ssh and under Slurm, not {what}; set "
                    "cluster.min_nodes to the node count ({n}), give cluster.spare_hosts instead, "
                    "or use {fix}")
