@@ -139,6 +139,8 @@ def main() -> None:
                     help="logs: MLAUNCH_COMPRESS_STREAMS=1 (nodes compress their streams)")
     ap.add_argument("--payload", choices=["x", "hex"], default="x",
                     help="logs: 'x' packs 35x under zlib, 'hex' about 2x (bench/logflood.py)")
+    ap.add_argument("--with-paramiko", action="store_true",
+                    help="logs: also stream through paramiko (MLAUNCH_SSH_STREAM=paramiko) in the same runs")
     ap.add_argument("--real-home", action="store_true", help="log in with root's real ~/.bashrc")
     args = ap.parse_args()
     if args.what == "start":
@@ -153,7 +155,8 @@ def main() -> None:
         from bench.logflood import bench_logs
         if args.compress:
             os.environ["MLAUNCH_COMPRESS_STREAMS"] = "1"
-        bench_logs(args.runs, args.mb, args.hosts, hex_payload=args.payload == "hex")
+        bench_logs(args.runs, args.mb, args.hosts, hex_payload=args.payload == "hex",
+                   with_paramiko=args.with_paramiko)
 
 
 if __name__ == "__main__":

@@ -80,20 +80,22 @@ def cpu_s(who: int) -> float:
     return r.ru_utime + r.ru_stime
 
 
-def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float]:
-    """Wall seconds, (lost, dup, torn), and the launcher's CPU share (CPU s / wall s): run_job
-    runs in this process, so its getrusage is the launcher's."""
+def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float, float]:
+    """Wall seconds, (lost, dup, torn), the launcher's CPU share (CPU s / wall s: run_job runs
+    in this process, so its getrusage is the launcher's) and its `ssh` clients' share (all n
+    together: execute/openssh.py's children, waited for by the time run_job returns)."""
     spec = script_job([h.ip for h in hs.hosts[:n]], 1, "allreduce.py", [], os.path.join(tmp, "out"), hs=hs)
     plan = build_plan(validate(spec))
     nodes = tuple(dataclasses.replace(nd, script=generator(lines)) for nd in plan.nodes)
     plan = dataclasses.replace(plan, nodes=nodes)
     out_path = os.path.join(tmp, "mlaunch.out")
     with open(out_path, "w") as out:
-        t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_SELF)
+        t0, c0, k0 = time.perf_counter(), cpu_s(resource.RUSAGE_SELF), cpu_s(resource.RUSAGE_CHILDREN)
         result = run_job(plan, SSHExecutor([nd.login for nd in nodes], SSH(
             user="root", key_file=hs.key_file, known_hosts=hs.known_hosts, connect_timeout=60)), Printer(plan.mask, out))
         elapsed = time.perf_counter() - t0
         share = (cpu_s(resource.RUSAGE_SELF) - c0) / elapsed
+        clients = (cpu_s(resource.RUSAGE_CHILDREN) - k0) / elapsed
     assert result.code == 0, result
     by_node: dict[int, list[str]] = {k: [] for k in range(n)}
     said = 0   # lines the console said it skipped or did not show (console.py): not lost
@@ -110,7 +112,7 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     # Lost: the node logs' losses, plus console lines gone without being announced.
     bad = (logged[0] + abs(lost - said), dup + logged[1], torn + logged[2])
     print(f"  console skipped {said} of {n * lines} lines, and said so", file=sys.stderr)
-    return elapsed, bad, share
+    return elapsed, bad, share, clients
 
 
 def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float]:
@@ -131,16 +133,30 @@ def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, in
     return elapsed, check(by_node, lines), share
 
 
-def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False) -> None:
+def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False,
+               with_paramiko: bool = False) -> None:
+    """mlaunch (node streams through `ssh` children unless MLAUNCH_SSH_STREAM=paramiko) against
+    raw parallel ssh, interleaved; with_paramiko: the paramiko stream too, in the same runs."""
     HEX["on"] = hex_payload
     lines = mb * 1_000_000 // LINE_BYTES
-    ours, theirs, share, ssh_share = [], [], [], []
+    ours, theirs, share, ssh_share, clients, pm = [], [], [], [], [], []
     with make_hosts(n, isolated_home=True) as hs:
         for _ in range(runs):
             with tempfile.TemporaryDirectory() as tmp:
-                t, bad, cpu = via_mlaunch(hs, n, lines, tmp)
-                ours.append(t), share.append(cpu)
-                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} "
+                t, bad, cpu, kids = via_mlaunch(hs, n, lines, tmp)
+                ours.append(t), share.append(cpu), clients.append(kids)
+                print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} (its ssh clients {kids:.2f}) "
+                      f"lost/dup/torn={bad} load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+                assert bad == (0, 0, 0), bad
+            if with_paramiko:
+                os.environ["MLAUNCH_SSH_STREAM"] = "paramiko"
+                try:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        t, bad, cpu, _ = via_mlaunch(hs, n, lines, tmp)
+                finally:
+                    del os.environ["MLAUNCH_SSH_STREAM"]
+                pm.append(t)
+                print(f"paramiko stream: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} "
                       f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
             with tempfile.TemporaryDirectory() as tmp:
@@ -156,9 +172,12 @@ def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False) -> Non
           f"launcher CPU shares: {', '.join(f'{c:.2f}' for c in share)}")
     print(f"{n} hosts x {mb} MB: mlaunch {total / m:.1f} MB/s (median {m:.2f}s), "
           f"parallel ssh {total / s:.1f} MB/s (median {s:.2f}s); throughput ratio {s / m:.2f}; "
-          f"launcher CPU share {statistics.median(share):.2f} of a core (median; "
-          f"{n} ssh clients together {statistics.median(ssh_share):.2f}); "
-          "0 lost, duplicated or torn lines")
+          f"launcher CPU share {statistics.median(share):.2f} of a core (median; its {n} ssh "
+          f"clients {statistics.median(clients):.2f}; raw ssh's {n} clients together "
+          f"{statistics.median(ssh_share):.2f}); 0 lost, duplicated or torn lines")
+    if pm:
+        print(f"paramiko stream, same runs: median {statistics.median(pm):.2f}s, ratio to raw ssh "
+              f"{s / statistics.median(pm):.2f}")
 
 
 def _rate_samples(path: str) -> list[tuple[float, int]]:

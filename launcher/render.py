@@ -155,22 +155,31 @@ def sampler_script(run_id: str, every_s: float) -> str:
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
-def bootstrap() -> str:
+def bootstrap(merge_stderr: bool = False, ready: str = "") -> str:
     """The whole command line of every shell mlaunch starts on a node (both executors).
+    merge_stderr: the node's stderr joins its stdout first (the OpenSSH client's own stderr
+    is then only its own messages, execute/openssh.py); ready: a line printed first, which
+    tells that the login worked before any script is sent.
 
     It reads a length line and then exactly that many bytes of script from stdin, and
     evaluates them: the script (with cluster.env's secrets) is in no argv and no file, so
     no `ps` on any node shows it. `read` takes one byte at a time and `head -c` stops at
     the count, so whatever follows on stdin (the heartbeat) stays for the script.
     """
-    return render("bootstrap.sh.j2").strip()
+    return render("bootstrap.sh.j2", merge_stderr=merge_stderr, ready=ready).strip()
 
 
-def compressed_bootstrap(program: str) -> str:
+def compressed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "") -> str:
     """bootstrap() run under node program `program` (nodeprog/zpipe.py's text), which
     compresses what it prints, where the node has a python3 with zlib; bootstrap() alone
     elsewhere. The launcher tells the two apart by zpipe's header."""
-    return render("zbootstrap.sh.j2", program=program, bootstrap=bootstrap()).strip()
+    return render("zbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr),
+                  ready=ready).strip()
+
+
+def ssh_client_argv(**context: Any) -> list[str]:
+    """The OpenSSH client's arguments up to the host (templates/ssh_client.j2 names them)."""
+    return [a for a in render("ssh_client.j2", **context).splitlines() if a.strip()]
 
 
 def framed(script: str) -> bytes:

@@ -340,3 +340,29 @@ def test_heartbeat_keeps_a_long_node_alive_ssh(make_hostset, tmp_path):
         r = submit(tmp_path, spec, timeout=300)
         assert r.returncode == 0, r.stdout[-2000:]
         assert "rank 0 exiting 0" in r.stdout
+
+
+@pytest.mark.multihost
+def test_a_client_that_cannot_log_in_starts_nothing_and_the_paramiko_stream_still_runs(
+        make_hostset, tmp_path):
+    """Node output travels through the OpenSSH client (execute/openssh.py), which logs in on
+    its own: an ssh_config that lets paramiko in but not the client (password only, and no
+    prompt in batch mode) is one line per host and exit 2 before any node starts. With
+    MLAUNCH_SSH_STREAM=paramiko the same job streams through paramiko and passes."""
+    with make_hostset(2) as hs:
+        cfg = tmp_path / "ssh_config"
+        cfg.write_text(open(hs.ssh_config).read() + "\nHost *\n  PreferredAuthentications password\n")
+        out = str(tmp_path / "out")
+        spec = script_job([h.ip for h in hs.hosts], 1, "allreduce.py", [], out, hs=hs)
+        spec["cluster"]["ssh"]["config_file"] = str(cfg)
+        r = submit(tmp_path, spec)
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr
+        for h in hs.hosts:
+            (line,) = [ln for ln in r.stderr.splitlines() if f"host {h.ip}:" in ln]
+            assert "the OpenSSH client (ssh) cannot log in where paramiko did: " in line, line
+            assert "Permission denied" in line and "MLAUNCH_SSH_STREAM=paramiko" in line, line
+            assert job_pids(h, set()) == set()
+        assert "Traceback" not in r.stderr and not glob.glob(f"{out}/logs/*/node*.log")
+        r = mlaunch("submit", write_spec(tmp_path, spec), env={"MLAUNCH_SSH_STREAM": "paramiko"},
+                    timeout=120)
+        check_allreduce(r, 2, 2, out)

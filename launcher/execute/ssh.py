@@ -13,12 +13,13 @@ import paramiko
 from fabric import Config, Connection
 
 from .. import nodeprog, render
-from ..errors import Problem
+from ..errors import Problem, UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit, make_run_dirs
 from .inflow import Inflow
+from .openssh import READY, OpenSSHRunning, OpenSSHStreams, wanted
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
@@ -89,6 +90,7 @@ class SSHExecutor:
         # One parsed ssh_config for all hosts: parsing it per host costs more than a handshake.
         path = os.path.expanduser(ssh.config_file) if ssh.config_file else None
         self._config = Config(runtime_ssh_path=path) if path else Config()
+        self._streams = OpenSSHStreams(ssh) if wanted() else None   # node output via `ssh` children
 
     def connect(self) -> list[Problem]:
         # fabric's Connection() writes into the Config it is given, one shared by all hosts
@@ -97,14 +99,25 @@ class SSHExecutor:
         conns = {host: self._connection(host) for host in self._hosts}
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
             results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
-        return [p for p in results if p is not None]
+        problems = [p for p in results if p is not None]
+        if self._streams is not None and not problems:
+            for host in self._hosts:
+                self._pin(host, conns[host])
+        return problems
 
     def stage(self, plan: LaunchPlan) -> None:
+        if self._streams is not None:   # the stream clients log in while the files go up
+            self._streams.spawn(_stream_command())
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             list(pool.map(lambda h: self._upload(h, plan), targets))
+        if self._streams is not None:
+            if problems := self._streams.await_ready(self._ssh.connect_timeout + 10):
+                raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
 
-    def start(self, node: NodePlan) -> SSHRunning:
+    def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
+        if self._streams is not None:
+            return self._streams.start(node.login, _stream_command(), render.framed(node.script))
         chan = self._conns[node.login].client.get_transport().open_session(
             timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
         chan.set_combine_stderr(True)
@@ -134,6 +147,19 @@ class SSHExecutor:
     def close(self) -> None:
         for conn in self._conns.values():
             conn.close()
+        if self._streams is not None:
+            self._streams.close()
+
+    def _pin(self, host: str, conn: Connection) -> None:
+        # The `ssh` children trust exactly the keys paramiko verified (or, not strict, accepted).
+        key = conn.client.get_transport().get_remote_server_key()
+        gateway = getattr(conn, "gateway", None)
+        jump = None
+        if self._ssh.jump_host and isinstance(gateway, Connection) and gateway.client.get_transport():
+            jump = (_addr(self._ssh.jump_host), gateway.client.get_transport().get_remote_server_key())
+        addr = _addr(host)
+        port = addr.port or (self._ssh.port if "port" in self._ssh.model_fields_set else None)
+        self._streams.pin(host, addr, port, key, jump)
 
     def _open(self, host: str, conn: Connection) -> Problem | None:
         try:
@@ -211,11 +237,16 @@ def aead_first_transport(sock, **kw) -> paramiko.Transport:
 _TAKES_FACTORY = "transport_factory" in inspect.signature(paramiko.SSHClient.connect).parameters
 
 
-def bootstrap_command(compressed: bool = False) -> str:
+def _stream_command() -> str:
+    return bootstrap_command(compressed=compress_streams(), merge_stderr=True, ready=READY.decode())
+
+
+def bootstrap_command(compressed: bool = False, merge_stderr: bool = False, ready: str = "") -> str:
     """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is.
     compressed: the node's output compressed on its way (nodeprog/zpipe.py), for a node's
     stream: paramiko then decrypts and moves a fraction of the bytes."""
-    text = render.compressed_bootstrap(_zpipe()) if compressed else render.bootstrap()
+    text = render.compressed_bootstrap(_zpipe(), merge_stderr, ready) if compressed \
+        else render.bootstrap(merge_stderr, ready)
     return "exec /bin/sh -c " + shlex.quote(text)
 
 

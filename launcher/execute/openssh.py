@@ -1,0 +1,204 @@
+"""Node output streams through the OpenSSH client: one `ssh` process per node.
+
+paramiko decrypts every byte in Python under the launcher's one GIL; at 8-64 hosts that, not
+the link, limited the log path (bench/results/logpath-*). Here each node's session is an
+`ssh` child that decrypts in C in its own process, and the launcher reads a pipe (os.read
+releases the GIL). paramiko still connects, stages files, runs short scripts and tears down;
+the key it verified at connect is pinned for the child (no prompt, no write to known_hosts).
+MLAUNCH_SSH_STREAM=paramiko keeps every session in paramiko (also where `ssh` is missing).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import paramiko
+
+from .. import render
+from ..errors import Problem
+from ..spec import SSH
+from ..spec.hosts import HostAddr
+from .base import LOST, Exit
+
+ALIVE_S, ALIVE_COUNT = 2, 3   # a silent link ends the client within ~6 s, as paramiko's keepalive
+PIPE_BYTES = 2**20            # a deeper pipe: fewer wake-ups per MB of node output
+READ_SIZE = 2**20
+# Known to every OpenSSH since 6.5; the AEAD ciphers first, as for paramiko (ssh.AEAD_FIRST)
+CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+           "aes128-ctr,aes192-ctr,aes256-ctr")
+READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap's ready)
+_F_SETPIPE_SZ = 1031          # Linux's fcntl for a pipe's capacity
+
+
+def wanted() -> bool:
+    """Whether node streams use the OpenSSH client (the default where `ssh` is installed)."""
+    return os.environ.get("MLAUNCH_SSH_STREAM", "openssh") != "paramiko" and shutil.which("ssh") is not None
+
+
+class OpenSSHRunning:
+    """One node command in an `ssh` child: its stdout pipe is the node's output."""
+
+    def __init__(self, proc: subprocess.Popen, early: bytes = b""):
+        self._proc = proc
+        self._early = early   # read with the ready line
+        self._out = proc.stdout.fileno()
+        self._in = proc.stdin.fileno()
+        os.set_blocking(self._in, False)   # a heartbeat never blocks on a stuck client
+        self._cut = False
+
+    def read(self) -> bytes:
+        if self._early:
+            early, self._early = self._early, b""
+            return early
+        try:
+            return os.read(self._out, READ_SIZE)
+        except OSError:
+            return b""
+
+    def wait(self) -> Exit:
+        code = self._proc.wait()
+        said = self._proc.stderr.read().decode("utf-8", "replace").strip()
+        if self._cut and code != 0:
+            return Exit(LOST, lost=True, detail="session cut by mlaunch")
+        # The node's stderr went into its stdout (bootstrap merge_stderr): what is here is the
+        # client's own, and exit 255 with it means the client, not the node, ended.
+        if code < 0 or (code == 255 and said):
+            return Exit(LOST, lost=True, detail="connection lost")
+        return Exit(code)
+
+    def heartbeat(self) -> None:
+        try:
+            os.write(self._in, b"x")
+        except OSError:   # a full pipe (the client is stuck) or a gone client: wait() tells
+            pass
+
+    def close(self) -> None:
+        self._cut = True
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)   # the session closes; the node's guard ends it
+
+
+class OpenSSHStreams:
+    """The `ssh` command line per host, with the host keys paramiko verified pinned."""
+
+    def __init__(self, ssh: SSH):
+        self._ssh = ssh
+        self._dir = tempfile.mkdtemp(prefix="mlaunch-ssh-")   # 0700: the pinned keys
+        self._known = os.path.join(self._dir, "known_hosts")
+        self._argv: dict[str, list[str]] = {}
+        self._pending: dict[str, subprocess.Popen] = {}   # logging in
+        self._ready: dict[str, tuple[subprocess.Popen, bytes]] = {}   # logged in, no script yet
+
+    def pin(self, login: str, addr: HostAddr, port: int | None, key: paramiko.PKey,
+            jump: tuple[HostAddr, paramiko.PKey] | None) -> None:
+        """Remember how to reach login: its address, port, the key paramiko saw, the jump host."""
+        alias = f"mlaunch-{len(self._argv)}"
+        self._add_key(alias, key)
+        proxy = None
+        if jump is not None:
+            jaddr, jkey = jump
+            self._add_key(alias + "-jump", jkey)
+            argv = self._options(alias + "-jump", jaddr.user or self._ssh.user, jaddr.port, None)
+            # ProxyCommand expands %-tokens: a literal % in a path is written %%
+            proxy = render.command_line([*(a.replace("%", "%%") for a in argv), "-W", "%h:%p",
+                                         "--", jaddr.name.replace("%", "%%")])
+        self._argv[login] = [*self._options(alias, addr.user or self._ssh.user, port, proxy), "--", addr.name]
+
+    def spawn(self, command: str) -> None:
+        """Begin every host's login now (command then waits there for its script), so that
+        the handshakes overlap whatever the launcher does next (staging)."""
+        for login in self._argv:
+            if login not in self._ready and login not in self._pending:
+                self._pending[login] = self._popen(login, command)
+
+    def await_ready(self, timeout: float) -> list[Problem]:
+        """Wait for every login spawn() began; a line for each host the client could not log
+        in to (then every waiting session is ended: nothing is sent anywhere)."""
+        logins = list(self._pending)
+        with ThreadPoolExecutor(max_workers=min(64, len(logins) or 1)) as pool:
+            results = list(pool.map(lambda h: self._await(h, timeout), logins))
+        problems = [p for p in results if p is not None]
+        if problems:
+            self.end_sessions()
+        return problems
+
+    def start(self, login: str, command: str, script: bytes) -> OpenSSHRunning:
+        """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats."""
+        if login not in self._ready:
+            self._pending.setdefault(login, self._popen(login, command))
+            if problem := self._await(login, 30.0):
+                raise RuntimeError(problem.message)
+        proc, early = self._ready.pop(login)
+        try:
+            proc.stdin.write(script)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass   # the client already ended: wait() tells how
+        return OpenSSHRunning(proc, early)
+
+    def end_sessions(self) -> None:
+        """End sessions begun but never started (each node's `read` then sees EOF)."""
+        for proc in [*self._pending.values(), *(p for p, _ in self._ready.values())]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        self._pending.clear()
+        self._ready.clear()
+
+    def close(self) -> None:
+        self.end_sessions()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _popen(self, login: str, command: str) -> subprocess.Popen:
+        # A session of its own: the terminal's Ctrl-C reaches the launcher, which tears down
+        # in order, and never the clients (they would drop every node's output at once).
+        proc = subprocess.Popen([*self._argv[login], command], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            fcntl.fcntl(proc.stdout.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass   # the pipe keeps its default size
+        return proc
+
+    def _await(self, login: str, timeout: float) -> Problem | None:
+        proc = self._pending.pop(login)
+        seen, deadline = b"", time.monotonic() + timeout
+        while (cut := seen.find(READY + b"\n")) < 0:
+            left = deadline - time.monotonic()
+            ready = select.select([proc.stdout], [], [], max(0.0, left))[0]
+            chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
+            if not chunk:
+                return self._refused(login, proc, timeout if left <= 0 or not ready else None)
+            seen += chunk
+        self._ready[login] = (proc, seen[cut + len(READY) + 1:])
+        return None
+
+    def _refused(self, login: str, proc: subprocess.Popen, timed_out: float | None) -> Problem:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        said = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        what = f"had no answer in {timed_out:g}s" if timed_out else \
+            "cannot log in where paramiko did: " + (said[-1] if said else f"exit {proc.returncode}")
+        return Problem(f"host {login}", f"the OpenSSH client (ssh) {what}; fix ssh_config or the "
+                       "key for this host, or set MLAUNCH_SSH_STREAM=paramiko")
+
+
+    def _add_key(self, alias: str, key: paramiko.PKey) -> None:
+        fd = os.open(self._known, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as fh:
+            fh.write(f"{alias} {key.get_name()} {key.get_base64()}\n")
+
+    def _options(self, alias: str, user: str | None, port: int | None, proxy: str | None) -> list[str]:
+        s = self._ssh
+        return render.ssh_client_argv(
+            alive_s=ALIVE_S, alive_count=ALIVE_COUNT, ciphers=CIPHERS, connect_timeout=max(1, round(s.connect_timeout)),
+            known_hosts=self._known, alias=alias, config_file=os.path.expanduser(s.config_file) if s.config_file else None,
+            key_file=os.path.expanduser(s.key_file) if s.key_file else None, user=user, port=port, proxy=proxy)

@@ -1,0 +1,156 @@
+"""The OpenSSH client as the carrier of node output (launcher/execute/openssh.py): its
+command line, the host keys it is pinned to, how its end is read, the login probe."""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+
+import paramiko
+import pytest
+
+from launcher.execute.base import LOST, Exit
+from launcher import render
+from launcher.execute.openssh import READY, OpenSSHRunning, OpenSSHStreams
+from launcher.execute.ssh import bootstrap_command
+from launcher.spec import SSH
+from launcher.spec.hosts import HostAddr
+
+from .helpers import limit
+
+KEY = paramiko.RSAKey.generate(1024)
+
+
+def _child(script: str) -> OpenSSHRunning:
+    """A stand-in for the `ssh` child: a shell with the same three pipes."""
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    return OpenSSHRunning(proc)
+
+
+def _drain(running: OpenSSHRunning) -> bytes:
+    return b"".join(iter(running.read, b""))
+
+
+def test_argv_pins_the_verified_key_and_names_every_setting(tmp_path):
+    streams = OpenSSHStreams(SSH(user="alice", key_file="~/k%1", config_file=str(tmp_path / "cfg"),
+                                 connect_timeout=7, jump_host="bob@gw:2222"))
+    try:
+        streams.pin("n1:2200", HostAddr("n1", port=2200), 2200, KEY, None)
+        streams.pin("n2", HostAddr("n2", user="carol"), None, KEY, (HostAddr("gw", user="bob", port=2222), KEY))
+        a1, a2 = streams._argv["n1:2200"], streams._argv["n2"]
+        assert a1[0] == "ssh" and a1[-2:] == ["--", "n1"] and a2[-2:] == ["--", "n2"]
+        for opt in ("-T", "-oBatchMode=yes", "-oEscapeChar=none", "-oStrictHostKeyChecking=yes",
+                    "-oServerAliveInterval=2", "-oServerAliveCountMax=3", "-oConnectTimeout=7",
+                    "-oHostKeyAlias=mlaunch-0", "-oGlobalKnownHostsFile=/dev/null"):
+            assert opt in a1, opt
+        assert a1[a1.index("-p") + 1] == "2200" and "-p" not in a2   # ssh_config decides
+        assert a1[a1.index("-l") + 1] == "alice" and a2[a2.index("-l") + 1] == "carol"
+        assert a1[a1.index("-i") + 1] == os.path.expanduser("~/k%1")
+        assert a1[a1.index("-F") + 1] == str(tmp_path / "cfg")
+        (proxy,) = [a for a in a2 if a.startswith("-oProxyCommand=")]
+        # the jump host is pinned too; a literal % is doubled for ssh's own %-expansion
+        assert "-oHostKeyAlias=mlaunch-1-jump" in proxy and "-W %h:%p -- gw" in proxy
+        assert "-p 2222" in proxy and "-l bob" in proxy and "k%%1" in proxy
+        known = a1[a1.index("-oGlobalKnownHostsFile=/dev/null") + 1].split("=", 1)[1]
+        assert stat.S_IMODE(os.stat(known).st_mode) == 0o600
+        lines = open(known).read().splitlines()
+        assert lines == [f"{alias} ssh-rsa {KEY.get_base64()}"
+                         for alias in ("mlaunch-0", "mlaunch-1", "mlaunch-1-jump")]
+    finally:
+        streams.close()
+    assert not os.path.exists(os.path.dirname(known))
+
+
+def test_exit_255_with_the_clients_own_words_is_a_lost_connection():
+    r = _child("echo node-line; echo 'Timeout, server 10.0.0.2 not responding.' >&2; exit 255")
+    assert _drain(r) == b"node-line\n"
+    assert r.wait() == Exit(LOST, lost=True, detail="connection lost")
+
+
+def test_a_nodes_own_exit_codes_pass_through():
+    # The node's stderr is merged into its stdout on the node: a silent 255 is the node's own.
+    for code in (0, 3, 255):
+        r = _child(f"echo x; exit {code}")
+        _drain(r)
+        assert r.wait() == Exit(code)
+
+
+def test_heartbeats_reach_the_node_and_close_cuts_the_session():
+    r = _child("head -c 3; echo; echo got-3; exec sleep 600")
+    for _ in range(3):
+        r.heartbeat()
+    out = b""
+    while b"got-3" not in out:
+        out += r.read()
+    assert out == b"xxx\ngot-3\n"
+    pid = r._proc.pid
+    r.close()
+    _drain(r)
+    assert r.wait() == Exit(LOST, lost=True, detail="session cut by mlaunch")
+    assert not os.path.exists(f"/proc/{pid}")
+    r.heartbeat()   # after the end: nothing raised
+
+
+def _local_streams(hosts: dict[str, list[str]]) -> OpenSSHStreams:
+    """OpenSSHStreams whose "client" per login is a local argv ending in `sh -c`: the
+    session's command then runs here, as sshd would run it there."""
+    streams = OpenSSHStreams(SSH())
+    streams._argv.update(hosts)
+    return streams
+
+
+def test_a_session_logs_in_before_its_script_and_runs_it_when_started():
+    streams = _local_streams({"a": ["/bin/sh", "-c"], "b": ["/bin/sh", "-c"]})
+    # what a login shell may print first (a banner) is not the node's output
+    command = "echo banner-noise; " + bootstrap_command(merge_stderr=True, ready=READY.decode())
+    try:
+        streams.spawn(command)
+        assert streams.await_ready(limit(30)) == []
+        assert set(streams._ready) == {"a", "b"}   # logged in, waiting for their scripts
+        runs = {h: streams.start(h, command, render.framed(f"echo on {h}; echo err-{h} >&2; exit 4"))
+                for h in ("a", "b")}
+        for h, r in runs.items():
+            assert _drain(r) == f"on {h}\nerr-{h}\n".encode()   # stderr merged, in order
+            assert r.wait() == Exit(4)
+        # a session nobody began (`mlaunch exec` starts without staging) logs in when started
+        streams._argv["c"] = ["/bin/sh", "-c"]
+        late = streams.start("c", command, render.framed("echo late"))
+        assert _drain(late) == b"late\n" and late.wait() == Exit(0)
+    finally:
+        streams.close()
+
+
+def test_a_session_that_ends_before_its_ready_line_is_a_problem_and_nothing_is_left():
+    streams = _local_streams({"good": ["/bin/sh", "-c"],
+                              "bad": ["/bin/sh", "-c", "echo 'Permission denied (publickey).' >&2; exit 255"]})
+    command = bootstrap_command(ready=READY.decode())
+    streams.spawn(command)
+    (problem,) = streams.await_ready(limit(30))
+    assert problem.path == "host bad"
+    assert problem.message == ("the OpenSSH client (ssh) cannot log in where paramiko did: Permission "
+                               "denied (publickey).; fix ssh_config or the key for this host, or set "
+                               "MLAUNCH_SSH_STREAM=paramiko")
+    assert streams._ready == {} and streams._pending == {}   # the good host's session ended too
+    streams.close()
+    assert not os.path.exists(streams._dir)
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on this machine")
+def test_the_real_client_says_in_one_line_why_it_cannot_log_in(tmp_path):
+    import socket
+    with socket.socket() as s:   # a port with nothing listening: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    streams = OpenSSHStreams(SSH(connect_timeout=5))
+    try:
+        streams.pin(f"127.0.0.1:{port}", HostAddr("127.0.0.1", port=port), port, KEY, None)
+        streams.spawn(bootstrap_command(ready=READY.decode()))
+        (problem,) = streams.await_ready(limit(30))
+    finally:
+        streams.close()
+    assert problem.path == f"host 127.0.0.1:{port}"
+    assert problem.message.startswith("the OpenSSH client (ssh) cannot log in where paramiko did: ")
+    assert "Connection refused" in problem.message and "MLAUNCH_SSH_STREAM=paramiko" in problem.message
+    assert "\n" not in problem.message
