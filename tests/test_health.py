@@ -301,7 +301,10 @@ def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
     (run,) = os.listdir(os.path.join(out, "logs"))
     (log,) = [f for f in os.listdir(os.path.join(out, "logs", run)) if f.startswith("node0-")]
     text = open(os.path.join(out, "logs", run, log)).read()
-    assert text.count("Traceback (most recent call last):") == 2, text[-3000:]
+    # Two tracebacks, plus one per "--- Logging error ---" block: on a loaded machine a second
+    # SIGTERM can land inside torchrun's own logging call while it shuts down (its output too)
+    assert text.count("Traceback (most recent call last):") == 2 + text.count("--- Logging error ---"), \
+        text[-3000:]
     assert "During handling of the above exception, another exception occurred:" in text
     assert len(re.findall(r"^torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: "
                           r"Process \d+ got signal: 15$", text, re.M)) == 2

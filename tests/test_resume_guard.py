@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -111,18 +112,23 @@ def test_overwrite_renders_overwrite(tmp_path):
 @pytest.mark.launches
 def test_concurrent_submit_refused_then_stale_lock_taken_over(tmp_path):
     out = str(tmp_path / "out")
-    spec = write_spec(tmp_path, script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "4"], out))
+    # The first run sleeps until it is interrupted: the second submit is refused however long
+    # a loaded machine takes to start it (a first run of fixed length once ended before).
+    spec = write_spec(tmp_path, script_job(["localhost"], 1, "fail_or_sleep.py", ["-1", "0", "0"], out))
     first = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", spec, "--no-preflight"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in first.stdout:
         if "ready rank 0" in line:
             break
     second = mlaunch("submit", spec, "--no-preflight")
-    assert second.returncode == 2
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr
     assert f"{out} is in use by run t-" in second.stderr and f"on {socket.gethostname()}" in second.stderr
+    first.send_signal(signal.SIGINT)
     first.communicate(timeout=limit(60))
-    assert first.returncode == 0
+    assert first.returncode == 130
     assert not os.path.exists(os.path.join(out, ".mlaunch.lock")), "lock not released"
+    spec = write_spec(tmp_path, script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "0"], out),
+                      "quick.yaml")
     # A launcher that died without unlocking: same host, dead pid -> taken over, evidence kept.
     dead = subprocess.Popen(["true"])
     dead.wait()
