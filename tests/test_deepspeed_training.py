@@ -18,7 +18,7 @@ from .loadfactor import limit
 from .test_swift_training import assert_trained as swift_trained
 from .test_swift_training import checkpoint as swift_checkpoint
 from .test_swift_training import swift_spec
-from .test_training import assert_trained
+from .test_training import assert_outputs, assert_trained
 from .training import (SWIFT_PYTHON, TRAINER_PYTHON, build_tiny, lf_spec, require_swift,
                        require_trainer, submit_timed)
 
@@ -77,6 +77,8 @@ def test_weight_decay_and_beta2_train_under_zero(make_hostset, tmp_path, tiny, s
     # LoRA: one group (LoRA weights all decay); full: decay and no-decay (norms) groups.
     assert [g["weight_decay"] for g in groups] == ([0.1] if stage == 2 else [0.1, 0.0]), groups
     assert all(g["betas"] == [0.9, 0.95] for g in groups), groups
+    # These two runs are also test_training's LoRA/ZeRO-2 and full/ZeRO-3 variants.
+    assert_outputs(out, tiny, lora=stage == 2, zero=True)
 
 
 def write_user_config(tmp_path) -> str:

@@ -44,28 +44,6 @@ def preference_data(tiny: dict, dest) -> str:
     return str(data)
 
 
-@pytest.mark.multihost
-def test_dpo_lora_trains_on_two_hosts(make_hostset, tmp_path, tiny):
-    out = str(tmp_path / "out")
-    data = preference_data(tiny, tmp_path)
-    with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=4, save_steps=4,
-                       stage="dpo", preference={"beta": 0.1, "loss": "sigmoid"})
-        spec.update(dataset="tiny_pref", dataset_dir=data)
-        spec["preflight"] = {"min_free_gb": 0, "min_shm_mb": 0}
-        r = submit_timed(tmp_path, spec, preflight=True)   # preflight checks the ranking data form
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    state = trainer_state(out)
-    assert state["global_step"] == 4
-    logs = [e for e in state["log_history"] if "loss" in e]
-    assert [e["step"] for e in logs] == [1, 2, 3, 4]
-    for e in logs:   # DPO's own metrics, every step, all finite
-        for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins"):
-            assert math.isfinite(e[key]), (key, e)
-    assert "'rewards/margins'" in r.stdout or "rewards/margins" in r.stdout
-    assert os.path.isfile(os.path.join(out, "adapter_model.safetensors"))
-
-
 def tensorboard_overlay(tmp_path) -> str:
     """tensorboard (and absl) from the ms-swift venv on the trainer venv's path: the trainer venv
     has no tensorboard, and transformers' TensorBoardCallback needs it."""
@@ -81,17 +59,29 @@ def tensorboard_overlay(tmp_path) -> str:
 
 
 @pytest.mark.multihost
-def test_tensorboard_events_come_from_node0_only(make_hostset, tmp_path, tiny):
+def test_dpo_lora_trains_on_two_hosts_and_tensorboard_comes_from_node0_only(make_hostset, tmp_path, tiny):
+    """DPO with LoRA and report_to tensorboard in one run (one trainer run fewer than apart)."""
     out = str(tmp_path / "out")
+    data = preference_data(tiny, tmp_path)
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=3, save_steps=3,
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=4, save_steps=4,
+                       stage="dpo", preference={"beta": 0.1, "loss": "sigmoid"},
                        report_to="tensorboard", name="tb")
+        spec.update(dataset="tiny_pref", dataset_dir=data)
         spec["cluster"]["env"]["PYTHONPATH"] = tensorboard_overlay(tmp_path)
         spec["preflight"] = {"min_free_gb": 0, "min_shm_mb": 0}
-        r = submit_timed(tmp_path, spec, preflight=True)
+        r = submit_timed(tmp_path, spec, preflight=True)   # preflight checks the ranking data form
         names = [h.name for h in hs.hosts]
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert trainer_state(out)["global_step"] == 3
+    state = trainer_state(out)
+    assert state["global_step"] == 4
+    logs = [e for e in state["log_history"] if "loss" in e]
+    assert [e["step"] for e in logs] == [1, 2, 3, 4]
+    for e in logs:   # DPO's own metrics, every step, all finite
+        for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins"):
+            assert math.isfinite(e[key]), (key, e)
+    assert "'rewards/margins'" in r.stdout or "rewards/margins" in r.stdout
+    assert os.path.isfile(os.path.join(out, "adapter_model.safetensors"))
     # All nodes share this filesystem; transformers names the run dir and each event file after
     # the writer's hostname (runs/<time>_<host>/events.out.tfevents.<t>.<host>.<pid>.<n>).
     events = glob.glob(os.path.join(out, "runs", "*", "events.out.tfevents.*"))

@@ -7,6 +7,7 @@ trainer venv (transformers 4.57) and over the ms-swift venv's transformers 5.19.
 """
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import math
@@ -47,6 +48,7 @@ def rendered_yaml(spec: dict, transformers: str | None) -> str:
     return next(f.content for f in plan.files if f.path.endswith("llamafactory.yaml"))
 
 
+@functools.lru_cache(maxsize=None)   # an interpreter start each: asked 6 times per worker
 def site_packages(python: str) -> str:
     out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True)
@@ -74,6 +76,7 @@ def parsed(r: subprocess.CompletedProcess) -> dict:
     return json.loads(line.split(" ", 1)[1])
 
 
+@functools.lru_cache(maxsize=None)   # a transformers import each (about 4 CPU s)
 def installed_transformers(python: str) -> str:
     out = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
                          capture_output=True, text=True, check=True)

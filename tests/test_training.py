@@ -59,13 +59,28 @@ def reload_full(out: str) -> None:
         "x = torch.tensor([[1, 2, 3]]); assert m(x).logits.shape[-1] > 0; print('OK')\n")
 
 
-VARIANTS = {  # name: (finetuning, deepspeed)
-    "lora": (None, None),
+VARIANTS = {  # name: (finetuning, deepspeed). LoRA without DeepSpeed is the ref10 run below;
+    # LoRA under ZeRO-2 and full under ZeRO-3 are test_deepspeed_training's weight-decay runs,
+    # which check the same outputs (assert_outputs): one trainer run each fewer.
     "freeze": ({"type": "freeze", "freeze_trainable_layers": 1}, None),
     "full": ({"type": "full"}, None),
-    "lora-zero2": (None, {"stage": 2}),
-    "full-zero3": ({"type": "full"}, {"stage": 3}),
 }
+
+
+def assert_outputs(out: str, tiny: dict, *, lora: bool, zero: bool) -> None:
+    """What every trained variant leaves: checkpoint-3, DeepSpeed's own shards (one per rank,
+    2 ranks) under ZeRO, weights that reload, and one log per node holding its own lines."""
+    assert os.path.isfile(os.path.join(out, "checkpoint-3", "trainer_state.json"))
+    if zero:
+        shards = os.listdir(os.path.join(out, "checkpoint-3", "global_step3"))
+        assert len([s for s in shards if s.endswith("optim_states.pt")]) == 2, shards
+    if lora:
+        reload_adapter(tiny["model"], out)
+    else:
+        reload_full(out)
+    logs = [p for p in os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
+            if p.startswith("node")]   # beside them: events.jsonl
+    assert sorted(re.sub(r"-.*", "", p) for p in logs if ".attempt" not in p) == ["node0", "node1"]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -77,33 +92,19 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
                        deepspeed=deepspeed)
         if variant == "full":  # rendered files written once to shared storage, not uploaded
             spec["cluster"]["shared_dir"] = str(tmp_path / "shared")
-        r = submit_timed(tmp_path, spec, preflight=variant == "lora")
-        if variant == "lora":  # this one goes through submit's preflight, as users' runs do
-            assert "preflight" in r.stdout
+        r = submit_timed(tmp_path, spec)
         if variant == "full":
             assert os.listdir(tmp_path / "shared" / ".mlaunch")
     assert_trained(r, out, 6)
-    assert os.path.isfile(os.path.join(out, "checkpoint-3", "trainer_state.json"))
-    if deepspeed:  # DeepSpeed's own checkpoint: one optimizer shard per rank (2 ranks)
-        shards = os.listdir(os.path.join(out, "checkpoint-3", "global_step3"))
-        assert len([s for s in shards if s.endswith("optim_states.pt")]) == 2, shards
-    if variant.startswith("lora"):
-        reload_adapter(tiny["model"], out)
-    else:
-        reload_full(out)
-    # Each node's log holds its own lines.
-    logs = [p for p in os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
-            if p.startswith("node")]   # beside them: events.jsonl
-    assert sorted(re.sub(r"-.*", "", p) for p in logs) == ["node0", "node1"]
-
-
+    assert_outputs(out, tiny, lora=False, zero=False)
 
 
 @pytest.fixture(scope="module")
-def ref10(tiny, tmp_path_factory) -> str:
-    """The output_dir of an uninterrupted 10-step LoRA run on 2 hosts × 1, checkpoints 5 and 10:
-    the restart test's reference losses and the half-checkpoint test's checkpoint-5 (one
-    trainer run fewer than each making its own)."""
+def ref10_run(tiny, tmp_path_factory) -> tuple[str, str]:
+    """(output_dir, console) of an uninterrupted 10-step LoRA run on 2 hosts × 1 through
+    submit's preflight, as users' runs go, checkpoints 5 and 10: the LoRA variant's outputs,
+    the restart test's reference losses and the half-checkpoint test's checkpoint-5 (two
+    trainer runs fewer than each making its own)."""
     from . import hosts as _hosts
     if (reason := _hosts.skip_reason()) is not None:
         pytest.skip(reason)
@@ -111,12 +112,32 @@ def ref10(tiny, tmp_path_factory) -> str:
     out = str(base / "out")
     with _hosts.make_hosts(2) as hs:
         r = submit_timed(base, lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10,
-                                       save_steps=5))
+                                       save_steps=5), preflight=True)
     assert_trained(r, out, 10)
-    return out
+    return out, r.stdout
+
+
+@pytest.fixture(scope="module")
+def ref10(ref10_run) -> str:
+    return ref10_run[0]
+
+
+def test_lora_trains_through_preflight_and_reloads(ref10_run, tiny):
+    out, console = ref10_run
+    assert "preflight" in console
+    assert os.path.isfile(os.path.join(out, "checkpoint-5", "trainer_state.json"))
+    reload_adapter(tiny["model"], out)
+    logs = [p for p in os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
+            if p.startswith("node")]
+    assert sorted(re.sub(r"-.*", "", p) for p in logs) == ["node0", "node1"]
 
 
 def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, tiny, ref10):
+    """A detached run (submit -d) whose worker on host 1 is killed after checkpoint-5: one
+    automatic restart resumes there, steps 6-10 have the uninterrupted run's losses, and the
+    registry records both attempts (one trainer run serves the restart and the detach tests)."""
+    from .runs import Runs
+    runs = Runs(str(tmp_path / "home"))
     out = str(tmp_path / "out")
     ref_state = trainer_state(ref10)
     with make_hostset(2) as hs:
@@ -125,12 +146,23 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
                        restart_backoff_s=1)
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
                            b"llamafactory.launcher") as killed:
-            r = submit_timed(tmp_path, spec)
+            run_id = runs.detach(tmp_path, spec)
+            row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"), timeout=900)
     assert killed, "no worker was killed"
-    state = assert_trained(r, out, 10)
-    assert "restart 1/1: resuming from" in r.stdout and f"{out}/checkpoint-5" in r.stdout
-    assert "attempt 0: exit 137" in r.stdout and "attempt 1: exit 0" in r.stdout
-    ref_loss, got = losses(ref_state), losses(state)
+    console = open(runs.console_path(run_id)).read()
+    assert row["state"] == "succeeded" and row["exit_code"] == 0, console[-4000:]
+    assert row["attempts"] == 2 and row["resumed_from"] == f"{out}/checkpoint-5", row
+    attempts = runs.attempts(run_id)
+    assert [(a.n, a.state, a.exit_code, a.resumed_from) for a in attempts] == [
+        (0, "failed", 137, None), (1, "succeeded", 0, f"{out}/checkpoint-5")]
+    assert all(os.path.exists(p) for a in attempts for p in a.log_paths)
+    state = trainer_state(out)
+    assert state["global_step"] == 10
+    got = losses(state)
+    assert sorted(got) == list(range(1, 11)) and all(v == v and v > 0 for v in got.values())
+    assert "restart 1/1: resuming from" in console and f"{out}/checkpoint-5" in console
+    assert "attempt 0: exit 137" in console and "attempt 1: exit 0" in console
+    ref_loss = losses(ref_state)
     for step in range(6, 11):
         assert got[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-6), (step, got, ref_loss)
     logs = os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
