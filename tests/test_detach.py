@@ -74,16 +74,43 @@ def test_stop_leaves_nothing_and_spares_a_bystander(make_hostset, tmp_path, runs
             bystander.kill()
 
 
+def stream_clients(pid: int) -> list[int]:
+    """The OpenSSH clients (execute/openssh.py) that process pid started: its children whose
+    program is ssh."""
+    out = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+            argv0 = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0]
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and os.path.basename(argv0) == b"ssh":
+            out.append(int(d))
+    return out
+
+
 @pytest.mark.multihost
 def test_supervisor_killed_is_lost_and_stop_still_cleans(make_hostset, tmp_path, runs):
     with make_hostset(2) as hs:
-        # With stop: the nodes are reached directly.
+        # A supervisor gone while its links hang (its ssh clients frozen, so that no end of
+        # stream reaches the nodes): the nodes keep running until the hang-up guard's silence
+        # limit (600 s), and stop reaches them directly. (A supervisor killed with its links
+        # intact closes the streams, and each node ends its own processes: run b below.)
         a = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "a"), hangup_after_s=600), name="a.yaml")
         runs.wait_console(a, r"ready rank \d", count=4)
-        os.kill(runs.run(a)["supervisor_pid"], signal.SIGKILL)
-        assert runs.wait_state(a, ("lost",), timeout=10)["state"] == "lost"
-        assert local_pids(a), "the job should still run on the nodes (hang-up guard: 600 s)"
-        r = runs.cli("stop", a)
+        supervisor = runs.run(a)["supervisor_pid"]
+        clients = stream_clients(supervisor)
+        assert len(clients) == 2, clients   # one per node
+        try:
+            for pid in clients:
+                os.kill(pid, signal.SIGSTOP)
+            os.kill(supervisor, signal.SIGKILL)
+            assert runs.wait_state(a, ("lost",), timeout=10)["state"] == "lost"
+            assert local_pids(a), "the job should still run on the nodes (hang-up guard: 600 s)"
+            r = runs.cli("stop", a)
+        finally:
+            for pid in clients:
+                os.kill(pid, signal.SIGKILL)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "supervisor is lost" in r.stdout and "0 processes left" in r.stdout
         assert all_gone(hs) == {h.name: set() for h in hs.hosts}
