@@ -301,13 +301,19 @@ def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
     (run,) = os.listdir(os.path.join(out, "logs"))
     (log,) = [f for f in os.listdir(os.path.join(out, "logs", run)) if f.startswith("node0-")]
     text = open(os.path.join(out, "logs", run, log)).read()
-    # Two tracebacks, plus one per "--- Logging error ---" block: on a loaded machine a second
-    # SIGTERM can land inside torchrun's own logging call while it shuts down (its output too)
-    assert text.count("Traceback (most recent call last):") == 2 + text.count("--- Logging error ---"), \
+    # torchrun's own shutdown lines are kept. Its SignalException chain (two tracebacks joined
+    # by "During handling ...", two SignalException lines) comes after its ranks are gone, when
+    # the teardown gives it a short drain and then SIGKILL (a teardown ends in ~2 s whatever is
+    # left to say): quiet, it is always written; on a loaded machine it may not be at all
+    # (seen: 1 of 5 loaded runs). What was written is whole. A second SIGTERM inside torchrun's
+    # logging call adds one traceback per "--- Logging error ---" block.
+    assert "Received 15 death signal, shutting down workers" in text, text[-3000:]
+    chains = text.count("During handling of the above exception, another exception occurred:")
+    signals = re.findall(r"^torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: "
+                         r"Process \d+ got signal: 15$", text, re.M)
+    assert chains <= 1 and len(signals) == 2 * chains, text[-3000:]
+    assert text.count("Traceback (most recent call last):") == 2 * chains + text.count("--- Logging error ---"), \
         text[-3000:]
-    assert "During handling of the above exception, another exception occurred:" in text
-    assert len(re.findall(r"^torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: "
-                          r"Process \d+ got signal: 15$", text, re.M)) == 2
     from .procs import job_pids as local_pids
     assert not local_pids("foldnoise-")
 
