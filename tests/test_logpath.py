@@ -108,6 +108,13 @@ def test_a_rank_never_waits_for_a_stopped_launcher(tmp_path):
         try:
             _wait_for_file(ready, proc, 60)
             proc.send_signal(signal.SIGSTOP)
+            # A signal is acted on when its target next runs: on a loaded machine that can be
+            # after a 4 MB write is over, so the rank is told to write only once mlaunch is
+            # seen stopped (loaded run e failed the check below without this wait).
+            deadline = time.monotonic() + limit(30)
+            while not _stopped(proc.pid):
+                assert time.monotonic() < deadline, "mlaunch did not stop on SIGSTOP"
+                time.sleep(0.01)
             open(go, "w").close()
             _wait_for_file(done, proc, 60)
             assert _stopped(proc.pid), "mlaunch ran while the rank wrote"
