@@ -78,9 +78,13 @@ def assert_outputs(out: str, tiny: dict, *, lora: bool, zero: bool) -> None:
         reload_adapter(tiny["model"], out)
     else:
         reload_full(out)
-    logs = [p for p in os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
-            if p.startswith("node")]   # beside them: events.jsonl
-    assert sorted(re.sub(r"-.*", "", p) for p in logs if ".attempt" not in p) == ["node0", "node1"]
+    assert node_logs(out) == ["node0", "node1"]
+
+
+def node_logs(out: str) -> list[str]:
+    """node<k> of each node log of the run in out (beside them: events.jsonl)."""
+    run_dir = os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0])
+    return sorted(re.sub(r"-.*", "", p) for p in os.listdir(run_dir) if p.startswith("node"))
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -127,9 +131,7 @@ def test_lora_trains_through_preflight_and_reloads(ref10_run, tiny):
     assert "preflight" in console
     assert os.path.isfile(os.path.join(out, "checkpoint-5", "trainer_state.json"))
     reload_adapter(tiny["model"], out)
-    logs = [p for p in os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
-            if p.startswith("node")]
-    assert sorted(re.sub(r"-.*", "", p) for p in logs) == ["node0", "node1"]
+    assert node_logs(out) == ["node0", "node1"]
 
 
 def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, tiny, ref10):
