@@ -141,6 +141,8 @@ def main() -> None:
                     help="logs: 'x' packs 35x under zlib, 'hex' about 2x (bench/logflood.py)")
     ap.add_argument("--with-paramiko", action="store_true",
                     help="logs: also stream through paramiko (MLAUNCH_SSH_STREAM=paramiko) in the same runs")
+    ap.add_argument("--unpaced", action="store_true",
+                    help="logs: also mlaunch without the console's pace (execute/console.py), same runs")
     ap.add_argument("--real-home", action="store_true", help="log in with root's real ~/.bashrc")
     args = ap.parse_args()
     if args.what == "start":
@@ -156,7 +158,7 @@ def main() -> None:
         if args.compress:
             os.environ["MLAUNCH_COMPRESS_STREAMS"] = "1"
         bench_logs(args.runs, args.mb, args.hosts, hex_payload=args.payload == "hex",
-                   with_paramiko=args.with_paramiko)
+                   with_paramiko=args.with_paramiko, with_unpaced=args.unpaced)
 
 
 if __name__ == "__main__":

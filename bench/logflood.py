@@ -133,15 +133,34 @@ def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, in
     return elapsed, check(by_node, lines), share
 
 
+def unpaced(hs, n: int, lines: int) -> tuple[float, float]:
+    """via_mlaunch with the console's pace lifted (execute/console.py RATE_BYTES_S, as before
+    it): (wall s, launcher CPU share)."""
+    from launcher.execute import console
+    paced, console.RATE_BYTES_S = console.RATE_BYTES_S, 1e18
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            t, bad, cpu, _ = via_mlaunch(hs, n, lines, tmp)
+    finally:
+        console.RATE_BYTES_S = paced
+    print(f"unpaced: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} load {os.getloadavg()[0]:.1f}",
+          file=sys.stderr)
+    assert bad == (0, 0, 0), bad
+    return t, cpu
+
+
 def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False,
-               with_paramiko: bool = False) -> None:
+               with_paramiko: bool = False, with_unpaced: bool = False) -> None:
     """mlaunch (node streams through `ssh` children unless MLAUNCH_SSH_STREAM=paramiko) against
-    raw parallel ssh, interleaved; with_paramiko: the paramiko stream too, in the same runs."""
+    raw parallel ssh, interleaved; with_paramiko: the paramiko stream too, in the same runs;
+    with_unpaced: mlaunch without the console's pace too."""
     HEX["on"] = hex_payload
     lines = mb * 1_000_000 // LINE_BYTES
-    ours, theirs, share, ssh_share, clients, pm = [], [], [], [], [], []
+    ours, theirs, share, ssh_share, clients, pm, up = [], [], [], [], [], [], []
     with make_hosts(n, isolated_home=True) as hs:
         for _ in range(runs):
+            if with_unpaced:
+                up.append(unpaced(hs, n, lines))
             with tempfile.TemporaryDirectory() as tmp:
                 t, bad, cpu, kids = via_mlaunch(hs, n, lines, tmp)
                 ours.append(t), share.append(cpu), clients.append(kids)
@@ -178,6 +197,10 @@ def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False,
     if pm:
         print(f"paramiko stream, same runs: median {statistics.median(pm):.2f}s, ratio to raw ssh "
               f"{s / statistics.median(pm):.2f}")
+    if up:
+        u = statistics.median(t for t, _ in up)
+        print(f"console unpaced, same runs: median {u:.2f}s, ratio to raw ssh {s / u:.2f}, launcher "
+              f"CPU share {statistics.median(c for _, c in up):.2f}")
 
 
 def _rate_samples(path: str) -> list[tuple[float, int]]:

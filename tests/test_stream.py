@@ -238,3 +238,44 @@ def test_torchruns_own_tail_threads_cut_a_line_and_the_console_mends_it(tmp_path
     Printer(lambda t: t, out, color=False).node_text(0, "h", r.stdout)
     assert out.getvalue().splitlines() == ["[node0 h local0] rank 0 sum 3",
                                            "[node0 h local1] rank 1 sum 3"]
+
+
+class _Sink(io.StringIO):
+    """A console whose text is read back; isatty() False, so no status lines."""
+
+
+def _console(rate: float, bound: int):
+    from launcher.execute.console import Console
+    sink = _Sink()
+    return Console(Printer(lambda s: s, sink, color=False), {0: "/logs/node0.log"}, bound=bound, rate=rate), sink
+
+
+def test_console_keeps_its_pace_and_skips_the_oldest_past_its_bound():
+    """Offered 2 MB at once with a pace of 64 KB/s and a bound of 256 KB: what it printed is never
+    more than its burst plus its pace over the time taken (load only makes it print less), the
+    oldest were skipped and the newest are shown at the close, which waits for no pace."""
+    import time
+    from launcher.execute.console import BURST_BYTES
+    console, sink = _console(rate=64 * 1024, bound=256 * 1024)
+    line = "%06d " + "x" * 93 + "\n"
+    start = time.monotonic()
+    for k in range(200):   # 200 texts of 100 lines of 100 bytes
+        console.offer(0, "h", "".join(line % (k * 100 + i) for i in range(100)))
+    time.sleep(0.5)   # the console's pace over some time, not a wait for an event
+    printed = sink.getvalue().count("\n")
+    assert printed * 100 <= BURST_BYTES + 64 * 1024 * (time.monotonic() - start) + 10_000
+    console.close(wait_s=limit(10))
+    text = sink.getvalue()
+    shown = [int(ln.split()[2]) for ln in text.splitlines() if ln.startswith("[node0 h] ")]
+    assert shown == sorted(shown) and shown[-1] == 19_999, "the newest line was not shown"
+    assert len(shown) < 20_000, "nothing was skipped"
+    assert "console behind: skipped" in text or "not shown here" in text, text[-500:]
+
+
+def test_console_within_its_pace_shows_every_line():
+    """Ordinary output (well under the pace): every line, in order, no 'behind' line."""
+    console, sink = _console(rate=4 * 2**20, bound=8 * 2**20)
+    for k in range(50):
+        console.offer(0, "h", f"step {k}\n")
+    console.close(wait_s=limit(10))
+    assert sink.getvalue() == "".join(f"[node0 h] step {k}\n" for k in range(50))

@@ -16,13 +16,22 @@ from .stream import Printer
 
 BOUND_BYTES = 8 * 2**20  # node output held for the console; past it the oldest is skipped
 BEHIND_EVERY_S = 2.0     # at most one "behind" line per this many seconds
+# The console's pace at most: 40,000 lines of 100 bytes a second, more than a terminal shows or
+# anyone reads. Under a flood it printed a third of 160 MB and took 45% of the launcher's time
+# (bench/results/logpath-device-2026-12-03.txt), time the readers need: the node logs are the
+# record. Past this pace the queue's bound skips the oldest, as for a slow terminal.
+RATE_BYTES_S = 4 * 2**20
+BURST_BYTES = 2**20
 
 
 class Console:
     """Node lines to the Printer from a thread of its own; offer() never blocks on the terminal."""
 
-    def __init__(self, printer: Printer, log_paths: dict[int, str], bound: int = BOUND_BYTES):
+    def __init__(self, printer: Printer, log_paths: dict[int, str], bound: int = BOUND_BYTES,
+                 rate: float | None = None):
         self.printer, self.log_paths, self.bound = printer, log_paths, bound
+        self.rate = rate or RATE_BYTES_S   # read at start: bench/logflood.py --unpaced sets it
+        self._tokens, self._filled_at = float(BURST_BYTES), time.monotonic()
         self._queue: collections.deque[tuple[int, str, str, int]] = collections.deque()
         self._bytes = 0
         self._cond = threading.Condition()
@@ -91,14 +100,28 @@ class Console:
             with self._cond:
                 while not self._queue and not self._closed and not self._abandoned:
                     self._cond.wait()
+                self._pace()
                 if self._abandoned or not self._queue:
                     return
                 rank, host, text, size = self._queue.popleft()
+                self._tokens -= size
                 self._bytes -= size
                 behind = self._behind_line()
             if behind:
                 self.printer.say(behind)
             self.printer.node_text(rank, host, text, masked=True)
+
+    def _pace(self) -> None:
+        # Called under the lock: waits (lock released, woken by close or abandon) until the
+        # queue's first text is within the pace. Once closing, the rest goes out at once.
+        while self._queue and not self._closed and not self._abandoned:
+            now = time.monotonic()
+            self._tokens = min(BURST_BYTES, self._tokens + (now - self._filled_at) * self.rate)
+            self._filled_at = now
+            need = min(self._queue[0][3], BURST_BYTES) - self._tokens
+            if need <= 0:
+                return
+            self._cond.wait(need / self.rate)
 
     def _behind_line(self) -> str | None:
         # Called under the lock: one line now and then, never one per skipped batch.

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The namespace hosts' tools for the GPU machine (the `device` tool), which has 16 cores but no
+# sshd, ssh, iproute2 or paramiko: the log-flood benchmark there measures mlaunch where the
+# "nodes" do not share the launcher's cores (bench/results/logpath-device-*.txt).
+#
+#   bash bench/device_kit.sh build        # here: .sshkit/ (this machine's Debian binaries and
+#                                         # their libraries) and .whl/ (the launcher's wheels)
+#   bash bench/device_kit.sh run CMD...   # there, in the repo root, with carry [.sshkit, .whl]
+# Both folders are listed in .git/info/exclude by `build` (they never go into the repo).
+set -euo pipefail
+K=$PWD/.sshkit
+case "${1:-}" in
+build)
+  grep -qx '/.sshkit/' .git/info/exclude 2>/dev/null || printf '/.sshkit/\n/.whl/\n' >> .git/info/exclude
+  rm -rf .sshkit .whl && mkdir -p .sshkit/bin .sshkit/real .sshkit/lib
+  for b in /usr/sbin/sshd /usr/bin/ssh /usr/bin/ssh-keygen /usr/bin/ip /usr/bin/nsenter /usr/bin/unshare; do
+    cp "$b" .sshkit/real/
+    for l in $(ldd "$b" | awk '$3 ~ /^\// {print $3}'); do
+      case $(basename "$l") in libc.so.6|libresolv.so.2|ld-linux*) ;; *) cp -nL "$l" .sshkit/lib/ ;; esac
+    done
+    n=$(basename "$b")
+    # sshd re-executes itself by its absolute path: the wrapper execs the real one so.
+    printf '#!/bin/sh\nK=$(cd "$(dirname "$0")/.." && pwd)\nLD_LIBRARY_PATH="$K/lib" exec "$K/real/%s" "$@"\n' "$n" > ".sshkit/bin/$n"
+    chmod +x ".sshkit/bin/$n"
+  done
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_26_x86_64 --platform manylinux1_x86_64 -d .whl \
+    paramiko==5.1.0 bcrypt==5.0.0 pynacl==1.6.2 cryptography==48.0.0 cffi==2.0.0 pycparser==3.0 \
+    fabric==3.2.2 invoke==2.2.1 decorator==5.2.1 deprecated==1.3.1 wrapt==2.1.2 pydantic==2.13.4 \
+    pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 typing_extensions==4.15.0
+  du -sh .sshkit .whl ;;
+run)
+  shift
+  id sshd >/dev/null 2>&1 || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd   # privilege separation
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD PATH=$K/bin:$PATH
+  head -2 /etc/os-release; echo "cores: $(nproc)"; python3 --version; ssh -V
+  "$@" ;;
+*) echo "usage: $0 build | run CMD..." >&2; exit 2 ;;
+esac
