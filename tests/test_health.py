@@ -440,31 +440,37 @@ def tiny(tmp_path_factory):
 @pytest.mark.training
 def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_path, tiny):
     """A real LLaMA-Factory run (1 local rank: a stopped rank is a hang at any world size, and
-    one rank halves the trainer start-up CPU); the rank is SIGSTOPped after checkpoint-5."""
+    one rank halves the trainer start-up CPU); the rank is SIGSTOPped once checkpoint-5 exists.
+    30 steps, not 10: loaded, the watcher thread woke after steps 6-10 were done (loaded run m),
+    and there was nothing left to stop; the stop may land after a later save, so the restart
+    resumes from the newest checkpoint it made (checkpoint-5, -10, ...)."""
     from .test_training import assert_trained
     from .training import lf_spec, local_job_pids, submit_timed, worker_killed
     out = str(tmp_path / "out")
-    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=10, save_steps=5, max_restarts=1,
+    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=30, save_steps=5, max_restarts=1,
                    restart_backoff_s=1, name="health-stop", health={"hang_after_s": 15})
     with worker_killed(local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
                        b"llamafactory.launcher", sig=signal.SIGSTOP, local_rank=0) as stopped:
         r = submit_timed(tmp_path, spec)
     assert stopped, "no worker was stopped"
-    assert_trained(r, out, 10)
-    assert "health: hang: no training step for" in r.stdout
-    assert f"restart 1/1: resuming from {out}/checkpoint-5" in r.stdout
+    assert_trained(r, out, 30)
+    assert "health: hang: no training step for" in r.stdout, r.stdout[-3000:]
+    m = re.search(rf"restart 1/1: resuming from {re.escape(out)}/checkpoint-(\d+)", r.stdout)
+    assert m and int(m.group(1)) % 5 == 0 and 5 <= int(m.group(1)) < 30, r.stdout[-3000:]
+    resumed = f"checkpoint-{m.group(1)}"
     assert not local_job_pids("health-stop")()
     ev = _events(out)
     names = [e["event"] for e in ev]
     assert names[0] == "run_start" and names[-1] == "run_end" and ev[-1]["code"] == 0
     assert names.index("first_step") < names.index("hang") < names.index("restart")
     restart = next(e for e in ev if e["event"] == "restart")
-    assert restart["reason"] == "hang" and restart["resume_from"].endswith("checkpoint-5")
+    assert restart["reason"] == "hang" and restart["resume_from"] == f"{out}/{resumed}"
     ckpts = [(e["attempt"], os.path.basename(e["path"])) for e in ev if e["event"] == "checkpoint"]
     # A checkpoint event means the trainer moved past the save; the rank may be stopped before
-    # attempt 0 logs another step, so its checkpoint-5 event may be missing, never wrong.
-    assert (1, "checkpoint-10") in ckpts
-    assert {name for attempt, name in ckpts if attempt == 0} <= {"checkpoint-5"}
+    # attempt 0 logs another step, so its last checkpoint event may be missing, never wrong.
+    assert (1, "checkpoint-30") in ckpts
+    assert {name for attempt, name in ckpts if attempt == 0} <= {
+        f"checkpoint-{k}" for k in range(5, int(m.group(1)) + 1, 5)}
     assert [e["attempt"] for e in ev] == sorted(e["attempt"] for e in ev)
     assert sum(e["event"] == "node_start" for e in ev) == 2
 
