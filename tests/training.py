@@ -6,6 +6,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -154,6 +155,19 @@ def worker_killed(pids, state_glob: str, module: bytes, **kw):
     finally:
         done.set()
         watcher.join()
+
+
+KILLED_OR_PEER = (137, 1)
+"""attempt 0's exit when one worker of a 2-node job is SIGKILLed: 137 when its torchrun reports
+first (its worker's signal), 1 when the peer node's torchrun does (its rank's collective
+failed on the closed connection): which node reaches the launcher first is a race."""
+
+
+def attempt_exit(console: str, n: int) -> int:
+    """The exit code the console's summary gives attempt n ("attempt 0: exit 137")."""
+    m = re.search(rf"attempt {n}: exit (\d+)\b", console)
+    assert m, console[-3000:]
+    return int(m.group(1))
 
 
 def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *,
