@@ -54,7 +54,9 @@ set +e
 # Slurm test on one worker (loadgroup; tests/conftest.py names the groups): many tests wait
 # on sshd, torchrun and timers rather than the CPU. Measured quiet (2026-12-03): -n 2 used
 # the cores part of the time (47.1 min), -n 4 kept them busy (mean 1.95 cores, 22.5 min).
-# Wait limits scale with the workers (tests/loadfactor.py with_workers).
+# Wait limits scale with the workers (tests/loadfactor.py with_workers). At the end: the 30
+# slowest by wall time, then the 30 costliest by CPU (tests/cpuacct.py: each worker in a cgroup
+# of its own, so a test's CPU holds its trainer ranks, sshd sessions and Slurm jobs).
 python -m pytest -q -n 4 --dist loadgroup --durations=30 "$@"
 rc=$?
 set -e

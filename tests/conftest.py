@@ -12,11 +12,13 @@ from typing import Callable, ContextManager, Iterator
 import pytest
 
 try:  # `tests` imported as a package
+    from . import cpuacct as _cpuacct
     from . import hosts as _hosts
     from . import loadfactor as _loadfactor
 except ImportError:  # rootdir-relative import (tests/ on sys.path, no __init__)
     if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # importlib mode
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cpuacct as _cpuacct
     import hosts as _hosts
     import loadfactor as _loadfactor
 
@@ -41,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     n = config.getoption("numprocesses", None)   # pytest-xdist's -n ("auto", a number, None)
     _loadfactor.load_factor(workers=os.cpu_count() or 1 if n in ("auto", "logical")
                             else int(n or 1))
+    _cpuacct.register(config)   # CPU seconds per test, listed at the end (tests/cpuacct.py)
     config.addinivalue_line(
         "markers",
         "multihost: needs real namespace+sshd hosts (tests/hosts.py); "

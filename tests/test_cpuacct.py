@@ -1,0 +1,60 @@
+"""The suite's CPU accounting (tests/cpuacct.py): a test's figure holds the CPU of every
+process it started, waited for or not, with and without pytest-xdist's workers."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from .cpuacct import ROOT as CGROUPS
+from .helpers import ROOT
+
+BURN = textwrap.dedent('''
+    import os, subprocess, sys, time
+
+    # A grandchild in a session of its own, never waited for by this process: only the
+    # cgroup sees its CPU. It burns BURN_S of CPU time (process_time: not wall time).
+    SPIN = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < {s}: pass"
+
+    def test_burn(tmp_path):
+        done = tmp_path / "done"
+        subprocess.run([sys.executable, "-c",
+                        "import os, subprocess, sys\\n"
+                        "if os.fork() == 0:\\n"
+                        "    os.setsid()\\n"
+                        "    subprocess.run([sys.executable, '-c', %r])\\n"
+                        "    open(%r, 'w').close()\\n"
+                        "    os._exit(0)\\n" % (SPIN, str(done))], check=True)
+        while not done.exists():   # a wait that costs next to no CPU itself
+            time.sleep(0.01)
+''')
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_cpu_of_a_test_counts_a_grandchild_it_never_waited_for(tmp_path, workers):
+    if os.geteuid() != 0 or not os.access(os.path.join(CGROUPS, "cgroup.procs"), os.W_OK):
+        pytest.skip(f"needs root and a writable cgroup v1 cpuacct hierarchy at {CGROUPS}")
+    burn_s = 0.5
+    before = groups()
+    (tmp_path / "conftest.py").write_text("from tests import cpuacct\n\n\n"
+                                          "def pytest_configure(config):\n    cpuacct.register(config)\n")
+    (tmp_path / "test_burn.py").write_text(BURN.replace("{s}", str(burn_s)))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                        *workers, "test_burn.py"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    m = re.search(r"([\d.]+)s cpu call\s+test_burn.py::test_burn", r.stdout)
+    assert m, r.stdout[-3000:]
+    # The figure holds the grandchild's burn (the test itself sleeps while it waits).
+    assert float(m.group(1)) >= burn_s, r.stdout[-3000:]
+    assert re.search(r"cpu per test: \d+ s in all; the costliest files: test_burn.py", r.stdout)
+    # Each of its processes left its cgroup at the end, and the groups went with them.
+    assert groups() == before, sorted(groups() - before)
+
+
+def groups() -> set[str]:
+    return {d for d in os.listdir(CGROUPS) if d.startswith("mlaunch-tests-")}
