@@ -251,14 +251,16 @@ class NodeLog:
 
     def __init__(self, path: str, mask: Callable[[str], str], keep: int = 12):
         self.path = path
-        self._fh = self._open()
+        self._fd = self._open()
         self._mask = mask
         self.tail: collections.deque[str] = collections.deque(maxlen=keep)
         self._failed = False
 
-    def _open(self) -> TextIO:
-        # Line-buffered: `mlaunch logs -f` sees each chunk as soon as it arrives.
-        return fsmode.open_private(self.path, "a", buffering=1)
+    def _open(self) -> int:
+        # One os.write per text, no file object: `mlaunch logs -f` sees each chunk as soon as
+        # it arrives, and a line-buffered text file cost twice as much per MB under a flood
+        # (bench/emit_cost.py).
+        return fsmode.private_fd(self.path, os.O_WRONLY | os.O_APPEND)
 
     def write(self, lines: list[str]) -> None:
         if lines:
@@ -271,7 +273,9 @@ class NodeLog:
         self.tail.extend(_last_lines(text, self.tail.maxlen or 1))
         try:
             self._reopen_if_removed()
-            self._fh.write(text)
+            data = memoryview(text.encode("utf-8", "replace"))
+            while data:   # a regular file takes it all at once unless the disk fills
+                data = data[os.write(self._fd, data):]
         except OSError as e:  # a full disk or a lost directory must not lose the node
             if not self._failed:
                 self._failed = True
@@ -281,11 +285,14 @@ class NodeLog:
     def _reopen_if_removed(self) -> None:
         # One fstat a chunk: a log removed with its directory would take every later line
         # into an unlinked file; it is made again at its path instead.
-        if os.fstat(self._fh.fileno()).st_nlink == 0:
+        if os.fstat(self._fd).st_nlink == 0:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             said_removed(os.path.dirname(self.path) or ".")
-            self._fh.close()
-            self._fh = self._open()
+            os.close(self._fd)
+            self._fd = -1   # if the open below fails, the next write fails and says so once
+            self._fd = self._open()
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
