@@ -149,6 +149,30 @@ def unpaced(hs, n: int, lines: int) -> tuple[float, float]:
     return t, cpu
 
 
+class ChunkCount:
+    """While active: how many chunks the `ssh` pipes gave the launcher, and their bytes (a
+    mean near READ_SIZE means the reader is behind: the pipes are full when it reads)."""
+
+    def __enter__(self):
+        from launcher.execute import openssh
+        self.chunks, self.bytes, self._cls = 0, 0, openssh.OpenSSHRunning
+        read = self._read = self._cls.read
+
+        def counted(running):
+            data = read(running)
+            self.chunks += 1
+            self.bytes += len(data)
+            return data
+        self._cls.read = counted
+        return self
+
+    def __exit__(self, *exc):
+        self._cls.read = self._read
+
+    def __str__(self):
+        return f"{self.chunks} chunks, mean {self.bytes / max(1, self.chunks) / 1024:.0f} KiB"
+
+
 def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False,
                with_paramiko: bool = False, with_unpaced: bool = False) -> None:
     """mlaunch (node streams through `ssh` children unless MLAUNCH_SSH_STREAM=paramiko) against
@@ -161,11 +185,11 @@ def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False,
         for _ in range(runs):
             if with_unpaced:
                 up.append(unpaced(hs, n, lines))
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory() as tmp, ChunkCount() as count:
                 t, bad, cpu, kids = via_mlaunch(hs, n, lines, tmp)
                 ours.append(t), share.append(cpu), clients.append(kids)
                 print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} (its ssh clients {kids:.2f}) "
-                      f"lost/dup/torn={bad} load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+                      f"lost/dup/torn={bad} load {os.getloadavg()[0]:.1f}; {count}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
             if with_paramiko:
                 os.environ["MLAUNCH_SSH_STREAM"] = "paramiko"

@@ -1,0 +1,35 @@
+"""Where a flood run's fixed costs go: wall seconds of the launcher's phases (connect, stage,
+start every node, the whole session), printed per call, around `bench/fanout.py ARGS`.
+
+  python3 bench/phases.py logs --hosts 64 --mb 1 --runs 2
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+from launcher.execute import job, openssh, ssh
+
+
+def timed(cls, name: str) -> None:
+    f = getattr(cls, name)
+
+    @functools.wraps(f)
+    def wrapper(*a, **k):
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            print(f"  phase {cls.__name__}.{name}: {time.perf_counter() - t:.3f}s", file=sys.stderr, flush=True)
+    setattr(cls, name, wrapper)
+
+
+if __name__ == "__main__":
+    for cls, name in ((ssh.SSHExecutor, "connect"), (ssh.SSHExecutor, "stage"),
+                      (openssh.OpenSSHStreams, "await_ready"), (job._Session, "_start_all"),
+                      (job._Session, "run")):
+        timed(cls, name)
+    from bench import fanout
+    sys.argv = ["fanout.py", *sys.argv[1:]]
+    fanout.main()
