@@ -4,6 +4,7 @@ The bottom layer beside errors.py: it imports nothing of the launcher's, and eve
 above asks it for text (shell scripts, YAML, ds_config.json, the sbatch script)."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import posixpath
@@ -144,6 +145,13 @@ def private_dirs_script(run_dir: str, default_base: bool) -> str:
     dirs = [posixpath.dirname(run_dir), run_dir]
     return render("private_dirs.sh.j2", base=None if default_base else base,
                   dirs=[base, *dirs] if default_base else dirs).strip()
+
+
+def stage_script(run_dir: str, default_base: bool, files: list[tuple[str, str]]) -> str:
+    """private_dirs_script, then each (path, content) written 0600 on the node (one session
+    a host stages in: execute/ssh.py)."""
+    staged = [{"path": p, "b64": base64.encodebytes(c.encode("utf-8")).decode().strip()} for p, c in files]
+    return render("stage.sh.j2", dirs=private_dirs_script(run_dir, default_base), files=staged).strip()
 
 
 def sampler_script(run_id: str, every_s: float) -> str:

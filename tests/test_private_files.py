@@ -166,3 +166,40 @@ def test_secret_in_a_batch_script_field_is_refused(tmp_path, field, value, what)
                          "cluster.env (e.g. HF_TOKEN: ${HF_TOKEN}), which mlaunch hands the nodes "
                          "in a 0600 file, not in the script"), line
     assert "canarypw" not in r.stderr and "hf_abc123" not in r.stderr
+
+
+def test_staged_files_land_whole_and_0600_in_one_script(tmp_path):
+    """The SSH executor's staging script (render.stage_script, run through the nodes' own
+    bootstrap): every byte as planned, 0600 even over an older 0644 file, nothing left under
+    a temporary name; a file that cannot be written ends it with exit 97 and one line."""
+    from launcher import render
+    run_dir = str(tmp_path / "base" / ".mlaunch" / "r1")
+    os.makedirs(run_dir)
+    old = os.path.join(run_dir, "ds_config.json")
+    with open(old, "w") as fh:
+        fh.write("an older attempt's\n")
+    os.chmod(old, 0o644)
+    files = [(os.path.join(run_dir, "lf.yaml"), f"token: {CANARY}\nname: é'\"$HOME`\n"),
+             (old, "{}"), (os.path.join(run_dir, "empty.txt"), "")]
+
+    def stage(files):
+        return subprocess.run(["/bin/sh", "-c", render.bootstrap()], input=staging(files),
+                              capture_output=True, timeout=limit(60))
+
+    def staging(files):
+        return render.framed(render.stage_script(run_dir, False, files))
+    # Hosts that share a filesystem stage into one directory at once: eight at a time here.
+    procs = [subprocess.Popen(["/bin/sh", "-c", render.bootstrap()], stdin=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for _ in range(8)]
+    for p in procs:
+        p.stdin.write(staging(files))
+        p.stdin.close()
+    assert [(p.wait(timeout=limit(60)), p.stderr.read()) for p in procs] == [(0, b"")] * 8
+    for path, content in files:
+        assert open(path, encoding="utf-8").read() == content and _mode(path) == 0o600, path
+    assert sorted(os.listdir(run_dir)) == ["ds_config.json", "empty.txt", "lf.yaml"]
+    blocked = os.path.join(run_dir, "taken")
+    os.mkdir(blocked)          # a directory where a file should go
+    r = stage([(blocked, "x")])
+    assert r.returncode == 97, r
+    assert r.stderr.decode().strip().endswith(f"mlaunch: cannot write {blocked} on {os.uname().nodename}"), r.stderr

@@ -1,6 +1,7 @@
 """The executor seam: the only code with side effects on nodes sits behind this interface."""
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -27,6 +28,16 @@ def make_run_dirs(run: Callable[[str, str, float], tuple[int, str]], host: str,
     """The run dir and its parent on host, 0700 and this user's (templates/private_dirs.sh.j2);
     UserError with the node's one line when another user owns one of them."""
     code, out = run(host, render.private_dirs_script(plan.run_dir, uses_default_base(plan.job)), 30)
+    if code != 0:
+        lines = [ln for ln in out.splitlines() if ln.strip()] or [f"exit {code}"]
+        raise UserError(f"{host}: {lines[-1].removeprefix('mlaunch: ')}; nothing was started")
+
+
+def stage_files(run: Callable[[str, str, float], tuple[int, str]], host: str, plan: LaunchPlan) -> None:
+    """make_run_dirs, then the plan's files written 0600 into the run dir, in one script on
+    host; UserError with the node's one line when a directory or a file cannot be made."""
+    files = [(posixpath.join(plan.run_dir, posixpath.basename(f.path)), f.content) for f in plan.files]
+    code, out = run(host, render.stage_script(plan.run_dir, uses_default_base(plan.job), files), 60)
     if code != 0:
         lines = [ln for ln in out.splitlines() if ln.strip()] or [f"exit {code}"]
         raise UserError(f"{host}: {lines[-1].removeprefix('mlaunch: ')}; nothing was started")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import posixpath
 import shlex
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from ..errors import Problem, UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
-from .base import LOST, Exit, make_run_dirs
+from .base import LOST, Exit, stage_files
 from .inflow import Inflow
 from .openssh import READY, OpenSSHRunning, OpenSSHStreams, wanted
 
@@ -207,14 +206,10 @@ class SSHExecutor:
                 client.get_host_keys().load(path)
 
     def _upload(self, host: str, plan: LaunchPlan) -> None:
-        conn = self._conns[host]
-        make_run_dirs(self.run, host, plan)
-        with conn.client.open_sftp() as sftp:
-            for f in plan.files:
-                path = posixpath.join(plan.run_dir, posixpath.basename(f.path))
-                with sftp.open(path, "w") as fh:   # 0600 before the first byte lands
-                    fh.chmod(0o600)
-                    fh.write(f.content.encode())
+        # One session a host: its directories and files in one script (SFTP took a round trip
+        # and paramiko's Python per file: at 64 hosts, staging was half the start-up,
+        # bench/results/logpath-device-2026-12-03b.txt).
+        stage_files(self.run, host, plan)
 
 
 def compress_streams() -> bool:
