@@ -13,7 +13,7 @@ case "${1:-}" in
 build)
   grep -qx '/.sshkit/' .git/info/exclude 2>/dev/null || printf '/.sshkit/\n/.whl/\n' >> .git/info/exclude
   rm -rf .sshkit .whl && mkdir -p .sshkit/bin .sshkit/real .sshkit/lib
-  for b in /usr/sbin/sshd /usr/bin/ssh /usr/bin/ssh-keygen /usr/bin/ip /usr/bin/nsenter /usr/bin/unshare; do
+  for b in /usr/sbin/sshd /usr/bin/ssh /usr/bin/ssh-keygen /usr/bin/ip /usr/sbin/tc /usr/bin/nsenter /usr/bin/unshare; do
     cp "$b" .sshkit/real/
     for l in $(ldd "$b" | awk '$3 ~ /^\// {print $3}'); do
       case $(basename "$l") in libc.so.6|libresolv.so.2|ld-linux*) ;; *) cp -nL "$l" .sshkit/lib/ ;; esac

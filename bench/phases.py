@@ -27,6 +27,7 @@ def timed(cls, name: str) -> None:
 
 if __name__ == "__main__":
     for cls, name in ((ssh.SSHExecutor, "connect"), (ssh.SSHExecutor, "stage"),
+                      (openssh.OpenSSHStreams, "spawn"),
                       (openssh.OpenSSHStreams, "await_ready"), (job._Session, "_start_all"),
                       (job._Session, "run")):
         timed(cls, name)
