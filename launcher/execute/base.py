@@ -23,21 +23,24 @@ def heartbeat_period(hangup_after_s: float) -> float:
     return min(HEARTBEAT_S, hangup_after_s / 4)
 
 
-def make_run_dirs(run: Callable[[str, str, float], tuple[int, str]], host: str,
-                  plan: LaunchPlan) -> None:
+Run = Callable[[str, str, float], tuple[int, str]]   # an executor's run(host, script, timeout)
+
+
+def make_run_dirs(run: Run, host: str, plan: LaunchPlan) -> None:
     """The run dir and its parent on host, 0700 and this user's (templates/private_dirs.sh.j2);
     UserError with the node's one line when another user owns one of them."""
-    code, out = run(host, render.private_dirs_script(plan.run_dir, uses_default_base(plan.job)), 30)
-    if code != 0:
-        lines = [ln for ln in out.splitlines() if ln.strip()] or [f"exit {code}"]
-        raise UserError(f"{host}: {lines[-1].removeprefix('mlaunch: ')}; nothing was started")
+    _setup(run, host, render.private_dirs_script(plan.run_dir, uses_default_base(plan.job)), 30)
 
 
-def stage_files(run: Callable[[str, str, float], tuple[int, str]], host: str, plan: LaunchPlan) -> None:
+def stage_files(run: Run, host: str, plan: LaunchPlan) -> None:
     """make_run_dirs, then the plan's files written 0600 into the run dir, in one script on
     host; UserError with the node's one line when a directory or a file cannot be made."""
     files = [(posixpath.join(plan.run_dir, posixpath.basename(f.path)), f.content) for f in plan.files]
-    code, out = run(host, render.stage_script(plan.run_dir, uses_default_base(plan.job), files), 60)
+    _setup(run, host, render.stage_script(plan.run_dir, uses_default_base(plan.job), files), 60)
+
+
+def _setup(run: Run, host: str, script: str, timeout: float) -> None:
+    code, out = run(host, script, timeout)
     if code != 0:
         lines = [ln for ln in out.splitlines() if ln.strip()] or [f"exit {code}"]
         raise UserError(f"{host}: {lines[-1].removeprefix('mlaunch: ')}; nothing was started")
