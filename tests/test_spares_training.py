@@ -26,17 +26,22 @@ def tiny(tmp_path_factory):
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
+STEPS = 20
+
+
 def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
     """3 nodes + 1 spare (the issue's form): node 1's link is cut once training has logged a
     step past checkpoint-5; the restart runs on the spare with the same world, resumes from
-    checkpoint-5 and reaches max_steps. Its loss curve continues the first attempt's: the first
-    attempt is the uninterrupted run of the same spec (seed 7, constant LR, same data) up to
-    the cut, and every step both attempts trained (after checkpoint-5) has the same loss, to
-    rel 1e-5 (the bound test_training.py's kill-and-resume run holds on the same hosts)."""
+    the newest checkpoint (checkpoint-5, or a later one where the loaded machine's cut came
+    later: 20 steps leave room for that) and reaches max_steps. Its loss curve continues the
+    first attempt's: the first attempt is the uninterrupted run of the same spec (seed 7,
+    constant LR, same data) up to the cut, and every step both attempts trained (after the
+    checkpoint) has the same loss, to rel 1e-5 (the bound test_training.py's kill-and-resume
+    run holds on the same hosts)."""
     with make_hostset(4) as hs:
         a, b, c, spare = hs.hosts
         out = str(tmp_path / "out")
-        spec = lf_spec(tiny, [a.ip, b.ip, c.ip], 1, out, hs=hs, max_steps=12, save_steps=5,
+        spec = lf_spec(tiny, [a.ip, b.ip, c.ip], 1, out, hs=hs, max_steps=STEPS, save_steps=5,
                        max_restarts=1, restart_backoff_s=0)
         spec["cluster"] |= {"spare_hosts": [spare.ip], "hangup_after_s": 6}
         proc = start(tmp_path, spec)
@@ -53,19 +58,23 @@ def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
     assert proc.returncode == 0, rest[-4000:]
     assert (f"host replaced: node1 {b.ip} -> spare {spare.ip} (connection lost); the world stays "
             "3 processes") in rest, rest[-4000:]
-    assert f"restart 1/1: resuming from {out}/checkpoint-5" in rest, rest[-4000:]
+    m = re.search(rf"restart 1/1: resuming from {re.escape(out)}/checkpoint-(\d+)\n", rest)
+    assert m, rest[-4000:]
+    resumed = int(m.group(1))
+    assert resumed % 5 == 0 and 5 <= resumed < STEPS, resumed
     state = trainer_state(out)
-    assert state["global_step"] == 12 and sorted(losses(state)) == list(range(1, 13))
+    assert state["global_step"] == STEPS and sorted(losses(state)) == list(range(1, STEPS + 1))
     logged = _logged(log)   # (step, loss) in write order: attempt 0 up to the cut, then attempt 1
     restart = next(i for i in range(1, len(logged)) if logged[i][0] <= logged[i - 1][0])
     first, second = dict(logged[:restart]), dict(logged[restart:])
-    assert min(second) == 6 and max(second) == 12 and max(first) >= 6, logged
+    assert min(second) == resumed + 1 and max(second) == STEPS and max(first) >= max(6, resumed), logged
     both = sorted(set(first) & set(second))
-    assert both, logged
-    for step in both:   # the same step, trained again on the spare from checkpoint-5
+    # Cut at checkpoint-5's time, attempt 0 had logged step 6 (the trigger): a step to compare.
+    assert both or (resumed > 5 and max(first) == resumed), logged
+    for step in both:   # the same step, trained again on the spare from the checkpoint
         assert second[step] == pytest.approx(first[step], rel=1e-5), (step, first, second)
-    for step, loss in losses(state).items():   # the final curve: attempt 0's to 5, then the spare's
-        assert loss == pytest.approx(first[step] if step <= 5 else second[step], rel=1e-5), step
+    for step, loss in losses(state).items():   # the final curve: attempt 0's to the checkpoint, then the spare's
+        assert loss == pytest.approx(first[step] if step <= resumed else second[step], rel=1e-5), step
     print(f"[losses] attempt 0 (uninterrupted): {first}; attempt 1 on the spare: {second}")
 
 
