@@ -98,8 +98,18 @@ class CpuAccounting:
         by_file: dict[str, float] = {}
         for (nodeid, _), cpu in self.seen.items():
             by_file[nodeid.split("::")[0]] = by_file.get(nodeid.split("::")[0], 0.0) + cpu
-        tr.write_line(f"cpu per test: {total:.0f} s in all; the costliest files: " + ", ".join(
-            f"{f} {s:.0f} s" for f, s in sorted(by_file.items(), key=lambda kv: -kv[1])[:8]))
+        path = self._save()
+        tr.write_line(f"cpu per test: {total:.0f} s in all; every test's in {path}; the costliest files: "
+                      + ", ".join(f"{f} {s:.0f} s" for f, s in sorted(by_file.items(), key=lambda kv: -kv[1])[:8]))
+
+    def _save(self) -> str:
+        # Every phase's figure, for a look past the 30 (e.g. per file, per fixture).
+        import json
+        import tempfile
+        fd, path = tempfile.mkstemp(prefix="mlaunch-test-cpu-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            json.dump([{"test": t, "phase": w, "cpu_s": c} for (t, w), c in sorted(self.seen.items())], fh)
+        return path
 
     def pytest_unconfigure(self, config):
         self.leave()

@@ -2,6 +2,7 @@
 process it started, waited for or not, with and without pytest-xdist's workers."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -51,7 +52,12 @@ def test_cpu_of_a_test_counts_a_grandchild_it_never_waited_for(tmp_path, workers
     assert m, r.stdout[-3000:]
     # The figure holds the grandchild's burn (the test itself sleeps while it waits).
     assert float(m.group(1)) >= burn_s, r.stdout[-3000:]
-    assert re.search(r"cpu per test: \d+ s in all; the costliest files: test_burn.py", r.stdout)
+    saved = re.search(r"cpu per test: \d+ s in all; every test's in (\S+); the costliest files: test_burn.py",
+                      r.stdout)
+    assert saved, r.stdout[-3000:]
+    rows = json.load(open(saved.group(1)))
+    assert {(x["test"], x["phase"]) for x in rows} >= {("test_burn.py::test_burn", "call")}
+    os.unlink(saved.group(1))
     # Each of its processes left its cgroup at the end, and the groups went with them.
     assert groups() == before, sorted(groups() - before)
 
