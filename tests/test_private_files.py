@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -198,6 +199,17 @@ def test_staged_files_land_whole_and_0600_in_one_script(tmp_path):
     for path, content in files:
         assert open(path, encoding="utf-8").read() == content and _mode(path) == 0o600, path
     assert sorted(os.listdir(run_dir)) == ["ds_config.json", "empty.txt", "lf.yaml"]
+    # A node without base64: one line that names it, nothing written.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("mkdir", "stat", "id", "chmod", "rm", "mv", "hostname", "head"):
+        os.symlink(shutil.which(tool), bare / tool)
+    r = subprocess.run(["/bin/sh", "-c", render.bootstrap()], input=staging([(os.path.join(run_dir, "new"), "x")]),
+                       capture_output=True, timeout=limit(60), env={"PATH": str(bare)})
+    assert r.returncode == 97 and r.stderr.decode().strip().splitlines()[-1] == (
+        f"mlaunch: base64 (coreutils or busybox) is missing on {os.uname().nodename}; install it there "
+        "to stage the run's files"), r
+    assert not os.path.exists(os.path.join(run_dir, "new"))
     blocked = os.path.join(run_dir, "taken")
     os.mkdir(blocked)          # a directory where a file should go
     r = stage([(blocked, "x")])
