@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from .helpers import ROOT, limit, script_job, write_spec
@@ -143,13 +144,35 @@ def _damage_log_dir_mid_run(tmp_path, damage) -> tuple[str, str]:
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = _wait_line(proc, "waiting for")
     (log_dir,) = glob.glob(str(tmp_path / "out/logs/*"))
-    shutil.rmtree(log_dir)
+    _take_away(log_dir)
     damage(log_dir)
     open(go, "w").close()
     out = "".join(seen) + proc.stdout.read()
     assert proc.wait() == 0, out
     assert "Traceback" not in out
     return out, log_dir
+
+
+def _take_away(path: str) -> None:
+    """Remove a directory the run writes into, at once: renamed aside, then deleted. An rmtree
+    in place raced the run's live view (live.json, rewritten each second): a file made between
+    its listing and its rmdir failed it (loaded run 5, "Directory not empty")."""
+    aside = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=".gone-")
+    os.rename(path, os.path.join(aside, "d"))
+    shutil.rmtree(aside)
+
+
+def _replace_with_file(path: str) -> None:
+    """A plain file where the (taken away) directory was; if the run made the directory again
+    meanwhile, it is taken away again first."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".file-")
+    os.close(fd)
+    while True:
+        try:
+            os.rename(tmp, path)
+            return
+        except IsADirectoryError:
+            _take_away(path)
 
 
 def test_log_dir_removed_mid_run_costs_one_line_not_the_run(tmp_path):
@@ -162,5 +185,5 @@ def test_log_dir_removed_mid_run_costs_one_line_not_the_run(tmp_path):
 
 def test_log_dir_that_cannot_be_written_costs_one_line_not_the_run(tmp_path):
     """The log directory replaced by a plain file (no event can be written): one line, exit 0."""
-    out, log_dir = _damage_log_dir_mid_run(tmp_path, lambda log_dir: open(log_dir, "w").close())
+    out, log_dir = _damage_log_dir_mid_run(tmp_path, _replace_with_file)
     assert out.count(f"cannot record events in {log_dir}/events.jsonl") == 1, out
