@@ -289,7 +289,7 @@ class NodeLog:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             said_removed(os.path.dirname(self.path) or ".")
             os.close(self._fd)
-            self._fd = -1   # if the open below fails, the next write fails and says so once
+            self._fd = -1   # if the open below fails, later writes fail quietly after the one line
             self._fd = self._open()
 
     def close(self) -> None:
