@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -134,21 +135,75 @@ def _ticker_job(tmp_path, name: str, code: int, restarts: int) -> str:
     return path
 
 
+class _Bursts:
+    """20 `ps` readers that each run once per burst, all at once. A burst starts whenever the
+    runs' states or attempt counts change (seen in-process, cheaply), so the readers overlap
+    every change without spinning: 20 readers in a loop cost 229 s of CPU under load, and the
+    load they made slowed the runs they were waiting for."""
+
+    def __init__(self, env: dict):
+        self.env, self.cond, self.gen, self.done = env, threading.Condition(), 0, False
+        self.seen: list = []
+        self.errors: list = []
+        self.threads = [threading.Thread(target=self._reader) for _ in range(20)]
+        for t in self.threads:
+            t.start()
+
+    def fire(self, done: bool = False) -> None:
+        with self.cond:
+            self.gen, self.done = self.gen + 1, done
+            self.cond.notify_all()
+
+    def _reader(self) -> None:
+        mine, last = [], 0
+        self.seen.append(mine)
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.gen > last)
+                last, done = self.gen, self.done
+            _ps_once(self.env, mine, self.errors)   # once more after the end: the final states
+            if done:
+                return
+
+    def join(self) -> None:
+        self.fire(done=True)
+        for t in self.threads:
+            t.join()
+
+
+def _ps_once(env: dict, mine: list, errors: list) -> None:
+    r = subprocess.run([*CLI, "ps", "--json", "--all"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=limit(120))
+    if r.returncode != 0:
+        errors.append(r.stderr)
+        return
+    try:
+        mine.append(json.loads(r.stdout))
+    except ValueError as e:
+        errors.append(f"torn output: {e}: {r.stdout[-200:]}")
+
+
 @pytest.mark.launches
 def test_two_runs_change_state_while_20_ps_read(tmp_path, runs):
-    stop, seen, errors = threading.Event(), [], []
-    readers = [threading.Thread(target=_ps_loop, args=(runs.env, stop, seen, errors)) for _ in range(20)]
-    for t in readers:
-        t.start()
+    bursts = _Bursts(runs.env)
+    reg = Registry(os.path.join(runs.home, "runs.db"))
     try:
+        bursts.fire()
         ok = runs.detach(tmp_path, json.load(open(_ticker_job(tmp_path, "ok", 0, 0))))
         bad = runs.detach(tmp_path, json.load(open(_ticker_job(tmp_path, "bad", 3, 2))))
-        for run_id in (ok, bad):
-            runs.wait_state(run_id, FINAL, timeout=300)
+        deadline, before = time.monotonic() + limit(300), None
+        while time.monotonic() < deadline:
+            now = {r.id: (r.state, r.attempts) for r in reg.runs()}
+            if now != before:
+                bursts.fire()
+                before = now
+            if all(now.get(i, ("",))[0] in FINAL for i in (ok, bad)):
+                break
+            time.sleep(0.05)
     finally:
-        stop.set()
-        for t in readers:
-            t.join()
+        bursts.join()
+    seen, errors = bursts.seen, bursts.errors
+    assert sum(map(len, seen)) >= 20 * 3, "too few bursts to have watched the changes"
     assert not errors, errors[:3]
     final = {r["id"]: r for r in runs.ps()}
     assert (final[ok]["state"], final[ok]["exit_code"], final[ok]["attempts"]) == ("succeeded", 0, 1)
