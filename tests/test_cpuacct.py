@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,8 @@ BURN = textwrap.dedent('''
     SPIN = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < {s}: pass"
 
     def test_burn(tmp_path):
+        with open("cgroup.txt", "w") as fh:   # the group this test runs in, for the outer test
+            fh.write(open("/proc/self/cgroup").read())
         done = tmp_path / "done"
         subprocess.run([sys.executable, "-c",
                         "import os, subprocess, sys\\n"
@@ -40,13 +43,19 @@ def test_cpu_of_a_test_counts_a_grandchild_it_never_waited_for(tmp_path, workers
     if os.geteuid() != 0 or not os.access(os.path.join(CGROUPS, "cgroup.procs"), os.W_OK):
         pytest.skip(f"needs root and a writable cgroup v1 cpuacct hierarchy at {CGROUPS}")
     burn_s = 0.5
-    before = groups()
+    # The inner run's groups carry this id (cpuacct.register names them by the run's uid): other
+    # pytest runs on the machine (a second clone's CI) make and remove groups of their own meanwhile.
+    uid = secrets.token_hex(6)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env |= {"PYTHONPATH": ROOT, "PYTEST_XDIST_TESTRUNUID": uid}
+    if workers:
+        workers = [*workers, f"--testrunuid={uid}"]
     (tmp_path / "conftest.py").write_text("from tests import cpuacct\n\n\n"
                                           "def pytest_configure(config):\n    cpuacct.register(config)\n")
     (tmp_path / "test_burn.py").write_text(BURN.replace("{s}", str(burn_s)))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
                         *workers, "test_burn.py"], cwd=tmp_path, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+                       env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     m = re.search(r"([\d.]+)s cpu call\s+test_burn.py::test_burn", r.stdout)
     assert m, r.stdout[-3000:]
@@ -58,9 +67,10 @@ def test_cpu_of_a_test_counts_a_grandchild_it_never_waited_for(tmp_path, workers
     rows = json.load(open(saved.group(1)))
     assert {(x["test"], x["phase"]) for x in rows} >= {("test_burn.py::test_burn", "call")}
     os.unlink(saved.group(1))
-    # Each of its processes left its cgroup at the end, and the groups went with them (other
-    # pytest processes' groups may come and go meanwhile: only new ones count).
-    assert not groups() - before, sorted(groups() - before)
+    # Each of its processes left its cgroup at the end, and the groups went with them.
+    assert not {g for g in groups() if g.startswith(f"mlaunch-tests-{uid}")}, sorted(groups())
+    joined = (tmp_path / "cgroup.txt").read_text()   # so the check above was about a real group
+    assert re.search(rf"cpuacct.*/mlaunch-tests-{uid}-(main|gw[01])$", joined, re.M), joined
 
 
 def groups() -> set[str]:

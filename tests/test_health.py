@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import time
 
@@ -257,6 +258,7 @@ def test_each_rank_is_listed_once():
     assert stacks.summary(found) == "rank 0 in step (trainer.py), stopped"
 
 
+@pytest.mark.launches
 def test_stopped_rank_of_a_local_script_job_is_dumped_and_listed_once(tmp_path):
     """2 local processes; rank 1 SIGSTOPs itself before step 4: the hang report shows its
     stack (py-spy's non-blocking read) beside rank 0's all_reduce, each rank once."""
@@ -266,7 +268,7 @@ def test_stopped_rank_of_a_local_script_job_is_dumped_and_listed_once(tmp_path):
     out = str(tmp_path / "out")
     spec = script_job(["localhost"], 2, "health_job.py",
                       ["--steps", "30", "--stop-rank", "1", "--stop-step", "4"], out)
-    spec["name"] = "stopstack"
+    spec["name"] = name = "stopstack" + secrets.token_hex(3)   # another suite may run this test too
     spec["health"] = {"hang_after_s": 10}
     r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", timeout=240)
     assert r.returncode == 124, r.stdout[-3000:]
@@ -281,16 +283,17 @@ def test_stopped_rank_of_a_local_script_job_is_dumped_and_listed_once(tmp_path):
     ev = next(e for e in _events(out) if e["event"] == "stacks")
     assert ev["ranks"] == 2
     from .procs import job_pids as local_pids
-    assert not local_pids("stopstack-")
+    assert not local_pids(name + "-")
 
 
+@pytest.mark.launches
 def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
     """A hang torn down by mlaunch: torchrun's SignalException tracebacks on the SIGTERM are
     in the node log, complete, and not on the console, whose teardown line says so."""
     out = str(tmp_path / "out")
     spec = script_job(["localhost"], 2, "health_job.py",
                       ["--steps", "30", "--hang-rank", "1", "--hang-step", "4"], out)
-    spec["name"] = "foldnoise"
+    spec["name"] = name = "foldnoise" + secrets.token_hex(3)
     spec["health"] = {"hang_after_s": 10, "stack_dumps": False}
     r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", timeout=240)
     assert r.returncode == 124, r.stdout[-3000:]
@@ -319,7 +322,7 @@ def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
     begun = text.count("Traceback (most recent call last):") - text.count("--- Logging error ---")
     assert 0 <= begun - order.count("s") <= 1, (begun, order, text[-3000:])   # one may be cut short
     from .procs import job_pids as local_pids
-    assert not local_pids("foldnoise-")
+    assert not local_pids(name + "-")
 
 
 # --- real runs on the namespace hosts ---------------------------------------------------
@@ -446,10 +449,10 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     resumes from the newest checkpoint it made (checkpoint-5, -10, ...)."""
     from .test_training import assert_trained
     from .training import lf_spec, local_job_pids, submit_timed, worker_killed
-    out = str(tmp_path / "out")
+    out, name = str(tmp_path / "out"), "health-stop" + secrets.token_hex(3)
     spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=30, save_steps=5, max_restarts=1,
-                   restart_backoff_s=1, name="health-stop", health={"hang_after_s": 15})
-    with worker_killed(local_job_pids("health-stop"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                   restart_backoff_s=1, name=name, health={"hang_after_s": 15})
+    with worker_killed(local_job_pids(name), os.path.join(out, "checkpoint-5", "trainer_state.json"),
                        b"llamafactory.launcher", sig=signal.SIGSTOP, local_rank=0) as stopped:
         r = submit_timed(tmp_path, spec)
     assert stopped, "no worker was stopped"
@@ -458,7 +461,7 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     m = re.search(rf"restart 1/1: resuming from {re.escape(out)}/checkpoint-(\d+)", r.stdout)
     assert m and int(m.group(1)) % 5 == 0 and 5 <= int(m.group(1)) < 30, r.stdout[-3000:]
     resumed = f"checkpoint-{m.group(1)}"
-    assert not local_job_pids("health-stop")()
+    assert not local_job_pids(name)()
     ev = _events(out)
     names = [e["event"] for e in ev]
     assert names[0] == "run_start" and names[-1] == "run_end" and ev[-1]["code"] == 0

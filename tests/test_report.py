@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 
@@ -16,6 +17,9 @@ from .training import (build_tiny, lf_spec, local_job_pids, losses, require_trai
                        submit_timed, trainer_state, worker_killed)
 
 STEPS, SAVE = 120, 60
+# A name of this session's own: its processes are found by it, and another suite on this
+# machine may run this test at the same time.
+NAME = "report-restart" + secrets.token_hex(3)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,8 @@ def runs(tmp_path_factory):
     tiny = build_tiny(str(base / "tiny"))
     out = str(base / "out")
     spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=STEPS, save_steps=SAVE, max_restarts=1,
-                   restart_backoff_s=1, name="report-restart")
-    with worker_killed(local_job_pids("report-restart"),
+                   restart_backoff_s=1, name=NAME)
+    with worker_killed(local_job_pids(NAME),
                        os.path.join(out, f"checkpoint-{SAVE}", "trainer_state.json"), b"llamafactory.launcher") as killed:
         r = submit_timed(base, spec)
     assert r.returncode == 0 and killed, r.stdout[-3000:]
@@ -74,7 +78,7 @@ def test_report_of_a_restarted_run(runs, tmp_path):
     # The Markdown holds the run's figures.
     md = open(tmp_path / "rep" / "report.md").read()
     assert md in r.stdout
-    assert "| job | report-restart |" in md
+    assert f"| job | {NAME} |" in md
     assert "| nodes × GPUs | 1 × 1 (world 1) |" in md
     assert "| global batch | 2 |" in md
     assert f"| steps | {STEPS} / {STEPS} |" in md

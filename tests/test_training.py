@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 
@@ -176,8 +177,8 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
 def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tiny):
     """--overwrite leaves an older run's checkpoint-100 in place (nothing is deleted); an
     automatic restart must resume from this run's checkpoint-5, not from that one."""
-    out = str(tmp_path / "out")
-    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=5, save_steps=5, name="overwrite-restart")
+    out, name = str(tmp_path / "out"), "overwrite-restart" + secrets.token_hex(3)
+    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=5, save_steps=5, name=name)
     assert_trained(submit_timed(tmp_path, spec), out, 5)
     old = os.path.join(out, "checkpoint-100")
     os.rename(os.path.join(out, "checkpoint-5"), old)   # a complete checkpoint of step 100
@@ -185,8 +186,8 @@ def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tin
     state = json.load(open(state_path))
     json.dump({**state, "global_step": 100}, open(state_path, "w"))
     spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=10, save_steps=5, max_restarts=1,
-                   restart_backoff_s=1, name="overwrite-restart")
-    with worker_killed(local_job_pids("overwrite-restart"), os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                   restart_backoff_s=1, name=name)
+    with worker_killed(local_job_pids(name), os.path.join(out, "checkpoint-5", "trainer_state.json"),
                        b"llamafactory.launcher") as killed:
         r = submit_timed(tmp_path, spec, "--overwrite")
     assert killed, "no worker was killed"
