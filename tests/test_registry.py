@@ -85,15 +85,7 @@ def _ps_loop(env: dict, stop: threading.Event, seen: list, errors: list) -> None
     mine: list = []
     seen.append(mine)
     while not stop.is_set():
-        r = subprocess.run([*CLI, "ps", "--json", "--all"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=limit(120))
-        if r.returncode != 0:
-            errors.append(r.stderr)
-            continue
-        try:
-            mine.append(json.loads(r.stdout))
-        except ValueError as e:
-            errors.append(f"torn output: {e}: {r.stdout[-200:]}")
+        _ps_once(env, mine, errors)
 
 
 @pytest.mark.launches
