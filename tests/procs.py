@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import secrets
 
 
 def job_pids(run_id_prefix: str) -> set[int]:
@@ -16,3 +17,9 @@ def job_pids(run_id_prefix: str) -> set[int]:
         except OSError:
             pass
     return out
+
+
+def own_name(job: str) -> str:
+    """A job name of this test's own: tests find their processes by it (job_pids), and another
+    suite on the machine (a second clone's CI, a --fast run) may run the same test at once."""
+    return job + secrets.token_hex(3)

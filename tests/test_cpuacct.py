@@ -33,24 +33,10 @@ BURN = textwrap.dedent('''
                         "if os.fork() == 0:\\n"
                         "    os.setsid()\\n"
                         "    subprocess.run([sys.executable, '-c', %r])\\n"
-                        "    open(%r, 'w').write(str(os.getpid()))\\n"
-                        "    os.rename(%r, %r)\\n"
-                        "    os._exit(0)\\n" % (SPIN, str(done) + ".tmp", str(done) + ".tmp", str(done))],
-                       check=True)
+                        "    open(%r, 'w').close()\\n"
+                        "    os._exit(0)\\n" % (SPIN, str(done))], check=True)
         while not done.exists():   # a wait that costs next to no CPU itself
             time.sleep(0.01)
-        # Until the grandchild has exited, not only said so: while it is in the group, the group
-        # cannot go at the end (loaded, the session ended between its line and its exit).
-        pid = int(done.read_text())
-        while alive(pid):
-            time.sleep(0.01)
-
-    def alive(pid):
-        try:
-            stat = open(f"/proc/{pid}/stat").read()
-        except OSError:
-            return False
-        return stat.rpartition(")")[2].split()[0] not in "ZX"   # a zombie has left its cgroup
 ''')
 
 

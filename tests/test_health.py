@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import signal
 import time
 
@@ -15,6 +14,7 @@ from launcher.record.events import read_events
 from launcher.execute.health import HealthConfig, Monitor, read_step, read_world_size
 
 from .helpers import ROOT, mlaunch, script_job, write_spec
+from .procs import own_name
 from .test_fanout import job_pids
 
 DATA = os.path.join(ROOT, "tests", "data")
@@ -268,7 +268,7 @@ def test_stopped_rank_of_a_local_script_job_is_dumped_and_listed_once(tmp_path):
     out = str(tmp_path / "out")
     spec = script_job(["localhost"], 2, "health_job.py",
                       ["--steps", "30", "--stop-rank", "1", "--stop-step", "4"], out)
-    spec["name"] = name = "stopstack" + secrets.token_hex(3)   # another suite may run this test too
+    spec["name"] = name = own_name("stopstack")
     spec["health"] = {"hang_after_s": 10}
     r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", timeout=240)
     assert r.returncode == 124, r.stdout[-3000:]
@@ -293,7 +293,7 @@ def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
     out = str(tmp_path / "out")
     spec = script_job(["localhost"], 2, "health_job.py",
                       ["--steps", "30", "--hang-rank", "1", "--hang-step", "4"], out)
-    spec["name"] = name = "foldnoise" + secrets.token_hex(3)
+    spec["name"] = name = own_name("foldnoise")
     spec["health"] = {"hang_after_s": 10, "stack_dumps": False}
     r = mlaunch("submit", write_spec(tmp_path, spec), "--no-preflight", timeout=240)
     assert r.returncode == 124, r.stdout[-3000:]
@@ -449,7 +449,7 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     resumes from the newest checkpoint it made (checkpoint-5, -10, ...)."""
     from .test_training import assert_trained
     from .training import lf_spec, local_job_pids, submit_timed, worker_killed
-    out, name = str(tmp_path / "out"), "health-stop" + secrets.token_hex(3)
+    out, name = str(tmp_path / "out"), own_name("health-stop")
     spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=30, save_steps=5, max_restarts=1,
                    restart_backoff_s=1, name=name, health={"hang_after_s": 15})
     with worker_killed(local_job_pids(name), os.path.join(out, "checkpoint-5", "trainer_state.json"),

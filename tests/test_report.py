@@ -6,20 +6,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 
 import pytest
 
 from .helpers import ROOT, mlaunch
+from .procs import own_name
 from .training import (build_tiny, lf_spec, local_job_pids, losses, require_trainer,
                        submit_timed, trainer_state, worker_killed)
 
 STEPS, SAVE = 120, 60
-# A name of this session's own: its processes are found by it, and another suite on this
-# machine may run this test at the same time.
-NAME = "report-restart" + secrets.token_hex(3)
+NAME = own_name("report-restart")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 
@@ -16,6 +15,7 @@ import pytest
 
 
 from .loadfactor import limit
+from .procs import own_name
 from .training import (KILLED_OR_PEER, TRAINER_PYTHON, attempt_exit, build_tiny, lf_spec,
                        local_job_pids, losses, require_trainer, submit_timed, trainer_state, worker_killed)
 
@@ -177,7 +177,7 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
 def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tiny):
     """--overwrite leaves an older run's checkpoint-100 in place (nothing is deleted); an
     automatic restart must resume from this run's checkpoint-5, not from that one."""
-    out, name = str(tmp_path / "out"), "overwrite-restart" + secrets.token_hex(3)
+    out, name = str(tmp_path / "out"), own_name("overwrite-restart")
     spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=5, save_steps=5, name=name)
     assert_trained(submit_timed(tmp_path, spec), out, 5)
     old = os.path.join(out, "checkpoint-100")
