@@ -1,5 +1,6 @@
-"""Real LLaMA-Factory on the Slurm test cluster (CPU, gloo): 2 nodes x 2 processes with a restart,
-and a ZeRO-2 shrink from 3 nodes to 2."""
+"""Real LLaMA-Factory on the Slurm test cluster (CPU, gloo): 2 nodes x 1 process with a restart,
+and a ZeRO-2 shrink from 3 nodes to 2. (2 processes per node through sbatch and torchrun:
+test_slurm_backend.py's 2 x 2 all-reduce; a trainer rank more per node costs ~8 s of CPU.)"""
 from __future__ import annotations
 
 import os
@@ -21,15 +22,15 @@ def tiny(tmp_path_factory):
 
 
 def slurm_lf(tmp_path, tiny, out: str, **kw) -> dict:
-    spec = lf_spec(tiny, [], 2, out, **kw)
-    spec["cluster"] = {**slurm_cluster(tmp_path), "python": TRAINER_PYTHON,
+    spec = lf_spec(tiny, [], 1, out, **kw)
+    spec["cluster"] = {**slurm_cluster(tmp_path, nproc=1), "python": TRAINER_PYTHON,
                        "env": spec["cluster"]["env"]}
     return spec
 
 
 def test_killed_worker_restarts_from_its_checkpoint_as_a_new_job(slurm2, tmp_path, tiny):
-    """LoRA on 2 nodes × 2 processes, detached; a worker killed after checkpoint-5: the
-    restart is a second sbatch job resuming there. Its first attempt is also the plain 2 × 2
+    """LoRA on 2 nodes × 1 process, detached; a worker killed after checkpoint-5: the
+    restart is a second sbatch job resuming there. Its first attempt is also the plain 2-node
     run (node logs named after the Slurm nodes, nothing left behind): one trainer run fewer."""
     keep = baseline(slurm2)
     out = str(tmp_path / "out")

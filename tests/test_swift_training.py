@@ -14,8 +14,9 @@ import os
 import pytest
 
 from .helpers import free_port, ssh_of
-from .training import (KILLED_OR_PEER, SWIFT_PYTHON, attempt_exit, build_tiny, losses, require_swift,
-                       require_trainer, submit_and_cut, submit_timed, tiny_schedule, worker_killed)
+from .training import (KILLED_OR_PEER, SWIFT_PYTHON, attempt_exit, build_tiny, by_attempt, logged, losses,
+                       require_swift, require_trainer, submit_and_cut, submit_timed, tiny_schedule,
+                       worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -125,20 +126,20 @@ def test_swift_zero3_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make
     12 = 3 × 2 × 2. Node 2's link is cut once checkpoint-3 is saved; node 0 converts that
     ZeRO-3 checkpoint (in swift's v<N>-<timestamp>/ directory) to DeepSpeed's universal one;
     the restart runs on 2 hosts with grad_accum 3 (global batch 12 kept), swift loads it
-    through --deepspeed's checkpoint.load_universal and reaches max_steps. Its final loss is
-    within 2% of an uninterrupted 3-process run on the same hosts (both printed)."""
-    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    through --deepspeed's checkpoint.load_universal and reaches max_steps. The cut waits for
+    step 4 to be logged: attempt 0 is the uninterrupted world-3 run up to there, and the shrunk
+    attempt's step 4 has its loss to 2% (both printed; another world averages over other
+    micro-batches, so close, not bit for bit)."""
+    out = str(tmp_path / "out")
     with make_hostset(3) as hs:
         hosts = [h.ip for h in hs.hosts]
-        ds = {"finetuning": {"type": "full"}, "deepspeed": "zero3"}
-        ref = swift_spec(tiny, hosts, 1, ref_out, hs=hs, **ds)
-        ref["batch"]["grad_accum"] = 2
-        ref_state = assert_trained(submit_timed(tmp_path, ref), ref_out, 6)
-        spec = swift_spec(tiny, hosts, 1, out, hs=hs, max_restarts=1, restart_backoff_s=0, **ds)
+        spec = swift_spec(tiny, hosts, 1, out, hs=hs, max_restarts=1, restart_backoff_s=0,
+                          finetuning={"type": "full"}, deepspeed="zero3")
         spec["batch"]["grad_accum"] = 2
         spec["cluster"] |= {"min_nodes": 2, "hangup_after_s": 6}
-        code, rest = submit_and_cut(tmp_path, spec, os.path.join(out, "v*-*", "checkpoint-3", "trainer_state.json"),
-                                    lambda _: hs.hosts[2].link_down())
+        ready = lambda: (glob.glob(os.path.join(out, "v*-*", "checkpoint-3", "trainer_state.json"))  # noqa: E731
+                         and max(logged(out), default=(0,))[0] >= 4)
+        code, rest = submit_and_cut(tmp_path, spec, ready, lambda _: hs.hosts[2].link_down())
     assert code == 0, rest[-4000:]
     assert (f"shrink: lost node2 {hosts[2]} (connection lost); the next attempt runs on 2 nodes, "
             "world 3 -> 2 processes, grad_accum 2 -> 3, global batch 12 = 2 × 2 per device × 3 "
@@ -148,9 +149,14 @@ def test_swift_zero3_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make
             f"on node0 {hosts[0]} (ds_to_universal), loaded at world 2") in rest, rest[-4000:]
     assert os.path.exists(os.path.join(ckpt, "global_step3_universal", ".mlaunch-complete"))
     state = state_of(checkpoint(out, 6))
-    got, want = losses(state), losses(ref_state)
-    print(f"[losses] ms-swift ZeRO-3 uninterrupted world 3: {want}; shrunk to world 2 after step 3: {got}")
+    got = losses(state)
+    first, second = by_attempt(logged(out))
+    print(f"[losses] ms-swift ZeRO-3 attempt 0 at world 3 (cut after step 4): {first}; shrunk to "
+          f"world 2 from checkpoint-3: {second}")
     assert state["global_step"] == 6 and sorted(got) == list(range(1, 7)), got
-    for step in (1, 2, 3):
-        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
-    assert got[6] == pytest.approx(want[6], rel=0.02), (got, want)
+    assert min(second) == 4 and max(second) == 6 and max(first) >= 4, (first, second)
+    for step in sorted(set(first) & set(second)):
+        assert second[step] == pytest.approx(first[step], rel=0.02), (step, first, second)
+    for step, loss in got.items():   # the final curve: attempt 0's to the checkpoint, then the shrunk one's
+        assert loss == pytest.approx(first[step] if step <= 3 else second[step], rel=1e-5), step
+    assert got[6] < got[1], got

@@ -121,6 +121,30 @@ def losses(state: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
 
 
+def logged(out_dir: str) -> list[tuple[int, float]]:
+    """(step, loss) of each logging line the trainer wrote under out_dir, in write order:
+    LLaMA-Factory's trainer_log.jsonl (appended on resume) or ms-swift's logging.jsonl of each
+    v<N>-<timestamp>/ directory (a resume starts a new one), oldest first."""
+    swift = sorted(glob.glob(os.path.join(out_dir, "v*-*", "logging.jsonl")),
+                   key=lambda p: int(re.match(r"v(\d+)-", os.path.basename(os.path.dirname(p))).group(1)))
+    rows = []
+    for path in swift or [os.path.join(out_dir, "trainer_log.jsonl")]:
+        try:
+            with open(path) as fh:
+                rows += [json.loads(ln) for ln in fh if ln.strip().endswith("}")]
+        except OSError:
+            pass
+    return [(r["current_steps"] if "current_steps" in r else int(r["global_step/max_steps"].split("/")[0]),
+             r["loss"]) for r in rows if "loss" in r]
+
+
+def by_attempt(rows: list[tuple[int, float]]) -> tuple[dict[int, float], dict[int, float]]:
+    """logged() of a run restarted once, split where the step goes back: attempt 0's losses
+    (up to the cut) and attempt 1's (from the resumed checkpoint on)."""
+    cut = next((i for i in range(1, len(rows)) if rows[i][0] <= rows[i - 1][0]), len(rows))
+    return dict(rows[:cut]), dict(rows[cut:])
+
+
 def submit_timed(tmp_path, spec: dict, *args: str, timeout: float = 600, preflight: bool = False):
     """`mlaunch submit` the spec through the real CLI, printing its wall time.
 
@@ -198,11 +222,13 @@ def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *
         killed.append(pid)
 
 
-def submit_and_cut(tmp_path, spec: dict, ready_glob: str, cut, *args: str,
+def submit_and_cut(tmp_path, spec: dict, ready, cut, *args: str,
                    env: dict | None = None) -> tuple[int, str]:
-    """`mlaunch submit` of spec; once a file matches ready_glob (e.g. a checkpoint's
-    trainer_state.json), cut(console so far) makes the failure under test; then waits for the
-    run to end. Returns (exit code, the whole console). Fails if the run ends before the file."""
+    """`mlaunch submit` of spec; once ready (a glob that a file matches, e.g. a checkpoint's
+    trainer_state.json, or a function that says so), cut(console so far) makes the failure
+    under test; then waits for the run to end. Returns (exit code, the whole console). Fails
+    if the run ends first."""
+    is_ready = ready if callable(ready) else (lambda: glob.glob(ready))
     import sys
     import time
     from .helpers import write_spec
@@ -214,9 +240,9 @@ def submit_and_cut(tmp_path, spec: dict, ready_glob: str, cut, *args: str,
     reader.start()
     try:
         deadline = time.monotonic() + limit(600)
-        while not glob.glob(ready_glob):
-            assert proc.poll() is None, f"the run ended before {ready_glob}: " + "".join(lines)[-3000:]
-            assert time.monotonic() < deadline, f"timed out waiting for {ready_glob}"
+        while not is_ready():
+            assert proc.poll() is None, f"the run ended before {ready}: " + "".join(lines)[-3000:]
+            assert time.monotonic() < deadline, f"timed out waiting for {ready}"
             time.sleep(0.2)
         cut("".join(lines))
         proc.wait(timeout=limit(900))
