@@ -9,8 +9,11 @@ it says why once and counts nothing.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+
+from .loadfactor import limit
 
 ROOT = "/sys/fs/cgroup/cpuacct"
 TOP = 30   # the costliest test phases listed at the end, as many as --durations=30
@@ -94,7 +97,7 @@ class CpuAccounting:
         total = sum(self.seen.values())
         tr.write_sep("=", f"costliest {TOP} test phases by CPU (all the processes each started)")
         for (nodeid, when), cpu in sorted(self.seen.items(), key=lambda kv: -kv[1])[:TOP]:
-            tr.write_line(f"{cpu:8.1f}s cpu {when:8s} {nodeid} ({cpu / total:.1%})")
+            tr.write_line(f"{cpu:8.1f}s cpu {when:8s} {nodeid} ({cpu / total if total else 0:.1%})")
         by_file: dict[str, float] = {}
         for (nodeid, _), cpu in self.seen.items():
             by_file[nodeid.split("::")[0]] = by_file.get(nodeid.split("::")[0], 0.0) + cpu
@@ -124,6 +127,45 @@ def register(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     controller = config.getoption("numprocesses", None) not in (None, 0) and worker is None
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getppid() if worker else os.getpid()))[:12]
-    plugin = CpuAccounting(None, "counted in the workers") if controller else \
+    plugin = Controller(None, "counted in the workers") if controller else \
         CpuAccounting.join(f"mlaunch-tests-{run}-{worker or 'main'}")
     config.pluginmanager.register(plugin, "mlaunch-cpuacct")
+
+
+class Controller(CpuAccounting):
+    """An xdist controller: sums what its workers report, and removes their groups at the end.
+
+    A worker removes its own group as it ends, but xdist kills a worker that has not ended 10 s
+    after the shutdown request (execnet's Group.terminate), and on a loaded machine an
+    interpreter's exit can take longer (loaded run 21: both workers' groups left behind).
+    The controller's unconfigure comes after that kill, so it removes what a killed worker left.
+    """
+
+    def pytest_unconfigure(self, config):
+        session = config.pluginmanager.getplugin("dsession")
+        nodes = getattr(session, "nodemanager", None)
+        if os.geteuid() != 0 or nodes is None:
+            return
+        prefix = f"mlaunch-tests-{nodes.testrunuid[:12]}-gw"
+        try:
+            names = [n for n in os.listdir(ROOT) if n.startswith(prefix)]
+        except OSError:
+            return
+        for name in names:
+            _remove_when_empty(os.path.join(ROOT, name))
+
+
+def _remove_when_empty(group: str) -> None:
+    """rmdir `group` once its processes are gone: a killed worker leaves it as its exit
+    completes, which takes a moment; a process a test leaked keeps it (its name says whose)."""
+    deadline = time.monotonic() + limit(10)
+    while True:
+        try:
+            os.rmdir(group)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)

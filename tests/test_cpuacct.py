@@ -69,9 +69,9 @@ def test_cpu_of_a_test_counts_a_grandchild_it_never_waited_for(tmp_path, workers
     rows = json.load(open(saved.group(1)))
     assert {(x["test"], x["phase"]) for x in rows} >= {("test_burn.py::test_burn", "call")}
     os.unlink(saved.group(1))
-    # Each of its processes left its cgroup at the end, and the groups went with them. xdist's
-    # controller can return before its workers have ended (loaded runs 11 and 14: both worker
-    # groups still there): wait for them to go, as for any process's end.
+    # Each of its processes left its cgroup at the end, and the groups went with them (a worker
+    # xdist killed has its group removed by the controller: the test below). Waited for, as for
+    # any process's end: loaded runs 11 and 14 saw the controller return first.
     deadline = time.monotonic() + limit(60)
     while (mine := {g for g in groups() if g.startswith(f"mlaunch-tests-{uid}")}) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -82,3 +82,36 @@ def test_cpu_of_a_test_counts_a_grandchild_it_never_waited_for(tmp_path, workers
 
 def groups() -> set[str]:
     return {d for d in os.listdir(CGROUPS) if d.startswith("mlaunch-tests-")}
+
+
+def test_groups_of_workers_that_xdist_killed_go_with_the_run(tmp_path):
+    """A worker that has not ended 10 s after the shutdown request is killed by xdist before it
+    leaves its group (loaded run 21): the controller removes the group once it is empty."""
+    if os.geteuid() != 0 or not os.access(os.path.join(CGROUPS, "cgroup.procs"), os.W_OK):
+        pytest.skip(f"needs root and a writable cgroup v1 cpuacct hierarchy at {CGROUPS}")
+    uid = secrets.token_hex(6)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env |= {"PYTHONPATH": ROOT}
+    # tryfirst: the worker stops before cpuacct's own unconfigure could leave the group.
+    (tmp_path / "conftest.py").write_text(textwrap.dedent('''
+        import os, threading
+        import pytest
+        from tests import cpuacct
+
+        def pytest_configure(config):
+            cpuacct.register(config)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_unconfigure(config):
+            if os.environ.get("PYTEST_XDIST_WORKER"):
+                open(os.environ["PYTEST_XDIST_WORKER"] + ".stuck", "w").close()
+                threading.Event().wait()
+    '''))
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                        "-n", "2", f"--testrunuid={uid}", "test_one.py"], cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=limit(300))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("*.stuck")) == ["gw0.stuck", "gw1.stuck"]
+    # The controller returned after removing them: no wait here.
+    assert not {g for g in groups() if g.startswith(f"mlaunch-tests-{uid}")}
