@@ -180,10 +180,12 @@ def test_badam_layer_mode_zero3_trains_one_block(make_hostset, tmp_path, tiny):
     assert "model.layers.1.self_attn.q_proj.weight" in changed, changed
 
 
-NO_ZERO = [None, {"stage": 0}]   # DDP, and DeepSpeed without ZeRO (it keeps the weights whole)
+# Without ZeRO: DDP, and DeepSpeed's stage 0 (it keeps the weights whole). Each optimizer runs
+# under one of them and each engine carries one optimizer: a run of every pair cost 40 s more
+# of the suite's CPU for the same two code paths (the optimizer's, the engine's wrapping).
 
 
-@pytest.mark.parametrize("deepspeed", NO_ZERO, ids=["ddp", "zero0"])
+@pytest.mark.parametrize("deepspeed", [{"stage": 0}], ids=["zero0"])
 def test_adam_mini_runs_without_zero(tmp_path, tiny, deepspeed):
     """Adam-mini on 2 processes (under ZeRO-1/2/3 it stops: refused, see below): one second
     moment per block (`vmean`) instead of one per weight, groups named per weight."""
@@ -199,7 +201,7 @@ def test_adam_mini_runs_without_zero(tmp_path, tiny, deepspeed):
     assert "model.layers.0.self_attn.q_proj.weight" in names, names
 
 
-@pytest.mark.parametrize("deepspeed", NO_ZERO, ids=["ddp", "zero0"])
+@pytest.mark.parametrize("deepspeed", [None], ids=["ddp"])
 def test_muon_runs_without_zero(tmp_path, tiny, deepspeed):
     """Muon (bundled with LLaMA-Factory) on 2 processes: the 2-D weights get Muon's momentum,
     the rest (embedding, norms, biases) its inner AdamW."""
