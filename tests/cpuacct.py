@@ -135,10 +135,11 @@ def register(config: pytest.Config) -> None:
 class Controller(CpuAccounting):
     """An xdist controller: sums what its workers report, and removes their groups at the end.
 
-    A worker removes its own group as it ends, but xdist kills a worker that has not ended 10 s
-    after the shutdown request (execnet's Group.terminate), and on a loaded machine an
-    interpreter's exit can take longer (loaded run 21: both workers' groups left behind).
-    The controller's unconfigure comes after that kill, so it removes what a killed worker left.
+    A worker removes its own group as it ends, but a worker still busy after the shutdown
+    request is interrupted (5 s, execnet's worker side) and killed (10 s, execnet's
+    Group.terminate), and on a loaded machine its teardown can take that long (loaded runs 14,
+    21, 23: workers' groups left behind). The controller's unconfigure comes after, so it
+    removes what such a worker left.
     """
 
     def pytest_unconfigure(self, config):

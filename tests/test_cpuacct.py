@@ -84,34 +84,30 @@ def groups() -> set[str]:
     return {d for d in os.listdir(CGROUPS) if d.startswith("mlaunch-tests-")}
 
 
-def test_groups_of_workers_that_xdist_killed_go_with_the_run(tmp_path):
-    """A worker that has not ended 10 s after the shutdown request is killed by xdist before it
-    leaves its group (loaded run 21): the controller removes the group once it is empty."""
+def test_groups_a_worker_did_not_remove_go_with_the_run(tmp_path):
+    """A worker that has not ended in time is interrupted (5 s) then killed (10 s) by
+    xdist/execnet before it can leave its group (loaded runs 14, 21): the controller removes
+    its workers' groups once they are empty. The workers here never remove theirs, for any reason
+    (a hang in unconfigure did not make it deterministic: under load execnet got there first)."""
     if os.geteuid() != 0 or not os.access(os.path.join(CGROUPS, "cgroup.procs"), os.W_OK):
         pytest.skip(f"needs root and a writable cgroup v1 cpuacct hierarchy at {CGROUPS}")
     uid = secrets.token_hex(6)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env |= {"PYTHONPATH": ROOT}
-    # tryfirst: the worker stops before cpuacct's own unconfigure could leave the group.
     (tmp_path / "conftest.py").write_text(textwrap.dedent('''
-        import os, threading
-        import pytest
         from tests import cpuacct
 
         def pytest_configure(config):
+            cpuacct.CpuAccounting.leave = lambda self: None   # as if killed before it left
             cpuacct.register(config)
-
-        @pytest.hookimpl(tryfirst=True)
-        def pytest_unconfigure(config):
-            if os.environ.get("PYTEST_XDIST_WORKER"):
-                open(os.environ["PYTEST_XDIST_WORKER"] + ".stuck", "w").close()
-                threading.Event().wait()
     '''))
-    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    (tmp_path / "test_one.py").write_text(
+        "def test_one():\n    open('cgroup.txt', 'w').write(open('/proc/self/cgroup').read())\n")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
                         "-n", "2", f"--testrunuid={uid}", "test_one.py"], cwd=tmp_path, capture_output=True,
                        text=True, env=env, timeout=limit(300))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert sorted(p.name for p in tmp_path.glob("*.stuck")) == ["gw0.stuck", "gw1.stuck"]
+    joined = (tmp_path / "cgroup.txt").read_text()   # the test ran in a group of this run
+    assert re.search(rf"cpuacct.*/mlaunch-tests-{uid}-gw[01]$", joined, re.M), joined
     # The controller returned after removing them: no wait here.
     assert not {g for g in groups() if g.startswith(f"mlaunch-tests-{uid}")}
