@@ -448,12 +448,13 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     and there was nothing left to stop; the stop may land after a later save, so the restart
     resumes from the newest checkpoint it made (checkpoint-5, -10, ...)."""
     from .test_training import assert_trained
-    from .training import lf_spec, local_job_pids, submit_timed, worker_killed
+    from .training import held_at, lf_spec, local_job_pids, submit_timed, worker_killed
     out, name = str(tmp_path / "out"), own_name("health-stop")
-    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=30, save_steps=5, max_restarts=1,
-                   restart_backoff_s=1, name=name, health={"hang_after_s": 15})
+    spec = held_at(lf_spec(tiny, ["localhost"], 1, out, max_steps=30, save_steps=5, max_restarts=1,
+                           restart_backoff_s=1, name=name, health={"hang_after_s": 15}), 5, str(tmp_path / "hold"))
     with worker_killed(local_job_pids(name), os.path.join(out, "checkpoint-5", "trainer_state.json"),
-                       b"llamafactory.launcher", sig=signal.SIGSTOP, local_rank=0) as stopped:
+                       b"llamafactory.launcher", sig=signal.SIGSTOP, local_rank=0,
+                       release=str(tmp_path / "hold")) as stopped:
         r = submit_timed(tmp_path, spec)
     assert stopped, "no worker was stopped"
     assert_trained(r, out, 30)

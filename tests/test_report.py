@@ -13,7 +13,7 @@ import pytest
 
 from .helpers import ROOT, mlaunch
 from .procs import own_name
-from .training import (build_tiny, lf_spec, local_job_pids, losses, require_trainer,
+from .training import (build_tiny, held_at, lf_spec, local_job_pids, losses, require_trainer,
                        submit_timed, trainer_state, worker_killed)
 
 STEPS, SAVE = 120, 60
@@ -28,10 +28,10 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("report")
     tiny = build_tiny(str(base / "tiny"))
     out = str(base / "out")
-    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=STEPS, save_steps=SAVE, max_restarts=1,
-                   restart_backoff_s=1, name=NAME)
-    with worker_killed(local_job_pids(NAME),
-                       os.path.join(out, f"checkpoint-{SAVE}", "trainer_state.json"), b"llamafactory.launcher") as killed:
+    spec = held_at(lf_spec(tiny, ["localhost"], 1, out, max_steps=STEPS, save_steps=SAVE, max_restarts=1,
+                           restart_backoff_s=1, name=NAME), SAVE, str(base / "hold"))
+    with worker_killed(local_job_pids(NAME), os.path.join(out, f"checkpoint-{SAVE}", "trainer_state.json"),
+                       b"llamafactory.launcher", release=str(base / "hold")) as killed:
         r = submit_timed(base, spec)
     assert r.returncode == 0 and killed, r.stdout[-3000:]
     assert f"restart 1/1: resuming from {out}/checkpoint-{SAVE}" in r.stdout

@@ -9,7 +9,7 @@ import pytest
 
 from .runs import Runs
 from .slurmjobs import baseline, drain_and_kill, leftovers, slurm_cluster
-from .training import (KILLED_OR_PEER, TRAINER_PYTHON, build_tiny, lf_spec, losses, require_trainer,
+from .training import (KILLED_OR_PEER, TRAINER_PYTHON, build_tiny, held_at, lf_spec, losses, require_trainer,
                        submit_and_cut, trainer_state, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
@@ -36,10 +36,10 @@ def test_killed_worker_restarts_from_its_checkpoint_as_a_new_job(slurm2, tmp_pat
     out = str(tmp_path / "out")
     runs = Runs(str(tmp_path / "home"))
     runs.env["SLURM_CONF"] = slurm2.conf
-    spec = slurm_lf(tmp_path, tiny, out, max_steps=10, save_steps=5, max_restarts=1,
-                    restart_backoff_s=1)
+    spec = held_at(slurm_lf(tmp_path, tiny, out, max_steps=10, save_steps=5, max_restarts=1,
+                            restart_backoff_s=1), 5, str(tmp_path / "hold"))
     with worker_killed(slurm2.hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
-                       b"llamafactory.launcher") as killed:
+                       b"llamafactory.launcher", release=str(tmp_path / "hold")) as killed:
         run_id = runs.detach(tmp_path, spec)
         row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"), timeout=900)
     assert killed, "no worker was killed"

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from .helpers import free_port, ssh_of
-from .training import (KILLED_OR_PEER, SWIFT_PYTHON, attempt_exit, build_tiny, by_attempt, logged, losses,
+from .training import (KILLED_OR_PEER, SWIFT_PYTHON, attempt_exit, build_tiny, by_attempt, held_at, logged, losses,
                        require_swift, require_trainer, submit_and_cut, submit_timed, tiny_schedule,
                        worker_killed)
 
@@ -103,10 +103,10 @@ def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, t
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        spec = swift_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
-                          restart_backoff_s=1)
+        spec = held_at(swift_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
+                                  restart_backoff_s=1), 5, str(tmp_path / "hold"))
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),
-                           b"swift.cli.sft") as killed:
+                           b"swift.cli.sft", release=str(tmp_path / "hold")) as killed:
             r = submit_timed(tmp_path, spec)
     assert killed, "no worker was killed"
     state = assert_trained(r, out, 10)

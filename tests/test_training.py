@@ -16,7 +16,7 @@ import pytest
 
 from .loadfactor import limit
 from .procs import own_name
-from .training import (KILLED_OR_PEER, TRAINER_PYTHON, attempt_exit, build_tiny, lf_spec,
+from .training import (KILLED_OR_PEER, TRAINER_PYTHON, attempt_exit, build_tiny, held_at, lf_spec,
                        local_job_pids, losses, require_trainer, submit_timed, trainer_state, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
@@ -145,10 +145,10 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
     ref_state = trainer_state(ref10)
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        spec = lf_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
-                       restart_backoff_s=1)
+        spec = held_at(lf_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
+                               restart_backoff_s=1), 5, str(tmp_path / "hold"))
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
-                           b"llamafactory.launcher") as killed:
+                           b"llamafactory.launcher", release=str(tmp_path / "hold")) as killed:
             run_id = runs.detach(tmp_path, spec)
             row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"), timeout=900)
     assert killed, "no worker was killed"
@@ -185,10 +185,10 @@ def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tin
     state_path = os.path.join(old, "trainer_state.json")
     state = json.load(open(state_path))
     json.dump({**state, "global_step": 100}, open(state_path, "w"))
-    spec = lf_spec(tiny, ["localhost"], 1, out, max_steps=10, save_steps=5, max_restarts=1,
-                   restart_backoff_s=1, name=name)
+    spec = held_at(lf_spec(tiny, ["localhost"], 1, out, max_steps=10, save_steps=5, max_restarts=1,
+                           restart_backoff_s=1, name=name), 5, str(tmp_path / "hold"))
     with worker_killed(local_job_pids(name), os.path.join(out, "checkpoint-5", "trainer_state.json"),
-                       b"llamafactory.launcher") as killed:
+                       b"llamafactory.launcher", release=str(tmp_path / "hold")) as killed:
         r = submit_timed(tmp_path, spec, "--overwrite")
     assert killed, "no worker was killed"
     assert f"restart 1/1: resuming from {out}/checkpoint-5" in r.stdout, r.stdout[-3000:]

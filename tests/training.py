@@ -166,6 +166,19 @@ def local_job_pids(name: str):
     return lambda: job_pids(f"{name}-")
 
 
+HOLD = os.path.join(ROOT, "tests", "hold")
+
+
+def held_at(spec: dict, step: int, where: str) -> dict:
+    """spec, its trainer processes held right after saving checkpoint-`step` until the file
+    where/release exists (tests/hold/sitecustomize.py): what a kill after that checkpoint
+    needs so that the training cannot finish first. worker_killed(release=where) releases."""
+    os.makedirs(where, exist_ok=True)
+    spec["cluster"]["env"] = {**spec["cluster"].get("env", {}), "PYTHONPATH": HOLD,
+                              "MLAUNCH_TEST_HOLD_AT": str(step), "MLAUNCH_TEST_HOLD_DIR": where}
+    return spec
+
+
 @contextmanager
 def worker_killed(pids, state_glob: str, module: bytes, **kw):
     """While the block runs, kill_worker_when(pids, state_glob, module, **kw) watches in a
@@ -195,11 +208,20 @@ def attempt_exit(console: str, n: int) -> int:
 
 
 def kill_worker_when(pids, state_glob: str, module: bytes, done, killed: list, *,
-                     sig: int = 9, local_rank: int = 0) -> None:
+                     sig: int = 9, local_rank: int = 0, release: str | None = None) -> None:
     """Once a file matching state_glob exists, send sig (default SIGKILL) to the worker of
-    local_rank running module among pids() (e.g. one host's processes, or local_job_pids).
+    local_rank running module among pids() (e.g. one host's processes, or local_job_pids),
+    then release the trainers a held_at(spec, step, release) spec holds.
     A world of one runs the trainer in-process without torchrun: no LOCAL_RANK, and its one
     trainer process is local rank 0."""
+    try:
+        _kill_worker_when(pids, state_glob, module, done, killed, sig, local_rank)
+    finally:
+        if release is not None:
+            open(os.path.join(release, "release"), "w").close()
+
+
+def _kill_worker_when(pids, state_glob, module, done, killed, sig, local_rank) -> None:
     import glob
     import time
     while not done.is_set() and not glob.glob(state_glob):
