@@ -185,6 +185,20 @@ def compressed_bootstrap(program: str, merge_stderr: bool = False, ready: str = 
                   ready=ready).strip()
 
 
+def relayed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "") -> str:
+    """bootstrap() run under node program `program` (nodeprog/relay.py's text), which masks
+    the node's output and copies the lines that matter to stderr, where the node has a
+    python3; bootstrap() alone elsewhere. Its ready line says which ("<ready> relay")."""
+    return render("rbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr),
+                  fallback=bootstrap(merge_stderr, ready), ready=ready).strip()
+
+
+def relay_frame(config: dict) -> bytes:
+    """nodeprog/relay.py's config (what to mask, what the launcher must see) as the frame it
+    reads from stdin before the script: the secrets' values in no argv and no file."""
+    return framed(json.dumps(config, separators=(",", ":")))
+
+
 def ssh_client_argv(**context: Any) -> list[str]:
     """The OpenSSH client's arguments up to the host (templates/ssh_client.j2 names them)."""
     return [a for a in render("ssh_client.j2", **context).splitlines() if a.strip()]

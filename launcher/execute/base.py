@@ -71,6 +71,20 @@ class Running(Protocol):
         """Drop the session: the node's hang-up guard then ends the node."""
 
 
+class RelayedRunning(Running, Protocol):
+    """A node command under nodeprog/relay.py (relayed is true): its output is spliced from
+    out_fd into the node log, read_err() gives the relay's lines (execute/spliced.py)."""
+
+    relayed: bool
+    out_fd: int
+
+    def read_err(self) -> bytes:
+        """Next chunk of the session's stderr; b"" at its end. Blocks."""
+
+    def wait(self, said: str | None = None) -> Exit:
+        """wait(), told what the session's stderr held besides the relay's lines."""
+
+
 class Executor(Protocol):
     """Connect to every host, place files, start node commands, tear a run down."""
 

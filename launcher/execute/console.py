@@ -40,6 +40,7 @@ class Console:
         self._unshown = [0, 0]       # lines, bytes never shown once abandoned
         self._unshown_ranks: set[int] = set()
         self._abandoned = self._closed = False
+        self._bytes_only = False     # a tally holds output whose lines were never counted
         self._said_at = 0.0
         self._thread = threading.Thread(target=self._print_loop, daemon=True)
         self._thread.start()
@@ -61,6 +62,23 @@ class Console:
                 self._count(self._skipped, self._skipped_ranks, r, old.count("\n"), n)
             if was_empty:   # only an idle console waits for a text; a pacing one wakes by itself
                 self._cond.notify()
+
+    @property
+    def abandoned(self) -> bool:
+        """Teardown began: node output is no longer shown."""
+        return self._abandoned
+
+    def skipped(self, rank: int, size: int) -> None:
+        """size bytes of node rank's log that the console skipped, unread (execute/follow.py)."""
+        with self._cond:
+            self._bytes_only = True
+            self._count(self._skipped, self._skipped_ranks, rank, 1, size)
+
+    def unshown(self, rank: int, size: int) -> None:
+        """size bytes of node rank's log never shown, unread (execute/follow.py)."""
+        with self._cond:
+            self._bytes_only = True
+            self._count(self._unshown, self._unshown_ranks, rank, 1, size)
 
     def abandon(self) -> None:
         """Stop showing node output (teardown): what is queued and what comes later is only
@@ -88,8 +106,8 @@ class Console:
         lines, size = self._unshown
         if lines:
             paths = ", ".join(self.log_paths[r] for r in sorted(self._unshown_ranks))
-            self.printer.say(f"console: {lines} line{'' if lines == 1 else 's'} ({_mb(size)}) of "
-                             f"node output not shown here; every line is in {paths}{more}")
+            self.printer.say(f"console: {self._amount(lines, size)} of node output not shown "
+                             f"here; every line is in {paths}{more}")
 
     def _count(self, tally: list[int], ranks: set[int], rank: int | None, lines: int, size: int) -> None:
         tally[0] += lines
@@ -134,8 +152,14 @@ class Console:
         self._said_at = now
         paths = ", ".join(self.log_paths[r] for r in sorted(self._skipped_ranks))
         self._skipped, self._skipped_ranks = [0, 0], set()
-        return (f"console behind: skipped {lines} line{'' if lines == 1 else 's'} ({_mb(size)}) "
-                f"to keep up, showing the newest; every line is in {paths}")
+        return (f"console behind: skipped {self._amount(lines, size)} to keep up, showing the "
+                f"newest; every line is in {paths}")
+
+    def _amount(self, lines: int, size: int) -> str:
+        # Output skipped unread (a followed log) has bytes but no line count.
+        if self._bytes_only:
+            return _mb(size)
+        return f"{lines} line{'' if lines == 1 else 's'} ({_mb(size)})"
 
 
 def _mb(size: int) -> str:

@@ -75,6 +75,11 @@ def _parse_dict(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+# may_matter()'s fixed parts: a line with none of them means nothing to the watch (the node
+# relay, nodeprog/relay.py, copies to the launcher only lines with one of them)
+MARKS = ("world", "{", "%|", "Saving model checkpoint")
+
+
 def may_matter(text: str) -> bool:
     """Whether text holds what a world-size line, a save, a dict or a tqdm step needs (each
     pattern's fixed part): one scan of a chunk spares a flood of plain lines every regex.

@@ -15,6 +15,8 @@ from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .console import Console
+from .follow import LogFollower
+from .spliced import SplicedPump
 from .stream import LineSplitter, NodeLog, Printer, text_of
 from .torchrun_out import SignalTracebacks, TorchrunRootCause
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
@@ -84,6 +86,7 @@ class _Session:
                                       [(n.rank, n.host) for n in plan.nodes])
         self._live_at = 0.0
         self.console = Console(printer, {n.rank: n.log_path for n in plan.nodes})
+        self.follower = LogFollower(self.console)   # for nodes whose output is spliced
 
     def run(self) -> JobResult:
         try:
@@ -123,9 +126,42 @@ class _Session:
             self.events.put((node.rank, Exit(LOST, lost=True, detail=f"could not start: {e}")))
             return False
         self.running[node.rank] = running
-        self.watch.events.emit("node_start", node=node.rank, host=node.host)
-        threading.Thread(target=self._pump, args=(node, running, log), daemon=True).start()
+        relayed = getattr(running, "relayed", False)   # the node log is written by splice(2)
+        self.watch.events.emit("node_start", node=node.rank, host=node.host,
+                               log="spliced" if relayed else None)
+        if relayed:
+            log.close()
+            self.follower.follow(node.rank, node.host, node.log_path)
+            threading.Thread(target=self._pump_spliced, args=(node, running), daemon=True).start()
+        else:
+            threading.Thread(target=self._pump, args=(node, running, log), daemon=True).start()
         return True
+
+    def _pump_spliced(self, node: NodePlan, running: Running) -> None:
+        # Only the relay's lines come here; the output itself goes into the node log unread.
+        cause = TorchrunRootCause()
+        pump = SplicedPump(running, node.log_path, lambda text: self._seen(node, cause, text),
+                           lambda: self.view.lines_seen(node.rank),
+                           lambda text: self.console.offer(node.rank, node.host, text))
+        try:
+            outcome = pump.run()
+            if outcome.code == 1 and cause.code not in (None, 0, 1):
+                outcome = Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
+        except Exception as e:  # reading must never kill the launcher: it is a lost node
+            outcome = Exit(LOST, lost=True, detail=f"stream error: {e}")
+        finally:
+            self.outcomes[node.rank].tail = pump.tail()
+        self.events.put((node.rank, outcome))
+
+    def _seen(self, node: NodePlan, cause: TorchrunRootCause, text: str) -> None:
+        # The relay's lines (masked on the node): samples, the root cause, the health watch.
+        text, samples = nodeview.split_text(self.plan.mask(text))
+        if samples:
+            self.view.output(node.rank, samples)
+        if text:
+            cause.see_text(text)
+            if (verdict := self.watch.text(node.rank, node.host, text)) is not None:
+                self._health_stop(verdict)
 
     def _pump(self, node: NodePlan, running: Running, log: NodeLog) -> None:
         splitter, cause = LineSplitter(), TorchrunRootCause()
@@ -305,6 +341,7 @@ class _Session:
         # whatever of that node is still alive (e.g. orphaned dataloader workers).
         if self._teardown is not None:
             self._teardown.join()
+        self.follower.finish()
         self.console.close(more="" if self._teardown is None else
                            f"; what ranks wrote after the teardown began is in their torchrun "
                            f"logs under {self.plan.run_dir}/torchrun on each host")

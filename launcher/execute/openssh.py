@@ -35,6 +35,7 @@ READ_SIZE = 2**20
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
 READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap's ready)
+RELAYED = b" relay"   # after READY: the session runs under nodeprog/relay.py (execute/spliced.py)
 _F_SETPIPE_SZ = 1031          # Linux's fcntl for a pipe's capacity
 
 
@@ -46,10 +47,11 @@ def wanted() -> bool:
 class OpenSSHRunning:
     """One node command in an `ssh` child: its stdout pipe is the node's output."""
 
-    def __init__(self, proc: subprocess.Popen, early: bytes = b""):
+    def __init__(self, proc: subprocess.Popen, early: bytes = b"", relayed: bool = False):
         self._proc = proc
         self._early = early   # read with the ready line
-        self._out = proc.stdout.fileno()
+        self.relayed = relayed   # stdout: the masked output to splice; stderr: the relay's lines
+        self._out = self.out_fd = proc.stdout.fileno()
         self._in = proc.stdin.fileno()
         os.set_blocking(self._in, False)   # a heartbeat never blocks on a stuck client
         self._cut = False
@@ -63,9 +65,19 @@ class OpenSSHRunning:
         except OSError:
             return b""
 
-    def wait(self) -> Exit:
+    def read_err(self) -> bytes:
+        """The client's stderr: under the relay, its lines and the client's own words."""
+        try:
+            return os.read(self._proc.stderr.fileno(), 2**16)
+        except OSError:
+            return b""
+
+    def wait(self, said: str | None = None) -> Exit:
+        """The node's exit; said: the client's own words where the caller read its stderr."""
         code = self._proc.wait()
-        said = self._proc.stderr.read().decode("utf-8", "replace").strip()
+        if said is None:
+            said = self._proc.stderr.read().decode("utf-8", "replace")
+        said = said.strip()
         if self._cut and code != 0:
             return Exit(LOST, lost=True, detail="session cut by mlaunch")
         # The node's stderr went into its stdout (bootstrap merge_stderr): what is here is the
@@ -86,6 +98,14 @@ class OpenSSHRunning:
             self._proc.send_signal(signal.SIGTERM)   # the session closes; the node's guard ends it
 
 
+def _ready_line(seen: bytes) -> int | None:
+    """Where the ready line (READY, or READY and RELAYED) starts once it is whole, else None."""
+    for line in (READY + b"\n", READY + RELAYED + b"\n"):
+        if (cut := seen.find(line)) >= 0:
+            return cut
+    return None
+
+
 class OpenSSHStreams:
     """The `ssh` command line per host, with the host keys paramiko verified pinned."""
 
@@ -95,7 +115,7 @@ class OpenSSHStreams:
         self._known = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, subprocess.Popen] = {}   # logging in
-        self._ready: dict[str, tuple[subprocess.Popen, bytes]] = {}   # logged in, no script yet
+        self._ready: dict[str, tuple[subprocess.Popen, bytes, bool]] = {}   # logged in, no script yet
 
     def pin(self, login: str, addr: HostAddr, port: int | None, key: paramiko.PKey,
             jump: tuple[HostAddr, paramiko.PKey] | None) -> None:
@@ -130,23 +150,24 @@ class OpenSSHStreams:
             self.end_sessions()
         return problems
 
-    def start(self, login: str, command: str, script: bytes) -> OpenSSHRunning:
-        """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats."""
+    def start(self, login: str, command: str, script: bytes, relay_head: bytes = b"") -> OpenSSHRunning:
+        """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats,
+        relay_head ahead of it where the session runs under the relay."""
         if login not in self._ready:
             self._pending.setdefault(login, self._popen(login, command))
             if problem := self._await(login, self._ssh.connect_timeout + 10):
                 raise RuntimeError(problem.message)
-        proc, early = self._ready.pop(login)
+        proc, early, relayed = self._ready.pop(login)
         try:
-            proc.stdin.write(script)
+            proc.stdin.write(relay_head + script if relayed else script)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the client already ended: wait() tells how
-        return OpenSSHRunning(proc, early)
+        return OpenSSHRunning(proc, early, relayed)
 
     def end_sessions(self) -> None:
         """End sessions begun but never started (each node's `read` then sees EOF)."""
-        for proc in [*self._pending.values(), *(p for p, _ in self._ready.values())]:
+        for proc in [*self._pending.values(), *(r[0] for r in self._ready.values())]:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
@@ -171,14 +192,15 @@ class OpenSSHStreams:
     def _await(self, login: str, timeout: float) -> Problem | None:
         proc = self._pending.pop(login)
         seen, deadline = b"", time.monotonic() + timeout
-        while (cut := seen.find(READY + b"\n")) < 0:
+        while (cut := _ready_line(seen)) is None:
             left = deadline - time.monotonic()
             ready = select.select([proc.stdout], [], [], max(0.0, left))[0]
             chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
             if not chunk:
                 return self._refused(login, proc, timeout if left <= 0 or not ready else None)
             seen += chunk
-        self._ready[login] = (proc, seen[cut + len(READY) + 1:])
+        end = seen.index(b"\n", cut) + 1
+        self._ready[login] = (proc, seen[end:], seen[cut:end - 1].endswith(RELAYED))
         return None
 
     def _refused(self, login: str, proc: subprocess.Popen, timed_out: float | None) -> Problem:

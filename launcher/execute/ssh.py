@@ -17,6 +17,7 @@ from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit, stage_files
+from . import spliced
 from .inflow import Inflow
 from .openssh import READY, OpenSSHRunning, OpenSSHStreams, wanted
 
@@ -90,6 +91,7 @@ class SSHExecutor:
         path = os.path.expanduser(ssh.config_file) if ssh.config_file else None
         self._config = Config(runtime_ssh_path=path) if path else Config()
         self._streams = OpenSSHStreams(ssh) if wanted() else None   # node output via `ssh` children
+        self._relay_head = b""
 
     def connect(self) -> list[Problem]:
         # fabric's Connection() writes into the Config it is given, one shared by all hosts
@@ -105,8 +107,12 @@ class SSHExecutor:
         return problems
 
     def stage(self, plan: LaunchPlan) -> None:
+        # A job's sessions run under the node relay (execute/spliced.py); `exec`'s, which
+        # stage nothing, as they are.
+        if spliced.wanted() and not compress_streams():
+            self._relay_head = render.relay_frame(spliced.relay_config(plan))
         if self._streams is not None:   # the stream clients log in while the files go up
-            self._streams.spawn(_stream_command())
+            self._streams.spawn(_stream_command(bool(self._relay_head)))
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             list(pool.map(lambda h: self._upload(h, plan), targets))
@@ -116,7 +122,8 @@ class SSHExecutor:
 
     def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
         if self._streams is not None:
-            return self._streams.start(node.login, _stream_command(), render.framed(node.script))
+            return self._streams.start(node.login, _stream_command(bool(self._relay_head)),
+                                       render.framed(node.script), self._relay_head)
         chan = self._conns[node.login].client.get_transport().open_session(
             timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
         chan.set_combine_stderr(True)
@@ -232,7 +239,10 @@ def aead_first_transport(sock, **kw) -> paramiko.Transport:
 _TAKES_FACTORY = "transport_factory" in inspect.signature(paramiko.SSHClient.connect).parameters
 
 
-def _stream_command() -> str:
+def _stream_command(relayed: bool = False) -> str:
+    if relayed:
+        return "exec /bin/sh -c " + shlex.quote(render.relayed_bootstrap(
+            _relay(), merge_stderr=True, ready=READY.decode()))
     return bootstrap_command(compressed=compress_streams(), merge_stderr=True, ready=READY.decode())
 
 
@@ -243,6 +253,11 @@ def bootstrap_command(compressed: bool = False, merge_stderr: bool = False, read
     text = render.compressed_bootstrap(_zpipe(), merge_stderr, ready) if compressed \
         else render.bootstrap(merge_stderr, ready)
     return "exec /bin/sh -c " + shlex.quote(text)
+
+
+@functools.cache
+def _relay() -> str:
+    return nodeprog.source("relay")
 
 
 @functools.cache

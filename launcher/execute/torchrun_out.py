@@ -9,6 +9,10 @@ from typing import Callable
 from .stream import TORCHRUN_PREFIX, lines_of, text_of
 
 
+ROOT_CAUSE = "Root Cause"   # its report's header holds this, the exit code some lines below
+ROOT_CAUSE_LINES = 12       # the report's lines after its header, more than it has
+
+
 class TorchrunRootCause:
     """Remembers the worker exit code from torchrun's failure report.
 
@@ -29,7 +33,7 @@ class TorchrunRootCause:
     def see_text(self, text: str) -> None:
         """Take in a text of whole lines (LineSplitter.feed_text)."""
         # One scan of the chunk instead of a regex per line, outside the block.
-        if not self._in_block and "Root Cause" not in text:
+        if not self._in_block and ROOT_CAUSE not in text:
             return
         for line in lines_of(text):
             if self._HEADER.search(line):

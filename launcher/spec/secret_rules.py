@@ -115,6 +115,19 @@ def secret_values(job) -> tuple[str, ...]:
     return tuple(sorted(vals, key=len, reverse=True))
 
 
+def mask_rules(secrets: tuple[str, ...], mark: str = "***") -> dict:
+    """mask_text()'s rules as data, for a node program that masks bytes the same way
+    (nodeprog/relay.py): literal [value, mark] pairs, longest first, then [pattern,
+    replacement, gates...] regexes, applied where every gate substring is in the text."""
+    return {"literal": [[v, mark] for v in secrets if len(v) >= 4],
+            "regex": [[_alone(v), mark] for v in secrets if len(v) < 4]
+            + [[URL_CREDS.pattern, rf"\g<1>{mark}\g<3>", "@", "://"]]}
+
+
+def _alone(value: str) -> str:
+    return rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])"
+
+
 def mask_text(text: str, secrets: tuple[str, ...], mark: str = "***") -> str:
     """text with each secret value and each URL password replaced by mark. A value shorter
     than 4 characters only where it stands alone (not inside a word): "ab" in "tab" is no leak."""
@@ -122,7 +135,7 @@ def mask_text(text: str, secrets: tuple[str, ...], mark: str = "***") -> str:
         if len(value) >= 4:
             text = text.replace(value, mark)
         else:
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", mark, text)
+            text = re.sub(_alone(value), mark, text)
     # Substring tests first: the regex scan costs ~10x more on a flood of plain lines, and
     # "@" (one character: a memchr) several times less than "://".
     return URL_CREDS.sub(rf"\g<1>{mark}\g<3>", text) if "@" in text and "://" in text else text

@@ -1,0 +1,105 @@
+"""The console's share of spliced nodes' output (execute/spliced.py): their node logs, read
+back at the console's pace, never more. A node that writes faster than the console shows is
+skipped ahead to its newest lines, and the console says by how much; the logs hold every line.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from .console import Console
+from .stream import LineSplitter
+
+TICK_S = 0.05       # how often the logs are looked at
+MIN_READ = 2**14    # bytes per node per look at least, however many nodes share the pace
+
+
+class _Followed:
+    """One node log and how far the console has read it."""
+
+    def __init__(self, rank: int, host: str, path: str):
+        self.rank, self.host, self.path = rank, host, path
+        self.fd, self.pos = -1, 0
+        self.splitter = LineSplitter()
+        self.cut = False   # skipped ahead: the first line read may be a part of one
+
+    def size(self) -> int:
+        """The log's size now (0 until it exists); a log made again at its path starts over."""
+        try:
+            if self.fd < 0:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            elif os.fstat(self.fd).st_nlink == 0:   # removed; its writer makes it again
+                os.close(self.fd)
+                self.fd, self.pos, self.cut = os.open(self.path, os.O_RDONLY), 0, False
+                self.splitter = LineSplitter()
+            return os.fstat(self.fd).st_size
+        except OSError:
+            return self.pos
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class LogFollower:
+    """Reads each followed node log from a thread of its own and offers its new whole lines to
+    the console, at most the console's pace; stops when the console is abandoned (teardown)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self._logs: dict[int, _Followed] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, rank: int, host: str, path: str) -> None:
+        """Show node rank's log (another thread writes it) from its start."""
+        with self._lock:
+            self._logs[rank] = _Followed(rank, host, path)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True)
+                self._thread.start()
+
+    def finish(self) -> None:
+        """Stop following: what is left goes to the console (its newest part, within the
+        console's bound) unless the console was abandoned; the rest is tallied as not shown."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        logs = list(self._logs.values())
+        for f in logs:
+            if not self.console.abandoned:
+                self._step(f, max(MIN_READ, self.console.bound // max(1, len(logs))))
+            left = f.size() - f.pos
+            if left > 0:
+                self.console.unshown(f.rank, left)
+            f.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(TICK_S) and not self.console.abandoned:
+            with self._lock:
+                logs = list(self._logs.values())
+            budget = max(MIN_READ, int(self.console.rate * TICK_S) // max(1, len(logs)))
+            for f in logs:
+                self._step(f, budget)
+
+    def _step(self, f: _Followed, budget: int) -> None:
+        size = f.size()
+        if size - f.pos > self.console.bound:   # far behind: on to the newest lines
+            self.console.skipped(f.rank, size - budget - f.pos)
+            f.pos, f.cut, f.splitter = size - budget, True, LineSplitter()
+        if size <= f.pos:
+            return
+        try:
+            data = os.pread(f.fd, min(budget, size - f.pos), f.pos)
+        except OSError:
+            return
+        f.pos += len(data)
+        if f.cut:   # the part of a line before the first whole one was skipped with the rest
+            start = data.find(b"\n") + 1
+            if not start:
+                return
+            data, f.cut = data[start:], False
+        if text := f.splitter.feed_text(data):
+            self.console.offer(f.rank, f.host, text)

@@ -1,0 +1,213 @@
+"""The spliced log path's parts (issue 28): the node relay (nodeprog/relay.py) masks exactly as
+the launcher does and copies what the launcher must see; the follower shows a node log at the
+console's pace and says what it skipped. The path end to end over SSH: test_fanout.py and
+test_secrets.py (every OpenSSH session runs under the relay)."""
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher import nodeprog, render
+from launcher.execute import spliced
+from launcher.execute.console import Console
+from launcher.execute.follow import LogFollower
+from launcher.execute.health import MARKS, may_matter
+from launcher.execute.stream import Printer
+from launcher.execute.torchrun_out import ROOT_CAUSE, TorchrunRootCause
+from launcher.plan.launch_plan import MASK
+from launcher.spec.secret_rules import mask_rules, mask_text
+from launcher.view.nodeview import split_text
+
+from .helpers import mlaunch, script_job, write_spec
+from .loadfactor import limit
+
+SECRETS = ("hf_" + "a1b2c3d4e5f6", "tok-9", "ab")
+# The bootstrap's way of reading a framed script (templates/bootstrap.sh.j2), nothing else.
+READ_SCRIPT = 'read -r n || exit 97; s=$(head -c "$n"; echo .); eval "${s%.}"'
+
+
+def relay(script: str, secrets=SECRETS) -> subprocess.CompletedProcess:
+    """Run script under the relay as a node runs it: its config frame, then the script's."""
+    config = {**mask_rules(secrets, MASK), "marks": list(MARKS), "after": [[ROOT_CAUSE, 12]],
+              "sample": "\x1emlaunch-"}
+    stdin = render.relay_frame(config) + render.framed(script)
+    return subprocess.run([sys.executable, "-c", nodeprog.source("relay"), "/bin/sh", "-c", READ_SCRIPT],
+                          input=stdin, capture_output=True, timeout=60)
+
+
+TEXT = ("plain hf_a1b2c3d4e5f6 and tok-9 and ab alone but not tab or abc\n"
+        "url https://user:pw-7@host/x and ftp://u:p@h and no creds http://h/x\n"
+        "{'loss': 1.5, 'epoch': 0.1} world_size=4\n"
+        "  3%|#  | 3/100 [00:01<00:30]\n"
+        "Saving model checkpoint to /out/checkpoint-5\n")
+
+
+def test_the_relay_masks_every_byte_as_the_launcher_masks_text():
+    text = TEXT * 3 + "".join(f"line {k} tok-9{k} ab{k} ab\n" for k in range(200))
+    r = relay(f"cat <<'EOF'\n{text}EOF\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode() == mask_text(text, SECRETS, MASK)
+    assert b"a1b2c3" not in r.stdout + r.stderr and b"pw-7" not in r.stdout + r.stderr
+
+
+def test_the_relay_copies_every_line_the_watch_reads_and_only_those():
+    text = TEXT + "".join(f"filler {k}\n" for k in range(1000))
+    r = relay(f"cat <<'EOF'\n{text}EOF\n")
+    seen = r.stderr.decode()
+    assert all(line.startswith("\x1f") for line in seen.splitlines())
+    seen = seen.replace("\x1f", "")
+    wanted = [line for line in mask_text(text, SECRETS, MASK).splitlines() if may_matter(line)]
+    assert seen.splitlines() == wanted and len(wanted) == 3   # the dict, the bar, the save
+    # What the relay copies is what the watch looks for: every mark is one may_matter() needs.
+    assert all(may_matter(m) for m in MARKS)
+
+
+def test_samples_leave_the_log_and_reach_the_launcher_and_progress_frames_are_lines():
+    script = ("printf 'job line\\n\\036mlaunch-cpu 1 2 3 4\\nhead\\036mlaunch-gpu 0, 1, 2, 3\\n'; "
+              "printf ' 10%%|#  | 1/10\\r 20%%|## | 2/10\\r'; sleep 0.2; printf ' 30%%|###| 3/10\\n'")
+    r = relay(script)
+    assert r.stdout == b"job line\nhead\n 10%|#  | 1/10\r 20%|## | 2/10\r 30%|###| 3/10\n"
+    text, samples = split_text(r.stderr.decode().replace("\x1f", ""))
+    assert samples == ["cpu 1 2 3 4", "gpu 0, 1, 2, 3"]
+    # Each frame of the bar is a line of its own for the watch: the steps as they happen.
+    assert text.splitlines() == ["head", " 10%|#  | 1/10", " 20%|## | 2/10", " 30%|###| 3/10"]
+
+
+def test_torchruns_root_cause_reaches_the_launcher_with_its_exit_code():
+    report = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-04_10:00:00\n"
+              "  host      : n1\n  rank      : 1 (local_rank: 0)\n  exitcode  : 3 (pid: 42)\n")
+    r = relay(f"echo noise; cat <<'EOF'\n{report}EOF\nexit 1")
+    assert r.returncode == 1
+    cause = TorchrunRootCause()
+    cause.see_text(r.stderr.decode().replace("\x1f", ""))
+    assert cause.code == 3
+
+
+def test_the_relay_ends_as_its_command_did_and_keeps_an_unended_last_line():
+    r = relay("printf 'a\\nlast without end'; kill -TERM $$")
+    assert r.returncode == -signal.SIGTERM
+    assert r.stdout == b"a\nlast without end"
+
+
+def test_a_line_longer_than_the_hold_goes_out_whole_and_unmasked_nowhere():
+    long = "x" * (3 * 2**20) + "hf_a1b2c3d4e5f6"   # a secret where a cut at HOLD might fall
+    r = relay(f"printf '%s\\n' {long}")
+    assert r.stdout.count(b"x") == 3 * 2**20 and r.stdout.endswith(b"***\n")
+    assert r.returncode == 0 and b"a1b2c3" not in r.stdout
+
+
+def printer() -> tuple[Printer, io.StringIO]:
+    out = io.StringIO()
+    return Printer(lambda s: s, out, color=False), out
+
+
+def test_the_follower_shows_a_log_whole_at_the_end_of_a_quiet_run(tmp_path):
+    path = tmp_path / "node0.log"
+    path.write_bytes(b"")
+    p, out = printer()
+    console = Console(p, {0: str(path)})
+    follower = LogFollower(console)
+    follower.follow(0, "h0", str(path))
+    with open(path, "ab") as fh:
+        fh.write(b"".join(b"line %d\n" % k for k in range(1000)) + b"partial")
+    follower.finish()
+    console.close()
+    shown = [line for line in out.getvalue().splitlines() if line.startswith("[node0 h0] ")]
+    assert shown == [f"[node0 h0] line {k}" for k in range(1000)]
+    assert "not shown" not in out.getvalue()
+
+
+def test_the_follower_skips_to_the_newest_and_says_so_in_megabytes(tmp_path):
+    path = tmp_path / "node0.log"
+    path.write_bytes(b"")
+    p, out = printer()
+    console = Console(p, {0: str(path)}, bound=2**20)
+    follower = LogFollower(console)
+    follower.follow(0, "h0", str(path))
+    with open(path, "ab") as fh:   # 8 MB at once: far past the bound
+        fh.write(b"".join(b"%09d %s\n" % (k, b"y" * 90) for k in range(80_000)))
+    follower.finish()
+    console.close()
+    text = out.getvalue()
+    shown = [int(line.split()[2]) for line in text.splitlines() if line.startswith("[node0 h0] ")]
+    assert shown and shown[-1] == 79_999 and shown == sorted(shown) and len(shown) < 80_000
+    assert "console behind: skipped" in text and " MB to keep up" in text and str(path) in text
+
+
+def test_after_a_teardown_what_the_console_never_read_is_one_line_with_the_path(tmp_path):
+    path = tmp_path / "node3.log"
+    path.write_bytes(b"")
+    p, out = printer()
+    console = Console(p, {3: str(path)})
+    follower = LogFollower(console)
+    follower.follow(3, "h3", str(path))
+    console.abandon()
+    with open(path, "ab") as fh:
+        fh.write((b"z" * 99 + b"\n") * 10_000)   # 1,000,000 bytes
+    follower.finish()
+    console.close()
+    assert f"console: 1.0 MB of node output not shown here; every line is in {path}" in out.getvalue()
+    assert "[node3" not in out.getvalue()
+
+
+def test_a_log_removed_under_the_follower_is_followed_again_at_its_path(tmp_path):
+    path = tmp_path / "logs" / "node0.log"
+    path.parent.mkdir()
+    path.write_bytes(b"")
+    p, out = printer()
+    console = Console(p, {0: str(path)})
+    follower = LogFollower(console)
+    follower.follow(0, "h0", str(path))
+    path.write_bytes(b"before\n")
+    deadline = time.monotonic() + limit(30)
+    while follower._logs[0].pos < 7:   # until the follower has read it
+        assert time.monotonic() < deadline, "the follower never read the log"
+        time.sleep(0.02)
+    os.remove(path)
+    path.write_bytes(b"after\n")
+    follower.finish()
+    console.close()
+    assert "[node0 h0] after" in out.getvalue()
+
+
+def test_splice_is_on_where_the_platform_has_it(monkeypatch):
+    monkeypatch.setenv("MLAUNCH_LOG_RELAY", "0")
+    assert not spliced.wanted()
+    monkeypatch.delenv("MLAUNCH_LOG_RELAY")
+    assert spliced.wanted() == hasattr(os, "splice")
+
+
+@pytest.mark.multihost
+def test_a_job_over_ssh_goes_through_the_relay_into_complete_masked_logs(hosts2, tmp_path):
+    canary, lines = "hf_relay_" + "5e" * 12, 40_000   # 4 MB a node
+    hs = hosts2
+    spec = script_job([h.ip for h in hs.hosts], 1, "relay_job.py", [str(lines)],
+                      str(tmp_path / "out"), hs=hs, env={"HF_TOKEN": canary})
+    r = mlaunch("submit", write_spec(tmp_path, spec), timeout=limit(300))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    logs = sorted(glob.glob(str(tmp_path / "out" / "logs" / "*" / "node*.log")))
+    assert len(logs) == 2
+    for log in logs:
+        with open(log, "rb") as fh:
+            data = fh.read()
+        numbers = [int(m) for m in re.findall(rb"\](?::\s*)?(\d{9}) y{90}\n", data)]
+        assert numbers == list(range(lines)), log
+        assert canary.encode() not in data and b"token ***" in data
+        assert b"frame one" in data and b"frame two" in data
+    with open(glob.glob(str(tmp_path / "out" / "logs" / "*" / "events.jsonl"))[0]) as fh:
+        starts = [e for e in map(json.loads, fh) if e["event"] == "node_start"]
+    assert [e.get("log") for e in starts] == ["spliced", "spliced"]   # not read by the launcher
+    assert canary not in out
+    for k, host in enumerate(h.ip for h in hs.hosts):
+        assert f"[node{k} {host} local0] {lines - 1:09d} " in out   # the rest shown at the end
+    assert "not shown" not in out
