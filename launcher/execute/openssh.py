@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -116,12 +117,15 @@ class OpenSSHStreams:
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, subprocess.Popen] = {}   # logging in
         self._ready: dict[str, tuple[subprocess.Popen, bytes, bool]] = {}   # logged in, no script yet
+        self._lock = threading.Lock()
 
     def pin(self, login: str, addr: HostAddr, port: int | None, key: paramiko.PKey,
             jump: tuple[HostAddr, paramiko.PKey] | None) -> None:
         """Remember how to reach login: its address, port, the key paramiko saw, the jump host."""
-        alias = f"mlaunch-{len(self._argv)}"
-        self._add_key(alias, key)
+        with self._lock:   # hosts are pinned from their connecting threads
+            alias = f"mlaunch-{len(self._argv)}"
+            self._argv[login] = []
+            self._add_key(alias, key)
         proxy = None
         if jump is not None:
             jaddr, jkey = jump
@@ -132,12 +136,13 @@ class OpenSSHStreams:
                                          "--", jaddr.name.replace("%", "%%")])
         self._argv[login] = [*self._options(alias, addr.user or self._ssh.user, port, proxy), "--", addr.name]
 
-    def spawn(self, command: str) -> None:
-        """Begin every host's login now (command then waits there for its script), so that
-        the handshakes overlap whatever the launcher does next (staging)."""
-        for login in self._argv:
-            if login not in self._ready and login not in self._pending:
-                self._pending[login] = self._popen(login, command)
+    def spawn(self, command: str, logins: list[str] | None = None) -> None:
+        """Begin the logins of every pinned host (or of logins) now; command then waits there
+        for its script, so that the handshakes overlap whatever the launcher does next."""
+        with self._lock:
+            for login in list(self._argv) if logins is None else logins:
+                if login not in self._ready and login not in self._pending:
+                    self._pending[login] = self._popen(login, command)
 
     def await_ready(self, timeout: float) -> list[Problem]:
         """Wait for every login spawn() began; a line for each host the client could not log

@@ -91,6 +91,7 @@ class SSHExecutor:
         path = os.path.expanduser(ssh.config_file) if ssh.config_file else None
         self._config = Config(runtime_ssh_path=path) if path else Config()
         self._streams = OpenSSHStreams(ssh) if wanted() else None   # node output via `ssh` children
+        self._relayed = spliced.wanted() and not compress_streams()   # execute/spliced.py
         self._relay_head = b""
 
     def connect(self) -> list[Problem]:
@@ -100,19 +101,12 @@ class SSHExecutor:
         conns = {host: self._connection(host) for host in self._hosts}
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
             results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
-        problems = [p for p in results if p is not None]
-        if self._streams is not None and not problems:
-            for host in self._hosts:
-                self._pin(host, conns[host])
-        return problems
+        return [p for p in results if p is not None]
 
     def stage(self, plan: LaunchPlan) -> None:
-        # A job's sessions run under the node relay (execute/spliced.py); `exec`'s, which
-        # stage nothing, as they are.
-        if spliced.wanted() and not compress_streams():
-            self._relay_head = render.relay_frame(spliced.relay_config(plan))
+        self._relay_head = render.relay_frame(spliced.relay_config(plan))
         if self._streams is not None:   # the stream clients log in while the files go up
-            self._streams.spawn(_stream_command(bool(self._relay_head)))
+            self._streams.spawn(_stream_command(self._relayed))
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             list(pool.map(lambda h: self._upload(h, plan), targets))
@@ -122,8 +116,9 @@ class SSHExecutor:
 
     def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
         if self._streams is not None:
-            return self._streams.start(node.login, _stream_command(bool(self._relay_head)),
-                                       render.framed(node.script), self._relay_head)
+            # `exec` stages nothing: its sessions' relay masks and copies nothing
+            return self._streams.start(node.login, _stream_command(self._relayed),
+                                       render.framed(node.script), self._relay_head or render.relay_frame({}))
         chan = self._conns[node.login].client.get_transport().open_session(
             timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
         chan.set_combine_stderr(True)
@@ -177,6 +172,9 @@ class SSHExecutor:
         transport.set_keepalive(KEEPALIVE_S)
         _set_user_timeout(transport.sock)
         self._conns[host] = conn
+        if self._streams is not None:   # its stream client logs in while the others connect
+            self._pin(host, conn)
+            self._streams.spawn(_stream_command(self._relayed), [host])
         return None
 
     def _connection(self, login: str) -> Connection:
