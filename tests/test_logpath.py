@@ -135,11 +135,13 @@ def _wait_line(proc: subprocess.Popen, text: str) -> list[str]:
     raise AssertionError("".join(seen))
 
 
-def _damage_log_dir_mid_run(tmp_path, damage) -> tuple[str, str]:
-    """Run a job that waits for a file; once it runs, remove its log directory and call
+def _damage_log_dir_mid_run(tmp_path, damage, hs=None) -> tuple[str, str]:
+    """Run a job that waits for a file (on this machine, or on the hosts of HostSet hs: their
+    node logs spliced, execute/spliced.py); once it runs, remove its log directory and call
     damage(log_dir), then release it. (console output, log_dir); the run ended 0, no traceback."""
     go = str(tmp_path / "go")
-    spec = script_job(["localhost"], 1, "wait_for_file.py", [go], str(tmp_path / "out"))
+    hosts = [h.ip for h in hs.hosts] if hs else ["localhost"]
+    spec = script_job(hosts, 1, "wait_for_file.py", [go], str(tmp_path / "out"), hs=hs)
     proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = _wait_line(proc, "waiting for")
@@ -187,3 +189,23 @@ def test_log_dir_that_cannot_be_written_costs_one_line_not_the_run(tmp_path):
     """The log directory replaced by a plain file (no event can be written): one line, exit 0."""
     out, log_dir = _damage_log_dir_mid_run(tmp_path, _replace_with_file)
     assert out.count(f"cannot record events in {log_dir}/events.jsonl") == 1, out
+
+
+@pytest.mark.multihost
+def test_log_dir_removed_mid_run_over_ssh_costs_one_line_and_the_logs_go_on(hosts2, tmp_path):
+    """As above, with the node logs written by splice(2) from the relay: made again, one line,
+    exit 0, the lines after the removal in the new node logs."""
+    out, log_dir = _damage_log_dir_mid_run(tmp_path, lambda log_dir: None, hs=hosts2)
+    assert out.count(f"{log_dir} was removed during the run") == 1, out
+    logs = glob.glob(os.path.join(log_dir, "node*.log"))
+    assert len(logs) == 2 and all("released" in open(p).read() for p in logs), out
+
+
+@pytest.mark.multihost
+def test_log_dir_that_cannot_be_written_over_ssh_costs_one_line_per_file(hosts2, tmp_path):
+    """The log directory replaced by a plain file under spliced node logs: the events' one
+    line, each node log's one line, the nodes' later output on the console, exit 0."""
+    out, log_dir = _damage_log_dir_mid_run(tmp_path, _replace_with_file, hs=hosts2)
+    assert out.count(f"cannot record events in {log_dir}/events.jsonl") == 1, out
+    assert out.count("that node's output from here on is only on the console") == 2, out
+    assert out.count("released") >= 2, out

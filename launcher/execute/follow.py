@@ -30,8 +30,9 @@ class _Followed:
                 self.fd = os.open(self.path, os.O_RDONLY)
             elif os.fstat(self.fd).st_nlink == 0:   # removed; its writer makes it again
                 os.close(self.fd)
-                self.fd, self.pos, self.cut = os.open(self.path, os.O_RDONLY), 0, False
+                self.fd, self.pos, self.cut = -1, 0, False
                 self.splitter = LineSplitter()
+                self.fd = os.open(self.path, os.O_RDONLY)
             return os.fstat(self.fd).st_size
         except OSError:
             return self.pos

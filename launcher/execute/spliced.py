@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+import select
 import sys
 import threading
 import time
@@ -102,8 +103,11 @@ class SplicedPump:
     def _move(self) -> None:
         src, last = self.running.out_fd, 0.0
         self._fd = self._open()
+        ready = select.poll()
+        ready.register(src, select.POLLIN)
         try:
             while True:
+                ready.poll()   # output (or its end) is there: the log is checked before it moves
                 moved = self._splice(src) if self._fd >= 0 else self._read(src)
                 if not moved:
                     return
@@ -116,10 +120,11 @@ class SplicedPump:
 
     def _splice(self, src: int) -> int:
         try:
-            moved = os.splice(src, self._fd, SPLICE)
-            if moved and os.fstat(self._fd).st_nlink == 0:   # removed with its directory
+            if os.fstat(self._fd).st_nlink == 0:   # removed with its directory: made again
                 self._reopen()
-            return moved
+                if self._fd < 0:
+                    return 1
+            return os.splice(src, self._fd, SPLICE)
         except OSError as e:   # a full disk: the node's output goes on, to the console only
             self._fail(e)
             return 1
