@@ -152,7 +152,10 @@ def main() -> None:
     elif args.what == "rate":
         import json
         from bench.logflood import bench_rank_rate
-        print(json.dumps(bench_rank_rate()))
+        print(json.dumps({"local": bench_rank_rate()}), flush=True)
+        from tests.hosts import make_hosts
+        with make_hosts(1, isolated_home=True) as hs:   # over SSH: the node log spliced
+            print(json.dumps({"ssh": bench_rank_rate(hs=hs)}))
     else:
         from bench.logflood import bench_logs
         if args.compress:

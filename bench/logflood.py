@@ -248,8 +248,9 @@ def _rate(path: str, start: float, end: float) -> float:
     return (n1 - n0) / (t1 - t0)
 
 
-def bench_rank_rate(window: float = 4.0) -> dict:
-    """A local one-rank job writing as fast as it can: its lines/s with the launcher running,
+def bench_rank_rate(window: float = 4.0, hs=None) -> dict:
+    """A one-rank job writing as fast as it can, on this machine (or on a namespace host of
+    HostSet hs, over SSH: its node log spliced): its lines/s with the launcher running,
     throttled (SIGSTOP/SIGCONT, 50 ms each), stopped (SIGSTOP held) and killed (SIGKILL;
     the rank then lives until the node's hang-up guard ends it)."""
     import signal
@@ -257,8 +258,8 @@ def bench_rank_rate(window: float = 4.0) -> dict:
     from tests.procs import job_pids
     tmp = tempfile.mkdtemp(prefix="mlaunch-rate-")
     rate_file = os.path.join(tmp, "rate")
-    spec = script_job(["localhost"], 1, "allreduce.py", [], os.path.join(tmp, "out"),
-                      env={"RATE_FILE": rate_file}, hangup_after_s=60)
+    spec = script_job([hs.hosts[0].ip] if hs else ["localhost"], 1, "allreduce.py", [],
+                      os.path.join(tmp, "out"), hs=hs, env={"RATE_FILE": rate_file}, hangup_after_s=60)
     spec["script"]["path"] = os.path.join(ROOT, "bench", "rank_writer.py")
     spec["name"] = name = f"rate{os.getpid()}"
     proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)],

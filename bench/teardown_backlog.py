@@ -3,7 +3,9 @@ fast as it can; rank 1 exits 1 once rank 0 has written AFTER lines. Measured: th
 decision (node 1's node_exit event) -> the last process of the run gone; and the backlog
 then (what rank 0 had written that the node log did not yet hold).
 
-Usage: python -m bench.teardown_backlog [RUNS] [AFTER_LINES]
+Usage: python -m bench.teardown_backlog [RUNS] [AFTER_LINES] [--ssh]
+  --ssh: the two nodes are namespace hosts reached over SSH (as root), their node logs
+  spliced from the node relay (execute/spliced.py); otherwise both are this machine.
 """
 from __future__ import annotations
 
@@ -21,10 +23,14 @@ from tests.helpers import ROOT, script_job, write_spec
 from tests.procs import job_pids
 
 
-def once(tmp: str, after: int) -> dict:
+def once(tmp: str, after: int, hs=None) -> dict:
     marker = os.path.join(tmp, "marker")
-    spec = script_job(["localhost", "127.0.0.1"], 1, "flood_then_fail.py", [marker, str(after)],
-                      os.path.join(tmp, "out"), cuda_visible_devices=[[0], [1]])
+    if hs is None:
+        spec = script_job(["localhost", "127.0.0.1"], 1, "flood_then_fail.py", [marker, str(after)],
+                          os.path.join(tmp, "out"), cuda_visible_devices=[[0], [1]])
+    else:   # two namespace hosts over SSH: the node logs spliced (execute/spliced.py)
+        spec = script_job([h.ip for h in hs.hosts], 1, "flood_then_fail.py", [marker, str(after)],
+                          os.path.join(tmp, "out"), hs=hs)
     spec["name"] = name = f"tdb{os.getpid()}x{len(os.listdir(os.path.dirname(tmp)))}"
     with open(os.path.join(tmp, "console"), "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec),
@@ -51,18 +57,28 @@ def once(tmp: str, after: int) -> dict:
 
 
 def main() -> None:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    after = int(sys.argv[2]) if len(sys.argv) > 2 else 300000
+    args = [a for a in sys.argv[1:] if a != "--ssh"]
+    runs = int(args[0]) if args else 5
+    after = int(args[1]) if len(args) > 1 else 300000
+    if "--ssh" in sys.argv:
+        from tests.hosts import make_hosts
+        with make_hosts(2, isolated_home=True) as hs:
+            series(runs, after, hs)
+    else:
+        series(runs, after)
+
+
+def series(runs: int, after: int, hs=None) -> None:
     base = tempfile.mkdtemp(prefix="mlaunch-tdb-")
     results = []
     for i in range(runs):
         tmp = os.path.join(base, str(i))
         os.makedirs(tmp)
-        results.append(once(tmp, after))
+        results.append(once(tmp, after, hs))
         print(json.dumps(results[-1]), flush=True)
     times = [r["decision_to_gone_s"] for r in results]
-    print(json.dumps({"runs": runs, "after_lines": after, "median_s": statistics.median(times),
-                      "max_s": max(times)}))
+    print(json.dumps({"runs": runs, "after_lines": after, "ssh": hs is not None,
+                      "median_s": statistics.median(times), "max_s": max(times)}))
 
 
 if __name__ == "__main__":
