@@ -12,6 +12,9 @@ from .stream import LineSplitter
 
 TICK_S = 0.05       # how often the logs are looked at
 MIN_READ = 2**14    # bytes per node per look at least, however many nodes share the pace
+# What the console shows at a run's end of what it had not read yet, in all: the last lines of
+# a quiet run, the newest of a flood (a bound on what the run's end waits for: the console's)
+FINAL_BYTES = 2**20
 
 
 class _Followed:
@@ -63,15 +66,15 @@ class LogFollower:
                 self._thread.start()
 
     def finish(self) -> None:
-        """Stop following: what is left goes to the console (its newest part, within the
-        console's bound) unless the console was abandoned; the rest is tallied as not shown."""
+        """Stop following: what is left goes to the console (its newest FINAL_BYTES in all)
+        unless the console was abandoned; the rest is tallied as not shown."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         logs = list(self._logs.values())
         for f in logs:
             if not self.console.abandoned:
-                self._step(f, max(MIN_READ, self.console.bound // max(1, len(logs))))
+                self._step(f, max(MIN_READ, FINAL_BYTES // max(1, len(logs))), final=True)
             left = f.size() - f.pos
             if left > 0:
                 self.console.unshown(f.rank, left)
@@ -85,9 +88,9 @@ class LogFollower:
             for f in logs:
                 self._step(f, budget)
 
-    def _step(self, f: _Followed, budget: int) -> None:
+    def _step(self, f: _Followed, budget: int, final: bool = False) -> None:
         size = f.size()
-        if size - f.pos > self.console.bound:   # far behind: on to the newest lines
+        if size - f.pos > (budget if final else self.console.bound):   # on to the newest lines
             self.console.skipped(f.rank, size - budget - f.pos)
             f.pos, f.cut, f.splitter = size - budget, True, LineSplitter()
         if size <= f.pos:
