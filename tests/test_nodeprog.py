@@ -13,8 +13,9 @@ from launcher import nodeprog
 
 from .loadfactor import limit
 
-PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir")
-PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt_checks",)}
+PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir", "zpipe", "relay")
+PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt_checks",),
+         "zpipe": ("wrapped",), "relay": ("wrapped",)}
 
 
 def ship(program: str, *args: str) -> subprocess.CompletedProcess:

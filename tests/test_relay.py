@@ -105,18 +105,21 @@ def test_a_line_longer_than_the_hold_goes_out_whole_and_unmasked_nowhere():
     assert r.returncode == 0 and b"a1b2c3" not in r.stdout
 
 
-def printer() -> tuple[Printer, io.StringIO]:
+def following(path, rank: int = 0, **console_kw):
+    """(console, follower, what the console printed) with the follower on node rank's log at
+    path (an empty file made here), as a session sets them up for a spliced node."""
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(b"")
     out = io.StringIO()
-    return Printer(lambda s: s, out, color=False), out
+    console = Console(Printer(lambda s: s, out, color=False), {rank: str(path)}, **console_kw)
+    follower = LogFollower(console)
+    follower.follow(rank, f"h{rank}", str(path))
+    return console, follower, out
 
 
 def test_the_follower_shows_a_log_whole_at_the_end_of_a_quiet_run(tmp_path):
     path = tmp_path / "node0.log"
-    path.write_bytes(b"")
-    p, out = printer()
-    console = Console(p, {0: str(path)})
-    follower = LogFollower(console)
-    follower.follow(0, "h0", str(path))
+    console, follower, out = following(path)
     with open(path, "ab") as fh:
         fh.write(b"".join(b"line %d\n" % k for k in range(1000)) + b"partial")
     follower.finish()
@@ -128,11 +131,7 @@ def test_the_follower_shows_a_log_whole_at_the_end_of_a_quiet_run(tmp_path):
 
 def test_the_follower_skips_to_the_newest_and_says_so_in_megabytes(tmp_path):
     path = tmp_path / "node0.log"
-    path.write_bytes(b"")
-    p, out = printer()
-    console = Console(p, {0: str(path)}, bound=2**20)
-    follower = LogFollower(console)
-    follower.follow(0, "h0", str(path))
+    console, follower, out = following(path, bound=2**20)
     with open(path, "ab") as fh:   # 8 MB at once: far past the bound
         fh.write(b"".join(b"%09d %s\n" % (k, b"y" * 90) for k in range(80_000)))
     follower.finish()
@@ -145,11 +144,7 @@ def test_the_follower_skips_to_the_newest_and_says_so_in_megabytes(tmp_path):
 
 def test_after_a_teardown_what_the_console_never_read_is_one_line_with_the_path(tmp_path):
     path = tmp_path / "node3.log"
-    path.write_bytes(b"")
-    p, out = printer()
-    console = Console(p, {3: str(path)})
-    follower = LogFollower(console)
-    follower.follow(3, "h3", str(path))
+    console, follower, out = following(path, rank=3)
     console.abandon()
     with open(path, "ab") as fh:
         fh.write((b"z" * 99 + b"\n") * 10_000)   # 1,000,000 bytes
@@ -161,12 +156,7 @@ def test_after_a_teardown_what_the_console_never_read_is_one_line_with_the_path(
 
 def test_a_log_removed_under_the_follower_is_followed_again_at_its_path(tmp_path):
     path = tmp_path / "logs" / "node0.log"
-    path.parent.mkdir()
-    path.write_bytes(b"")
-    p, out = printer()
-    console = Console(p, {0: str(path)})
-    follower = LogFollower(console)
-    follower.follow(0, "h0", str(path))
+    console, follower, out = following(path)
     path.write_bytes(b"before\n")
     deadline = time.monotonic() + limit(30)
     while follower._logs[0].pos < 7:   # until the follower has read it

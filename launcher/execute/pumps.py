@@ -22,9 +22,7 @@ class NodeStreams:
                            lambda: self.view.lines_seen(node.rank),
                            lambda text: self.console.offer(node.rank, node.host, text))
         try:
-            outcome = pump.run()
-            if outcome.code == 1 and cause.code not in (None, 0, 1):
-                outcome = Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
+            outcome = _with_cause(pump.run(), cause)
         except Exception as e:  # reading must never kill the launcher: it is a lost node
             outcome = Exit(LOST, lost=True, detail=f"stream error: {e}")
         finally:
@@ -50,9 +48,7 @@ class NodeStreams:
             self._emit(node, log, cause, splitter.flush_text(), noise)
             if held := noise.flush():
                 self.console.offer(node.rank, node.host, self.plan.mask(text_of(held)))
-            outcome = running.wait()
-            if outcome.code == 1 and cause.code not in (None, 0, 1):
-                outcome = Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
+            outcome = _with_cause(running.wait(), cause)
         except Exception as e:  # reading must never kill the launcher: it is a lost node
             outcome = Exit(LOST, lost=True, detail=f"stream error: {e}")
         finally:
@@ -77,3 +73,10 @@ class NodeStreams:
             verdict = self.watch.text(node.rank, node.host, text)
             if verdict is not None:
                 self._health_stop(verdict)
+
+
+def _with_cause(outcome: Exit, cause: TorchrunRootCause) -> Exit:
+    """torchrun exits 1 whatever its worker returned: the worker's code from its report."""
+    if outcome.code == 1 and cause.code not in (None, 0, 1):
+        return Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
+    return outcome

@@ -5,7 +5,7 @@ shell here-document to the node's interpreter (no file to install, nothing to im
 there). Templates hold shell and config text only. checkpoints and outdir are also
 imported by the launcher itself (the same code reads the answers it prints).
 
-A program may share code with a sibling *part* (ports, inputs, ckpt_checks): it imports it
+A program may share code with a sibling *part* (ports, inputs, ckpt_checks, wrapped): it imports it
 with one top-level `from .part import ...` statement, which `source()` replaces by the part's
 text, so what is sent is still one self-contained program. Parts are plain modules of this
 package too (the launcher and the tests import them), import no other part, and a
@@ -23,8 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def source(name: str) -> str:
-    """The text of node program `name` (facts, mesh, collective, checkpoints, outdir), its
-    parts inlined where it imports them."""
+    """The text of node program `name` (facts, mesh, collective, checkpoints, outdir, zpipe,
+    relay), its parts inlined where it imports them."""
     text = _read(name)
     lines, seen, swaps = text.split("\n"), set(), []
     for node in _part_imports(ast.parse(text)):   # a part imported twice stands at its first import

@@ -12,32 +12,21 @@ splices it into the node log unread. stderr: a copy of every line that holds a m
 as lines of their own: what the health watch, the root cause and the live view read. The
 OpenSSH client's own words on that stderr have no 0x1f, so the two never mix.
 
-As zpipe.py: the command runs as a child in a session of its own, stdin inherited (the
-hang-up guard's heartbeat and the script), this process outside its group and without the
-run's environment, never a teardown's target. The exit is the command's: its code, or its
-signal. Plain bytes throughout: a chunk without a mark costs a few C-level scans.
+As zpipe.py, through the part wrapped.py: the command runs as a child in a session of its
+own, stdin inherited (the hang-up guard's heartbeat and the script), this process never a
+teardown's target; the exit is the command's. Plain bytes throughout: a chunk without a mark
+costs a few C-level scans.
 """
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
+
+from .wrapped import end_as, send, spawn
 
 READ = 1 << 18
 HOLD = 1 << 20   # a line longer than this without an end goes out as it is
 OURS = b"\x1f"   # leads every line this program writes to stderr
-
-
-def send(fd, data):
-    """Write all of data; on a closed session, leave at once (the command then meets the
-    closed pipe on its next write, as it would without this program)."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except OSError:
-            os._exit(141)
 
 
 def read_frame():
@@ -140,15 +129,9 @@ def pump(relay, fd):
 
 def main():
     relay = Relay(read_frame())
-    child = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+    child = spawn(sys.argv[1:])
     pump(relay, child.stdout.fileno())
-    code = child.wait()
-    if code < 0:   # killed by a signal: end the same way, for sshd to report it as such
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    sys.exit(code)
-
+    end_as(child)
 
 if __name__ == "__main__":
     main()

@@ -9,42 +9,26 @@ is never held back; the launcher (execute/inflow.py) inflates behind the MAGIC h
 and reads output without it as it is. The exit is the command's: its code, or its signal.
 """
 import os
-import signal
-import subprocess
 import sys
 import zlib
+
+from .wrapped import end_as, send, spawn
 
 MAGIC = b"\x1bmlaunch-zlib-1\n"
 READ = 1 << 18
 
 
-def send(data):
-    """Write all of data to stdout; on a closed session, leave at once: the command then
-    meets the closed pipe on its next write, as it would without this program."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(1, view):]
-        except OSError:
-            os._exit(141)
-
-
 def main():
-    child = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+    child = spawn(sys.argv[1:])
     fd, z = child.stdout.fileno(), zlib.compressobj(1)
-    send(MAGIC)
+    send(1, MAGIC)
     while True:
         data = os.read(fd, READ)
         if not data:
             break
-        send(z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH))
-    send(z.flush())
-    code = child.wait()
-    if code < 0:   # killed by a signal: end the same way, for sshd to report it as such
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    sys.exit(code)
+        send(1, z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH))
+    send(1, z.flush())
+    end_as(child)
 
 
 if __name__ == "__main__":
