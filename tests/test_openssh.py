@@ -122,6 +122,21 @@ def test_a_session_logs_in_before_its_script_and_runs_it_when_started():
         streams.close()
 
 
+def test_a_compressed_session_reads_back_as_the_node_wrote_it():
+    """MLAUNCH_COMPRESS_STREAMS=1: the node's zpipe output is inflated as it is read (it was
+    not, on this path: the node log held zlib bytes and the root cause was lost)."""
+    streams = _local_streams({"a": ["/bin/sh", "-c"]})
+    command = bootstrap_command(compressed=True, merge_stderr=True, ready=READY.decode())
+    try:
+        streams.spawn(command)
+        assert streams.await_ready(limit(30)) == []
+        r = streams.start("a", command, render.framed("seq 1 50000; echo err >&2; exit 3"))
+        assert _drain(r) == "".join(f"{k}\n" for k in range(1, 50001)).encode() + b"err\n"
+        assert r.wait() == Exit(3)
+    finally:
+        streams.close()
+
+
 def test_a_session_that_ends_before_its_ready_line_is_a_problem_and_nothing_is_left():
     streams = _local_streams({"good": ["/bin/sh", "-c"],
                               "bad": ["/bin/sh", "-c", "echo 'Permission denied (publickey).' >&2; exit 255"]})

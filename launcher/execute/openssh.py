@@ -28,6 +28,7 @@ from ..errors import Problem
 from ..spec import SSH
 from ..spec.hosts import HostAddr
 from .base import LOST, Exit
+from .inflow import Inflow
 
 ALIVE_S, ALIVE_COUNT = 2, 3   # a silent link ends the client within ~6 s, as paramiko's keepalive
 PIPE_BYTES = 2**20            # a deeper pipe: fewer wake-ups per MB of node output
@@ -51,6 +52,7 @@ class OpenSSHRunning:
     def __init__(self, proc: subprocess.Popen, early: bytes = b"", relayed: bool = False):
         self._proc = proc
         self._early = early   # read with the ready line
+        self._inflow = Inflow()   # zpipe's compressed output (MLAUNCH_COMPRESS_STREAMS=1), or as it is
         self.relayed = relayed   # stdout: the masked output to splice; stderr: the relay's lines
         self._out = self.out_fd = proc.stdout.fileno()
         self._in = proc.stdin.fileno()
@@ -58,9 +60,15 @@ class OpenSSHRunning:
         self._cut = False
 
     def read(self) -> bytes:
-        if self._early:
-            early, self._early = self._early, b""
-            return early
+        while not (out := self._inflow.more()):
+            data, self._early = self._early or self._read(), b""
+            if not data:
+                return self._inflow.end()
+            if out := self._inflow.feed(data):
+                return out
+        return out
+
+    def _read(self) -> bytes:
         try:
             return os.read(self._out, READ_SIZE)
         except OSError:
