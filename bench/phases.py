@@ -9,7 +9,7 @@ import functools
 import sys
 import time
 
-from launcher.execute import job, openssh, ssh
+from launcher.execute import follow, job, openssh, ssh
 
 
 def timed(cls, name: str) -> None:
@@ -29,6 +29,8 @@ if __name__ == "__main__":
     for cls, name in ((ssh.SSHExecutor, "connect"), (ssh.SSHExecutor, "stage"),
                       (openssh.OpenSSHStreams, "spawn"),
                       (openssh.OpenSSHStreams, "await_ready"), (job._Session, "_start_all"),
+                      (job._Session, "_wait_all"), (job._Session, "_finish"),
+                      (follow.LogFollower, "finish"), (ssh.SSHExecutor, "close"),
                       (job._Session, "run")):
         timed(cls, name)
     from bench import fanout
