@@ -101,7 +101,11 @@ class SSHExecutor:
         conns = {host: self._connection(host) for host in self._hosts}
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
             results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
-        return [p for p in results if p is not None]
+        problems = [p for p in results if p is not None]
+        if self._streams is not None and not problems:
+            for host in self._hosts:
+                self._pin(host, conns[host])
+        return problems
 
     def stage(self, plan: LaunchPlan) -> None:
         self._relay_head = render.relay_frame(spliced.relay_config(plan))
@@ -172,9 +176,9 @@ class SSHExecutor:
         transport.set_keepalive(KEEPALIVE_S)
         _set_user_timeout(transport.sock)
         self._conns[host] = conn
-        if self._streams is not None:   # its stream client logs in while the others connect
-            self._pin(host, conn)
-            self._streams.spawn(_stream_command(self._relayed), [host])
+        # The stream clients log in at stage(), not here: connect() also serves stop, check
+        # and exec, and a login ended half-way (close) can leave a node's shell start-up
+        # undone; in the suite, a pyenv rehash lock that hung every later login (run 30).
         return None
 
     def _connection(self, login: str) -> Connection:
