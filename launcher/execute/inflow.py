@@ -3,6 +3,7 @@ or not: zpipe's header switches inflating on, anything else is passed on as it i
 from __future__ import annotations
 
 import zlib
+from typing import Callable
 
 from ..nodeprog.zpipe import MAGIC   # zpipe's first bytes
 MAX_OUT = 8 * 2**20               # inflated bytes per call at most: a bound on memory
@@ -15,6 +16,16 @@ class Inflow:
         self._head = b""                  # the first bytes, until they tell which stream this is
         self._z: zlib._Decompress | None = None
         self._raw = False
+
+    def pull(self, read: Callable[[], bytes]) -> bytes:
+        """The node's next bytes, calling read() for the session's chunks (b"" at the end)."""
+        while not (out := self.more()):
+            data = read()
+            if not data:
+                return self.end()
+            if out := self.feed(data):
+                return out
+        return out
 
     def feed(self, data: bytes) -> bytes:
         """The node's bytes that data completes (b"" when none yet)."""

@@ -60,15 +60,12 @@ class OpenSSHRunning:
         self._cut = False
 
     def read(self) -> bytes:
-        while not (out := self._inflow.more()):
-            data, self._early = self._early or self._read(), b""
-            if not data:
-                return self._inflow.end()
-            if out := self._inflow.feed(data):
-                return out
-        return out
+        return self._inflow.pull(self._read)
 
     def _read(self) -> bytes:
+        if self._early:
+            early, self._early = self._early, b""
+            return early
         try:
             return os.read(self._out, READ_SIZE)
         except OSError:

@@ -45,16 +45,13 @@ class SSHRunning:
         self._inflow = Inflow()   # zpipe's compressed output, or output as it is
 
     def read(self) -> bytes:
-        while not (out := self._inflow.more()):
-            try:
-                data = self._chan.recv(READ_SIZE)
-            except (OSError, EOFError, paramiko.SSHException):
-                data = b""
-            if not data:
-                return self._inflow.end()
-            if out := self._inflow.feed(data):
-                return out
-        return out
+        return self._inflow.pull(self._recv)
+
+    def _recv(self) -> bytes:
+        try:
+            return self._chan.recv(READ_SIZE)
+        except (OSError, EOFError, paramiko.SSHException):
+            return b""
 
     def wait(self) -> Exit:
         transport = self._chan.get_transport()
