@@ -196,6 +196,34 @@ def test_unknown_host_key_refused(make_hostset, tmp_path):
         assert job_pids(hs.hosts[0], set()) == set()
 
 
+@pytest.mark.multihost
+def test_not_strict_runs_with_an_unknown_key_and_refuses_a_changed_one(make_hostset, tmp_path):
+    """strict_host_keys: false. An unknown key: paramiko and the stream clients (which log in
+    while paramiko connects) both accept it, the job runs, the user's known_hosts is left as it
+    was. A changed key: refused before anything starts, the file again unchanged."""
+    with make_hostset(2) as hs:
+        known = tmp_path / "known_hosts"
+        known.write_text("")
+        ips = [h.ip for h in hs.hosts]
+        ssh = {"user": "root", "key_file": hs.key_file, "known_hosts": str(known), "strict_host_keys": False}
+        out = str(tmp_path / "out")
+        r = submit(tmp_path, script_job(ips, 1, "allreduce.py", [], out, hs=hs, ssh=ssh))
+        check_allreduce(r, 2, 2, out)
+        assert known.read_text() == ""
+        # another ed25519 key (the hosts' own type) under each host's name
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+        other = (tmp_path / "other.pub").read_text().split()[:2]
+        changed = "".join(f"{ip} {other[0]} {other[1]}\n" for ip in ips)
+        known.write_text(changed)
+        out2 = str(tmp_path / "out2")
+        r = submit(tmp_path, script_job(ips, 1, "allreduce.py", [], out2, hs=hs, ssh=ssh))
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr
+        assert "host key CHANGED" in r.stderr and "Traceback" not in r.stderr
+        assert known.read_text() == changed
+        for h in hs.hosts:
+            assert job_pids(h, set()) == set()
+
+
 @pytest.mark.launches
 def test_local_executor_allreduce(tmp_path):
     out = str(tmp_path / "out")

@@ -1,5 +1,5 @@
 """The OpenSSH client as the carrier of node output (launcher/execute/openssh.py): its
-command line, the host keys it is pinned to, how its end is read, the login probe."""
+command line, the host keys it checks, how its end is read, the login probe."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,6 @@ import shutil
 import stat
 import subprocess
 
-import paramiko
 import pytest
 
 from launcher.execute.base import LOST, Exit
@@ -19,7 +18,6 @@ from launcher.spec.hosts import HostAddr
 
 from .helpers import limit
 
-KEY = paramiko.RSAKey.generate(1024)
 
 
 def _child(script: str) -> OpenSSHRunning:
@@ -33,34 +31,51 @@ def _drain(running: OpenSSHRunning) -> bytes:
     return b"".join(iter(running.read, b""))
 
 
-def test_argv_pins_the_verified_key_and_names_every_setting(tmp_path):
+def test_argv_reads_paramikos_known_hosts_and_names_every_setting(tmp_path):
+    """Strict: the client checks the key against the files paramiko reads (no global file,
+    no alias), for the jump host too; every other setting is named."""
     streams = OpenSSHStreams(SSH(user="alice", key_file="~/k%1", config_file=str(tmp_path / "cfg"),
                                  connect_timeout=7, jump_host="bob@gw:2222"))
     try:
-        streams.pin("n1:2200", HostAddr("n1", port=2200), 2200, KEY, None)
-        streams.pin("n2", HostAddr("n2", user="carol"), None, KEY, (HostAddr("gw", user="bob", port=2222), KEY))
+        streams.add("n1:2200", HostAddr("n1", port=2200), 2200, ["/k/known"], None)
+        streams.add("n2", HostAddr("n2", user="carol"), None, ["/k/a", "/k/b"],
+                    (HostAddr("gw", user="bob", port=2222), ["/j/known"]))
         a1, a2 = streams._argv["n1:2200"], streams._argv["n2"]
         assert a1[0] == "ssh" and a1[-2:] == ["--", "n1"] and a2[-2:] == ["--", "n2"]
         for opt in ("-T", "-oBatchMode=yes", "-oEscapeChar=none", "-oStrictHostKeyChecking=yes",
                     "-oServerAliveInterval=2", "-oServerAliveCountMax=3", "-oConnectTimeout=7",
-                    "-oHostKeyAlias=mlaunch-0", "-oGlobalKnownHostsFile=/dev/null"):
+                    "-oGlobalKnownHostsFile=/dev/null", "-oUserKnownHostsFile=/k/known"):
             assert opt in a1, opt
+        assert "-oUserKnownHostsFile=/k/a /k/b" in a2
+        assert not [a for a in a1 + a2 if "HostKeyAlias" in a]
         assert a1[a1.index("-p") + 1] == "2200" and "-p" not in a2   # ssh_config decides
         assert a1[a1.index("-l") + 1] == "alice" and a2[a2.index("-l") + 1] == "carol"
         assert a1[a1.index("-i") + 1] == os.path.expanduser("~/k%1")
         assert a1[a1.index("-F") + 1] == str(tmp_path / "cfg")
         (proxy,) = [a for a in a2 if a.startswith("-oProxyCommand=")]
-        # the jump host is pinned too; a literal % is doubled for ssh's own %-expansion
-        assert "-oHostKeyAlias=mlaunch-1-jump" in proxy and "-W %h:%p -- gw" in proxy
+        # the jump host's own files; a literal % is doubled for ssh's own %-expansion
+        assert "-oUserKnownHostsFile=/j/known" in proxy and "-W %h:%p -- gw" in proxy
+        assert "-oStrictHostKeyChecking=yes" in proxy
         assert "-p 2222" in proxy and "-l bob" in proxy and "k%%1" in proxy
-        known = a1[a1.index("-oGlobalKnownHostsFile=/dev/null") + 1].split("=", 1)[1]
-        assert stat.S_IMODE(os.stat(known).st_mode) == 0o600
-        lines = open(known).read().splitlines()
-        assert lines == [f"{alias} ssh-rsa {KEY.get_base64()}"
-                         for alias in ("mlaunch-0", "mlaunch-1", "mlaunch-1-jump")]
+        assert stat.S_IMODE(os.stat(streams._dir).st_mode) == 0o700
     finally:
         streams.close()
-    assert not os.path.exists(os.path.dirname(known))
+    assert not os.path.exists(streams._dir)
+
+
+def test_not_strict_accepts_new_keys_into_the_runs_own_file_only():
+    """strict_host_keys off: paramiko's WarningPolicy accepts an unknown key and writes no
+    file; the client accepts it into the run's file, named first (where ssh writes a new
+    key), and still refuses a changed one (accept-new, not "no"). Paths as ssh_config words."""
+    streams = OpenSSHStreams(SSH(strict_host_keys=False))
+    try:
+        streams.add("n1", HostAddr("n1"), None, ["/home/a b/known", "/k/100%"], None)
+        argv = streams._argv["n1"]
+        assert "-oStrictHostKeyChecking=accept-new" in argv
+        assert f'-oUserKnownHostsFile={streams._accepted} "/home/a b/known" /k/100%%' in argv
+        assert os.path.dirname(streams._accepted) == streams._dir
+    finally:
+        streams.close()
 
 
 def test_exit_255_with_the_clients_own_words_is_a_lost_connection():
@@ -152,6 +167,23 @@ def test_a_session_that_ends_before_its_ready_line_is_a_problem_and_nothing_is_l
     assert not os.path.exists(streams._dir)
 
 
+def test_a_session_ended_before_its_script_finishes_its_login_and_is_not_killed(tmp_path):
+    """A job's logins begin while paramiko connects; when the launch stops before the nodes
+    start (a host paramiko refused, a failed preflight), each waiting session's stdin closes
+    and it ends on its own once logged in: a login killed half-way can leave the node's
+    shell start-up undone (the suite's hosts were left with a stale pyenv lock)."""
+    marks = {h: tmp_path / f"{h}.logged-in" for h in ("a", "b")}
+    streams = _local_streams({h: ["/bin/sh", "-c", f"sleep 0.3; touch {m}; " + bootstrap_command(
+        ready=READY.decode())] for h, m in marks.items()})
+    streams.spawn("")
+    procs = list(streams._pending.values())
+    streams.end_sessions()
+    assert all(m.exists() for m in marks.values())     # each login ran to its end
+    assert all(p.returncode >= 0 for p in procs)      # none killed
+    assert streams._pending == {} and streams._ready == {}
+    streams.close()
+
+
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on this machine")
 def test_the_real_client_says_in_one_line_why_it_cannot_log_in(tmp_path):
     import socket
@@ -160,7 +192,7 @@ def test_the_real_client_says_in_one_line_why_it_cannot_log_in(tmp_path):
         port = s.getsockname()[1]
     streams = OpenSSHStreams(SSH(connect_timeout=5))
     try:
-        streams.pin(f"127.0.0.1:{port}", HostAddr("127.0.0.1", port=port), port, KEY, None)
+        streams.add(f"127.0.0.1:{port}", HostAddr("127.0.0.1", port=port), port, [os.devnull], None)
         streams.spawn(bootstrap_command(ready=READY.decode()))
         (problem,) = streams.await_ready(limit(30))
     finally:

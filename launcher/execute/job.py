@@ -26,8 +26,9 @@ AGENT_DRAIN_S = 1.0  # torchrun, its ranks gone, may copy their logs this long (
 LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
 
 
-def make_executor(plan: LaunchPlan) -> Executor:
-    """Local subprocesses when every host is this machine, sbatch under Slurm, else SSH."""
+def make_executor(plan: LaunchPlan, job: bool = False) -> Executor:
+    """Local subprocesses when every host is this machine, sbatch under Slurm, else SSH.
+    job: the executor will run the plan's nodes (SSH: their logins begin at connect)."""
     if plan.job.cluster.scheduler == "slurm":
         from .slurm_executor import SlurmExecutor
         return SlurmExecutor()
@@ -35,7 +36,7 @@ def make_executor(plan: LaunchPlan) -> Executor:
         from .local import LocalExecutor
         return LocalExecutor()
     from .ssh import SSHExecutor  # fabric is imported only when SSH is really needed
-    return SSHExecutor([n.login for n in plan.nodes], plan.job.cluster.ssh)
+    return SSHExecutor([n.login for n in plan.nodes], plan.job.cluster.ssh, job=job)
 
 
 def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,

@@ -4,9 +4,13 @@ paramiko decrypts every byte in Python under the launcher's one GIL; at 64 hosts
 link, limited the log path (bench/results/logpath-2026-12-03.txt: 0.43 of raw parallel ssh's
 rate through paramiko, 0.66 through these clients). Here each node's session is an
 `ssh` child that decrypts in C in its own process, and the launcher reads a pipe (os.read
-releases the GIL). paramiko still connects, stages files, runs short scripts and tears down;
-the key it verified at connect is pinned for the child (no prompt, no write to known_hosts).
+releases the GIL). paramiko still connects, stages files, runs short scripts and tears down.
 MLAUNCH_SSH_STREAM=paramiko keeps every session in paramiko (also where `ssh` is missing).
+
+Each client checks the host key itself, against the same known_hosts files as paramiko under
+the same policy (strict: a known key only; else an unknown key is accepted into a file of the
+run's own, a changed one refused), so that a job's logins run while paramiko connects rather
+than after it. A job starts only where both accepted the host.
 """
 from __future__ import annotations
 
@@ -21,8 +25,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import paramiko
-
 from .. import render
 from ..errors import Problem
 from ..spec import SSH
@@ -36,6 +38,8 @@ READ_SIZE = 2**20
 # Known to every OpenSSH since 6.5; the AEAD ciphers first, as for paramiko (ssh.AEAD_FIRST)
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
+ACCEPTED = "Warning: Permanently added"   # the client's words when it accepts a new key
+END_GRACE_S = 5.0   # a session ended before its script: this long to finish its login first
 READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap's ready)
 RELAYED = b" relay"   # after READY: the session runs under nodeprog/relay.py (execute/spliced.py)
 _F_SETPIPE_SZ = 1031          # Linux's fcntl for a pipe's capacity
@@ -83,7 +87,7 @@ class OpenSSHRunning:
         code = self._proc.wait()
         if said is None:
             said = self._proc.stderr.read().decode("utf-8", "replace")
-        said = said.strip()
+        said = "\n".join(ln for ln in said.strip().splitlines() if not ln.startswith(ACCEPTED))
         if self._cut and code != 0:
             return Exit(LOST, lost=True, detail="session cut by mlaunch")
         # The node's stderr went into its stdout (bootstrap merge_stderr): what is here is the
@@ -113,33 +117,29 @@ def _ready_line(seen: bytes) -> int | None:
 
 
 class OpenSSHStreams:
-    """The `ssh` command line per host, with the host keys paramiko verified pinned."""
+    """The `ssh` command line per host, checking host keys as paramiko does."""
 
     def __init__(self, ssh: SSH):
         self._ssh = ssh
-        self._dir = tempfile.mkdtemp(prefix="mlaunch-ssh-")   # 0700: the pinned keys
-        self._known = os.path.join(self._dir, "known_hosts")
+        self._dir = tempfile.mkdtemp(prefix="mlaunch-ssh-")   # 0700: the keys accepted this run
+        self._accepted = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, subprocess.Popen] = {}   # logging in
         self._ready: dict[str, tuple[subprocess.Popen, bytes, bool]] = {}   # logged in, no script yet
         self._lock = threading.Lock()
 
-    def pin(self, login: str, addr: HostAddr, port: int | None, key: paramiko.PKey,
-            jump: tuple[HostAddr, paramiko.PKey] | None) -> None:
-        """Remember how to reach login: its address, port, the key paramiko saw, the jump host."""
-        with self._lock:   # hosts are pinned from their connecting threads
-            alias = f"mlaunch-{len(self._argv)}"
-            self._argv[login] = []
-            self._add_key(alias, key)
+    def add(self, login: str, addr: HostAddr, port: int | None, known: list[str],
+            jump: tuple[HostAddr, list[str]] | None) -> None:
+        """Remember how to reach login: its address, port, the known_hosts files paramiko
+        reads for it, the jump host and its files."""
         proxy = None
         if jump is not None:
-            jaddr, jkey = jump
-            self._add_key(alias + "-jump", jkey)
-            argv = self._options(alias + "-jump", jaddr.user or self._ssh.user, jaddr.port, None)
+            jaddr, jknown = jump
+            argv = self._options(jaddr.user or self._ssh.user, jaddr.port, None, jknown)
             # ProxyCommand expands %-tokens: a literal % in a path is written %%
             proxy = render.command_line([*(a.replace("%", "%%") for a in argv), "-W", "%h:%p",
                                          "--", jaddr.name.replace("%", "%%")])
-        self._argv[login] = [*self._options(alias, addr.user or self._ssh.user, port, proxy), "--", addr.name]
+        self._argv[login] = [*self._options(addr.user or self._ssh.user, port, proxy, known), "--", addr.name]
 
     def spawn(self, command: str, logins: list[str] | None = None) -> None:
         """Begin the logins of every pinned host (or of logins) now; command then waits there
@@ -176,13 +176,25 @@ class OpenSSHStreams:
         return OpenSSHRunning(proc, early, relayed)
 
     def end_sessions(self) -> None:
-        """End sessions begun but never started (each node's `read` then sees EOF)."""
-        for proc in [*self._pending.values(), *(r[0] for r in self._ready.values())]:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        """End sessions begun but never started: their stdin closes, so each ends on the node
+        as soon as its login is done (the bootstrap reads no script); killed only past
+        END_GRACE_S. A login cut half-way can leave a node's shell start-up undone (a stale
+        pyenv rehash lock hung every later login on the suite's hosts)."""
+        procs = [*self._pending.values(), *(r[0] for r in self._ready.values())]
         self._pending.clear()
         self._ready.clear()
+        for proc in procs:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + END_GRACE_S
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def close(self) -> None:
         self.end_sessions()
@@ -224,14 +236,19 @@ class OpenSSHStreams:
                        "key for this host, or set MLAUNCH_SSH_STREAM=paramiko")
 
 
-    def _add_key(self, alias: str, key: paramiko.PKey) -> None:
-        fd = os.open(self._known, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as fh:
-            fh.write(f"{alias} {key.get_name()} {key.get_base64()}\n")
-
-    def _options(self, alias: str, user: str | None, port: int | None, proxy: str | None) -> list[str]:
+    def _options(self, user: str | None, port: int | None, proxy: str | None, known: list[str]) -> list[str]:
         s = self._ssh
+        # Not strict: a new key goes to the run's own file, the first one named (never the
+        # user's), as paramiko's WarningPolicy writes none
+        files = known if s.strict_host_keys else [self._accepted, *known]
         return render.ssh_client_argv(
             alive_s=ALIVE_S, alive_count=ALIVE_COUNT, ciphers=CIPHERS, connect_timeout=max(1, round(s.connect_timeout)),
-            known_hosts=self._known, alias=alias, config_file=os.path.expanduser(s.config_file) if s.config_file else None,
+            known_hosts=" ".join(_config_path(f) for f in files), strict=s.strict_host_keys,
+            config_file=os.path.expanduser(s.config_file) if s.config_file else None,
             key_file=os.path.expanduser(s.key_file) if s.key_file else None, user=user, port=port, proxy=proxy)
+
+
+def _config_path(path: str) -> str:
+    """path as one ssh_config word: %-tokens doubled, quoted where it holds a blank."""
+    path = path.replace("%", "%%")
+    return f'"{path}"' if any(c.isspace() for c in path) else path

@@ -79,7 +79,9 @@ class SSHRunning:
 class SSHExecutor:
     """Reaches every host with fabric, honouring ssh_config, agent, key file, jump host, known_hosts."""
 
-    def __init__(self, hosts: list[str], ssh: SSH):
+    def __init__(self, hosts: list[str], ssh: SSH, job: bool = False):
+        """job: this executor will run the nodes of a job: their stream clients log in while
+        paramiko connects (else at stage(), or at start() for `exec`)."""
         # Keyed by login ([user@]host[:port]): one host name on two ports is two machines.
         self._hosts = list(dict.fromkeys(hosts))
         self._ssh = ssh
@@ -90,19 +92,21 @@ class SSHExecutor:
         self._streams = OpenSSHStreams(ssh) if wanted() else None   # node output via `ssh` children
         self._relayed = spliced.wanted() and not compress_streams()   # execute/spliced.py
         self._relay_head = b""
+        self._job = job
 
     def connect(self) -> list[Problem]:
         # fabric's Connection() writes into the Config it is given, one shared by all hosts
         # here, and another thread reading it meanwhile finds it empty (64 hosts did): each
         # is made in turn, then the handshakes run in parallel.
         conns = {host: self._connection(host) for host in self._hosts}
+        if self._streams is not None:
+            for host in self._hosts:
+                self._add_stream(host, conns[host])
+            if self._job:   # the logins overlap the handshakes (~0.3 s a host, bench/results/logpath-*)
+                self._streams.spawn(_stream_command(self._relayed))
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
             results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
-        problems = [p for p in results if p is not None]
-        if self._streams is not None and not problems:
-            for host in self._hosts:
-                self._pin(host, conns[host])
-        return problems
+        return [p for p in results if p is not None]
 
     def stage(self, plan: LaunchPlan) -> None:
         self._relay_head = render.relay_frame(spliced.relay_config(plan))
@@ -152,16 +156,15 @@ class SSHExecutor:
         if self._streams is not None:
             self._streams.close()
 
-    def _pin(self, host: str, conn: Connection) -> None:
-        # The `ssh` children trust exactly the keys paramiko verified (or, not strict, accepted).
-        key = conn.client.get_transport().get_remote_server_key()
+    def _add_stream(self, host: str, conn: Connection) -> None:
+        # The `ssh` children read the known_hosts files paramiko reads for the host (and its jump host)
         gateway = getattr(conn, "gateway", None)
         jump = None
-        if self._ssh.jump_host and isinstance(gateway, Connection) and gateway.client.get_transport():
-            jump = (_addr(self._ssh.jump_host), gateway.client.get_transport().get_remote_server_key())
+        if self._ssh.jump_host and isinstance(gateway, Connection):
+            jump = (_addr(self._ssh.jump_host), self._known_files(gateway.ssh_config))
         addr = _addr(host)
         port = addr.port or (self._ssh.port if "port" in self._ssh.model_fields_set else None)
-        self._streams.pin(host, addr, port, key, jump)
+        self._streams.add(host, addr, port, self._known_files(conn.ssh_config), jump)
 
     def _open(self, host: str, conn: Connection) -> Problem | None:
         try:
@@ -173,9 +176,6 @@ class SSHExecutor:
         transport.set_keepalive(KEEPALIVE_S)
         _set_user_timeout(transport.sock)
         self._conns[host] = conn
-        # The stream clients log in at stage(), not here: connect() also serves stop, check
-        # and exec, and a login ended half-way (close) can leave a node's shell start-up
-        # undone; in the suite, a pyenv rehash lock that hung every later login (run 30).
         return None
 
     def _connection(self, login: str) -> Connection:
@@ -203,13 +203,15 @@ class SSHExecutor:
         # fabric's default policy accepts any key; ours refuses unknown ones unless told otherwise.
         strict = self._ssh.strict_host_keys
         client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict else paramiko.WarningPolicy())
-        files = [self._ssh.known_hosts] if self._ssh.known_hosts else []
-        files += ssh_config.get("userknownhostsfile", "").split() if not files else []
-        files = files or ["~/.ssh/known_hosts"]
-        for path in files:
-            path = os.path.expanduser(path)
+        for path in self._known_files(ssh_config):
             if os.path.exists(path):
                 client.get_host_keys().load(path)
+
+    def _known_files(self, ssh_config: dict) -> list[str]:
+        """The known_hosts files for a host: cluster.ssh.known_hosts, else ssh_config's, else ~/.ssh/known_hosts."""
+        files = [self._ssh.known_hosts] if self._ssh.known_hosts else []
+        files += ssh_config.get("userknownhostsfile", "").split() if not files else []
+        return [os.path.expanduser(f) for f in files or ["~/.ssh/known_hosts"]]
 
     def _upload(self, host: str, plan: LaunchPlan) -> None:
         # One session a host: its directories and files in one script (SFTP took a round trip
