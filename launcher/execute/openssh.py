@@ -127,6 +127,7 @@ class OpenSSHStreams:
         self._pending: dict[str, subprocess.Popen] = {}   # logging in
         self._ready: dict[str, tuple[subprocess.Popen, bytes, bool]] = {}   # logged in, no script yet
         self._lock = threading.Lock()
+        self._spawner: threading.Thread | None = None   # spawn(background=True)
 
     def add(self, login: str, addr: HostAddr, port: int | None, known: list[str],
             jump: tuple[HostAddr, list[str]] | None) -> None:
@@ -141,17 +142,33 @@ class OpenSSHStreams:
                                          "--", jaddr.name.replace("%", "%%")])
         self._argv[login] = [*self._options(addr.user or self._ssh.user, port, proxy, known), "--", addr.name]
 
-    def spawn(self, command: str, logins: list[str] | None = None) -> None:
-        """Begin the logins of every pinned host (or of logins) now; command then waits there
-        for its script, so that the handshakes overlap whatever the launcher does next."""
+    def spawn(self, command: str, logins: list[str] | None = None, background: bool = False) -> None:
+        """Begin the logins of every known host (or of logins) now; command then waits there
+        for its script, so that the handshakes overlap whatever the launcher does next.
+        background: from a thread of its own (a spawn is ~2.5 ms of fork and exec: 64 of them
+        would hold up paramiko's handshakes); every later call waits for it first."""
+        self._settle()
+        if background:
+            self._spawner = threading.Thread(target=self._spawn, args=(command, logins), daemon=True)
+            self._spawner.start()
+        else:
+            self._spawn(command, logins)
+
+    def _spawn(self, command: str, logins: list[str] | None) -> None:
         with self._lock:
             for login in list(self._argv) if logins is None else logins:
                 if login not in self._ready and login not in self._pending:
                     self._pending[login] = self._popen(login, command)
 
+    def _settle(self) -> None:
+        if self._spawner is not None:
+            self._spawner.join()
+            self._spawner = None
+
     def await_ready(self, timeout: float) -> list[Problem]:
         """Wait for every login spawn() began; a line for each host the client could not log
         in to (then every waiting session is ended: nothing is sent anywhere)."""
+        self._settle()
         logins = list(self._pending)
         with ThreadPoolExecutor(max_workers=min(64, len(logins) or 1)) as pool:
             results = list(pool.map(lambda h: self._await(h, timeout), logins))
@@ -163,6 +180,7 @@ class OpenSSHStreams:
     def start(self, login: str, command: str, script: bytes, relay_head: bytes = b"") -> OpenSSHRunning:
         """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats,
         relay_head ahead of it where the session runs under the relay."""
+        self._settle()
         if login not in self._ready:
             self._pending.setdefault(login, self._popen(login, command))
             if problem := self._await(login, self._ssh.connect_timeout + 10):
@@ -180,6 +198,7 @@ class OpenSSHStreams:
         as soon as its login is done (the bootstrap reads no script); killed only past
         END_GRACE_S. A login cut half-way can leave a node's shell start-up undone (a stale
         pyenv rehash lock hung every later login on the suite's hosts)."""
+        self._settle()
         procs = [*self._pending.values(), *(r[0] for r in self._ready.values())]
         self._pending.clear()
         self._ready.clear()

@@ -28,6 +28,11 @@ from .stream import LineSplitter, lines_of, text_of, _last_frame
 from .torchrun_out import ROOT_CAUSE, ROOT_CAUSE_LINES
 
 SPLICE = 2**20          # bytes per splice(2) call at most
+# A move of less than this waits GATHER_S before the next: the session's pipe (1 MiB,
+# execute/openssh.py) fills meanwhile, so a flood moves in fewer, larger pieces (a wake-up, a
+# removal check and a splice each) and a trickle of lines costs at most 1/GATHER_S wake-ups a
+# second. The node never waits: at 50 MB/s a node fills a quarter of the pipe in 5 ms.
+GATHER_BYTES, GATHER_S = 2**18, 0.005
 ACTIVE_EVERY_S = 0.5    # the live view's "output seen" at most this often per node
 TAIL_BYTES = 2**16      # read back from the node log's end for the summary's last lines
 OURS = "\x1f"           # leads every line the relay writes to stderr
@@ -114,6 +119,8 @@ class SplicedPump:
                 if (now := time.monotonic()) - last > ACTIVE_EVERY_S:
                     last = now
                     self.active()
+                if moved < GATHER_BYTES:
+                    time.sleep(GATHER_S)
         finally:
             if self._fd >= 0:
                 os.close(self._fd)

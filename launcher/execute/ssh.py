@@ -93,6 +93,7 @@ class SSHExecutor:
         self._relayed = spliced.wanted() and not compress_streams()   # execute/spliced.py
         self._relay_head = b""
         self._job = job
+        self._parsed: dict[tuple[str, ...], paramiko.HostKeys] = {}   # known_hosts files, read once
 
     def connect(self) -> list[Problem]:
         # fabric's Connection() writes into the Config it is given, one shared by all hosts
@@ -103,7 +104,7 @@ class SSHExecutor:
             for host in self._hosts:
                 self._add_stream(host, conns[host])
             if self._job:   # the logins overlap the handshakes (~0.3 s a host, bench/results/logpath-*)
-                self._streams.spawn(_stream_command(self._relayed))
+                self._streams.spawn(_stream_command(self._relayed), background=True)
         with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
             results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
         return [p for p in results if p is not None]
@@ -203,9 +204,16 @@ class SSHExecutor:
         # fabric's default policy accepts any key; ours refuses unknown ones unless told otherwise.
         strict = self._ssh.strict_host_keys
         client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict else paramiko.WarningPolicy())
-        for path in self._known_files(ssh_config):
-            if os.path.exists(path):
-                client.get_host_keys().load(path)
+        # One parsed copy per set of files, read by every client (connect only looks keys up):
+        # paramiko's load checks each line against all before it, a class made per check, and
+        # per client at 64 hosts that was 0.3 s of the start-up (bench/results/logpath-*).
+        files = tuple(self._known_files(ssh_config))
+        if files not in self._parsed:
+            self._parsed[files] = paramiko.HostKeys()
+            for path in files:
+                if os.path.exists(path):
+                    self._parsed[files].load(path)
+        client._host_keys = self._parsed[files]   # what get_host_keys() returns
 
     def _known_files(self, ssh_config: dict) -> list[str]:
         """The known_hosts files for a host: cluster.ssh.known_hosts, else ssh_config's, else ~/.ssh/known_hosts."""
