@@ -199,5 +199,9 @@ def test_a_job_over_ssh_goes_through_the_relay_into_complete_masked_logs(hosts2,
     assert [e.get("log") for e in starts] == ["spliced", "spliced"]   # not read by the launcher
     assert canary not in out
     for k, host in enumerate(h.ip for h in hs.hosts):
-        assert f"[node{k} {host} local0] {lines - 1:09d} " in out   # the rest shown at the end
-    assert "not shown" not in out
+        assert f"[node{k} {host} local0] {lines - 1:09d} " in out   # the newest shown at the end
+    # The console shows at its pace (execute/follow.py): how much of 8 MB it reads before the
+    # run ends depends on the machine's speed; what it did not show it says, naming the logs.
+    said = [ln for ln in out.splitlines() if "not shown" in ln]
+    assert all(ln.endswith(f"every line is in {', '.join(logs)}") or
+               any(ln.endswith(f"every line is in {log}") for log in logs) for ln in said), said
