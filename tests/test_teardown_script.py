@@ -1,0 +1,66 @@
+"""The node-side teardown (templates/teardown.sh.j2, render.teardown_script) run here on real
+processes: TERM, the grace, KILL; node agents (torchrun) get the drain once their ranks are
+gone, not the rest of the grace; its waits are measured in time, not in passes of its loop."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from launcher import render
+
+from .helpers import limit
+from .procs import job_pids, own_name
+
+STUBBORN = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "open(sys.argv[1], 'w').close()\ntime.sleep(600)\n")
+MEEK = "import sys, time\nopen(sys.argv[1], 'w').close()\ntime.sleep(600)\n"
+
+
+def _start(run_id: str, code: str, ready: str) -> subprocess.Popen:
+    """A job process of run_id in a session of its own (as a node's are), once it is ready."""
+    proc = subprocess.Popen([sys.executable, "-c", code, ready], start_new_session=True,
+                            env={**os.environ, "MLAUNCH_RUN_ID": run_id})
+    deadline = time.monotonic() + limit(30)
+    while not os.path.exists(ready):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    return proc
+
+
+def _teardown(run_id: str, **kw) -> subprocess.CompletedProcess:
+    script = render.teardown_script(f"MLAUNCH_RUN_ID={run_id}", **kw)
+    return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=limit(120))
+
+
+def test_a_process_that_ignores_term_is_killed_after_the_grace(tmp_path):
+    run_id = own_name("td-")
+    meek = _start(run_id, MEEK, str(tmp_path / "meek"))
+    stubborn = _start(run_id, STUBBORN, str(tmp_path / "stubborn"))
+    r = _teardown(run_id, pidfiles=[], grace=0.5)
+    assert r.returncode == 0 and r.stdout.strip() == "mlaunch-teardown: 0 left", r.stdout + r.stderr
+    assert meek.wait(limit(10)) == -15 and stubborn.wait(limit(10)) == -9
+    assert job_pids(run_id) == set()
+
+
+def test_an_agent_gets_the_drain_once_its_ranks_are_gone_not_the_grace(tmp_path):
+    """grace 600 s, drain 0.3 s: the script ends as soon as the drain has passed (a wait
+    of the grace would outlast the test's timeout)."""
+    run_id = own_name("td-")
+    agent = _start(run_id, STUBBORN, str(tmp_path / "agent"))
+    rank = _start(run_id, MEEK, str(tmp_path / "rank"))
+    pidfile = tmp_path / "agent.pid"
+    pidfile.write_text(str(agent.pid))
+    r = _teardown(run_id, pidfiles=[str(pidfile)], grace=600, agents=[str(pidfile)], drain=0.3)
+    assert r.returncode == 0 and r.stdout.strip() == "mlaunch-teardown: 0 left", r.stdout + r.stderr
+    assert rank.wait(limit(10)) == -15 and agent.wait(limit(10)) == -9
+    assert job_pids(run_id) == set()
+
+
+def test_the_clock_reads_proc_uptime_in_hundredths():
+    script = render.teardown_script("MLAUNCH_RUN_ID=none", pidfiles=[], grace=0)
+    clock = script[script.index("now() {"):].split("\n", 1)[0]
+    r = subprocess.run(["/bin/sh", "-c", f"{clock}\nnow"], capture_output=True, text=True, check=True)
+    up = float(open("/proc/uptime").read().split()[0])
+    assert abs(int(r.stdout) / 100 - up) < 60   # the same clock, read a moment apart
