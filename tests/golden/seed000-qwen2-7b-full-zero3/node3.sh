@@ -41,8 +41,11 @@ if [ -n "$leader" ] && [ -O "/proc/$leader" ] && grep -qzxF -e "$match" "/proc/$
   kill -TERM -- "-$leader" 2>/dev/null
 fi
 p=$(job_pids); [ -n "$p" ] && kill -TERM $p 2>/dev/null
-i=0
-while [ -n "$(job_pids)" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+now() { read -r up _ < /proc/uptime 2>/dev/null; case "$up" in *.[0-9][0-9]) echo "${up%.*}${up#*.}" ;; *) echo 0 ;; esac; }
+t0=$(now); i=0
+while [ -n "$(job_pids)" ] && [ "$i" -lt 50 ] && [ $(( $(now) - t0 )) -lt 500 ]; do
+  sleep 0.1; i=$((i+1))
+done
 p=$(job_pids); [ -n "$p" ] && kill -KILL $p 2>/dev/null
 sleep 0.05
 echo "mlaunch-teardown: $(job_pids | wc -l) left"
