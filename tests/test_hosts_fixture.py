@@ -164,8 +164,11 @@ def test_stop_sshd_refuses_fast_and_start_sshd_restores(hosts2):
     t0 = time.monotonic()
     r = ssh(hosts2, h, "hostname", connect_timeout=20)
     elapsed = time.monotonic() - t0
-    # Refused outright (RST), not a timeout: generous bound for a busy box.
-    assert r.returncode == 255 and "Connection refused" in r.stderr, (r, elapsed)
+    # Refused outright (RST), not a timeout: generous bound for a busy box. Under
+    # load a connection can still reach a socket the stopped sshd's last child was
+    # closing, and is reset rather than refused: an RST all the same.
+    refused = "Connection refused" in r.stderr or "reset by peer" in r.stderr
+    assert r.returncode == 255 and refused, (r, elapsed)
     assert elapsed < 10, elapsed
     h.start_sshd()
     assert h.sshd_pid not in (None, old) and h.sshd_pid in h.pids()
