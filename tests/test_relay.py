@@ -19,6 +19,7 @@ import pytest
 from launcher import nodeprog, render
 from launcher.execute import spliced
 from launcher.execute.console import Console
+from launcher.nodeprog.relay import Relay
 from launcher.execute.follow import LogFollower
 from launcher.execute.health import MARKS, may_matter
 from launcher.execute.stream import Printer
@@ -90,6 +91,35 @@ def test_torchruns_root_cause_reaches_the_launcher_with_its_exit_code():
     cause = TorchrunRootCause()
     cause.see_text(r.stderr.decode().replace("\x1f", ""))
     assert cause.code == 3
+
+
+def by_lines(blocks, marks, after, sample):
+    """What the relay must copy, read line by line (a line ends at "\\n", "\\r\\n" or "\\r"):
+    each line holding a mark or the sample, and the `after` lines past an `after` mark."""
+    seen, follow = [], 0
+    for block in blocks:
+        lines = re.split(rb"\r\n|\r|\n", block)
+        for line in lines[:-1] if not lines[-1] else lines:
+            if follow or any(m in line for m in (*marks, *after, sample)):
+                seen.append(b"\x1f" + line + b"\n")
+            follow = max(follow - 1, 0)
+            follow = next((n for m, n in after.items() if m in line), follow)
+    return b"".join(seen)
+
+
+def test_the_relay_copies_what_a_line_by_line_reading_copies_from_random_blocks():
+    import random
+    rng = random.Random(28)
+    marks = [m.encode() for m in MARKS]
+    after, sample = {ROOT_CAUSE.encode(): 3}, b"\x1emlaunch-"
+    parts = marks + [*after, sample, b"\n", b"\r", b"\r\n", b"xy ", b"%", b"|", b"worl", b"\n\n"]
+    config = {"marks": list(MARKS), "after": [[ROOT_CAUSE, 3]], "sample": sample.decode()}
+    for _ in range(3000):
+        blocks = [b"".join(rng.choice(parts) for _ in range(rng.randint(0, 30))) + b"\n"
+                  for _ in range(3)]
+        r = Relay(config)
+        got = b"".join(r.split(block)[1] for block in blocks)
+        assert got == by_lines(blocks, marks, after, sample), blocks
 
 
 def test_the_relay_ends_as_its_command_did_and_keeps_an_unended_last_line():
