@@ -93,6 +93,18 @@ def test_torchruns_root_cause_reaches_the_launcher_with_its_exit_code():
     assert cause.code == 3
 
 
+def test_the_relay_reads_its_config_frame_as_the_launcher_wrote_it():
+    from launcher.nodeprog.relay import parse_frame
+    config = {**mask_rules(SECRETS + ("multi\nline \u00e9 secret",), MASK), "marks": list(MARKS),
+              "after": [[ROOT_CAUSE, 12]], "sample": "\x1emlaunch-"}
+    head, body = render.relay_frame(config).split(b"\n", 1)
+    assert int(head) == len(body)
+    assert parse_frame(body.decode()) == config
+    assert parse_frame(render.relay_frame({}).split(b"\n", 1)[1].decode()) == {}
+    with pytest.raises(ValueError):
+        render.relay_frame({"literal": [["a\0b", "***"]]})
+
+
 def by_lines(blocks, marks, after, sample):
     """What the relay must copy, read line by line (a line ends at "\\n", "\\r\\n" or "\\r"):
     each line holding a mark or the sample, and the `after` lines past an `after` mark."""

@@ -1,10 +1,11 @@
 """A node's output relayed for the log path that never copies it through the launcher's Python
 (python3 -c, argv: the command; execute/spliced.py is the launcher's side).
 
-Before the command starts, one frame on stdin (a length line, then that many bytes of JSON)
-says what to mask and what the launcher must see: {"literal": [[value, mark]...], "regex":
-[[pattern, replacement, gate...]...], "marks": [...], "after": [[mark, lines]...], "sample":
-marker}. The secrets' values travel there, in no argv and no file.
+Before the command starts, one frame on stdin (a length line, then that many bytes) says what
+to mask and what the launcher must see: {"literal": [[value, mark]...], "regex": [[pattern,
+replacement, gate...]...], "marks": [...], "after": [[mark, lines]...], "sample": marker},
+as render.relay_frame() writes it (entries of NUL-separated fields: no json to import, and no
+secret holds a NUL). The secrets' values travel there, in no argv and no file.
 
 stdout: everything the command printed, secrets masked, sample lines taken out: the launcher
 splices it into the node log unread. stderr: a copy of every line that holds a mark (and the
@@ -18,9 +19,7 @@ teardown's target; the exit is the command's. Plain bytes throughout: a chunk wi
 costs a few C-level scans.
 """
 import fcntl
-import json
 import os
-import re
 import sys
 import time
 
@@ -51,10 +50,30 @@ def read_frame():
         if not more:
             sys.exit(97)
         data += more
-    return json.loads(data.decode("utf-8"))
+    return parse_frame(data.decode("utf-8"))
 
 
-def _memmem():
+def parse_frame(text):
+    """The config of render.relay_frame()'s text: kind, field count, fields, ... NUL-separated."""
+    config, fields, at = {}, text.split("\0") if text else [], 0
+    while at < len(fields):
+        kind, n = fields[at], int(fields[at + 1])
+        entry = fields[at + 2:at + 2 + n]
+        at += 2 + n
+        if kind == "sample":
+            config["sample"] = entry[0]
+        elif kind == "marks":
+            config.setdefault(kind, []).append(entry[0])
+        else:   # literal, regex, after
+            config.setdefault(kind, []).append(entry if kind != "after" else [entry[0], int(entry[1])])
+    return config
+
+
+def in_python(block, needle):
+    return needle in block
+
+
+def by_memmem():
     """A substring test by the C library's memmem, 2-3x faster than Python's own search
     for the marks (a 20 MB flood of log lines: "world" 4 ms against 11), or Python's where
     ctypes or memmem is missing."""
@@ -62,13 +81,17 @@ def _memmem():
         import ctypes
         memmem = ctypes.CDLL(None).memmem
     except (ImportError, OSError, AttributeError):
-        return lambda block, needle: needle in block
+        return in_python
     memmem.restype = ctypes.c_void_p
     memmem.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t)
     return lambda block, needle: memmem(block, len(block), needle, len(needle)) is not None
 
 
-HOLDS = _memmem()
+# Python's search until the output passes FAST_AFTER, then memmem: importing ctypes costs
+# ~2 ms of CPU, which a node that prints a few lines never wins back.
+HOLDS, FAST_AFTER = in_python, 1 << 20
+
+
 # Bytes that fill ordinary log text: a needle holding none of them has a gate, its rarest
 # byte, looked for first (a memchr: ~20x cheaper than the search, and a block of plain lines
 # mostly lacks it).
@@ -87,12 +110,21 @@ def holds(block, pair):
     return (gate is None or gate in block) and HOLDS(block, data)
 
 
+def compiled(pattern, cache={}):
+    """pattern compiled, re imported at the first block that needs it: ~5 ms of CPU spared
+    on every node whose output never holds what a regex masks (a URL's password)."""
+    if pattern not in cache:
+        import re
+        cache[pattern] = re.compile(pattern)
+    return cache[pattern]
+
+
 class Relay:
     """Masks a block of whole lines and picks out what the launcher must see."""
 
     def __init__(self, config):
         self.literal = [(v.encode(), m.encode()) for v, m in config.get("literal", [])]
-        self.regex = [(re.compile(p.encode()), r.encode(), [g.encode() for g in gates])
+        self.regex = [(p.encode(), r.encode(), [g.encode() for g in gates])
                       for p, r, *gates in config.get("regex", [])]
         self.after = {m.encode(): n for m, n in config.get("after", [])}
         self.marks = [needle(m) for m in config.get("marks", [])]
@@ -108,7 +140,7 @@ class Relay:
                 block = block.replace(value, mark)
         for pattern, repl, gates in self.regex:
             if all(HOLDS(block, g) for g in gates):
-                block = pattern.sub(repl, block)
+                block = compiled(pattern).sub(repl, block)
         return block
 
     def split(self, block):
@@ -169,6 +201,11 @@ class Relay:
         return b"".join(kept) + last
 
 
+def use_memmem():
+    global HOLDS
+    HOLDS = by_memmem()
+
+
 def pump(relay, fd):
     """Relay the command's output until every writer has closed it."""
     rest = b""
@@ -176,13 +213,16 @@ def pump(relay, fd):
         fcntl.fcntl(fd, 1031, PIPE)   # F_SETPIPE_SZ (Linux)
     except OSError:
         pass   # the pipe keeps its size
-    small = False
+    small, total = False, 0
     while True:
         if small:
             time.sleep(GATHER_S)
         data = os.read(fd, READ)
         if not data:
             break
+        total += len(data)
+        if total > FAST_AFTER and HOLDS is in_python:
+            use_memmem()
         small = len(data) < GATHER
         data = rest + data
         cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
@@ -207,7 +247,7 @@ def pump(relay, fd):
 def main():
     relay = Relay(read_frame())
     child = spawn(sys.argv[1:])
-    pump(relay, child.stdout.fileno())
+    pump(relay, child.fd)
     end_as(child)
 
 if __name__ == "__main__":

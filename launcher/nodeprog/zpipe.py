@@ -20,7 +20,7 @@ READ = 1 << 18
 
 def main():
     child = spawn(sys.argv[1:])
-    fd, z = child.stdout.fileno(), zlib.compressobj(1)
+    fd, z = child.fd, zlib.compressobj(1)
     send(1, MAGIC)
     while True:
         data = os.read(fd, READ)
