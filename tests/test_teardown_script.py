@@ -58,9 +58,46 @@ def test_an_agent_gets_the_drain_once_its_ranks_are_gone_not_the_grace(tmp_path)
     assert job_pids(run_id) == set()
 
 
+def test_the_samplers_session_is_killed_at_once_not_given_the_grace(tmp_path):
+    """The live view's sampler (its pid in the node pidfile's .sampler) is KILLed first:
+    nvidia-smi in it takes up to a second to end on a SIGTERM. Here it ignores TERM and the
+    grace is 600 s: a teardown that waited for it would outlast the test's timeout."""
+    run_id = own_name("td-")
+    sampler = _start(run_id, STUBBORN, str(tmp_path / "sampler"))
+    leader = _start(run_id, MEEK, str(tmp_path / "leader"))
+    pidfile = tmp_path / "node0.pid"
+    pidfile.write_text(str(leader.pid))
+    (tmp_path / "node0.pid.sampler").write_text(str(sampler.pid))
+    r = _teardown(run_id, pidfiles=[str(pidfile)], grace=600)
+    assert r.returncode == 0 and r.stdout.strip() == "mlaunch-teardown: 0 left", r.stdout + r.stderr
+    assert sampler.wait(limit(10)) == -9 and leader.wait(limit(10)) == -15
+    assert job_pids(run_id) == set()
+
+
 def test_the_clock_reads_proc_uptime_in_hundredths():
     script = render.teardown_script("MLAUNCH_RUN_ID=none", pidfiles=[], grace=0)
     clock = script[script.index("now() {"):].split("\n", 1)[0]
     r = subprocess.run(["/bin/sh", "-c", f"{clock}\nnow"], capture_output=True, text=True, check=True)
     up = float(open("/proc/uptime").read().split()[0])
     assert abs(int(r.stdout) / 100 - up) < 60   # the same clock, read a moment apart
+
+
+def test_exec_ends_its_commands_group_when_the_session_closes():
+    """`mlaunch exec`'s hang-up guard (templates/exec.sh.j2): stdin closes, the command's
+    process group gets SIGTERM. dash's kill takes a negative pid after `--` only with -s
+    (`kill -TERM -- -PID` is "Illegal number" there): such a guard would leave the command
+    running for its 600 s, past the test's timeout."""
+    run_id = own_name("ex-")
+    script = render.exec_script(0, "h", ["sleep 600 & sleep 600; wait"], [("MLAUNCH_RUN_ID", run_id)],
+                                None, None)
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE)
+    deadline = time.monotonic() + limit(30)
+    while len(job_pids(run_id)) < 3:   # the command's shell and its two sleeps
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.stdin.close()
+    assert proc.wait(limit(60)) == 128 + 15
+    deadline = time.monotonic() + limit(30)
+    while job_pids(run_id):
+        assert time.monotonic() < deadline, job_pids(run_id)
+        time.sleep(0.05)

@@ -31,10 +31,16 @@ job_pids() {
     d=${f%/environ}; [ -O "$d" ] && [ "${d#/proc/}" != "$$" ] && echo "${d#/proc/}"
   done
 }
+# The live view'"'"'s sampler (templates/sampler.sh.j2) holds nothing to save, and nvidia-smi in it
+# takes 0.2-1 s to end on a SIGTERM (measured on an H200 host): its session is KILLed first.
+s=$(cat /data/work/.mlaunch/GOLDEN/node1.pid.sampler 2>/dev/null)
+if [ -n "$s" ] && [ -O "/proc/$s" ] && grep -qzxF -e "$match" "/proc/$s/environ" 2>/dev/null; then
+  kill -s KILL -- "-$s" 2>/dev/null
+fi
 leader=$(cat /data/work/.mlaunch/GOLDEN/node1.pid 2>/dev/null)
 # Signal the group only while its leader is still ours: a stale pid may have been reused.
 if [ -n "$leader" ] && [ -O "/proc/$leader" ] && grep -qzxF -e "$match" "/proc/$leader/environ" 2>/dev/null; then
-  kill -TERM -- "-$leader" 2>/dev/null
+  kill -s TERM -- "-$leader" 2>/dev/null
 fi
 p=$(job_pids); [ -n "$p" ] && kill -TERM $p 2>/dev/null
 now() { read -r up _ < /proc/uptime 2>/dev/null; case "$up" in *.[0-9][0-9]) echo "${up%.*}${up#*.}" ;; *) echo 0 ;; esac; }
@@ -51,9 +57,11 @@ exec 3<&0 </dev/null
  exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
 exec 3<&-
 # The live view's GPU/CPU samples (health.sample_every_s; templates/sampler.sh.j2), in a
-# session of its own so that it can end all of itself. Without MLAUNCH_IN_PROCESS: the stack
+# session of its own so that it can end all of itself (its pid, the session's, in the pidfile's
+# .sampler for the teardown). Without MLAUNCH_IN_PROCESS: the stack
 # dump takes a process with it for the job's one rank.
 sampler='main=$1
+[ -z "$2" ] || echo $$ > "$2"
 if nvidia-smi -L >/dev/null 2>&1; then
   nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} \
     --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits \
@@ -79,6 +87,6 @@ alive() {
 while alive "$main"; do sleep 0.5; done
 kill -TERM 0'
 if command -v setsid >/dev/null 2>&1; then
-  env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" </dev/null &
+  env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" /data/work/.mlaunch/GOLDEN/node1.pid.sampler </dev/null &
 fi
 exec /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 -m swift.cli.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --template qwen2_5 --dataset /data/work/data/alpaca_zh_demo.json /data/work/data/identity.json --max_length 2048 --tuner_type lora --lora_rank 8 --lora_alpha 32 --lora_dropout 0.05 --target_modules all-linear --torch_dtype bfloat16 --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --learning_rate 0.0001 --lr_scheduler_type cosine --warmup_ratio 0.03 --num_train_epochs 3.0 --max_grad_norm 1.0 --gradient_checkpointing true --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-lora --check_model false
