@@ -134,6 +134,27 @@ def test_the_relay_copies_what_a_line_by_line_reading_copies_from_random_blocks(
         assert got == by_lines(blocks, marks, after, sample), blocks
 
 
+@pytest.mark.parametrize("spawner", ["posix_spawn", "subprocess"])
+def test_the_wrapped_command_runs_in_a_session_of_its_own_with_sigpipe_default(spawner, monkeypatch):
+    """nodeprog/wrapped.py's spawn: posix_spawn, or subprocess where the C library lacks
+    POSIX_SPAWN_SETSID (posix_spawnp raises NotImplementedError): the same child either way."""
+    from launcher.nodeprog import wrapped
+    if spawner == "subprocess":
+        def unsupported(*a, **k):
+            raise NotImplementedError("setsid")
+        monkeypatch.setattr(os, "posix_spawnp", unsupported)
+    # The command reports its session and its ignored signals (Python ignores SIGPIPE).
+    script = 'read -r _ _ _ _ _ sid _ < /proc/$$/stat; echo "$sid $$"; grep SigIgn /proc/$$/status; kill -TERM $$'
+    child = wrapped.spawn(["/bin/sh", "-c", script])
+    out = b""
+    while chunk := os.read(child.fd, 4096):
+        out += chunk
+    (sid, pid), (_, ignored) = (line.split() for line in out.decode().splitlines())
+    assert sid == pid                                  # a session of its own (teardown's group)
+    assert int(ignored, 16) & (1 << (signal.SIGPIPE - 1)) == 0, out   # SIGPIPE is the default
+    assert child.wait() == -15
+
+
 def test_the_relay_ends_as_its_command_did_and_keeps_an_unended_last_line():
     r = relay("printf 'a\\nlast without end'; kill -TERM $$")
     assert r.returncode == -signal.SIGTERM

@@ -34,6 +34,9 @@ def spawn(argv):
         pid = os.posix_spawnp(argv[0], argv, os.environ, setsid=True,
                               file_actions=[(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, w, 2)],
                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    except NotImplementedError:   # a Python built on a C library without POSIX_SPAWN_SETSID (< 2.26)
+        os.close(r)
+        return _spawn_subprocess(argv)
     finally:
         os.close(w)
     return Child(pid, r)
