@@ -89,7 +89,7 @@ def by_memmem():
 
 # Python's search until the output passes FAST_AFTER, then memmem: importing ctypes costs
 # ~2 ms of CPU, which a node that prints a few lines never wins back.
-HOLDS, FAST_AFTER = in_python, 1 << 20
+FAST_AFTER = 1 << 20
 
 
 # Bytes that fill ordinary log text: a needle holding none of them has a gate, its rarest
@@ -103,11 +103,6 @@ def needle(text):
     """(the needle's bytes, its gate or None)."""
     data = text.encode()
     return data, next((bytes([b]) for b in data if b not in COMMON), None)
-
-
-def holds(block, pair):
-    data, gate = pair
-    return (gate is None or gate in block) and HOLDS(block, data)
 
 
 def compiled(pattern, cache={}):
@@ -128,27 +123,28 @@ class Relay:
                       for p, r, *gates in config.get("regex", [])]
         self.after = {m.encode(): n for m, n in config.get("after", [])}
         self.marks = [needle(m) for m in config.get("marks", [])]
-        self.afters = [needle(m.decode()) for m in self.after]
+        self.afters = [needle(m) for m, _ in config.get("after", [])]
         self.sample = config.get("sample", "").encode()
-        self.sampled = needle(self.sample.decode()) if self.sample else None
+        self.sampled = needle(config["sample"]) if self.sample else None
+        self.search = in_python   # pump() makes it by_memmem() past FAST_AFTER
         self.follow = 0   # lines still to copy after an `after` mark
         self.overlap = max([256] + [len(v) for v, _ in self.literal])
 
     def mask(self, block):
         for value, mark in self.literal:
-            if HOLDS(block, value):
+            if self.search(block, value):
                 block = block.replace(value, mark)
         for pattern, repl, gates in self.regex:
-            if all(HOLDS(block, g) for g in gates):
+            if all(self.search(block, g) for g in gates):
                 block = compiled(pattern).sub(repl, block)
         return block
 
     def split(self, block):
         """(the bytes for the node log, the lines for the launcher) of a masked block."""
-        sampled = self.sampled is not None and holds(block, self.sampled)
-        if self.follow or any(holds(block, a) for a in self.afters):
+        sampled = self.sampled is not None and self._holds(block, self.sampled)
+        if self.follow or any(self._holds(block, a) for a in self.afters):
             seen = self._by_line(block)
-        elif sampled or any(holds(block, m) for m in self.marks):
+        elif sampled or any(self._holds(block, m) for m in self.marks):
             seen = self._by_mark(block, [m for m, _ in self.marks] +
                                  ([self.sample] if sampled else []))
         else:
@@ -156,6 +152,10 @@ class Relay:
         if sampled:
             block = self._without_samples(block)
         return block, seen
+
+    def _holds(self, block, pair):
+        data, gate = pair
+        return (gate is None or gate in block) and self.search(block, data)
 
     def _by_mark(self, block, marks):
         # Only the lines around each mark: a block's thousands of other lines are never
@@ -201,11 +201,6 @@ class Relay:
         return b"".join(kept) + last
 
 
-def use_memmem():
-    global HOLDS
-    HOLDS = by_memmem()
-
-
 def pump(relay, fd):
     """Relay the command's output until every writer has closed it."""
     rest = b""
@@ -221,8 +216,8 @@ def pump(relay, fd):
         if not data:
             break
         total += len(data)
-        if total > FAST_AFTER and HOLDS is in_python:
-            use_memmem()
+        if total > FAST_AFTER and relay.search is in_python:
+            relay.search = by_memmem()
         small = len(data) < GATHER
         data = rest + data
         cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
