@@ -113,7 +113,7 @@ def teardown_once(hs, tmp: str, n: int) -> float:
     plan = build_plan(validate(spec))
     with ThreadPoolExecutor(1) as pool:
         gone = pool.submit(last_job_process_gone, plan.run_id, 120)
-        result = run_job(plan, SSHExecutor([nd.login for nd in plan.nodes], ssh_settings(hs), job=True),
+        result = run_job(plan, SSHExecutor([nd.login for nd in plan.nodes], ssh_settings(hs)),
                          Printer(plan.mask, io.StringIO()))
         assert result.code == 3, result
         end = gone.result()

@@ -92,7 +92,7 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     with open(out_path, "w") as out:
         t0, c0, k0 = time.perf_counter(), cpu_s(resource.RUSAGE_SELF), cpu_s(resource.RUSAGE_CHILDREN)
         result = run_job(plan, SSHExecutor([nd.login for nd in nodes], SSH(
-            user="root", key_file=hs.key_file, known_hosts=hs.known_hosts, connect_timeout=60), job=True), Printer(plan.mask, out))
+            user="root", key_file=hs.key_file, known_hosts=hs.known_hosts, connect_timeout=60)), Printer(plan.mask, out))
         elapsed = time.perf_counter() - t0
         share = (cpu_s(resource.RUSAGE_SELF) - c0) / elapsed
         clients = (cpu_s(resource.RUSAGE_CHILDREN) - k0) / elapsed
@@ -159,8 +159,8 @@ class ChunkCount:
     mean near READ_SIZE means the reader is behind: the pipes are full when it reads)."""
 
     def __enter__(self):
-        from launcher.execute import openssh
-        self.chunks, self.bytes, self._cls = 0, 0, openssh.OpenSSHRunning
+        from launcher.execute import openssh_running
+        self.chunks, self.bytes, self._cls = 0, 0, openssh_running.OpenSSHRunning
         read = self._read = self._cls.read
 
         def counted(running):

@@ -214,6 +214,12 @@ def ssh_client_argv(**context: Any) -> list[str]:
     return [a for a in render("ssh_client.j2", **context).splitlines() if a.strip()]
 
 
+def ssh_control_argv(path: str, master: bool) -> list[str]:
+    """The OpenSSH client's connection-sharing arguments, ahead of ssh_client_argv's
+    (templates/ssh_control.j2): master of the socket path, or a session riding it."""
+    return [a for a in render("ssh_control.j2", path=path, master=master).splitlines() if a.strip()]
+
+
 def framed(script: str) -> bytes:
     """script as bootstrap() reads it from stdin: its byte length, a newline, the bytes."""
     data = script.encode("utf-8")

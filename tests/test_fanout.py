@@ -344,10 +344,11 @@ def test_heartbeat_period_is_a_quarter_of_the_hangup_wait_at_most():
 
 
 @pytest.mark.multihost
-def test_sessions_use_an_aead_cipher_when_the_server_has_one(make_hostset):
-    """OpenSSH offers AES-GCM: the transport settles on it (paramiko checks no HMAC then)."""
+def test_sessions_use_an_aead_cipher_when_the_server_has_one(make_hostset, monkeypatch):
+    """OpenSSH offers AES-GCM: paramiko's transport settles on it (it checks no HMAC then)."""
     from launcher.execute.ssh import SSHExecutor
     from launcher.spec import SSH
+    monkeypatch.setenv("MLAUNCH_SSH_STREAM", "paramiko")
     with make_hostset(1) as hs:
         ex = SSHExecutor([hs.hosts[0].ip], SSH(user="root", key_file=hs.key_file,
                                                known_hosts=hs.known_hosts))
@@ -358,6 +359,35 @@ def test_sessions_use_an_aead_cipher_when_the_server_has_one(make_hostset):
             assert ex.run(hs.hosts[0].ip, "echo over gcm", 10) == (0, "over gcm\n")
         finally:
             ex.close()
+
+
+_CONNECTIONS = "ss -Htn state established | wc -l"   # in the host's own namespace: its ssh links
+
+
+@pytest.mark.multihost
+def test_short_scripts_ride_each_hosts_stream_connection_and_log_in_once_it_is_gone(make_hostset):
+    """Connected, every host has one TCP connection (its stream client, the master), and a
+    script run there opens none of its own; once that client has ended, a script logs in by
+    itself (one connection again: its own), and a host with no master is still reached."""
+    from launcher.execute.ssh import SSHExecutor
+    from launcher.spec import SSH
+    with make_hostset(2) as hs:
+        ips = [h.ip for h in hs.hosts]
+        ex = SSHExecutor(ips, SSH(user="root", key_file=hs.key_file, known_hosts=hs.known_hosts))
+        try:
+            assert ex.connect() == []
+            for h in hs.hosts:   # the launcher's only link to each host is its stream client's
+                assert h.run(["sh", "-c", _CONNECTIONS], capture_output=True, text=True).stdout.split() == ["1"]
+            for ip in ips:
+                assert ex.run(ip, _CONNECTIONS, 30) == (0, "1\n")   # no second connection
+            assert ex.run(ips[0], "echo out; echo err >&2; exit 3", 30) == (3, "out\nerr\n")
+            ex._streams.end_sessions()   # every stream client ends: no master left
+            assert all(master.poll() is not None for master, _ in ex._streams._masters.values())
+            assert ex.run(ips[1], "echo on my own", 30) == (0, "on my own\n")
+        finally:
+            ex.close()
+        for h in hs.hosts:   # nothing of the launcher's is left on a host
+            assert h.run(["sh", "-c", _CONNECTIONS], capture_output=True, text=True).stdout.split() == ["0"]
 
 
 @pytest.mark.multihost

@@ -11,7 +11,8 @@ import pytest
 
 from launcher.execute.base import LOST, Exit
 from launcher import render
-from launcher.execute.openssh import READY, OpenSSHRunning, OpenSSHStreams
+from launcher.execute.openssh import READY, OpenSSHStreams
+from launcher.execute.openssh_running import OpenSSHRunning
 from launcher.execute.ssh import bootstrap_command
 from launcher.spec import SSH
 from launcher.spec.hosts import HostAddr
@@ -122,7 +123,7 @@ def test_a_session_logs_in_before_its_script_and_runs_it_when_started():
     command = "echo banner-noise; " + bootstrap_command(merge_stderr=True, ready=READY.decode())
     try:
         streams.spawn(command)
-        assert streams.await_ready(limit(30)) == []
+        assert streams.await_ready(limit(30)) == {}
         assert set(streams._ready) == {"a", "b"}   # logged in, waiting for their scripts
         runs = {h: streams.start(h, command, render.framed(f"echo on {h}; echo err-{h} >&2; exit 4"))
                 for h in ("a", "b")}
@@ -144,7 +145,7 @@ def test_a_compressed_session_reads_back_as_the_node_wrote_it():
     command = bootstrap_command(compressed=True, merge_stderr=True, ready=READY.decode())
     try:
         streams.spawn(command)
-        assert streams.await_ready(limit(30)) == []
+        assert streams.await_ready(limit(30)) == {}
         r = streams.start("a", command, render.framed("seq 1 50000; echo err >&2; exit 3"))
         assert _drain(r) == "".join(f"{k}\n" for k in range(1, 50001)).encode() + b"err\n"
         assert r.wait() == Exit(3)
@@ -157,7 +158,7 @@ def test_a_session_that_ends_before_its_ready_line_is_a_problem_and_nothing_is_l
                               "bad": ["/bin/sh", "-c", "echo 'Permission denied (publickey).' >&2; exit 255"]})
     command = bootstrap_command(ready=READY.decode())
     streams.spawn(command)
-    (problem,) = streams.await_ready(limit(30))
+    (problem,) = streams.await_ready(limit(30)).values()
     assert problem.path == "host bad"
     assert problem.message == ("the OpenSSH client (ssh) cannot log in where paramiko did: Permission "
                                "denied (publickey).; fix ssh_config or the key for this host, or set "
@@ -194,7 +195,7 @@ def test_the_real_client_says_in_one_line_why_it_cannot_log_in(tmp_path):
     try:
         streams.add(f"127.0.0.1:{port}", HostAddr("127.0.0.1", port=port), port, [os.devnull], None)
         streams.spawn(bootstrap_command(ready=READY.decode()))
-        (problem,) = streams.await_ready(limit(30))
+        (problem,) = streams.await_ready(limit(30)).values()
     finally:
         streams.close()
     assert problem.path == f"host 127.0.0.1:{port}"

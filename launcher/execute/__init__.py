@@ -1,7 +1,9 @@
 """Side effects on nodes: the only code below launch/ that touches SSH, subprocesses or a
 scheduler.
 
-Holds base (the Executor interface, exits, timing), ssh and local (executors), fanout_exec
+Holds base (the Executor interface, exits, timing), ssh and local (executors), openssh and
+openssh_running (the `ssh` clients that carry node streams and, over their connections, the
+short scripts), spliced/pumps/follow (node output into the node logs), fanout_exec
 (`mlaunch exec` on every node), slurm
 (sbatch/squeue/scancel), slurm_executor and slurm_follow (one attempt as a batch job),
 slurm_alloc (helpers inside an allocation), job (one attempt on every node: start, stream,

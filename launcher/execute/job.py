@@ -26,9 +26,8 @@ AGENT_DRAIN_S = 1.0  # torchrun, its ranks gone, may copy their logs this long (
 LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
 
 
-def make_executor(plan: LaunchPlan, job: bool = False) -> Executor:
-    """Local subprocesses when every host is this machine, sbatch under Slurm, else SSH.
-    job: the executor will run the plan's nodes (SSH: their logins begin at connect)."""
+def make_executor(plan: LaunchPlan) -> Executor:
+    """Local subprocesses when every host is this machine, sbatch under Slurm, else SSH."""
     if plan.job.cluster.scheduler == "slurm":
         from .slurm_executor import SlurmExecutor
         return SlurmExecutor()
@@ -36,7 +35,7 @@ def make_executor(plan: LaunchPlan, job: bool = False) -> Executor:
         from .local import LocalExecutor
         return LocalExecutor()
     from .ssh import SSHExecutor  # fabric is imported only when SSH is really needed
-    return SSHExecutor([n.login for n in plan.nodes], plan.job.cluster.ssh, job=job)
+    return SSHExecutor([n.login for n in plan.nodes], plan.job.cluster.ssh)
 
 
 def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,

@@ -4,13 +4,15 @@ paramiko decrypts every byte in Python under the launcher's one GIL; at 64 hosts
 link, limited the log path (bench/results/logpath-2026-12-03.txt: 0.43 of raw parallel ssh's
 rate through paramiko, 0.66 through these clients). Here each node's session is an
 `ssh` child that decrypts in C in its own process, and the launcher reads a pipe (os.read
-releases the GIL). paramiko still connects, stages files, runs short scripts and tears down.
+releases the GIL). Each stream client is the master of its host's connection: the short
+scripts (staging, checks, the teardown) ride it as sessions of their own `ssh` children, with
+no login and no Python crypto (paramiko's 64 handshakes and staging sessions were ~1.2 s of a
+64-host start, bench/results/logpath-device-*). paramiko only explains a login that failed.
 MLAUNCH_SSH_STREAM=paramiko keeps every session in paramiko (also where `ssh` is missing).
 
-Each client checks the host key itself, against the same known_hosts files as paramiko under
-the same policy (strict: a known key only; else an unknown key is accepted into a file of the
-run's own, a changed one refused), so that a job's logins run while paramiko connects rather
-than after it. A job starts only where both accepted the host.
+Each client checks the host key itself, against the known_hosts files paramiko would read
+for the host under the same policy (strict: a known key only; else an unknown key is accepted
+into a file of the run's own, a changed one refused).
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import fcntl
 import os
 import select
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -29,83 +30,24 @@ from .. import render
 from ..errors import Problem
 from ..spec import SSH
 from ..spec.hosts import HostAddr
-from .base import LOST, Exit
-from .inflow import Inflow
+from .base import LOST
+from .openssh_running import ACCEPTED, OpenSSHRunning
 
 ALIVE_S, ALIVE_COUNT = 2, 3   # a silent link ends the client within ~6 s, as paramiko's keepalive
 PIPE_BYTES = 2**20            # a deeper pipe: fewer wake-ups per MB of node output
-READ_SIZE = 2**20
 # Known to every OpenSSH since 6.5; the AEAD ciphers first, as for paramiko (ssh.AEAD_FIRST)
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
-ACCEPTED = "Warning: Permanently added"   # the client's words when it accepts a new key
 END_GRACE_S = 5.0   # a session ended before its script: this long to finish its login first
 READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap's ready)
 RELAYED = b" relay"   # after READY: the session runs under nodeprog/relay.py (execute/spliced.py)
 _F_SETPIPE_SZ = 1031          # Linux's fcntl for a pipe's capacity
+SOCKET_DIR_MAX = 60   # a control socket's path (dir/N.S, and ssh's 17-byte temporary suffix) fits sun_path
 
 
 def wanted() -> bool:
     """Whether node streams use the OpenSSH client (the default where `ssh` is installed)."""
     return os.environ.get("MLAUNCH_SSH_STREAM", "openssh") != "paramiko" and shutil.which("ssh") is not None
-
-
-class OpenSSHRunning:
-    """One node command in an `ssh` child: its stdout pipe is the node's output."""
-
-    def __init__(self, proc: subprocess.Popen, early: bytes = b"", relayed: bool = False):
-        self._proc = proc
-        self._early = early   # read with the ready line
-        self._inflow = Inflow()   # zpipe's compressed output (MLAUNCH_COMPRESS_STREAMS=1), or as it is
-        self.relayed = relayed   # stdout: the masked output to splice; stderr: the relay's lines
-        self._out = self.out_fd = proc.stdout.fileno()
-        self._in = proc.stdin.fileno()
-        os.set_blocking(self._in, False)   # a heartbeat never blocks on a stuck client
-        self._cut = False
-
-    def read(self) -> bytes:
-        return self._inflow.pull(self._read)
-
-    def _read(self) -> bytes:
-        if self._early:
-            early, self._early = self._early, b""
-            return early
-        try:
-            return os.read(self._out, READ_SIZE)
-        except OSError:
-            return b""
-
-    def read_err(self) -> bytes:
-        """The client's stderr: under the relay, its lines and the client's own words."""
-        try:
-            return os.read(self._proc.stderr.fileno(), 2**16)
-        except OSError:
-            return b""
-
-    def wait(self, said: str | None = None) -> Exit:
-        """The node's exit; said: the client's own words where the caller read its stderr."""
-        code = self._proc.wait()
-        if said is None:
-            said = self._proc.stderr.read().decode("utf-8", "replace")
-        said = "\n".join(ln for ln in said.strip().splitlines() if not ln.startswith(ACCEPTED))
-        if self._cut and code != 0:
-            return Exit(LOST, lost=True, detail="session cut by mlaunch")
-        # The node's stderr went into its stdout (bootstrap merge_stderr): what is here is the
-        # client's own, and exit 255 with it means the client, not the node, ended.
-        if code < 0 or (code == 255 and said):
-            return Exit(LOST, lost=True, detail="connection lost")
-        return Exit(code)
-
-    def heartbeat(self) -> None:
-        try:
-            os.write(self._in, b"x")
-        except OSError:   # a full pipe (the client is stuck) or a gone client: wait() tells
-            pass
-
-    def close(self) -> None:
-        self._cut = True
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)   # the session closes; the node's guard ends it
 
 
 def _ready_line(seen: bytes) -> int | None:
@@ -121,7 +63,10 @@ class OpenSSHStreams:
 
     def __init__(self, ssh: SSH):
         self._ssh = ssh
-        self._dir = tempfile.mkdtemp(prefix="mlaunch-ssh-")   # 0700: the keys accepted this run
+        self._dir = _private_dir()   # 0700: the keys accepted this run, the control sockets
+        self._control: dict[str, str] = {}   # login -> its sockets' stem (add()); none: no sharing
+        self._masters: dict[str, tuple[subprocess.Popen, str]] = {}   # login -> newest master, its socket
+        self._serial = 0   # numbers each master's socket
         self._accepted = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, subprocess.Popen] = {}   # logging in
@@ -141,6 +86,7 @@ class OpenSSHStreams:
             proxy = render.command_line([*(a.replace("%", "%%") for a in argv), "-W", "%h:%p",
                                          "--", jaddr.name.replace("%", "%%")])
         self._argv[login] = [*self._options(addr.user or self._ssh.user, port, proxy, known), "--", addr.name]
+        self._control[login] = os.path.join(self._dir, str(len(self._control)))
 
     def spawn(self, command: str, logins: list[str] | None = None, background: bool = False) -> None:
         """Begin the logins of every known host (or of logins) now; command then waits there
@@ -165,14 +111,14 @@ class OpenSSHStreams:
             self._spawner.join()
             self._spawner = None
 
-    def await_ready(self, timeout: float) -> list[Problem]:
+    def await_ready(self, timeout: float) -> dict[str, Problem]:
         """Wait for every login spawn() began; a line for each host the client could not log
-        in to (then every waiting session is ended: nothing is sent anywhere)."""
+        in to, by login (then every waiting session is ended: nothing is sent anywhere)."""
         self._settle()
         logins = list(self._pending)
         with ThreadPoolExecutor(max_workers=min(64, len(logins) or 1)) as pool:
-            results = list(pool.map(lambda h: self._await(h, timeout), logins))
-        problems = [p for p in results if p is not None]
+            results = dict(zip(logins, pool.map(lambda h: self._await(h, timeout), logins)))
+        problems = {h: p for h, p in results.items() if p is not None}
         if problems:
             self.end_sessions()
         return problems
@@ -192,6 +138,24 @@ class OpenSSHStreams:
         except BrokenPipeError:
             pass   # the client already ended: wait() tells how
         return OpenSSHRunning(proc, early, relayed)
+
+    def run(self, login: str, command: str, data: bytes, timeout: float) -> tuple[int, str]:
+        """command on login's host with data on its stdin, over the connection of the host's
+        stream client where one is open (else a login of its own): (exit code, output)."""
+        self._settle()
+        master = self._masters.get(login)
+        sharing = self._control_argv(master[1], False) if master and master[0].poll() is None else []
+        argv = self._argv[login]
+        proc = subprocess.Popen([argv[0], *sharing, *argv[1:], command], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            out, _ = proc.communicate(data, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return LOST, f"no answer within {timeout:g}s"
+        text = out.decode("utf-8", "replace")
+        return proc.returncode, "".join(ln for ln in text.splitlines(True) if not ln.startswith(ACCEPTED))
 
     def end_sessions(self) -> None:
         """End sessions begun but never started: their stdin closes, so each ends on the node
@@ -222,8 +186,15 @@ class OpenSSHStreams:
     def _popen(self, login: str, command: str) -> subprocess.Popen:
         # A session of its own: the terminal's Ctrl-C reaches the launcher, which tears down
         # in order, and never the clients (they would drop every node's output at once).
-        proc = subprocess.Popen([*self._argv[login], command], stdin=subprocess.PIPE,
+        argv, sharing, path = self._argv[login], [], None
+        if login in self._control:   # a socket of its own: an older master may still be ending
+            path = f"{self._control[login]}.{self._serial}"
+            self._serial += 1
+            sharing = self._control_argv(path, True)
+        proc = subprocess.Popen([argv[0], *sharing, *argv[1:], command], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        if path is not None:
+            self._masters[login] = (proc, path)
         try:
             fcntl.fcntl(proc.stdout.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
         except OSError:
@@ -255,6 +226,10 @@ class OpenSSHStreams:
                        "key for this host, or set MLAUNCH_SSH_STREAM=paramiko")
 
 
+    @staticmethod
+    def _control_argv(path: str, master: bool) -> list[str]:
+        return render.ssh_control_argv(_config_path(path), master)
+
     def _options(self, user: str | None, port: int | None, proxy: str | None, known: list[str]) -> list[str]:
         s = self._ssh
         # Not strict: a new key goes to the run's own file, the first one named (never the
@@ -265,6 +240,16 @@ class OpenSSHStreams:
             known_hosts=" ".join(_config_path(f) for f in files), strict=s.strict_host_keys,
             config_file=os.path.expanduser(s.config_file) if s.config_file else None,
             key_file=os.path.expanduser(s.key_file) if s.key_file else None, user=user, port=port, proxy=proxy)
+
+
+def _private_dir() -> str:
+    """A new 0700 directory: in the temporary directory unless its path is too long for the
+    control sockets, then in /tmp."""
+    path = tempfile.mkdtemp(prefix="mlaunch-ssh-")
+    if len(path) <= SOCKET_DIR_MAX:
+        return path
+    os.rmdir(path)
+    return tempfile.mkdtemp(prefix="mlaunch-ssh-", dir="/tmp")
 
 
 def _config_path(path: str) -> str:

@@ -1,4 +1,6 @@
-"""SSH executor: fabric connections, one pty session per node, teardown over the same transport."""
+"""SSH executor: one `ssh` client per node whose connection also carries the run's short
+scripts (execute/openssh.py); fabric and paramiko read the ssh_config and known_hosts files
+and explain a failed login, and carry everything under MLAUNCH_SSH_STREAM=paramiko."""
 from __future__ import annotations
 
 import functools
@@ -19,7 +21,8 @@ from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit, stage_files
 from . import spliced
 from .inflow import Inflow
-from .openssh import READY, OpenSSHRunning, OpenSSHStreams, wanted
+from .openssh import READY, OpenSSHStreams, wanted
+from .openssh_running import OpenSSHRunning
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
@@ -79,9 +82,7 @@ class SSHRunning:
 class SSHExecutor:
     """Reaches every host with fabric, honouring ssh_config, agent, key file, jump host, known_hosts."""
 
-    def __init__(self, hosts: list[str], ssh: SSH, job: bool = False):
-        """job: this executor will run the nodes of a job: their stream clients log in while
-        paramiko connects (else at stage(), or at start() for `exec`)."""
+    def __init__(self, hosts: list[str], ssh: SSH):
         # Keyed by login ([user@]host[:port]): one host name on two ports is two machines.
         self._hosts = list(dict.fromkeys(hosts))
         self._ssh = ssh
@@ -92,33 +93,35 @@ class SSHExecutor:
         self._streams = OpenSSHStreams(ssh) if wanted() else None   # node output via `ssh` children
         self._relayed = spliced.wanted() and not compress_streams()   # execute/spliced.py
         self._relay_head = b""
-        self._job = job
         self._parsed: dict[tuple[str, ...], paramiko.HostKeys] = {}   # known_hosts files, read once
 
     def connect(self) -> list[Problem]:
+        """Every host's stream client logged in and waiting for its node's script (paramiko's
+        handshakes where MLAUNCH_SSH_STREAM=paramiko); a line for each host that refused."""
         # fabric's Connection() writes into the Config it is given, one shared by all hosts
         # here, and another thread reading it meanwhile finds it empty (64 hosts did): each
-        # is made in turn, then the handshakes run in parallel.
+        # is made in turn (no network: the ssh_config and known_hosts it names).
         conns = {host: self._connection(host) for host in self._hosts}
-        if self._streams is not None:
-            for host in self._hosts:
-                self._add_stream(host, conns[host])
-            if self._job:   # the logins overlap the handshakes (~0.3 s a host, bench/results/logpath-*)
-                self._streams.spawn(_stream_command(self._relayed), background=True)
-        with ThreadPoolExecutor(max_workers=min(32, len(self._hosts))) as pool:
-            results = list(pool.map(lambda h: self._open(h, conns[h]), self._hosts))
-        return [p for p in results if p is not None]
+        if self._streams is None:
+            return self._open_all(conns)
+        for host in self._hosts:
+            self._add_stream(host, conns[host])
+        self._streams.spawn(_stream_command(self._relayed))
+        failed = self._streams.await_ready(self._ssh.connect_timeout + 10)
+        # paramiko says why a login failed (a changed key, the fix for an unknown one); where
+        # it gets in, the client's own words stand
+        explained = {p.path: p for p in self._open_all({h: conns[h] for h in failed})}
+        return [explained.get(p.path, p) for p in failed.values()]
 
     def stage(self, plan: LaunchPlan) -> None:
         self._relay_head = render.relay_frame(spliced.relay_config(plan))
-        if self._streams is not None:   # the stream clients log in while the files go up
+        if self._streams is not None:   # a later attempt's clients (their files ride them)
             self._streams.spawn(_stream_command(self._relayed))
+            if failed := self._streams.await_ready(self._ssh.connect_timeout + 10):
+                raise UserError(list(failed.values()), header="cannot reach every host; nothing was started anywhere:")
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             list(pool.map(lambda h: self._upload(h, plan), targets))
-        if self._streams is not None:
-            if problems := self._streams.await_ready(self._ssh.connect_timeout + 10):
-                raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
 
     def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
         if self._streams is not None:
@@ -135,6 +138,8 @@ class SSHExecutor:
         return SSHRunning(chan)
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
+        if self._streams is not None:   # the script's own session, on the host's stream connection
+            return self._streams.run(host, bootstrap_command(), render.framed(script), timeout)
         conn = self._conns.get(host)
         transport = conn.client.get_transport() if conn else None
         if transport is None or not transport.is_active():
@@ -166,6 +171,13 @@ class SSHExecutor:
         addr = _addr(host)
         port = addr.port or (self._ssh.port if "port" in self._ssh.model_fields_set else None)
         self._streams.add(host, addr, port, self._known_files(conn.ssh_config), jump)
+
+    def _open_all(self, conns: dict[str, Connection]) -> list[Problem]:
+        if not conns:
+            return []
+        with ThreadPoolExecutor(max_workers=min(32, len(conns))) as pool:
+            results = list(pool.map(lambda h: self._open(h, conns[h]), conns))
+        return [p for p in results if p is not None]
 
     def _open(self, host: str, conn: Connection) -> Problem | None:
         try:

@@ -122,7 +122,7 @@ def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
 
 
 def _connect(plan: LaunchPlan):
-    executor = make_executor(plan, job=True)
+    executor = make_executor(plan)
     problems = executor.connect()
     if problems:
         executor.close()

@@ -1,0 +1,71 @@
+"""One node's command in an `ssh` child (execute/openssh.py starts it): how its output is
+read, its heartbeats sent, its end told apart from the connection's."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from .base import LOST, Exit
+from .inflow import Inflow
+
+READ_SIZE = 2**20
+ACCEPTED = "Warning: Permanently added"   # the client's words when it accepts a new key
+
+
+class OpenSSHRunning:
+    """One node command in an `ssh` child: its stdout pipe is the node's output."""
+
+    def __init__(self, proc: subprocess.Popen, early: bytes = b"", relayed: bool = False):
+        self._proc = proc
+        self._early = early   # read with the ready line
+        self._inflow = Inflow()   # zpipe's compressed output (MLAUNCH_COMPRESS_STREAMS=1), or as it is
+        self.relayed = relayed   # stdout: the masked output to splice; stderr: the relay's lines
+        self._out = self.out_fd = proc.stdout.fileno()
+        self._in = proc.stdin.fileno()
+        os.set_blocking(self._in, False)   # a heartbeat never blocks on a stuck client
+        self._cut = False
+
+    def read(self) -> bytes:
+        return self._inflow.pull(self._read)
+
+    def _read(self) -> bytes:
+        if self._early:
+            early, self._early = self._early, b""
+            return early
+        try:
+            return os.read(self._out, READ_SIZE)
+        except OSError:
+            return b""
+
+    def read_err(self) -> bytes:
+        """The client's stderr: under the relay, its lines and the client's own words."""
+        try:
+            return os.read(self._proc.stderr.fileno(), 2**16)
+        except OSError:
+            return b""
+
+    def wait(self, said: str | None = None) -> Exit:
+        """The node's exit; said: the client's own words where the caller read its stderr."""
+        code = self._proc.wait()
+        if said is None:
+            said = self._proc.stderr.read().decode("utf-8", "replace")
+        said = "\n".join(ln for ln in said.strip().splitlines() if not ln.startswith(ACCEPTED))
+        if self._cut and code != 0:
+            return Exit(LOST, lost=True, detail="session cut by mlaunch")
+        # The node's stderr went into its stdout (bootstrap merge_stderr): what is here is the
+        # client's own, and exit 255 with it means the client, not the node, ended.
+        if code < 0 or (code == 255 and said):
+            return Exit(LOST, lost=True, detail="connection lost")
+        return Exit(code)
+
+    def heartbeat(self) -> None:
+        try:
+            os.write(self._in, b"x")
+        except OSError:   # a full pipe (the client is stuck) or a gone client: wait() tells
+            pass
+
+    def close(self) -> None:
+        self._cut = True
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)   # the session closes; the node's guard ends it
