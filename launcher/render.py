@@ -163,34 +163,39 @@ def sampler_script(run_id: str, every_s: float) -> str:
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
-def bootstrap(merge_stderr: bool = False, ready: str = "") -> str:
+def bootstrap(merge_stderr: bool = False, ready: str = "", staged: str = "") -> str:
     """The whole command line of every shell mlaunch starts on a node (both executors).
     merge_stderr: the node's stderr joins its stdout first (the OpenSSH client's own stderr
     is then only its own messages, execute/openssh.py); ready: a line printed first, which
-    tells that the login worked before any script is sent.
+    tells that the login worked before any script is sent; staged: the session first runs a
+    stage frame and prints this line when it worked (templates/stage_step.sh.j2).
 
     It reads a length line and then exactly that many bytes of script from stdin, and
     evaluates them: the script (with cluster.env's secrets) is in no argv and no file, so
     no `ps` on any node shows it. `read` takes one byte at a time and `head -c` stops at
     the count, so whatever follows on stdin (the heartbeat) stays for the script.
     """
-    return render("bootstrap.sh.j2", merge_stderr=merge_stderr, ready=ready).strip()
+    return render("bootstrap.sh.j2", merge_stderr=merge_stderr, ready=ready, step=_step(staged)).strip()
 
 
-def compressed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "") -> str:
+def _step(staged: str) -> str:
+    return render("stage_step.sh.j2", staged=staged).strip() if staged else ""
+
+
+def compressed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "", staged: str = "") -> str:
     """bootstrap() run under node program `program` (nodeprog/zpipe.py's text), which
     compresses what it prints, where the node has a python3 with zlib; bootstrap() alone
     elsewhere. The launcher tells the two apart by zpipe's header."""
     return render("zbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr),
-                  ready=ready).strip()
+                  ready=ready, step=_step(staged)).strip()
 
 
-def relayed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "") -> str:
+def relayed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "", staged: str = "") -> str:
     """bootstrap() run under node program `program` (nodeprog/relay.py's text), which masks
     the node's output and copies the lines that matter to stderr, where the node has a
     python3; bootstrap() alone elsewhere. Its ready line says which ("<ready> relay")."""
     return render("rbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr),
-                  fallback=bootstrap(merge_stderr, ready), ready=ready).strip()
+                  fallback=bootstrap(merge_stderr, ready, staged), ready=ready, step=_step(staged)).strip()
 
 
 def relay_frame(config: dict) -> bytes:

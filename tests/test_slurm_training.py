@@ -77,6 +77,10 @@ def test_zero2_drained_node_shrinks_3_to_2_through_a_universal_conversion_job(sl
     spec["cluster"] = {**slurm_cluster(tmp_path, nproc=1, nodes=3), "python": TRAINER_PYTHON,
                        "env": spec["cluster"]["env"], "min_nodes": 2}
     spec["batch"] = {"per_device": 2, "grad_accum": 2}
+    # Held after checkpoint-3 until the kill: unheld, a loaded machine's training reached
+    # max_steps before it (CI, 2026-12-04: no restart at all)
+    hold = str(tmp_path / "hold")
+    spec = held_at(spec, 3, hold)
     lost = []
 
     def cut(console: str) -> None:   # node 2 of the first attempt
@@ -84,6 +88,7 @@ def test_zero2_drained_node_shrinks_3_to_2_through_a_universal_conversion_job(sl
         assert first, console
         lost.append(first.group(4))
         drain_and_kill(slurm3, lost[0])
+        open(os.path.join(hold, "release"), "w").close()
     code, console = submit_and_cut(tmp_path, spec, os.path.join(out, "checkpoint-3", "trainer_state.json"),
                                    cut, "--no-preflight", env={"SLURM_CONF": slurm3.conf})
     lost = lost[0]

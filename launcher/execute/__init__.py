@@ -3,7 +3,7 @@ scheduler.
 
 Holds base (the Executor interface, exits, timing), ssh and local (executors), openssh and
 openssh_running (the `ssh` clients that carry node streams and, over their connections, the
-short scripts), spliced/pumps/follow (node output into the node logs), fanout_exec
+short scripts), ssh_paramiko (paramiko's sessions, and why a login failed), spliced/pumps/follow (node output into the node logs), fanout_exec
 (`mlaunch exec` on every node), slurm
 (sbatch/squeue/scancel), slurm_executor and slurm_follow (one attempt as a batch job),
 slurm_alloc (helpers inside an allocation), job (one attempt on every node: start, stream,

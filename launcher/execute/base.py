@@ -35,15 +35,28 @@ def make_run_dirs(run: Run, host: str, plan: LaunchPlan) -> None:
 def stage_files(run: Run, host: str, plan: LaunchPlan) -> None:
     """make_run_dirs, then the plan's files written 0600 into the run dir, in one script on
     host; UserError with the node's one line when a directory or a file cannot be made."""
+    _setup(run, host, stage_text(plan), STAGE_TIMEOUT_S)
+
+
+STAGE_TIMEOUT_S = 60
+
+
+def stage_text(plan: LaunchPlan) -> str:
+    """The script that makes the run's directories and writes the plan's files on a node."""
     files = [(posixpath.join(plan.run_dir, posixpath.basename(f.path)), f.content) for f in plan.files]
-    _setup(run, host, render.stage_script(plan.run_dir, uses_default_base(plan.job), files), 60)
+    return render.stage_script(plan.run_dir, uses_default_base(plan.job), files)
+
+
+def setup_failed(host: str, words: str) -> str:
+    """The one line for a host whose setup script failed, from its last words."""
+    return f"{host}: {words.removeprefix('mlaunch: ')}; nothing was started"
 
 
 def _setup(run: Run, host: str, script: str, timeout: float) -> None:
     code, out = run(host, script, timeout)
     if code != 0:
         lines = [ln for ln in out.splitlines() if ln.strip()] or [f"exit {code}"]
-        raise UserError(f"{host}: {lines[-1].removeprefix('mlaunch: ')}; nothing was started")
+        raise UserError(setup_failed(host, lines[-1]))
 
 
 @dataclass

@@ -22,7 +22,6 @@ import select
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,6 +40,7 @@ CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@open
 END_GRACE_S = 5.0   # a session ended before its script: this long to finish its login first
 READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap's ready)
 RELAYED = b" relay"   # after READY: the session runs under nodeprog/relay.py (execute/spliced.py)
+STAGED = b"mlaunch-session-staged"   # the session ran its stage frame (templates/stage_step.sh.j2)
 _F_SETPIPE_SZ = 1031          # Linux's fcntl for a pipe's capacity
 SOCKET_DIR_MAX = 60   # a control socket's path (dir/N.S, and ssh's 17-byte temporary suffix) fits sun_path
 
@@ -67,12 +67,11 @@ class OpenSSHStreams:
         self._control: dict[str, str] = {}   # login -> its sockets' stem (add()); none: no sharing
         self._masters: dict[str, tuple[subprocess.Popen, str]] = {}   # login -> newest master, its socket
         self._serial = 0   # numbers each master's socket
+        self._staged: set[str] = set()   # logins whose waiting session ran its stage frame
         self._accepted = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, subprocess.Popen] = {}   # logging in
         self._ready: dict[str, tuple[subprocess.Popen, bytes, bool]] = {}   # logged in, no script yet
-        self._lock = threading.Lock()
-        self._spawner: threading.Thread | None = None   # spawn(background=True)
 
     def add(self, login: str, addr: HostAddr, port: int | None, known: list[str],
             jump: tuple[HostAddr, list[str]] | None) -> None:
@@ -88,33 +87,16 @@ class OpenSSHStreams:
         self._argv[login] = [*self._options(addr.user or self._ssh.user, port, proxy, known), "--", addr.name]
         self._control[login] = os.path.join(self._dir, str(len(self._control)))
 
-    def spawn(self, command: str, logins: list[str] | None = None, background: bool = False) -> None:
+    def spawn(self, command: str, logins: list[str] | None = None) -> None:
         """Begin the logins of every known host (or of logins) now; command then waits there
-        for its script, so that the handshakes overlap whatever the launcher does next.
-        background: from a thread of its own (a spawn is ~2.5 ms of fork and exec: 64 of them
-        would hold up paramiko's handshakes); every later call waits for it first."""
-        self._settle()
-        if background:
-            self._spawner = threading.Thread(target=self._spawn, args=(command, logins), daemon=True)
-            self._spawner.start()
-        else:
-            self._spawn(command, logins)
-
-    def _spawn(self, command: str, logins: list[str] | None) -> None:
-        with self._lock:
-            for login in list(self._argv) if logins is None else logins:
-                if login not in self._ready and login not in self._pending:
-                    self._pending[login] = self._popen(login, command)
-
-    def _settle(self) -> None:
-        if self._spawner is not None:
-            self._spawner.join()
-            self._spawner = None
+        for its script (and, where it runs one, a stage frame first)."""
+        for login in list(self._argv) if logins is None else logins:
+            if login not in self._ready and login not in self._pending:
+                self._pending[login] = self._popen(login, command)
 
     def await_ready(self, timeout: float) -> dict[str, Problem]:
         """Wait for every login spawn() began; a line for each host the client could not log
         in to, by login (then every waiting session is ended: nothing is sent anywhere)."""
-        self._settle()
         logins = list(self._pending)
         with ThreadPoolExecutor(max_workers=min(64, len(logins) or 1)) as pool:
             results = dict(zip(logins, pool.map(lambda h: self._await(h, timeout), logins)))
@@ -123,15 +105,33 @@ class OpenSSHStreams:
             self.end_sessions()
         return problems
 
+    def stage(self, frames: dict[str, bytes], timeout: float) -> dict[str, str]:
+        """Send each waiting session its stage frame (sessions whose command runs one:
+        templates/stage_step.sh.j2), then wait for every one's staged line: by login, the last
+        words of each whose stage failed (its session has ended)."""
+        for login, frame in frames.items():
+            try:
+                self._ready[login][0].stdin.write(frame)
+                self._ready[login][0].stdin.flush()
+            except BrokenPipeError:
+                pass   # the session ended: its words tell why
+        with ThreadPoolExecutor(max_workers=min(64, len(frames) or 1)) as pool:
+            said = dict(zip(frames, pool.map(lambda h: self._await_staged(h, timeout), frames)))
+        return {h: words for h, words in said.items() if words is not None}
+
+    def staged(self, login: str) -> bool:
+        """Whether login's waiting session has run its stage frame."""
+        return login in self._staged
+
     def start(self, login: str, command: str, script: bytes, relay_head: bytes = b"") -> OpenSSHRunning:
         """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats,
         relay_head ahead of it where the session runs under the relay."""
-        self._settle()
         if login not in self._ready:
             self._pending.setdefault(login, self._popen(login, command))
             if problem := self._await(login, self._ssh.connect_timeout + 10):
                 raise RuntimeError(problem.message)
         proc, early, relayed = self._ready.pop(login)
+        self._staged.discard(login)
         try:
             proc.stdin.write(relay_head + script if relayed else script)
             proc.stdin.flush()
@@ -142,7 +142,6 @@ class OpenSSHStreams:
     def run(self, login: str, command: str, data: bytes, timeout: float) -> tuple[int, str]:
         """command on login's host with data on its stdin, over the connection of the host's
         stream client where one is open (else a login of its own): (exit code, output)."""
-        self._settle()
         master = self._masters.get(login)
         sharing = self._control_argv(master[1], False) if master and master[0].poll() is None else []
         argv = self._argv[login]
@@ -162,10 +161,10 @@ class OpenSSHStreams:
         as soon as its login is done (the bootstrap reads no script); killed only past
         END_GRACE_S. A login cut half-way can leave a node's shell start-up undone (a stale
         pyenv rehash lock hung every later login on the suite's hosts)."""
-        self._settle()
         procs = [*self._pending.values(), *(r[0] for r in self._ready.values())]
         self._pending.clear()
         self._ready.clear()
+        self._staged.clear()
         for proc in procs:
             try:
                 proc.stdin.close()
@@ -203,17 +202,27 @@ class OpenSSHStreams:
 
     def _await(self, login: str, timeout: float) -> Problem | None:
         proc = self._pending.pop(login)
-        seen, deadline = b"", time.monotonic() + timeout
-        while (cut := _ready_line(seen)) is None:
-            left = deadline - time.monotonic()
-            ready = select.select([proc.stdout], [], [], max(0.0, left))[0]
-            chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
-            if not chunk:
-                return self._refused(login, proc, timeout if left <= 0 or not ready else None)
-            seen += chunk
+        seen, cut, timed_out = _read_until(proc, b"", _ready_line, timeout)
+        if cut is None:
+            return self._refused(login, proc, timeout if timed_out else None)
         end = seen.index(b"\n", cut) + 1
         self._ready[login] = (proc, seen[end:], seen[cut:end - 1].endswith(RELAYED))
         return None
+
+    def _await_staged(self, login: str, timeout: float) -> str | None:
+        proc, early, relayed = self._ready[login]
+        seen, cut, timed_out = _read_until(proc, early, _staged_line, timeout)
+        if cut is not None:
+            self._ready[login] = (proc, seen[cut + len(STAGED) + 1:], relayed)
+            self._staged.add(login)
+            return None
+        del self._ready[login]
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        words = [ln for ln in (seen + proc.stderr.read()).decode("utf-8", "replace").splitlines()
+                 if ln.strip() and not ln.startswith(ACCEPTED)]
+        return f"no answer in {timeout:g}s" if timed_out else (words[-1] if words else f"exit {code}")
 
     def _refused(self, login: str, proc: subprocess.Popen, timed_out: float | None) -> Problem:
         if proc.poll() is None:
@@ -240,6 +249,28 @@ class OpenSSHStreams:
             known_hosts=" ".join(_config_path(f) for f in files), strict=s.strict_host_keys,
             config_file=os.path.expanduser(s.config_file) if s.config_file else None,
             key_file=os.path.expanduser(s.key_file) if s.key_file else None, user=user, port=port, proxy=proxy)
+
+
+def _staged_line(seen: bytes) -> int | None:
+    """Where the staged line starts once it is whole, else None."""
+    at = seen.find(STAGED + b"\n")
+    while at > 0 and seen[at - 1:at] != b"\n":   # a line of its own, not the end of another
+        at = seen.find(STAGED + b"\n", at + 1)
+    return None if at < 0 else at
+
+
+def _read_until(proc: subprocess.Popen, seen: bytes, find, timeout: float) -> tuple[bytes, int | None, bool]:
+    """Read proc's stdout until find(what was read) is not None: (what was read, where,
+    whether the time ran out first); where is None when the stream ended or time ran out."""
+    deadline = time.monotonic() + timeout
+    while (cut := find(seen)) is None:
+        left = deadline - time.monotonic()
+        ready = select.select([proc.stdout], [], [], max(0.0, left))[0]
+        chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
+        if not chunk:
+            return seen, None, left <= 0 or not ready
+        seen += chunk
+    return seen, cut, False
 
 
 def _private_dir() -> str:

@@ -4,10 +4,8 @@ and explain a failed login, and carry everything under MLAUNCH_SSH_STREAM=parami
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import shlex
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import paramiko
@@ -17,66 +15,12 @@ from .. import nodeprog, render
 from ..errors import Problem, UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..spec import SSH
-from ..spec.hosts import HostAddr, parse_host
-from .base import LOST, Exit, stage_files
+from .base import LOST, STAGE_TIMEOUT_S, setup_failed, stage_files, stage_text
 from . import spliced
-from .inflow import Inflow
-from .openssh import READY, OpenSSHStreams, wanted
+from .openssh import READY, STAGED, OpenSSHStreams, wanted
 from .openssh_running import OpenSSHRunning
-
-KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
-TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
-WINDOW, MAX_PACKET = 8 * 2**20, 2**15
-READ_SIZE = WINDOW   # all that has arrived: paramiko then empties its buffer, never memmoves the rest
-# Asked for first: an AEAD cipher spares paramiko an HMAC and its compare in Python on every
-# packet (a third of its CPU per MB of node output, bench/results/logpath-*); a server
-# without them settles on the next cipher in paramiko's own order, as before.
-AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-
-
-class SSHRunning:
-    """One node command in a session without a pty.
-
-    Pipes carry output several times faster than a pty and without "\r\n" mangling. The
-    pty's one virtue, a hang-up on disconnect, is provided by the node script's guard,
-    which watches the session's stdin and ends the node's processes when it closes.
-    """
-
-    def __init__(self, chan: paramiko.Channel):
-        self._chan = chan
-        self._cut = False
-        self._inflow = Inflow()   # zpipe's compressed output, or output as it is
-
-    def read(self) -> bytes:
-        return self._inflow.pull(self._recv)
-
-    def _recv(self) -> bytes:
-        try:
-            return self._chan.recv(READ_SIZE)
-        except (OSError, EOFError, paramiko.SSHException):
-            return b""
-
-    def wait(self) -> Exit:
-        transport = self._chan.get_transport()
-        if not self._chan.exit_status_ready():
-            if self._cut:
-                return Exit(LOST, lost=True, detail="session cut by mlaunch")
-            if transport is None or not transport.is_active():
-                return Exit(LOST, lost=True, detail="connection lost")
-        code = self._chan.recv_exit_status()
-        if code == -1:
-            return Exit(LOST, lost=True, detail="connection lost")
-        return Exit(code)
-
-    def heartbeat(self) -> None:
-        try:
-            self._chan.sendall(b"x")
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-
-    def close(self) -> None:
-        self._cut = True
-        self._chan.close()
+from .ssh_paramiko import (TAKES_FACTORY, KEEPALIVE_S, MAX_PACKET, WINDOW, SSHRunning, aead_first_transport,
+                           explain_connect_error, login_addr, set_user_timeout)
 
 
 class SSHExecutor:
@@ -115,17 +59,28 @@ class SSHExecutor:
 
     def stage(self, plan: LaunchPlan) -> None:
         self._relay_head = render.relay_frame(spliced.relay_config(plan))
-        if self._streams is not None:   # a later attempt's clients (their files ride them)
-            self._streams.spawn(_stream_command(self._relayed))
-            if failed := self._streams.await_ready(self._ssh.connect_timeout + 10):
-                raise UserError(list(failed.values()), header="cannot reach every host; nothing was started anywhere:")
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-            list(pool.map(lambda h: self._upload(h, plan), targets))
+        if self._streams is None:
+            with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+                list(pool.map(lambda h: self._upload(h, plan), targets))
+            return
+        self._streams.spawn(_stream_command(self._relayed))   # a later attempt's sessions
+        if failed := self._streams.await_ready(self._ssh.connect_timeout + 10):
+            raise UserError(list(failed.values()), header="cannot reach every host; nothing was started anywhere:")
+        # Each node's waiting session stages its files itself (no session of their own), and
+        # no node starts before every host has said it staged (templates/stage_step.sh.j2).
+        script = stage_text(plan)
+        failed = self._streams.stage({h: render.framed(script if h in targets else "") for h in self._hosts},
+                                     STAGE_TIMEOUT_S)
+        if failed:
+            raise UserError([setup_failed(h, words) for h, words in failed.items()])
 
     def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
         if self._streams is not None:
-            # `exec` stages nothing: its sessions' relay masks and copies nothing
+            # `exec` stages nothing: its sessions' stage is empty, their relay masks and copies nothing
+            if not self._streams.staged(node.login) and (
+                    failed := self._streams.stage({node.login: render.framed("")}, STAGE_TIMEOUT_S)):
+                raise RuntimeError(failed[node.login])
             return self._streams.start(node.login, _stream_command(self._relayed),
                                        render.framed(node.script), self._relay_head or render.relay_frame({}))
         chan = self._conns[node.login].client.get_transport().open_session(
@@ -167,8 +122,8 @@ class SSHExecutor:
         gateway = getattr(conn, "gateway", None)
         jump = None
         if self._ssh.jump_host and isinstance(gateway, Connection):
-            jump = (_addr(self._ssh.jump_host), self._known_files(gateway.ssh_config))
-        addr = _addr(host)
+            jump = (login_addr(self._ssh.jump_host), self._known_files(gateway.ssh_config))
+        addr = login_addr(host)
         port = addr.port or (self._ssh.port if "port" in self._ssh.model_fields_set else None)
         self._streams.add(host, addr, port, self._known_files(conn.ssh_config), jump)
 
@@ -184,17 +139,17 @@ class SSHExecutor:
             conn.open()
         except Exception as e:  # each failure becomes a per-host line, never a traceback
             conn.close()
-            return Problem(f"host {host}", explain_connect_error(e, _addr(host), self._ssh))
+            return Problem(f"host {host}", explain_connect_error(e, login_addr(host), self._ssh))
         transport = conn.client.get_transport()
         transport.set_keepalive(KEEPALIVE_S)
-        _set_user_timeout(transport.sock)
+        set_user_timeout(transport.sock)
         self._conns[host] = conn
         return None
 
     def _connection(self, login: str) -> Connection:
-        s, config, addr = self._ssh, self._config, _addr(login)
+        s, config, addr = self._ssh, self._config, login_addr(login)
         kwargs: dict = {"allow_agent": True}
-        if _TAKES_FACTORY:
+        if TAKES_FACTORY:
             kwargs["transport_factory"] = aead_first_transport
         if s.key_file:
             kwargs["key_filename"] = [os.path.expanduser(s.key_file)]
@@ -248,31 +203,21 @@ def compress_streams() -> bool:
     return os.environ.get("MLAUNCH_COMPRESS_STREAMS") == "1"
 
 
-def aead_first_transport(sock, **kw) -> paramiko.Transport:
-    """A paramiko Transport that offers AEAD_FIRST ahead of its other ciphers (those it knows)."""
-    transport = paramiko.Transport(sock, **kw)
-    opts = transport.get_security_options()
-    first = tuple(c for c in AEAD_FIRST if c in opts.ciphers)
-    opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
-    return transport
-
-
-_TAKES_FACTORY = "transport_factory" in inspect.signature(paramiko.SSHClient.connect).parameters
-
-
 def _stream_command(relayed: bool = False) -> str:
     if relayed:
         return "exec /bin/sh -c " + shlex.quote(render.relayed_bootstrap(
-            _relay(), merge_stderr=True, ready=READY.decode()))
-    return bootstrap_command(compressed=compress_streams(), merge_stderr=True, ready=READY.decode())
+            _relay(), merge_stderr=True, ready=READY.decode(), staged=STAGED.decode()))
+    return bootstrap_command(compressed=compress_streams(), merge_stderr=True, ready=READY.decode(),
+                             staged=STAGED.decode())
 
 
-def bootstrap_command(compressed: bool = False, merge_stderr: bool = False, ready: str = "") -> str:
+def bootstrap_command(compressed: bool = False, merge_stderr: bool = False, ready: str = "",
+                      staged: str = "") -> str:
     """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is.
     compressed: the node's output compressed on its way (nodeprog/zpipe.py), for a node's
     stream: paramiko then decrypts and moves a fraction of the bytes."""
-    text = render.compressed_bootstrap(_zpipe(), merge_stderr, ready) if compressed \
-        else render.bootstrap(merge_stderr, ready)
+    text = render.compressed_bootstrap(_zpipe(), merge_stderr, ready, staged) if compressed \
+        else render.bootstrap(merge_stderr, ready, staged)
     return "exec /bin/sh -c " + shlex.quote(text)
 
 
@@ -284,38 +229,3 @@ def _relay() -> str:
 @functools.cache
 def _zpipe() -> str:
     return nodeprog.source("zpipe")
-
-
-def _addr(login: str) -> HostAddr:
-    a = parse_host(login)
-    return a if isinstance(a, HostAddr) else HostAddr(login)
-
-
-def explain_connect_error(e: Exception, addr: HostAddr | str, ssh: SSH) -> str:
-    """One line: what went wrong reaching host, and the command or setting that fixes it."""
-    addr = _addr(addr) if isinstance(addr, str) else addr
-    host, port, user = addr.name, addr.port or ssh.port, addr.user or ssh.user
-    known = host if port == 22 else f"'[{host}]:{port}'"  # known_hosts' name for another port
-    if isinstance(e, paramiko.BadHostKeyException):
-        return (f"host key CHANGED (got {e.key.get_name()} {e.key.fingerprint}); if the host was "
-                f"reinstalled, verify it and run: ssh-keygen -R {known}")
-    if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
-        where = ssh.known_hosts or "~/.ssh/known_hosts"
-        return (f"host key unknown and strict_host_keys is on; verify the fingerprint, then run: "
-                f"ssh-keyscan -p {port} {host} >> {where}")
-    if isinstance(e, paramiko.AuthenticationException):
-        return (f"authentication failed for user {user or os.environ.get('USER', '?')}; check "
-                "cluster.ssh.key_file / cluster.ssh.user or load the key into ssh-agent")
-    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"connection refused on port {port}: is sshd running there and the port open?"
-    if isinstance(e, (socket.timeout, TimeoutError)):
-        return f"no answer within {ssh.connect_timeout:g}s: host down, or port {port} firewalled?"
-    if isinstance(e, socket.gaierror):
-        return f"cannot resolve host name: {e.strerror}"
-    return f"cannot connect: {type(e).__name__}: {e}"
-
-
-def _set_user_timeout(sock: object) -> None:
-    # Makes a dead link (no ACKs) fail the socket, hence the transport, within seconds.
-    if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)

@@ -1,0 +1,117 @@
+"""paramiko's side of the SSH executor: a node's session over paramiko (all of them under
+MLAUNCH_SSH_STREAM=paramiko), its transport's settings, and the one line that explains why a
+login failed (execute/ssh.py asks paramiko where the OpenSSH client could not log in)."""
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+
+import paramiko
+
+from ..spec import SSH
+from ..spec.hosts import HostAddr, parse_host
+from .base import LOST, Exit
+from .inflow import Inflow
+
+KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
+TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
+WINDOW, MAX_PACKET = 8 * 2**20, 2**15
+READ_SIZE = WINDOW   # all that has arrived: paramiko then empties its buffer, never memmoves the rest
+# Asked for first: an AEAD cipher spares paramiko an HMAC and its compare in Python on every
+# packet (a third of its CPU per MB of node output, bench/results/logpath-*); a server
+# without them settles on the next cipher in paramiko's own order, as before.
+AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+class SSHRunning:
+    """One node command in a session without a pty.
+
+    Pipes carry output several times faster than a pty and without "\r\n" mangling. The
+    pty's one virtue, a hang-up on disconnect, is provided by the node script's guard,
+    which watches the session's stdin and ends the node's processes when it closes.
+    """
+
+    def __init__(self, chan: paramiko.Channel):
+        self._chan = chan
+        self._cut = False
+        self._inflow = Inflow()   # zpipe's compressed output, or output as it is
+
+    def read(self) -> bytes:
+        return self._inflow.pull(self._recv)
+
+    def _recv(self) -> bytes:
+        try:
+            return self._chan.recv(READ_SIZE)
+        except (OSError, EOFError, paramiko.SSHException):
+            return b""
+
+    def wait(self) -> Exit:
+        transport = self._chan.get_transport()
+        if not self._chan.exit_status_ready():
+            if self._cut:
+                return Exit(LOST, lost=True, detail="session cut by mlaunch")
+            if transport is None or not transport.is_active():
+                return Exit(LOST, lost=True, detail="connection lost")
+        code = self._chan.recv_exit_status()
+        if code == -1:
+            return Exit(LOST, lost=True, detail="connection lost")
+        return Exit(code)
+
+    def heartbeat(self) -> None:
+        try:
+            self._chan.sendall(b"x")
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def close(self) -> None:
+        self._cut = True
+        self._chan.close()
+
+
+def aead_first_transport(sock, **kw) -> paramiko.Transport:
+    """A paramiko Transport that offers AEAD_FIRST ahead of its other ciphers (those it knows)."""
+    transport = paramiko.Transport(sock, **kw)
+    opts = transport.get_security_options()
+    first = tuple(c for c in AEAD_FIRST if c in opts.ciphers)
+    opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
+    return transport
+
+
+TAKES_FACTORY = "transport_factory" in inspect.signature(paramiko.SSHClient.connect).parameters
+
+
+def explain_connect_error(e: Exception, addr: HostAddr | str, ssh: SSH) -> str:
+    """One line: what went wrong reaching host, and the command or setting that fixes it."""
+    addr = login_addr(addr) if isinstance(addr, str) else addr
+    host, port, user = addr.name, addr.port or ssh.port, addr.user or ssh.user
+    known = host if port == 22 else f"'[{host}]:{port}'"  # known_hosts' name for another port
+    if isinstance(e, paramiko.BadHostKeyException):
+        return (f"host key CHANGED (got {e.key.get_name()} {e.key.fingerprint}); if the host was "
+                f"reinstalled, verify it and run: ssh-keygen -R {known}")
+    if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
+        where = ssh.known_hosts or "~/.ssh/known_hosts"
+        return (f"host key unknown and strict_host_keys is on; verify the fingerprint, then run: "
+                f"ssh-keyscan -p {port} {host} >> {where}")
+    if isinstance(e, paramiko.AuthenticationException):
+        return (f"authentication failed for user {user or os.environ.get('USER', '?')}; check "
+                "cluster.ssh.key_file / cluster.ssh.user or load the key into ssh-agent")
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"connection refused on port {port}: is sshd running there and the port open?"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return f"no answer within {ssh.connect_timeout:g}s: host down, or port {port} firewalled?"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve host name: {e.strerror}"
+    return f"cannot connect: {type(e).__name__}: {e}"
+
+
+def set_user_timeout(sock: object) -> None:
+    # Makes a dead link (no ACKs) fail the socket, hence the transport, within seconds.
+    if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
+
+
+def login_addr(login: str) -> HostAddr:
+    """The address of a login ([user@]host[:port])."""
+    a = parse_host(login)
+    return a if isinstance(a, HostAddr) else HostAddr(login)
