@@ -59,7 +59,8 @@ def _ready_line(seen: bytes) -> int | None:
 
 
 class OpenSSHStreams:
-    """The `ssh` command line per host, checking host keys as paramiko does."""
+    """Each host's `ssh` session (the master of its connection) and the short scripts that
+    ride it; host keys checked as paramiko checks them."""
 
     def __init__(self, ssh: SSH):
         self._ssh = ssh
