@@ -110,14 +110,8 @@ class OpenSSHStreams:
         """Send each waiting session its stage frame (sessions whose command runs one:
         templates/stage_step.sh.j2), then wait for every one's staged line: by login, the last
         words of each whose stage failed (its session has ended)."""
-        for login, frame in frames.items():
-            try:
-                self._ready[login][0].stdin.write(frame)
-                self._ready[login][0].stdin.flush()
-            except BrokenPipeError:
-                pass   # the session ended: its words tell why
         with ThreadPoolExecutor(max_workers=min(64, len(frames) or 1)) as pool:
-            said = dict(zip(frames, pool.map(lambda h: self._await_staged(h, timeout), frames)))
+            said = dict(zip(frames, pool.map(lambda h: self._await_staged(h, frames[h], timeout), frames)))
         return {h: words for h, words in said.items() if words is not None}
 
     def staged(self, login: str) -> bool:
@@ -210,8 +204,13 @@ class OpenSSHStreams:
         self._ready[login] = (proc, seen[end:], seen[cut:end - 1].endswith(RELAYED))
         return None
 
-    def _await_staged(self, login: str, timeout: float) -> str | None:
+    def _await_staged(self, login: str, frame: bytes, timeout: float) -> str | None:
         proc, early, relayed = self._ready[login]
+        try:   # in this host's own thread: a client slow to take it holds up no other host
+            proc.stdin.write(frame)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass   # the session ended: its words tell why
         seen, cut, timed_out = _read_until(proc, early, _staged_line, timeout)
         if cut is not None:
             self._ready[login] = (proc, seen[cut + len(STAGED) + 1:], relayed)
