@@ -391,6 +391,30 @@ def test_short_scripts_ride_each_hosts_stream_connection_and_log_in_once_it_is_g
 
 
 @pytest.mark.multihost
+def test_a_host_whose_sshd_allows_one_session_a_connection_still_runs_every_script(make_hostset):
+    """MaxSessions 1 (hardened sshd configs): the stream client's own session is the one its
+    connection may open, so a script's client is refused there and logs in by itself. The
+    script's output is its own, not the client's words about the refusal; its exit passes."""
+    from launcher.execute.ssh import SSHExecutor
+    from launcher.spec import SSH
+    with make_hostset(1, isolated_home=True) as hs:
+        h = hs.hosts[0]
+        text = open(h.sshd_config).read()
+        assert "MaxSessions 100" in text
+        with open(h.sshd_config, "w") as f:
+            f.write(text.replace("MaxSessions 100", "MaxSessions 1"))
+        h.stop_sshd()
+        h.start_sshd(timeout=limit(30))   # listening again, with the new setting
+        ex = SSHExecutor([h.ip], SSH(user="root", key_file=hs.key_file, known_hosts=hs.known_hosts))
+        try:
+            assert ex.connect() == []
+            assert ex.run(h.ip, "echo out; echo err >&2; exit 3", 30) == (3, "out\nerr\n")
+            assert ex.run(h.ip, _CONNECTIONS, 30) == (0, "2\n")   # its own login beside the stream's
+        finally:
+            ex.close()
+
+
+@pytest.mark.multihost
 def test_heartbeat_keeps_a_long_node_alive_ssh(make_hostset, tmp_path):
     with make_hostset(1) as hs:
         spec = script_job([hs.hosts[0].ip], 1, "fail_or_sleep.py", ["0", "0", "12"],

@@ -136,20 +136,26 @@ class OpenSSHStreams:
 
     def run(self, login: str, command: str, data: bytes, timeout: float) -> tuple[int, str]:
         """command on login's host with data on its stdin, over the connection of the host's
-        stream client where one is open (else a login of its own): (exit code, output)."""
+        stream client where one is open (else a login of its own): (exit code, output).
+        command merges the script's stderr into its stdout there; the client's own stderr
+        is kept apart (a host whose sshd allows one session a connection makes the client
+        say so, then log in by itself) and is the output only where the client failed."""
         master = self._masters.get(login)
         sharing = self._control_argv(master[1], False) if master and master[0].poll() is None else []
         argv = self._argv[login]
         proc = subprocess.Popen([argv[0], *sharing, *argv[1:], command], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         try:
-            out, _ = proc.communicate(data, timeout=timeout)
+            out, said = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
             return LOST, f"no answer within {timeout:g}s"
         text = out.decode("utf-8", "replace")
-        return proc.returncode, "".join(ln for ln in text.splitlines(True) if not ln.startswith(ACCEPTED))
+        if proc.returncode == LOST:   # 255: the client's words say why (or the script's own exit)
+            text += "".join(ln for ln in said.decode("utf-8", "replace").splitlines(True)
+                            if not ln.startswith(ACCEPTED))
+        return proc.returncode, text
 
     def end_sessions(self) -> None:
         """End sessions begun but never started: their stdin closes, so each ends on the node

@@ -94,7 +94,7 @@ class SSHExecutor:
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
         if self._streams is not None:   # the script's own session, on the host's stream connection
-            return self._streams.run(host, bootstrap_command(), render.framed(script), timeout)
+            return self._streams.run(host, bootstrap_command(merge_stderr=True), render.framed(script), timeout)
         conn = self._conns.get(host)
         transport = conn.client.get_transport() if conn else None
         if transport is None or not transport.is_active():
