@@ -12,6 +12,7 @@ from ..plan.launch_plan import LaunchPlan, NodePlan, uses_default_base
 LOST = 255            # exit code reported for a node whose connection dropped
 HEARTBEAT_S = 5.0     # longest launcher -> node heartbeat period (see heartbeat_period)
 TEARDOWN_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+STAGE_TIMEOUT_S = 60  # a host's run directories and files
 
 
 def heartbeat_period(hangup_after_s: float) -> float:
@@ -38,25 +39,22 @@ def stage_files(run: Run, host: str, plan: LaunchPlan) -> None:
     _setup(run, host, stage_text(plan), STAGE_TIMEOUT_S)
 
 
-STAGE_TIMEOUT_S = 60
-
-
 def stage_text(plan: LaunchPlan) -> str:
     """The script that makes the run's directories and writes the plan's files on a node."""
     files = [(posixpath.join(plan.run_dir, posixpath.basename(f.path)), f.content) for f in plan.files]
     return render.stage_script(plan.run_dir, uses_default_base(plan.job), files)
 
 
-def setup_failed(host: str, words: str) -> str:
+def setup_failed(host: str, words: str) -> Problem:
     """The one line for a host whose setup script failed, from its last words."""
-    return f"{host}: {words.removeprefix('mlaunch: ')}; nothing was started"
+    return Problem(host, f"{words.removeprefix('mlaunch: ')}; nothing was started")
 
 
 def _setup(run: Run, host: str, script: str, timeout: float) -> None:
     code, out = run(host, script, timeout)
     if code != 0:
         lines = [ln for ln in out.splitlines() if ln.strip()] or [f"exit {code}"]
-        raise UserError(setup_failed(host, lines[-1]))
+        raise UserError([setup_failed(host, lines[-1])])
 
 
 @dataclass

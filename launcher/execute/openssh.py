@@ -88,10 +88,10 @@ class OpenSSHStreams:
         self._argv[login] = [*self._options(addr.user or self._ssh.user, port, proxy, known), "--", addr.name]
         self._control[login] = os.path.join(self._dir, str(len(self._control)))
 
-    def spawn(self, command: str, logins: list[str] | None = None) -> None:
-        """Begin the logins of every known host (or of logins) now; command then waits there
-        for its script (and, where it runs one, a stage frame first)."""
-        for login in list(self._argv) if logins is None else logins:
+    def spawn(self, command: str) -> None:
+        """Begin the logins of every known host that has no session waiting; command then
+        waits there for its script (and, where it runs one, a stage frame first)."""
+        for login in self._argv:
             if login not in self._ready and login not in self._pending:
                 self._pending[login] = self._popen(login, command)
 
