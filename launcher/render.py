@@ -194,8 +194,8 @@ def relayed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "",
     """bootstrap() run under node program `program` (nodeprog/relay.py's text), which masks
     the node's output and copies the lines that matter to stderr, where the node has a
     python3; bootstrap() alone elsewhere. Its ready line says which ("<ready> relay")."""
-    return render("rbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr),
-                  fallback=bootstrap(merge_stderr, ready, staged), ready=ready, step=_step(staged)).strip()
+    return render("rbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr, "", staged),
+                  fallback=bootstrap(merge_stderr, ready, staged), ready=ready).strip()
 
 
 def relay_frame(config: dict) -> bytes:

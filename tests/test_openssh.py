@@ -13,7 +13,7 @@ from launcher.execute.base import LOST, Exit
 from launcher import render
 from launcher.execute.openssh import READY, STAGED, OpenSSHStreams
 from launcher.execute.openssh_running import OpenSSHRunning
-from launcher.execute.ssh import bootstrap_command
+from launcher.execute.ssh import _stream_command, bootstrap_command
 from launcher.spec import SSH
 from launcher.spec.hosts import HostAddr
 
@@ -138,27 +138,32 @@ def test_a_session_logs_in_before_its_script_and_runs_it_when_started():
         streams.close()
 
 
-@pytest.mark.parametrize("compressed", [False, True])
-def test_each_session_stages_before_any_starts_and_a_failed_stage_ends_only_its_own(tmp_path, compressed):
+@pytest.mark.parametrize("mode", ["plain", "compressed", "relayed"])
+def test_each_session_stages_before_any_starts_and_a_failed_stage_ends_only_its_own(tmp_path, mode):
     """The stage frame runs in the waiting session (templates/stage_step.sh.j2): a host whose
     stage fails says why in one line and its session ends; the others wait, staged, and run
-    their scripts when started, with the shell's own umask (the stage's 077 stays in it)."""
+    their scripts when started, with the shell's own umask (the stage's 077 stays in it).
+    Relayed: the relay, started at login, takes its frame ahead of the stage frame (once: not
+    again with the script) and masks the stage's words too."""
     streams = _local_streams({"a": ["/bin/sh", "-c"], "b": ["/bin/sh", "-c"]})
-    command = bootstrap_command(compressed=compressed, merge_stderr=True, ready=READY.decode(),
-                                staged=STAGED.decode())
+    command = _stream_command(True) if mode == "relayed" else bootstrap_command(
+        compressed=mode == "compressed", merge_stderr=True, ready=READY.decode(), staged=STAGED.decode())
+    head = render.relay_frame({"literal": [["s3cret", "*****"]]})
     mask = os.umask(0o022)
     os.umask(mask)
     try:
         streams.spawn(command)
         assert streams.await_ready(limit(30)) == {}
+        assert all(relayed == (mode == "relayed") for _, _, relayed in streams._ready.values())
         failed = streams.stage({
             "a": render.framed(f"umask 077; echo noise-before-{STAGED.decode()}; touch {tmp_path}/a"),
-            "b": render.framed("echo 'mlaunch: cannot write /x on b' >&2; exit 97")}, limit(30))
-        assert failed == {"b": "mlaunch: cannot write /x on b"}
+            "b": render.framed("echo 'mlaunch: cannot write /x on b (s3cret)' >&2; exit 97")}, limit(30), head)
+        said = "*****" if mode == "relayed" else "s3cret"
+        assert failed == {"b": f"mlaunch: cannot write /x on b ({said})"}
         assert streams.staged("a") and not streams.staged("b") and set(streams._ready) == {"a"}
         assert (tmp_path / "a").exists()
-        r = streams.start("a", command, render.framed("umask; echo ran"))
-        assert _drain(r) == b"%04o\nran\n" % mask and r.wait() == Exit(0)
+        r = streams.start("a", command, render.framed("umask; echo ran s3cret"), head)
+        assert _drain(r) == b"%04o\nran %s\n" % (mask, said.encode()) and r.wait() == Exit(0)
     finally:
         streams.close()
 

@@ -106,12 +106,14 @@ class OpenSSHStreams:
             self.end_sessions()
         return problems
 
-    def stage(self, frames: dict[str, bytes], timeout: float) -> dict[str, str]:
+    def stage(self, frames: dict[str, bytes], timeout: float, relay_head: bytes = b"") -> dict[str, str]:
         """Send each waiting session its stage frame (sessions whose command runs one:
-        templates/stage_step.sh.j2), then wait for every one's staged line: by login, the last
-        words of each whose stage failed (its session has ended)."""
+        templates/stage_step.sh.j2), relay_head ahead of it where the session runs under the
+        relay (which waits for it from login on), then wait for every one's staged line: by
+        login, the last words of each whose stage failed (its session has ended)."""
         with ThreadPoolExecutor(max_workers=min(64, len(frames) or 1)) as pool:
-            said = dict(zip(frames, pool.map(lambda h: self._await_staged(h, frames[h], timeout), frames)))
+            said = dict(zip(frames, pool.map(lambda h: self._await_staged(h, frames[h], timeout, relay_head),
+                                             frames)))
         return {h: words for h, words in said.items() if words is not None}
 
     def staged(self, login: str) -> bool:
@@ -120,15 +122,17 @@ class OpenSSHStreams:
 
     def start(self, login: str, command: str, script: bytes, relay_head: bytes = b"") -> OpenSSHRunning:
         """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats,
-        relay_head ahead of it where the session runs under the relay."""
+        relay_head ahead of it where the session runs under the relay and was not staged
+        (a staged one had its head with the stage frame)."""
         if login not in self._ready:
             self._pending.setdefault(login, self._popen(login, command))
             if problem := self._await(login, self._ssh.connect_timeout + 10):
                 raise RuntimeError(problem.message)
         proc, early, relayed = self._ready.pop(login)
+        headed = login in self._staged
         self._staged.discard(login)
         try:
-            proc.stdin.write(relay_head + script if relayed else script)
+            proc.stdin.write(relay_head + script if relayed and not headed else script)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the client already ended: wait() tells how
@@ -210,10 +214,10 @@ class OpenSSHStreams:
         self._ready[login] = (proc, seen[end:], seen[cut:end - 1].endswith(RELAYED))
         return None
 
-    def _await_staged(self, login: str, frame: bytes, timeout: float) -> str | None:
+    def _await_staged(self, login: str, frame: bytes, timeout: float, relay_head: bytes) -> str | None:
         proc, early, relayed = self._ready[login]
         try:   # in this host's own thread: a client slow to take it holds up no other host
-            proc.stdin.write(frame)
+            proc.stdin.write(relay_head + frame if relayed else frame)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the session ended: its words tell why

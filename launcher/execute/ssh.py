@@ -71,18 +71,18 @@ class SSHExecutor:
         # no node starts before every host has said it staged (templates/stage_step.sh.j2).
         script = stage_text(plan)
         failed = self._streams.stage({h: render.framed(script if h in targets else "") for h in self._hosts},
-                                     STAGE_TIMEOUT_S)
+                                     STAGE_TIMEOUT_S, self._relay_head)
         if failed:
             raise UserError([setup_failed(h, words) for h, words in failed.items()])
 
     def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
         if self._streams is not None:
             # `exec` stages nothing: its sessions' stage is empty, their relay masks and copies nothing
+            head = self._relay_head or render.relay_frame({})
             if not self._streams.staged(node.login) and (
-                    failed := self._streams.stage({node.login: render.framed("")}, STAGE_TIMEOUT_S)):
+                    failed := self._streams.stage({node.login: render.framed("")}, STAGE_TIMEOUT_S, head)):
                 raise RuntimeError(failed[node.login])
-            return self._streams.start(node.login, _stream_command(self._relayed),
-                                       render.framed(node.script), self._relay_head or render.relay_frame({}))
+            return self._streams.start(node.login, _stream_command(self._relayed), render.framed(node.script), head)
         chan = self._conns[node.login].client.get_transport().open_session(
             timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
         chan.set_combine_stderr(True)
