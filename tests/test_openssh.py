@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 
 import pytest
 
@@ -13,6 +14,7 @@ from launcher.execute.base import LOST, Exit
 from launcher import render
 from launcher.execute.openssh import READY, STAGED, OpenSSHStreams
 from launcher.execute.openssh_running import OpenSSHRunning
+from launcher.execute.spool import Spool
 from launcher.execute.ssh import _stream_command, bootstrap_command
 from launcher.spec import SSH
 from launcher.spec.hosts import HostAddr
@@ -23,9 +25,10 @@ from .helpers import limit
 
 def _child(script: str) -> OpenSSHRunning:
     """A stand-in for the `ssh` child: a shell with the same three pipes."""
-    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    spool = Spool(tempfile.gettempdir())
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=spool.fd,
                             stderr=subprocess.PIPE, start_new_session=True)
-    return OpenSSHRunning(proc)
+    return OpenSSHRunning(proc, spool)
 
 
 def _drain(running: OpenSSHRunning) -> bytes:
@@ -207,7 +210,7 @@ def test_a_session_ended_before_its_script_finishes_its_login_and_is_not_killed(
     streams = _local_streams({h: ["/bin/sh", "-c", f"sleep 0.3; touch {m}; " + bootstrap_command(
         ready=READY.decode())] for h, m in marks.items()})
     streams.spawn("")
-    procs = list(streams._pending.values())
+    procs = [proc for proc, _ in streams._pending.values()]
     streams.end_sessions()
     assert all(m.exists() for m in marks.values())     # each login ran to its end
     assert all(p.returncode >= 0 for p in procs)      # none killed

@@ -8,6 +8,7 @@ from typing import Callable, Protocol
 from .. import render
 from ..errors import Problem, UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan, uses_default_base
+from .spool import Spool
 
 LOST = 255            # exit code reported for a node whose connection dropped
 HEARTBEAT_S = 5.0     # longest launcher -> node heartbeat period (see heartbeat_period)
@@ -83,11 +84,15 @@ class Running(Protocol):
 
 
 class RelayedRunning(Running, Protocol):
-    """A node command under nodeprog/relay.py (relayed is true): its output is spliced from
-    out_fd into the node log, read_err() gives the relay's lines (execute/spliced.py)."""
+    """A node command under nodeprog/relay.py (relayed is true): its output is moved from
+    its spool (execute/spool.py) into the node log, read_err() gives the relay's lines
+    (execute/spliced.py)."""
 
     relayed: bool
-    out_fd: int
+    spool: Spool
+
+    def ended(self) -> bool:
+        """Whether the session has ended (all it wrote is then in the spool)."""
 
     def read_err(self) -> bytes:
         """Next chunk of the session's stderr; b"" at its end. Blocks."""

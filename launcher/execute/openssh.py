@@ -3,8 +3,8 @@
 paramiko decrypts every byte in Python under the launcher's one GIL; at 64 hosts that, not the
 link, limited the log path (bench/results/logpath-2026-12-03.txt: 0.43 of raw parallel ssh's
 rate through paramiko, 0.66 through these clients). Here each node's session is an
-`ssh` child that decrypts in C in its own process, and the launcher reads a pipe (os.read
-releases the GIL). Each stream client is the master of its host's connection: the short
+`ssh` child that decrypts in C in its own process and writes a file the launcher reads
+(execute/spool.py: a client writing a pipe cost ~45 % more CPU at 64 hosts). Each stream client is the master of its host's connection: the short
 scripts (staging, checks, the teardown) ride it as sessions of their own `ssh` children, with
 no login and no Python crypto (paramiko's 64 handshakes and staging sessions were ~1.2 s of a
 64-host start, bench/results/logpath-device-*). paramiko only explains a login that failed.
@@ -16,9 +16,7 @@ into a file of the run's own, a changed one refused).
 """
 from __future__ import annotations
 
-import fcntl
 import os
-import select
 import shutil
 import subprocess
 import tempfile
@@ -31,9 +29,9 @@ from ..spec import SSH
 from ..spec.hosts import HostAddr
 from .base import LOST
 from .openssh_running import ACCEPTED, OpenSSHRunning
+from .spool import Spool
 
 ALIVE_S, ALIVE_COUNT = 2, 3   # a silent link ends the client within ~6 s, as paramiko's keepalive
-PIPE_BYTES = 2**20            # a deeper pipe: fewer wake-ups per MB of node output
 # Known to every OpenSSH since 6.5; the AEAD ciphers first, as for paramiko (ssh.AEAD_FIRST)
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
@@ -41,7 +39,7 @@ END_GRACE_S = 5.0   # a session ended before its script: this long to finish its
 READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap's ready)
 RELAYED = b" relay"   # after READY: the session runs under nodeprog/relay.py (execute/spliced.py)
 STAGED = b"mlaunch-session-staged"   # the session ran its stage frame (templates/stage_step.sh.j2)
-_F_SETPIPE_SZ = 1031          # Linux's fcntl for a pipe's capacity
+WAIT_POLL_S = 0.01   # a ready or staged line is looked for at least this often
 SOCKET_DIR_MAX = 60   # a control socket's path (dir/N.S, and ssh's 17-byte temporary suffix) fits sun_path
 
 
@@ -71,8 +69,8 @@ class OpenSSHStreams:
         self._staged: set[str] = set()   # logins whose waiting session ran its stage frame
         self._accepted = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
-        self._pending: dict[str, subprocess.Popen] = {}   # logging in
-        self._ready: dict[str, tuple[subprocess.Popen, bytes, bool]] = {}   # logged in, no script yet
+        self._pending: dict[str, tuple[subprocess.Popen, Spool]] = {}   # logging in
+        self._ready: dict[str, tuple[subprocess.Popen, Spool, bool]] = {}   # logged in, no script yet
 
     def add(self, login: str, addr: HostAddr, port: int | None, known: list[str],
             jump: tuple[HostAddr, list[str]] | None) -> None:
@@ -128,7 +126,7 @@ class OpenSSHStreams:
             self._pending.setdefault(login, self._popen(login, command))
             if problem := self._await(login, self._ssh.connect_timeout + 10):
                 raise RuntimeError(problem.message)
-        proc, early, relayed = self._ready.pop(login)
+        proc, spool, relayed = self._ready.pop(login)
         headed = login in self._staged
         self._staged.discard(login)
         try:
@@ -136,7 +134,7 @@ class OpenSSHStreams:
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the client already ended: wait() tells how
-        return OpenSSHRunning(proc, early, relayed)
+        return OpenSSHRunning(proc, spool, relayed)
 
     def run(self, login: str, command: str, data: bytes, timeout: float) -> tuple[int, str]:
         """command on login's host with data on its stdin, over the connection of the host's
@@ -166,7 +164,7 @@ class OpenSSHStreams:
         as soon as its login is done (the bootstrap reads no script); killed only past
         END_GRACE_S. A login cut half-way can leave a node's shell start-up undone (a stale
         pyenv rehash lock hung every later login on the suite's hosts)."""
-        procs = [*self._pending.values(), *(r[0] for r in self._ready.values())]
+        procs = [*(p[0] for p in self._pending.values()), *(r[0] for r in self._ready.values())]
         self._pending.clear()
         self._ready.clear()
         self._staged.clear()
@@ -187,7 +185,7 @@ class OpenSSHStreams:
         self.end_sessions()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def _popen(self, login: str, command: str) -> subprocess.Popen:
+    def _popen(self, login: str, command: str) -> tuple[subprocess.Popen, Spool]:
         # A session of its own: the terminal's Ctrl-C reaches the launcher, which tears down
         # in order, and never the clients (they would drop every node's output at once).
         argv, sharing, path = self._argv[login], [], None
@@ -195,35 +193,33 @@ class OpenSSHStreams:
             path = f"{self._control[login]}.{self._serial}"
             self._serial += 1
             sharing = self._control_argv(path, True)
+        spool = Spool(self._dir)
         proc = subprocess.Popen([argv[0], *sharing, *argv[1:], command], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                stdout=spool.fd, stderr=subprocess.PIPE, start_new_session=True)
         if path is not None:
             self._masters[login] = (proc, path)
-        try:
-            fcntl.fcntl(proc.stdout.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
-        except OSError:
-            pass   # the pipe keeps its default size
-        return proc
+        return proc, spool
 
     def _await(self, login: str, timeout: float) -> Problem | None:
-        proc = self._pending.pop(login)
-        seen, cut, timed_out = _read_until(proc, b"", _ready_line, timeout)
+        proc, spool = self._pending.pop(login)
+        seen, cut, timed_out = _read_until(proc, spool, _ready_line, timeout)
         if cut is None:
             return self._refused(login, proc, timeout if timed_out else None)
         end = seen.index(b"\n", cut) + 1
-        self._ready[login] = (proc, seen[end:], seen[cut:end - 1].endswith(RELAYED))
+        spool.give_back(len(seen) - end)   # the node's first bytes, where they came with it
+        self._ready[login] = (proc, spool, seen[cut:end - 1].endswith(RELAYED))
         return None
 
     def _await_staged(self, login: str, frame: bytes, timeout: float, relay_head: bytes) -> str | None:
-        proc, early, relayed = self._ready[login]
+        proc, spool, relayed = self._ready[login]
         try:   # in this host's own thread: a client slow to take it holds up no other host
             proc.stdin.write(relay_head + frame if relayed else frame)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the session ended: its words tell why
-        seen, cut, timed_out = _read_until(proc, early, _staged_line, timeout)
+        seen, cut, timed_out = _read_until(proc, spool, _staged_line, timeout)
         if cut is not None:
-            self._ready[login] = (proc, seen[cut + len(STAGED) + 1:], relayed)
+            spool.give_back(len(seen) - cut - len(STAGED) - 1)
             self._staged.add(login)
             return None
         del self._ready[login]
@@ -269,17 +265,19 @@ def _staged_line(seen: bytes) -> int | None:
     return None if at < 0 else at
 
 
-def _read_until(proc: subprocess.Popen, seen: bytes, find, timeout: float) -> tuple[bytes, int | None, bool]:
-    """Read proc's stdout until find(what was read) is not None: (what was read, where,
-    whether the time ran out first); where is None when the stream ended or time ran out."""
-    deadline = time.monotonic() + timeout
+def _read_until(proc: subprocess.Popen, spool: Spool, find, timeout: float) -> tuple[bytes, int | None, bool]:
+    """Read proc's output until find(what was read) is not None: (what was read, where,
+    whether the time ran out first); where is None when the client ended or time ran out."""
+    deadline, seen = time.monotonic() + timeout, b""
     while (cut := find(seen)) is None:
-        left = deadline - time.monotonic()
-        ready = select.select([proc.stdout], [], [], max(0.0, left))[0]
-        chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
-        if not chunk:
-            return seen, None, left <= 0 or not ready
+        ended = proc.poll() is not None   # before the read: all it wrote is there
+        chunk = spool.take()
         seen += chunk
+        if chunk:
+            continue
+        if ended or time.monotonic() >= deadline:
+            return seen, None, not ended
+        spool.pause(False, WAIT_POLL_S)
     return seen, cut, False
 
 

@@ -8,35 +8,29 @@ import subprocess
 
 from .base import LOST, Exit
 from .inflow import Inflow
+from .spool import Spool
 
-READ_SIZE = 2**20
 ACCEPTED = "Warning: Permanently added"   # the client's words when it accepts a new key
 
 
 class OpenSSHRunning:
-    """One node command in an `ssh` child: its stdout pipe is the node's output."""
+    """One node command in an `ssh` child: what it writes to its spool is the node's output."""
 
-    def __init__(self, proc: subprocess.Popen, early: bytes = b"", relayed: bool = False):
+    def __init__(self, proc: subprocess.Popen, spool: Spool, relayed: bool = False):
         self._proc = proc
-        self._early = early   # read with the ready line
+        self.spool = spool   # the client's stdout, past the ready and staged lines
         self._inflow = Inflow()   # zpipe's compressed output (MLAUNCH_COMPRESS_STREAMS=1), or as it is
-        self.relayed = relayed   # stdout: the masked output to splice; stderr: the relay's lines
-        self._out = self.out_fd = proc.stdout.fileno()
+        self.relayed = relayed   # spool: the masked output to move to the log; stderr: the relay's lines
         self._in = proc.stdin.fileno()
         os.set_blocking(self._in, False)   # a heartbeat never blocks on a stuck client
         self._cut = False
 
     def read(self) -> bytes:
-        return self._inflow.pull(self._read)
+        return self._inflow.pull(lambda: self.spool.read(self._proc))
 
-    def _read(self) -> bytes:
-        if self._early:
-            early, self._early = self._early, b""
-            return early
-        try:
-            return os.read(self._out, READ_SIZE)
-        except OSError:
-            return b""
+    def ended(self) -> bool:
+        """Whether the client has exited (all it wrote is then in the spool)."""
+        return self._proc.poll() is not None
 
     def read_err(self) -> bytes:
         """The client's stderr: under the relay, its lines and the client's own words."""

@@ -2,16 +2,15 @@
 
 Where a node's session runs under nodeprog/relay.py (the OpenSSH client's sessions on a node
 with python3), the relay masks the node's output and copies the lines that matter (a health
-mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f. Here each node's
-`ssh` stdout is moved into its node log with splice(2), by a thread of its own, never read into
-Python; the pump reads only the stderr lines; the console follows the node logs at its pace
+mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f. Here what each
+node's `ssh` client wrote to its spool (execute/spool.py) is moved into its node log with
+sendfile(2), by a thread of its own, never read into Python; the pump reads only the stderr lines; the console follows the node logs at its pace
 (LogFollower). bench/splice_ceiling.py measured the design before it was built.
 """
 from __future__ import annotations
 
 import collections
 import os
-import select
 import sys
 import threading
 import time
@@ -23,16 +22,15 @@ from ..record.events import said_removed
 from ..spec.secret_rules import mask_rules
 from ..view.nodeview import MARK as SAMPLE_MARK
 from .base import Exit, RelayedRunning
+from .spool import Spool
 from .health import MARKS as HEALTH_MARKS
 from .stream import LineSplitter, lines_of, text_of, _last_frame
 from .torchrun_out import ROOT_CAUSE, ROOT_CAUSE_LINES
 
-SPLICE = 2**20          # bytes per splice(2) call at most
-# A move of less than this waits GATHER_S before the next: the session's pipe (1 MiB,
-# execute/openssh.py) fills meanwhile, so a flood moves in fewer, larger pieces (a wake-up, a
-# removal check and a splice each) and a trickle of lines costs at most 1/GATHER_S wake-ups a
-# second. The node never waits: at 50 MB/s a node fills a quarter of the pipe in 5 ms.
-GATHER_BYTES, GATHER_S = 2**18, 0.005
+# A move of less than this waits (Spool.pause) before the next: the spool fills meanwhile, so
+# a flood moves in fewer, larger pieces (a wake-up, a removal check and a sendfile each) and a
+# trickle of lines costs few wake-ups a second. The node never waits: its client writes a file.
+GATHER_BYTES = 2**18
 ACTIVE_EVERY_S = 0.5    # the live view's "output seen" at most this often per node
 TAIL_BYTES = 2**16      # read back from the node log's end for the summary's last lines
 OURS = "\x1f"           # leads every line the relay writes to stderr
@@ -106,45 +104,44 @@ class SplicedPump:
             self.seen(text_of(ours))
 
     def _move(self) -> None:
-        src, last = self.running.out_fd, 0.0
+        spool, last = self.running.spool, 0.0
         self._fd = self._open()
-        ready = select.poll()
-        ready.register(src, select.POLLIN)
         try:
             while True:
-                ready.poll()   # output (or its end) is there: the log is checked before it moves
-                moved = self._splice(src) if self._fd >= 0 else self._read(src)
-                if not moved:
+                ended = self.running.ended()   # before the move: all the client wrote is there
+                moved = self._to_log(spool) if self._fd >= 0 else self._to_console(spool)
+                if not moved and ended:
+                    self._to_console(spool, end=True)
                     return
-                if (now := time.monotonic()) - last > ACTIVE_EVERY_S:
+                if moved and (now := time.monotonic()) - last > ACTIVE_EVERY_S:
                     last = now
                     self.active()
                 if moved < GATHER_BYTES:
-                    time.sleep(GATHER_S)
+                    spool.pause(moved > 0)
         finally:
             if self._fd >= 0:
                 os.close(self._fd)
 
-    def _splice(self, src: int) -> int:
+    def _to_log(self, spool: Spool) -> int:
         try:
             if os.fstat(self._fd).st_nlink == 0:   # removed with its directory: made again
                 self._reopen()
                 if self._fd < 0:
                     return 1
-            return os.splice(src, self._fd, SPLICE)
+            return spool.move_to(self._fd)
         except OSError as e:   # a full disk: the node's output goes on, to the console only
             self._fail(e)
             return 1
 
-    def _read(self, src: int) -> int:
-        data = os.read(src, SPLICE)
-        text = self._unlogged.feed_text(data) if data else self._unlogged.flush_text()
+    def _to_console(self, spool: Spool, end: bool = False) -> int:
+        data = spool.take()
+        text = self._unlogged.feed_text(data) if data else self._unlogged.flush_text() if end else ""
         if text:
             self.unlogged(text)
         return len(data)
 
     def _open(self) -> int:
-        # splice(2) refuses a file opened O_APPEND: this thread is the log's only writer.
+        # sendfile(2) into a file opened O_APPEND is refused: this thread is the log's only writer.
         try:
             fd = fsmode.private_fd(self.path, os.O_WRONLY)
             os.lseek(fd, 0, os.SEEK_END)
