@@ -45,3 +45,22 @@ def test_what_was_taken_is_punched_out_and_a_line_given_back_is_read_again(tmp_p
     held = os.fstat(spool.fd).st_blocks * 512
     assert taken == 4000 and os.fstat(spool.fd).st_size >= total - len(block)
     assert held < PUNCH_EVERY + 2**20, held   # at most the last unpunched stretch stays on disk
+
+
+def test_where_sendfile_is_refused_the_move_copies_and_nothing_is_lost(tmp_path, monkeypatch):
+    """A file system pair sendfile(2) refuses (EINVAL): the mover copies through a read and
+    a write instead, from where it was, and the log gets every byte once."""
+    import errno as err
+    spool = Spool(str(tmp_path))
+    data = b"".join(b"%09d line\n" % i for i in range(300000))
+    os.write(spool.fd, data)
+    out = os.open(tmp_path / "node0.log", os.O_WRONLY | os.O_CREAT, 0o600)
+    assert spool.move_to(out) > 0   # sendfile, as on this machine
+
+    def refused(*_):
+        raise OSError(err.EINVAL, "Invalid argument")
+    monkeypatch.setattr(os, "sendfile", refused)
+    while spool.move_to(out):
+        pass
+    os.close(out)
+    assert (tmp_path / "node0.log").read_bytes() == data

@@ -22,10 +22,10 @@ import time
 
 READ = 2**20          # bytes per read or move at most
 # Between polls of an idle spool: doubled while it stays idle, from POLL_MIN_S to at most
-# POLL_MAX_S (64 idle nodes cost ~1,300 wake-ups a second, not a core's 1 %). After bytes
-# came, GATHER_S: a flood gathers meanwhile and moves in a few large pieces, and the node
-# never waits for it (it writes a file).
-POLL_MIN_S, POLL_MAX_S, GATHER_S = 0.001, 0.05, 0.005
+# POLL_MAX_S (64 idle nodes: ~1,300 wake-ups a second). After bytes came, GATHER_S: a flood
+# gathers meanwhile and moves in a few large pieces, and the node never waits for it (its
+# client writes a file); the console follows the node logs every 50 ms in any case.
+POLL_MIN_S, POLL_MAX_S, GATHER_S = 0.001, 0.05, 0.02
 PUNCH_EVERY = 2**23   # punch out what was taken once this much has gathered
 
 
@@ -38,6 +38,7 @@ class Spool:
         self.fd, self.at = fd, 0
         self._punched = 0
         self._can_punch = True
+        self._sendfile = True
         self._idle = POLL_MIN_S
 
     def take(self, size: int = READ) -> bytes:
@@ -52,8 +53,18 @@ class Spool:
         self.at -= size
 
     def move_to(self, fd: int) -> int:
-        """Copy the next bytes into fd (in the kernel: no copy through Python); how many."""
-        moved = os.sendfile(fd, self.fd, self.at, READ)
+        """Copy the next bytes into fd (in the kernel: no copy through Python, where the file
+        systems allow sendfile(2)); how many."""
+        if self._sendfile:
+            try:
+                moved = os.sendfile(fd, self.fd, self.at, READ)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                self._sendfile = False
+                return self.move_to(fd)
+        else:
+            moved = os.write(fd, os.pread(self.fd, READ, self.at))
         self.at += moved
         self._trim()
         return moved

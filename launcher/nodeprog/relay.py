@@ -26,11 +26,13 @@ import time
 from .wrapped import end_as, send, spawn
 
 READ = 1 << 18
-# A read of less than GATHER waits GATHER_S before the next: the command's pipe (made PIPE
-# deep) fills meanwhile, so a flood is relayed in a few large blocks (a read, the scans, a
-# write each) rather than in the command's 4-8 KB writes. The command never waits: at
-# 100 MB/s it fills half the pipe in those 5 ms.
-PIPE, GATHER, GATHER_S = 1 << 20, 1 << 16, 0.005
+# A read of less than GATHER waits before the next, long enough for about GATHER bytes at
+# the rate that read came (GATHER_S to GATHER_MAX_S): the command's pipe (made PIPE deep)
+# fills meanwhile, so a flood is relayed in a few large blocks (a read, the scans, a write
+# each) rather than in the command's 4-8 KB writes, and a trickle of lines costs at most 50
+# wake-ups a second. The command hardly ever waits: the pipe holds 20 ms of 50 MB/s, and
+# after a large read the next comes at once (a rate that jumps within one wait can fill it).
+PIPE, GATHER, GATHER_S, GATHER_MAX_S = 1 << 20, 1 << 16, 0.005, 0.02
 HOLD = 1 << 20   # a line longer than this without an end goes out as it is
 OURS = b"\x1f"   # leads every line this program writes to stderr
 
@@ -208,17 +210,18 @@ def pump(relay, fd):
         fcntl.fcntl(fd, 1031, PIPE)   # F_SETPIPE_SZ (Linux)
     except OSError:
         pass   # the pipe keeps its size
-    small, total = False, 0
+    wait, total = 0.0, 0
     while True:
-        if small:
-            time.sleep(GATHER_S)
+        if wait:
+            time.sleep(wait)
         data = os.read(fd, READ)
         if not data:
             break
         total += len(data)
         if total > FAST_AFTER and relay.search is in_python:
             relay.search = by_memmem()
-        small = len(data) < GATHER
+        wait = 0.0 if len(data) >= GATHER else \
+            min(GATHER_MAX_S, max(GATHER_S, (wait or GATHER_S) * GATHER / len(data)))
         data = rest + data
         cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
         if not cut and len(data) < HOLD:
