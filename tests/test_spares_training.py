@@ -64,7 +64,7 @@ def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
     state = trainer_state(out)
     assert state["global_step"] == STEPS and sorted(losses(state)) == list(range(1, STEPS + 1))
     rows = logged(out)   # (step, loss) in write order: attempt 0 up to the cut, then attempt 1
-    first, second = by_attempt(rows)
+    first, second = by_attempt(rows, resumed)
     assert min(second) == resumed + 1 and max(second) == STEPS and max(first) >= max(6, resumed), rows
     both = sorted(set(first) & set(second))
     # Cut at checkpoint-5's time, attempt 0 had logged step 6 (the trigger): a step to compare.

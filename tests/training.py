@@ -138,10 +138,15 @@ def logged(out_dir: str) -> list[tuple[int, float]]:
              r["loss"]) for r in rows if "loss" in r]
 
 
-def by_attempt(rows: list[tuple[int, float]]) -> tuple[dict[int, float], dict[int, float]]:
+def by_attempt(rows: list[tuple[int, float]], resumed: int | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """logged() of a run restarted once, split where the step goes back: attempt 0's losses
-    (up to the cut) and attempt 1's (from the resumed checkpoint on)."""
-    cut = next((i for i in range(1, len(rows)) if rows[i][0] <= rows[i - 1][0]), len(rows))
+    (up to the cut) and attempt 1's (from the resumed checkpoint on). Where attempt 0 was cut
+    right after logging the step of the checkpoint it resumed from (resumed), no step goes
+    back: attempt 1's rows begin at the first step past it (CI, 2026-12-04: cut at step 10,
+    resumed from checkpoint-10)."""
+    cut = next((i for i in range(1, len(rows)) if rows[i][0] <= rows[i - 1][0]), None)
+    if cut is None:
+        cut = next((i for i, (step, _) in enumerate(rows) if resumed is not None and step > resumed), len(rows))
     return dict(rows[:cut]), dict(rows[cut:])
 
 
