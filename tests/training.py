@@ -142,8 +142,8 @@ def by_attempt(rows: list[tuple[int, float]], resumed: int | None = None) -> tup
     """logged() of a run restarted once, split where the step goes back: attempt 0's losses
     (up to the cut) and attempt 1's (from the resumed checkpoint on). Where attempt 0 was cut
     right after logging the step of the checkpoint it resumed from (resumed), no step goes
-    back: attempt 1's rows begin at the first step past it (CI, 2026-12-04: cut at step 10,
-    resumed from checkpoint-10)."""
+    back: attempt 1's rows begin at the first step past it (CI at dc552e9 took them for
+    attempt 0's)."""
     cut = next((i for i in range(1, len(rows)) if rows[i][0] <= rows[i - 1][0]), None)
     if cut is None:
         cut = next((i for i, (step, _) in enumerate(rows) if resumed is not None and step > resumed), len(rows))
