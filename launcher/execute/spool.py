@@ -9,7 +9,9 @@ no poll again), and never waits for the launcher.
 The file is made in the run's private directory and unlinked at once: only the client and
 this object hold it, and nothing is left behind whatever ends the launcher. What was taken
 is punched out of it as it goes, so it holds about the launcher's backlog, not the node's
-whole output. Readers poll it (it is a file: no wake-up on data), at most every POLL_MAX_S.
+whole output. That backlog lives in TMPDIR: where TMPDIR fills up, the client's writes fail
+and it drops the rest of that node's stream (the ranks' own files, torchrun's tee, and the
+relay's copies of the lines the launcher reads go on). Readers poll it (it is a file: no wake-up on data), at most every POLL_MAX_S.
 """
 from __future__ import annotations
 
