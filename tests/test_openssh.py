@@ -165,7 +165,7 @@ def test_each_session_stages_before_any_starts_and_a_failed_stage_ends_only_its_
         assert failed == {"b": f"mlaunch: cannot write /x on b ({said})"}
         assert streams.staged("a") and not streams.staged("b") and set(streams._ready) == {"a"}
         assert (tmp_path / "a").exists()
-        r = streams.start("a", command, render.framed("umask; echo ran s3cret"), head)
+        r = streams.start("a", command, render.framed("umask; echo ran s3cret"))
         assert _drain(r) == b"%04o\nran %s\n" % (mask, said.encode()) and r.wait() == Exit(0)
     finally:
         streams.close()

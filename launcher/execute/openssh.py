@@ -4,8 +4,9 @@ paramiko decrypts every byte in Python under the launcher's one GIL; at 64 hosts
 link, limited the log path (bench/results/logpath-2026-12-03.txt: 0.43 of raw parallel ssh's
 rate through paramiko, 0.66 through these clients). Here each node's session is an
 `ssh` child that decrypts in C in its own process and writes a file the launcher reads
-(execute/spool.py: a client writing a pipe cost ~45 % more CPU at 64 hosts). Each stream client is the master of its host's connection: the short
-scripts (staging, checks, the teardown) ride it as sessions of their own `ssh` children, with
+(execute/spool.py: a client writing a pipe cost ~45 % more CPU at 64 hosts). Each stream
+client is the master of its host's connection: the short scripts (staging, checks, the
+teardown) ride it as sessions of their own `ssh` children, with
 no login and no Python crypto (paramiko's 64 handshakes and staging sessions were ~1.2 s of a
 64-host start, bench/results/logpath-device-*). paramiko only explains a login that failed.
 MLAUNCH_SSH_STREAM=paramiko keeps every session in paramiko (also where `ssh` is missing).
@@ -118,19 +119,17 @@ class OpenSSHStreams:
         """Whether login's waiting session has run its stage frame."""
         return login in self._staged
 
-    def start(self, login: str, command: str, script: bytes, relay_head: bytes = b"") -> OpenSSHRunning:
-        """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats,
-        relay_head ahead of it where the session runs under the relay and was not staged
-        (a staged one had its head with the stage frame)."""
+    def start(self, login: str, command: str, script: bytes) -> OpenSSHRunning:
+        """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats.
+        A session under the relay was staged first: its relay head went with the stage frame."""
         if login not in self._ready:
             self._pending.setdefault(login, self._popen(login, command))
             if problem := self._await(login, self._ssh.connect_timeout + 10):
                 raise RuntimeError(problem.message)
         proc, spool, relayed = self._ready.pop(login)
-        headed = login in self._staged
         self._staged.discard(login)
         try:
-            proc.stdin.write(relay_head + script if relayed and not headed else script)
+            proc.stdin.write(script)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the client already ended: wait() tells how
@@ -270,14 +269,10 @@ def _read_until(proc: subprocess.Popen, spool: Spool, find, timeout: float) -> t
     whether the time ran out first); where is None when the client ended or time ran out."""
     deadline, seen = time.monotonic() + timeout, b""
     while (cut := find(seen)) is None:
-        ended = proc.poll() is not None   # before the read: all it wrote is there
-        chunk = spool.take()
+        chunk = spool.read(proc, deadline, WAIT_POLL_S)
+        if not chunk:
+            return seen, None, proc.poll() is None
         seen += chunk
-        if chunk:
-            continue
-        if ended or time.monotonic() >= deadline:
-            return seen, None, not ended
-        spool.pause(False, WAIT_POLL_S)
     return seen, cut, False
 
 

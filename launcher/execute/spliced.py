@@ -4,8 +4,8 @@ Where a node's session runs under nodeprog/relay.py (the OpenSSH client's sessio
 with python3), the relay masks the node's output and copies the lines that matter (a health
 mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f. Here what each
 node's `ssh` client wrote to its spool (execute/spool.py) is moved into its node log with
-sendfile(2), by a thread of its own, never read into Python; the pump reads only the stderr lines; the console follows the node logs at its pace
-(LogFollower). bench/splice_ceiling.py measured the design before it was built.
+sendfile(2), by a thread of its own, never read into Python; the pump reads only the stderr
+lines; the console follows the node logs at its pace (LogFollower). bench/splice_ceiling.py measured the design before it was built.
 """
 from __future__ import annotations
 

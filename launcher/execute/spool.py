@@ -81,16 +81,17 @@ class Spool:
         time.sleep(self._idle)
         self._idle = min(most, self._idle * 2)
 
-    def read(self, proc: subprocess.Popen) -> bytes:
-        """The next bytes, waiting for them while proc runs; b"" once proc has ended and all
-        it wrote was taken."""
+    def read(self, proc: subprocess.Popen, deadline: float | None = None, most: float = POLL_MAX_S) -> bytes:
+        """The next bytes, waiting for them (polled at most `most` apart) while proc runs and
+        until deadline (time.monotonic()); b"" once proc has ended and all it wrote was
+        taken, or at the deadline."""
         while True:
             ended = proc.poll() is not None   # before the read: what it wrote is there
             data = self.take()
-            if data or ended:
+            if data or ended or (deadline is not None and time.monotonic() >= deadline):
                 self._idle = POLL_MIN_S
                 return data
-            self.pause(False)
+            self.pause(False, most)
 
     def _trim(self) -> None:
         if not self._can_punch or self.at - self._punched < PUNCH_EVERY:

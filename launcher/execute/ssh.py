@@ -78,11 +78,10 @@ class SSHExecutor:
     def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
         if self._streams is not None:
             # `exec` stages nothing: its sessions' stage is empty, their relay masks and copies nothing
-            head = self._relay_head or render.relay_frame({})
-            if not self._streams.staged(node.login) and (
-                    failed := self._streams.stage({node.login: render.framed("")}, STAGE_TIMEOUT_S, head)):
+            if not self._streams.staged(node.login) and (failed := self._streams.stage(
+                    {node.login: render.framed("")}, STAGE_TIMEOUT_S, self._relay_head or render.relay_frame({}))):
                 raise RuntimeError(failed[node.login])
-            return self._streams.start(node.login, _stream_command(self._relayed), render.framed(node.script), head)
+            return self._streams.start(node.login, _stream_command(self._relayed), render.framed(node.script))
         chan = self._conns[node.login].client.get_transport().open_session(
             timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
         chan.set_combine_stderr(True)
