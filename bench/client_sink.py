@@ -9,7 +9,6 @@ process's reaped children) and the wall time, per variant, interleaved.
 """
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import resource
@@ -19,17 +18,12 @@ import tempfile
 import threading
 import time
 
-from bench.logflood import LINE_BYTES, generator
+from bench.logflood import LINE_BYTES, cpu_s, flood_args, generator
 from launcher.execute.openssh import OpenSSHStreams
 from launcher.execute.spool import Spool
 from launcher.spec import SSH
 from launcher.spec.hosts import HostAddr
 from tests.hosts import make_hosts
-
-
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def drain_pipe(proc: subprocess.Popen, log, gather: bool) -> None:
@@ -58,7 +52,7 @@ def drain_spool(proc: subprocess.Popen, spool: Spool, log) -> None:
 
 def once(argvs: list[list[str]], cmd: str, sink: str, tmp: str, expect: int) -> tuple[float, float]:
     logs = [tempfile.TemporaryFile(dir=tmp) for _ in argvs]
-    c0, t0 = children_cpu(), time.perf_counter()
+    c0, t0 = cpu_s(resource.RUSAGE_CHILDREN), time.perf_counter()
     threads = []
     if sink == "file":
         procs = [subprocess.Popen(a + [cmd], stdout=f, stdin=subprocess.DEVNULL) for a, f in zip(argvs, logs)]
@@ -74,19 +68,14 @@ def once(argvs: list[list[str]], cmd: str, sink: str, tmp: str, expect: int) -> 
     for t in threads:
         t.join()
     codes = [p.wait() for p in procs]
-    wall, cpu = time.perf_counter() - t0, children_cpu() - c0
+    wall, cpu = time.perf_counter() - t0, cpu_s(resource.RUSAGE_CHILDREN) - c0
     assert codes == [0] * len(procs), codes
     assert all(os.fstat(f.fileno()).st_size == expect for f in logs), sink
     return cpu, wall
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--mb", type=float, default=20)
-    ap.add_argument("--runs", type=int, default=2)
-    a = ap.parse_args()
-    lines = int(a.mb * 1e6 / LINE_BYTES)
+    a, lines = flood_args(runs=2)
     with make_hosts(a.hosts, isolated_home=True) as hs, tempfile.TemporaryDirectory() as tmp:
         streams = OpenSSHStreams(SSH(user="root", key_file=hs.key_file, known_hosts=hs.known_hosts))
         for h in hs.hosts:

@@ -9,7 +9,6 @@ follows its total CPU once the cores are saturated.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -17,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from bench.logflood import LINE_BYTES, cpu_s, via_mlaunch, via_ssh
+from bench.logflood import cpu_s, flood_args, via_mlaunch, via_ssh
 from tests.hosts import make_hosts
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -54,12 +53,7 @@ def once(hs, path: str, n: int, lines: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--mb", type=float, default=20)
-    ap.add_argument("--runs", type=int, default=2)
-    a = ap.parse_args()
-    lines = int(a.mb * 1e6 / LINE_BYTES)
+    a, lines = flood_args(runs=2)
     rows: dict[str, list[dict]] = {"ssh": [], "mlaunch": []}
     with make_hosts(a.hosts, isolated_home=True) as hs:
         for _ in range(a.runs):

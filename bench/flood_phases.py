@@ -8,15 +8,14 @@ return. The ratio is raw ssh's wall over mlaunch's, per run and as the median of
 """
 from __future__ import annotations
 
-import argparse
-import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-from bench.logflood import LINE_BYTES, via_mlaunch, via_ssh
+from bench.logflood import flood_args, via_mlaunch, via_ssh
+from bench.phases import timed
 from launcher.execute.openssh import OpenSSHStreams
 from launcher.execute.openssh_running import OpenSSHRunning
 from tests.hosts import make_hosts
@@ -24,18 +23,8 @@ from tests.hosts import make_hosts
 SPANS: dict[str, list[tuple[float, float]]] = {}
 
 
-def timed(cls, name: str) -> None:
-    """Record each call's (start, end) of cls.name in SPANS."""
-    inner = getattr(cls, name)
-
-    @functools.wraps(inner)
-    def wrapper(*a, **k):
-        t = time.perf_counter()
-        try:
-            return inner(*a, **k)
-        finally:
-            SPANS.setdefault(name, []).append((t, time.perf_counter()))
-    setattr(cls, name, wrapper)
+def span(name: str, start: float, end: float) -> None:
+    SPANS.setdefault(name, []).append((start, end))
 
 
 def phases(t0: float, total: float) -> dict[str, float]:
@@ -47,15 +36,11 @@ def phases(t0: float, total: float) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--mb", type=float, default=20)
-    ap.add_argument("--runs", type=int, default=5)
-    a = ap.parse_args()
-    n, lines = a.hosts, int(a.mb * 1e6 / LINE_BYTES)
+    a, lines = flood_args(runs=5)
+    n = a.hosts
     for cls, name in ((OpenSSHStreams, "await_ready"), (OpenSSHStreams, "stage"),
                       (OpenSSHStreams, "start"), (OpenSSHRunning, "wait")):
-        timed(cls, name)
+        timed(cls, name, span)
     rows = []
     with make_hosts(n, isolated_home=True) as hs:
         for _ in range(a.runs):

@@ -74,6 +74,18 @@ def check(lines_by_node: dict[int, list[str]], expected: int) -> tuple[int, int,
     return lost, dup, torn
 
 
+def flood_args(runs: int):
+    """The flood benches' command line (--hosts, --mb per host, --runs): the parsed
+    arguments and the lines each host prints."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--mb", type=float, default=20)
+    ap.add_argument("--runs", type=int, default=runs)
+    a = ap.parse_args()
+    return a, int(a.mb * 1e6 / LINE_BYTES)
+
+
 def cpu_s(who: int) -> float:
     """user + sys CPU seconds of this process (the launcher here) or of its waited children."""
     r = resource.getrusage(who)

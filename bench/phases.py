@@ -12,7 +12,8 @@ import time
 from launcher.execute import follow, job, openssh, ssh
 
 
-def timed(cls, name: str) -> None:
+def timed(cls, name: str, record=None) -> None:
+    """Wrap cls.name: each call's wall time printed, or record(name, start, end) called."""
     f = getattr(cls, name)
 
     @functools.wraps(f)
@@ -21,7 +22,10 @@ def timed(cls, name: str) -> None:
         try:
             return f(*a, **k)
         finally:
-            print(f"  phase {cls.__name__}.{name}: {time.perf_counter() - t:.3f}s", file=sys.stderr, flush=True)
+            if record is not None:
+                record(name, t, time.perf_counter())
+            else:
+                print(f"  phase {cls.__name__}.{name}: {time.perf_counter() - t:.3f}s", file=sys.stderr, flush=True)
     setattr(cls, name, wrapper)
 
 
