@@ -6,6 +6,9 @@ import hashlib
 import os
 import subprocess
 
+import pytest
+
+from launcher.errors import UserError
 from launcher.execute.spool import PUNCH_EVERY, Spool
 
 from .helpers import limit
@@ -64,3 +67,10 @@ def test_where_sendfile_is_refused_the_move_copies_and_nothing_is_lost(tmp_path,
         pass
     os.close(out)
     assert (tmp_path / "node0.log").read_bytes() == data
+
+
+def test_a_spool_that_cannot_be_made_is_one_line_with_the_fix(tmp_path):
+    with pytest.raises(UserError) as e:
+        Spool(str(tmp_path / "gone"))
+    assert str(e.value) == (f"cannot make a node's output spool in {tmp_path / 'gone'}: No such file or "
+                            "directory; free space there or set TMPDIR to a directory with room")

@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 import time
 
+from ..errors import UserError
+
 READ = 2**20          # bytes per read or move at most
 # Between polls of an idle spool: doubled while it stays idle, from POLL_MIN_S to at most
 # POLL_MAX_S (64 idle nodes: ~1,300 wake-ups a second). After bytes came, GATHER_S: a flood
@@ -35,7 +37,11 @@ class Spool:
     """One session's output file: what was taken so far (at), and the next bytes."""
 
     def __init__(self, directory: str):
-        fd, path = tempfile.mkstemp(dir=directory, prefix="out-")
+        try:
+            fd, path = tempfile.mkstemp(dir=directory, prefix="out-")
+        except OSError as e:   # a full or read-only TMPDIR: one line, nothing started
+            raise UserError(f"cannot make a node's output spool in {directory}: {e.strerror}; "
+                            "free space there or set TMPDIR to a directory with room") from None
         os.unlink(path)
         self.fd, self.at = fd, 0
         self._punched = 0
