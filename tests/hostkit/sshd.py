@@ -201,6 +201,23 @@ class Host:
     def link_up(self) -> None:
         _ip("link", "set", self.veth, "up")
 
+    # -- a frozen machine ---------------------------------------------------
+    def freeze(self) -> set[int]:
+        """Freeze the whole machine: SIGSTOP every process in it (sshd, its sessions, the
+        ranks), as a hung kernel or a stalled VM looks from outside: the network is up, TCP
+        still answers, nothing replies. Returns the PIDs stopped."""
+        pids = self.pids()
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+        return pids
+
+    def thaw(self) -> None:
+        """SIGCONT every process in the host (the end of freeze())."""
+        for p in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+
 
 class HostSet:
     """A set of hosts sharing one bridge/subnet.  Use make_hosts()."""
