@@ -11,7 +11,7 @@ from ..execute.base import Executor
 from ..plan.launch_plan import LaunchPlan
 from ..spec import world_size
 from ..spec.hosts import HostAddr, parse_host
-from . import clock, collective, gpu, ifname, master, network, software, storage
+from . import clock, collective, gpu, ifname, master, network, software, spares, storage
 from .probe import Ctx, cleanup, gather_facts
 from .report import CheckResult, Report, sort_results
 
@@ -131,6 +131,7 @@ def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) ->
     from ..spec import load_spec
     plan = build_plan(load_spec(job_path), run_id=run_id)
     slurm = plan.job.cluster.scheduler == "slurm"
+    spare_probe = spares.begin(plan)   # refuses a spare that is a node under another name
     if slurm:  # the nodes exist inside an allocation only
         from .slurm_check import allocated, relabel
         plan, executor = allocated(plan)
@@ -145,7 +146,15 @@ def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) ->
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not as_json
     sys.stdout.write(plan.mask(report.to_json() + "\n" if as_json else report.table(color=color)))
     sys.stdout.flush()
+    _say_spares(spare_probe)
     return 0 if report.ok else 1
+
+
+def _say_spares(probe) -> None:
+    """A warning line on stderr for each spare that failed its login (the table is the
+    nodes'; a spare does not fail the check: the job does not need it)."""
+    for spare, cause in (probe.wait() if probe else {}).items():
+        print(f"mlaunch: warning: {spares.warning(spare, cause)}", file=sys.stderr, flush=True)
 
 
 def _say(printer, line: str) -> None:
