@@ -18,6 +18,7 @@ into a file of the run's own, a changed one refused).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -29,10 +30,9 @@ from ..errors import Problem
 from ..spec import SSH
 from ..spec.hosts import HostAddr
 from .base import LOST
-from .openssh_running import ACCEPTED, OpenSSHRunning
+from .openssh_running import ACCEPTED, ALIVE_COUNT, ALIVE_S, OpenSSHRunning
 from .spool import Spool
 
-ALIVE_S, ALIVE_COUNT = 2, 3   # a silent link ends the client within ~6 s, as paramiko's keepalive
 # Known to every OpenSSH since 6.5; the AEAD ciphers first, as for paramiko (ssh.AEAD_FIRST)
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
@@ -41,6 +41,11 @@ READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap'
 RELAYED = b" relay"   # after READY: the session runs under nodeprog/relay.py (execute/spliced.py)
 STAGED = b"mlaunch-session-staged"   # the session ran its stage frame (templates/stage_step.sh.j2)
 WAIT_POLL_S = 0.01   # a ready or staged line is looked for at least this often
+# run()'s answer for a host whose node session stopped hearing from it (OpenSSHRunning.silent)
+SILENT = ("not tried: the host stopped answering ssh keepalives (frozen, or its link is down); "
+          "its node's hang-up guard ends what is left there")
+# ssh's words when connect() failed: "ssh: connect to host H port P: <strerror>"
+CONNECT_FAILED = re.compile(r"^ssh: connect to host .* port (\d+): (.+)$")
 SOCKET_DIR_MAX = 60   # a control socket's path (dir/N.S, and ssh's 17-byte temporary suffix) fits sun_path
 
 
@@ -72,6 +77,8 @@ class OpenSSHStreams:
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, tuple[subprocess.Popen, Spool]] = {}   # logging in
         self._ready: dict[str, tuple[subprocess.Popen, Spool, bool]] = {}   # logged in, no script yet
+        self._started: dict[str, OpenSSHRunning] = {}   # login -> its node's session (start())
+        self.unreached: set[str] = set()   # logins whose client never reached sshd: its words are the cause
 
     def add(self, login: str, addr: HostAddr, port: int | None, known: list[str],
             jump: tuple[HostAddr, list[str]] | None) -> None:
@@ -133,14 +140,19 @@ class OpenSSHStreams:
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the client already ended: wait() tells how
-        return OpenSSHRunning(proc, spool, relayed)
+        self._started[login] = OpenSSHRunning(proc, spool, relayed)
+        return self._started[login]
 
     def run(self, login: str, command: str, data: bytes, timeout: float) -> tuple[int, str]:
         """command on login's host with data on its stdin, over the connection of the host's
         stream client where one is open (else a login of its own): (exit code, output).
         command merges the script's stderr into its stdout there; the client's own stderr
         is kept apart (a host whose sshd allows one session a connection makes the client
-        say so, then log in by itself) and is the output only where the client failed."""
+        say so, then log in by itself) and is the output only where the client failed.
+        Not tried where the node's session found the host silent: a login there would only
+        wait out ConnectTimeout (a teardown held up the next attempt that long)."""
+        if (node := self._started.get(login)) is not None and node.silent:
+            return LOST, SILENT
         master = self._masters.get(login)
         sharing = self._control_argv(master[1], False) if master and master[0].poll() is None else []
         argv = self._argv[login]
@@ -204,6 +216,7 @@ class OpenSSHStreams:
         seen, cut, timed_out = _read_until(proc, spool, _ready_line, timeout)
         if cut is None:
             return self._refused(login, proc, timeout if timed_out else None)
+        self.unreached.discard(login)
         end = seen.index(b"\n", cut) + 1
         spool.give_back(len(seen) - end)   # the node's first bytes, where they came with it
         self._ready[login] = (proc, spool, seen[cut:end - 1].endswith(RELAYED))
@@ -233,7 +246,11 @@ class OpenSSHStreams:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        said = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        said = [ln for ln in proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+                if ln.strip() and not ln.startswith(ACCEPTED)]
+        if not timed_out and (why := unreached_line(said, max(1, round(self._ssh.connect_timeout)))):
+            self.unreached.add(login)
+            return Problem(f"host {login}", why)
         what = f"had no answer in {timed_out:g}s" if timed_out else \
             "cannot log in where paramiko did: " + (said[-1] if said else f"exit {proc.returncode}")
         return Problem(f"host {login}", f"the OpenSSH client (ssh) {what}; fix ssh_config or the "
@@ -254,6 +271,39 @@ class OpenSSHStreams:
             known_hosts=" ".join(_config_path(f) for f in files), strict=s.strict_host_keys,
             config_file=os.path.expanduser(s.config_file) if s.config_file else None,
             key_file=os.path.expanduser(s.key_file) if s.key_file else None, user=user, port=port, proxy=proxy)
+
+
+def unreached_line(said: list[str], timeout_s: int) -> str | None:
+    """One line (cause; fix) where the client's words say it never reached the host's sshd (no
+    route, refused, no answer, no banner, no such name), in ssh's own words; None for anything
+    else (a refused key, a login that failed: paramiko explains those)."""
+    for line in reversed(said):
+        if "during banner exchange" in line:
+            return (f"no SSH banner in {timeout_s}s (ssh: {line}); the machine takes connections but "
+                    "its sshd does not answer (frozen or overloaded): check it, or raise "
+                    "cluster.ssh.connect_timeout")
+        if (m := CONNECT_FAILED.match(line)) and m.group(2) == "Connection refused":
+            return refused_line(m.group(1))   # the words every path has given for it
+        if m:
+            return f"{line}; {_unreached_fix(m.group(2), m.group(1), timeout_s)}"
+        if "Could not resolve hostname" in line:
+            return f"{line}; fix the name in cluster.hosts or ssh_config, or add it to DNS or /etc/hosts"
+    return None
+
+
+def refused_line(port: int | str) -> str:
+    """The line for a host that refused the connection (nothing listens on the port)."""
+    return f"connection refused on port {port}: is sshd running there and the port open?"
+
+
+def _unreached_fix(cause: str, port: str, timeout_s: int) -> str:
+    """The fix for a connect() that failed with cause (ssh's strerror words)."""
+    if cause == "No route to host":
+        return "the machine is down or not on this network: check that it is up and reachable from here"
+    if cause == "Connection timed out":
+        return (f"no answer in {timeout_s}s: the machine is down or port {port} is firewalled: check "
+                "it, or raise cluster.ssh.connect_timeout")
+    return f"check that the machine is up and port {port} is reachable from here"
 
 
 def _staged_line(seen: bytes) -> int | None:

@@ -11,6 +11,25 @@ from .inflow import Inflow
 from .spool import Spool
 
 ACCEPTED = "Warning: Permanently added"   # the client's words when it accepts a new key
+ALIVE_S, ALIVE_COUNT = 2, 3   # a silent link ends the client within ~6 s, as paramiko's keepalive
+# ssh's words (INFO lines: the client runs at LogLevel INFO, templates/ssh_client.j2) when the
+# host stopped answering its keepalives, and when the host closed the connection itself
+NOT_RESPONDING = "not responding"   # "Timeout, server H not responding."
+CLOSED = ("closed by remote host", "Connection reset by", "Broken pipe", "Connection closed by")
+
+
+def lost_detail(said: str) -> str:
+    """Why the client lost its host, from its own words: a host that stopped answering its
+    keepalives (frozen, or its link is down) is told apart from one that closed the
+    connection (its sshd, or the machine, went down): spares.py replaces both, the user
+    reads which. Anything else keeps the client's last line."""
+    lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+    if any(NOT_RESPONDING in ln for ln in lines):
+        return (f"connection lost: not responding (no answer to ssh keepalives in "
+                f"{ALIVE_S * ALIVE_COUNT} s: the machine is frozen, or its link is down)")
+    if closed := next((ln for ln in lines if any(w in ln for w in CLOSED)), None):
+        return f"connection lost: closed by the host (ssh: {closed})"
+    return f"connection lost (ssh: {lines[-1]})" if lines else "connection lost"
 
 
 class OpenSSHRunning:
@@ -24,6 +43,7 @@ class OpenSSHRunning:
         self._in = proc.stdin.fileno()
         os.set_blocking(self._in, False)   # a heartbeat never blocks on a stuck client
         self._cut = False
+        self.silent = False   # the host stopped answering keepalives (wait() found): none is tried there
 
     def read(self) -> bytes:
         return self._inflow.pull(lambda: self.spool.read(self._proc))
@@ -50,7 +70,8 @@ class OpenSSHRunning:
         # The node's stderr went into its stdout (bootstrap merge_stderr): what is here is the
         # client's own, and exit 255 with it means the client, not the node, ended.
         if code < 0 or (code == 255 and said):
-            return Exit(LOST, lost=True, detail="connection lost")
+            self.silent = NOT_RESPONDING in said
+            return Exit(LOST, lost=True, detail=lost_detail(said))
         return Exit(code)
 
     def heartbeat(self) -> None:

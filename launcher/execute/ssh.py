@@ -53,8 +53,10 @@ class SSHExecutor:
         self._streams.spawn(_stream_command(self._relayed))
         failed = self._streams.await_ready(self._ssh.connect_timeout + 10)
         # paramiko says why a login failed (a changed key, the fix for an unknown one); where
-        # it gets in, the client's own words stand
-        explained = {p.path: p for p in self._open_all({h: conns[h] for h in failed})}
+        # it gets in, the client's own words stand. Where the client never reached sshd (no
+        # route, refused, no banner) its words are the cause: paramiko would only wait again.
+        asked = {h: conns[h] for h in failed if h not in self._streams.unreached}
+        explained = {p.path: p for p in self._open_all(asked)}
         return [explained.get(p.path, p) for p in failed.values()]
 
     def stage(self, plan: LaunchPlan) -> None:
@@ -147,7 +149,8 @@ class SSHExecutor:
 
     def _connection(self, login: str) -> Connection:
         s, config, addr = self._ssh, self._config, login_addr(login)
-        kwargs: dict = {"allow_agent": True}
+        # No longer than connect_timeout for the banner either (paramiko's own is 15 s)
+        kwargs: dict = {"allow_agent": True, "banner_timeout": s.connect_timeout}
         if TAKES_FACTORY:
             kwargs["transport_factory"] = aead_first_transport
         if s.key_file:

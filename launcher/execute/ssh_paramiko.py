@@ -3,7 +3,9 @@ MLAUNCH_SSH_STREAM=paramiko), its transport's settings, and the one line that ex
 login failed (execute/ssh.py asks paramiko where the OpenSSH client could not log in)."""
 from __future__ import annotations
 
+import errno
 import inspect
+import logging
 import os
 import socket
 
@@ -13,6 +15,13 @@ from ..spec import SSH
 from ..spec.hosts import HostAddr, parse_host
 from .base import LOST, Exit
 from .inflow import Inflow
+from .openssh import refused_line
+
+# paramiko logs a transport's failure as a traceback at ERROR (a host that never sent its
+# banner: 20 lines); with no handler, Python's last resort prints it to the console. Every
+# failure becomes one line here (explain_connect_error, Exit.detail): its logger prints nothing.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
@@ -97,12 +106,30 @@ def explain_connect_error(e: Exception, addr: HostAddr | str, ssh: SSH) -> str:
         return (f"authentication failed for user {user or os.environ.get('USER', '?')}; check "
                 "cluster.ssh.key_file / cluster.ssh.user or load the key into ssh-agent")
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"connection refused on port {port}: is sshd running there and the port open?"
+        return _no_connection(e, port)
+    if isinstance(e, paramiko.SSHException) and ("banner" in str(e) or "No existing session" in str(e)):
+        # "No existing session": the handshake had not finished when connect's timeout ran out
+        return (f"no SSH handshake in {ssh.connect_timeout:g}s (paramiko: {e}); the machine takes "
+                "connections but its sshd does not answer (frozen or overloaded): check it, or raise "
+                "cluster.ssh.connect_timeout")
     if isinstance(e, (socket.timeout, TimeoutError)):
         return f"no answer within {ssh.connect_timeout:g}s: host down, or port {port} firewalled?"
     if isinstance(e, socket.gaierror):
         return f"cannot resolve host name: {e.strerror}"
     return f"cannot connect: {type(e).__name__}: {e}"
+
+
+def _no_connection(e: paramiko.ssh_exception.NoValidConnectionsError, port: int) -> str:
+    """The line for a host no address of which took the connection, with the system's own
+    words (a refusal is not a missing route)."""
+    codes = {getattr(err, "errno", None) for err in e.errors.values()}
+    if codes == {errno.ECONNREFUSED}:
+        return refused_line(port)
+    said = next((os.strerror(c) for c in codes if c), str(e))
+    if codes & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
+        return (f"{said} on port {port}; the machine is down or not on this network: check that it "
+                "is up and reachable from here")
+    return f"{said} on port {port}; check that the machine is up and port {port} is reachable from here"
 
 
 def set_user_timeout(sock: object) -> None:
