@@ -225,6 +225,9 @@ def test_slurm_universal_conversion_is_a_one_node_job_of_its_own(tmp_path):
         def run_step(self, plan, name, script, timeout):
             self.got.append((name, script))
             return 0, "mlaunch-universal converted 6\n"
+
+        def run(self, host, script, timeout):   # the look on the login node: no DeepSpeed tag here
+            return 0, "mlaunch-saved ?\n"
     say, steps = _Say(), Steps()
     assert universal.prepare(job, plan, steps, str(ck), say, _Events()) is True
     assert [n for n, _ in steps.got] == ["universal"] and str(ck) in steps.got[0][1]

@@ -107,7 +107,7 @@ def _age(seconds: float) -> str:
 def ps(run: str | None, show_all: bool, as_json: bool) -> None:
     """List runs: active ones (and lost ones), or every run with --all.
 
-    With RUN, that run and each node's last state, step and GPU (or CPU) sample. RUN is a run
+    With RUN, that run, why it ended, and each node's last state, step and GPU (or CPU) sample. RUN is a run
     id, a unique prefix of one, or a job name (its latest run), as `mlaunch
     ps --all` lists them."""
     reg = _registry()
@@ -140,6 +140,8 @@ def _ps_one(r, as_json: bool) -> None:
                                "attempt_rows": [a.__dict__ for a in rows]}))
         return
     _table([r])
+    if r.reason:   # why it ended: its run_end event's reason, or the refusal before any attempt
+        click.echo(f"ended: {r.reason}")
     if changes:   # which hosts each attempt ran on, and why that changed
         click.echo("\n".join(["", "attempts:"] + [f"  {line}" for line in changes]))
     if gone:

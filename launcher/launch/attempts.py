@@ -49,12 +49,11 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
     code = 1
     try:
         code = _submit(job, opts, plan, printer, rec)
-    except UserError as e:
-        code = e.exit_code
-        rec.note(e.lines())
-        raise
-    except KeyboardInterrupt:
-        code = 130
+    except BaseException as e:   # the registry says why (the attempt loop may have said it first)
+        code, reason = _aborted(e)
+        if isinstance(e, UserError):
+            rec.note(e.lines())
+        rec.ended_because(reason)
         raise
     finally:
         rec.end(code)
@@ -76,6 +75,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
         resume_from, before = starting_point(job, master, opts, printer)
         if resume_from and (done := finished.complete_line(job, master.last)):
             printer.say(done)
+            rec.ended_because(done)
             return 0
         # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
         # from checkpoints this launch wrote, never from an older run's left in output_dir.
@@ -163,17 +163,38 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer):
 
 
 def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers, rec) -> int:
-    """The first launch and up to max_restarts relaunches, each resuming from a checkpoint."""
-    limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
-    history: list[tuple[int, JobResult, str | None]] = []
-    attempt, base_id, done = 0, plan.run_id, None
-    events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id)
+    """The first launch and up to max_restarts relaunches, each resuming from a checkpoint.
+
+    However the run ends (done, failed, out of restarts, a restart refused, Ctrl-C, a bug),
+    events.jsonl gets exactly one run_end (code, reason, attempts) and the registry the same
+    reason: `ps RUN` says why without anyone reading the console log."""
+    events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), plan.run_id)
     events.emit("run_start", job=job.name, nodes=len(plan.nodes), world_size=world_size(plan),
                 resume_from=resume_from, backend=job.cluster.scheduler if not plan.local else "local")
+    history: list[tuple[int, JobResult, str | None]] = []
+    try:
+        code, reason = _loop(job, plan, executor, printer, opts, master, resume_from,
+                             transformers, rec, events, history)
+    except BaseException as e:
+        _run_end(events, rec, len(history), *_aborted(e, events.attempt))
+        raise
+    _run_end(events, rec, len(history), code, reason)
+    if len(history) > 1:
+        for n, res, start in history:
+            printer.say(f"attempt {n}: exit {res.code}" + (f", resumed from {start}" if start else ""))
+    return code
+
+
+def _loop(job, plan, executor, printer, opts, master, resume_from, transformers, rec, events,
+          history) -> tuple[int, str]:
+    """The attempts themselves (history gets each one): the run's exit code and why it ended."""
+    limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
+    attempt, base_id = 0, plan.run_id
     notice = timeout_notice(job)
     if notice:
         printer.say(notice)
-    universal = False
+    # --resume on other hosts or GPUs than saved it: converted before attempt 0 (issue 50)
+    universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
     while True:
         plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
                           resume_from=resume_from,
@@ -187,7 +208,7 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
             printer.say(line)
         history.append((attempt, result, resume_from))
         if result.code == 0 or result.interrupted or attempt >= limit or not result.restartable:
-            break
+            return result.code, _final_reason(attempt, result, limit)
         attempt += 1
         rec.restarting()
         events.attempt = attempt
@@ -199,16 +220,56 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
         resume_from = found.latest if found else None
         if found and (done := finished.complete_line(job, found)):
             printer.say(f"restart {attempt}/{limit} not needed: {done}")
-            break
+            return 0, done
         universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
-    events.emit("run_end", code=0 if done else history[-1][1].code, attempts=len(history))
-    if len(history) > 1:
-        for n, res, start in history:
-            printer.say(f"attempt {n}: exit {res.code}" + (f", resumed from {start}" if start else ""))
-    return 0 if done else history[-1][1].code
+
+
+def _final_reason(attempt: int, result: JobResult, limit: int) -> str:
+    """Why the run ends after this attempt, in one line (run_end's reason)."""
+    if result.code == 0:
+        return f"attempt {attempt} succeeded: every node exited 0"
+    if result.interrupted:
+        return f"attempt {attempt} interrupted (Ctrl-C or mlaunch stop)"
+    what = f"attempt {attempt} {'timed out' if result.timed_out else 'failed'} ({_cause(result)})"
+    if not result.restartable:
+        return f"{what}; not restarted: a restart would end the same way"
+    return f"{what}; no restart left (max_restarts {limit})"
+
+
+def _cause(result: JobResult) -> str:
+    """What ended an attempt: the scheduler's reason, the health verdict, or the first node
+    that failed and how."""
+    if result.never_starts:
+        return result.never_starts
+    if result.health is not None:
+        return getattr(result.health, "message", "") or getattr(result.health, "event", "health")
+    node = next((n for n in result.nodes if n.rank == result.first_failure), None)
+    return f"node{node.rank} {node.host}: {node.result}" if node else f"exit {result.code}"
+
+
+def reason_of(e: UserError) -> str:
+    """A refusal's lines as one reason line (a header ends with ':', its items follow it)."""
+    return " ".join(e.lines())
+
+
+def _aborted(e: BaseException, attempt: int | None = None) -> tuple[int, str]:
+    """The exit code and reason of a run ended by an exception outside a running attempt
+    (a refusal, a restart's reconnect or conversion refused, Ctrl-C while waiting, a bug)."""
+    if isinstance(e, UserError):
+        return e.exit_code, reason_of(e)
+    if isinstance(e, KeyboardInterrupt):
+        return 130, "interrupted (Ctrl-C)" + (f" before attempt {attempt} started"
+                                              if attempt is not None else "")
+    return 1, f"mlaunch failed: {type(e).__name__}: {e}"
+
+
+def _run_end(events: EventLog, rec, attempts: int, code: int, reason: str) -> None:
+    """The run's one run_end event, and the same reason for the registry."""
+    events.emit("run_end", code=code, reason=reason, attempts=attempts)
+    rec.ended_because(reason)
 
 
 def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,

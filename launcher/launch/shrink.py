@@ -30,14 +30,20 @@ def drop(job: JobBase, bad: dict[int, str], printer: Printer, events: EventLog) 
     hosts = [h for r, h in enumerate(c.hosts) if r not in bad]
     lost = "; ".join(f"node{r} {c.hosts[r]} ({why})" for r, why in sorted(bad.items()))
     if len(hosts) < c.min_nodes:
-        raise UserError(f"cluster.min_nodes: {c.min_nodes}: lost {lost}, which leaves "
-                        f"{len(hosts)} node(s) and no spare host; the run ends")
+        raise below_min(c.min_nodes, lost, len(hosts))
     if 0 in bad and c.master_addr is not None:
         raise UserError(f"cluster.master_addr: {c.master_addr} is node 0 ({c.hosts[0]}), which "
                         f"is lost ({bad[0]}); a shrink cannot move the master while master_addr "
                         "names it: leave master_addr out (it follows node 0) and submit again")
     new = job.model_copy(update={"cluster": c.model_copy(update={"hosts": hosts})})
     return _resized(job, new, lost, f"lost {lost}", printer, events)
+
+
+def below_min(min_nodes: int, lost: str, left: int) -> UserError:
+    """The one line that ends a run with fewer than min_nodes usable nodes; lost: every node
+    lost ("node1 h1 (why); node2 h2 (why)"), left: how many are usable."""
+    return UserError(f"cluster.min_nodes: {min_nodes}: lost {lost}, which leaves {left} "
+                     "node(s) and no spare host; the run ends")
 
 
 def to_nodes(job: JobBase, nodes: int, lost: str, why: str, printer: Printer,

@@ -37,12 +37,17 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
 
     rebuild(job): the attempt's plan for a job (the same run id and log dir). Returns the job
     (its hosts the next attempt's), that plan and the connected executor; raises UserError
-    when a node is unreachable or unfit and no spare is left (nothing is started anywhere)."""
+    when a node is unreachable or unfit and no spare is left (nothing is started anywhere):
+    below cluster.min_nodes, the min_nodes line naming every node lost on the way."""
     bad = {**hwcause.of_result(result), **lost_ranks(result)}
+    lost = _Lost(job)
     while True:
         left = {r: bad[r] for r in sorted(bad)[len(job.cluster.spare_hosts):]}
         job = _replace(job, plan, bad, printer, events)
         if left and shrink.allowed(job):   # no spare for these: run without them
+            if len(job.cluster.hosts) - len(left) < job.cluster.min_nodes:
+                raise lost.refusal(job, left)
+            lost.add(job, left)
             job = shrink.drop(job, left, printer, events)
         plan = rebuild(job)
         executor = make_executor(plan)
@@ -52,19 +57,45 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
             if not bad:
                 return job, plan, executor
             _not_every_host(plan, bad, "fails its health check", executor)
-            if not (job.cluster.spare_hosts or shrink.allowed(job)):
-                executor.close()
-                raise UserError([f"node{r} {plan.nodes[r].host}: {why}" for r, why in bad.items()],
-                                header="a host of the next attempt fails its health check and no "
-                                "spare host is left; nothing was started anywhere:")
             executor.close()
+            _stuck(job, lost, bad, UserError(
+                [f"node{r} {plan.nodes[r].host}: {why}" for r, why in bad.items()],
+                header="a host of the next attempt fails its health check and no spare host "
+                "is left; nothing was started anywhere:"))
             continue
         executor.close()
         bad = _unreachable(plan, problems)
         _not_every_host(plan, bad, "cannot be reached", executor)
-        if not bad or not (job.cluster.spare_hosts or shrink.allowed(job)):
-            raise UserError(problems, header="cannot reach every host and no spare host is left; "
-                            "nothing was started anywhere:")
+        _stuck(job, lost, bad, UserError(problems, header="cannot reach every host and no "
+                                         "spare host is left; nothing was started anywhere:"))
+
+
+class _Lost:
+    """The nodes a reconnect dropped or cannot use, each named by its rank in the attempt
+    that ran (the ranks its console showed), for the min_nodes line."""
+
+    def __init__(self, job: JobBase):
+        self.first, self.seen = list(job.cluster.hosts), []
+
+    def add(self, job: JobBase, bad: dict[int, str]) -> None:
+        for r, why in bad.items():
+            host = job.cluster.hosts[r]
+            self.seen.append((self.first.index(host) if host in self.first else r, host, why))
+
+    def refusal(self, job: JobBase, bad: dict[int, str]) -> UserError:
+        """The min_nodes line: the nodes lost before and `bad` now, and how many are left."""
+        left = len(job.cluster.hosts) - len(bad)
+        self.add(job, bad)
+        named = "; ".join(f"node{r} {h} ({why})" for r, h, why in sorted(self.seen))
+        return shrink.below_min(job.cluster.min_nodes, named, left)
+
+
+def _stuck(job: JobBase, lost: _Lost, bad: dict[int, str], otherwise: UserError) -> None:
+    """Raise when the bad nodes can be neither replaced (no spare left) nor dropped: the
+    min_nodes line when min_nodes is what stops the drop, else `otherwise`."""
+    if bad and (job.cluster.spare_hosts or shrink.allowed(job)):
+        return
+    raise lost.refusal(job, bad) if bad and job.cluster.min_nodes else otherwise
 
 
 def _not_every_host(plan: LaunchPlan, bad: dict[int, str], what: str, executor) -> None:

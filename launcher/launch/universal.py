@@ -1,12 +1,17 @@
-"""Resuming a ZeRO checkpoint at another data-parallel size (issue 29: ZeRO shrink).
+"""Resuming a ZeRO checkpoint at another data-parallel size (issue 29: ZeRO shrink; issue 50:
+a resume at another world).
 
 A ZeRO-1/2 checkpoint holds one optimizer shard per rank of the world that saved it. Before
-an attempt at another world (a shrink), node 0 (under Slurm: a one-node job) converts it once to DeepSpeed's universal
+an attempt at another world (a shrink, or a `--resume` on other hosts or GPUs than saved it),
+node 0 (under Slurm: a one-node job) converts it once to DeepSpeed's universal
 checkpoint (ds_to_universal, beside the original in the checkpoint directory, marked complete
 only after its files are checked: templates/universal.sh.j2), and the attempt's ds_config gets
 checkpoint.load_universal, through which the HF Trainer's engine.load_checkpoint reads it.
+The forms spec/spare_rules.py leaves unverified for a shrink are refused for such a resume too.
 """
 from __future__ import annotations
+
+import shlex
 
 from .. import render
 from ..errors import UserError
@@ -20,15 +25,19 @@ TICK_S = 30.0                # a line this often while it runs: the console is n
 
 
 def needed(job: JobBase, resume_from: str | None) -> bool:
-    """Whether this job's restarts may resume a ZeRO checkpoint at another world (min_nodes)."""
-    return bool(resume_from and getattr(job, "deepspeed", None) and job.cluster.min_nodes)
+    """Whether this resume may load a ZeRO checkpoint at another world: any DeepSpeed resume,
+    before the first attempt (the hosts and GPUs may differ from the saving run's) as before
+    a restart (a shrink; or the first attempt's own checkpoint saved at another world)."""
+    return bool(resume_from and getattr(job, "deepspeed", None))
 
 
 def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
             printer: Printer, events: EventLog) -> bool:
     """Whether the next attempt loads the universal checkpoint: converts resume_from on node 0
-    when it was saved at another world; UserError (the run ends) when that fails."""
-    if not needed(job, resume_from):
+    when it was saved at another world; UserError (the run ends) when that fails or the
+    DeepSpeed form was never verified at another world. Saved at this world, it costs one
+    short command on node 0 (under Slurm, on the login node)."""
+    if not needed(job, resume_from) or _settled(job, plan, executor, resume_from):
         return False
     node, world = plan.nodes[0], world_size(job)
     script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world)
@@ -58,6 +67,55 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
                 f"checkpoint on {where} (ds_to_universal), loaded at world {world} "
                 "(checkpoint.load_universal)")
     return True
+
+
+def _settled(job: JobBase, plan: LaunchPlan, executor, resume_from: str) -> bool:
+    """True when a quick look says there is nothing to convert (saved at this world), asked
+    only where the conversion script would cost more (under Slurm it is a job of its own) or
+    must not run (a form not verified at another world: UserError when the worlds differ)."""
+    why, world = _unverified(job), world_size(job)
+    if not (why or job.cluster.scheduler == "slurm"):
+        return False
+    saved = saved_world(executor, plan, resume_from)
+    if saved == world or (why and saved is None):   # an unverified form is never converted
+        return True
+    if why:
+        raise UserError(f"--resume {resume_from}: saved at world {saved}, this run's world is "
+                        f"{world}: {why}; resume at world {saved} (the hosts and gpus_per_node "
+                        "that saved it)")
+    return False
+
+
+def _unverified(job: JobBase) -> str | None:
+    """Why this job's ZeRO checkpoint may not be resumed at another world (the shrink rule's
+    reason, spec/spare_rules.py: e.g. NVMe offload), or None."""
+    from ..spec.spare_rules import _zero_form
+    what = _zero_form(job)
+    return (f"mlaunch converts a ZeRO checkpoint to another world (ds_to_universal) only in the "
+            f"forms verified for a shrink (deepspeed.stage 1, 2 or 3 with offload to cpu or "
+            f"none), not {what}") if what else None
+
+
+# The saved world as templates/universal.sh.j2 reads it: the optimizer shards, and one past
+# the highest rank numbered on a shard or an rng state; "?" when there is no DeepSpeed tag.
+PROBE = """ck={ck}
+tag=$(cat "$ck/latest" 2>/dev/null) || {{ echo "mlaunch-saved ?"; exit 0; }}
+top=$( {{ ls "$ck/$tag" | sed -n 's/.*zero_pp_rank_\\([0-9]*\\)_.*optim_states\\.pt$/\\1/p'
+         ls "$ck" | sed -n 's/^rng_state_\\([0-9]*\\)\\.pth$/\\1/p'; }} | sort -n | tail -n 1)
+echo "mlaunch-saved $(ls "$ck/$tag" | grep -c 'optim_states\\.pt$') $(( ${{top:--1}} + 1 ))"
+"""
+
+
+def saved_world(executor, plan: LaunchPlan, checkpoint: str) -> int | None:
+    """The world that saved checkpoint's ZeRO shards, looked up where output_dir lives (node 0;
+    under Slurm the login node) in one short command; None when it is not plain (no DeepSpeed
+    tag, shards missing): the conversion script then says what is wrong."""
+    code, out = executor.run(plan.nodes[0].login, PROBE.format(ck=shlex.quote(checkpoint)), 60)
+    words = next((ln.split()[1:] for ln in reversed(out.splitlines())
+                  if ln.startswith("mlaunch-saved ")), [])
+    if code != 0 or len(words) != 2 or words[0] != words[1] or not words[0].isdigit():
+        return None
+    return int(words[0]) or None
 
 
 def _run_saying(run, printer: Printer, what: str) -> tuple[int, str]:

@@ -111,6 +111,7 @@ class Recorder:
         self.reg: registry.Registry | None = None
         self.run_id = ""
         self.console: Tee | None = None
+        self.reason: str | None = None   # why the run ended (ended_because), stored by end()
 
     def begin(self, plan: LaunchPlan, job: JobBase, out: TextIO) -> TextIO:
         """Register the run (state starting); return the stream the printer writes to."""
@@ -178,6 +179,12 @@ class Recorder:
         if self.console is not None:
             self.console.log_only("".join(f"mlaunch: {line}\n" for line in lines))
 
+    def ended_because(self, reason: str) -> None:
+        """Why the run ends, for end() to store (`ps RUN` shows it). The first one given is
+        kept: the innermost caller (the attempt loop, beside its run_end event) knows best."""
+        if self.reason is None:
+            self.reason = reason
+
     def restarting(self) -> None:
         self._write(self.reg.set_state, self.run_id, "restarting", only_from=("running",))
 
@@ -188,7 +195,7 @@ class Recorder:
         stopped = interrupted or code == STOPPED_EXIT
         state = "stopped" if stopped else "succeeded" if code == 0 else "failed"
         self._write(self.reg.set_state, self.run_id, state, only_from=registry.ACTIVE + ("lost",),
-                           exit_code=code)
+                    exit_code=code, reason=self.reason)
         if self.console is not None:
             self.console.close()
 
@@ -212,6 +219,9 @@ class NullRecorder(Recorder):
         pass
 
     def note(self, lines):
+        pass
+
+    def ended_because(self, reason):
         pass
 
     def end(self, code, interrupted=False):

@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS runs (
   supervisor_pid INTEGER, supervisor_start INTEGER, detached INTEGER NOT NULL DEFAULT 0,
   attempts INTEGER NOT NULL DEFAULT 0, exit_code INTEGER, log_dir TEXT, output_dir TEXT,
   resumed_from TEXT, stop_requested INTEGER NOT NULL DEFAULT 0,
-  created REAL NOT NULL, started REAL, ended REAL);
+  created REAL NOT NULL, started REAL, ended REAL, reason TEXT);
 CREATE INDEX IF NOT EXISTS runs_name ON runs(name, created);
 CREATE INDEX IF NOT EXISTS runs_state ON runs(state);
 CREATE TABLE IF NOT EXISTS attempts (
@@ -38,11 +38,12 @@ CREATE TABLE IF NOT EXISTS attempts (
   PRIMARY KEY (run_id, n));
 """
 # Columns a runs.db made before them lacks: added when it is opened (NULL in its old rows).
-ADDED = (("attempts", "hosts", "TEXT"), ("attempts", "world", "INTEGER"), ("attempts", "batch", "TEXT"))
+ADDED = (("attempts", "hosts", "TEXT"), ("attempts", "world", "INTEGER"), ("attempts", "batch", "TEXT"),
+         ("runs", "reason", "TEXT"))
 
 
 _COLUMNS = ("id name backend hosts spec state handle supervisor_pid supervisor_start detached attempts"
-            " exit_code log_dir output_dir resumed_from stop_requested created started ended").split()
+            " exit_code log_dir output_dir resumed_from stop_requested created started ended reason").split()
 _LIST_COLUMNS = ", ".join("NULL" if c == "spec" else c for c in _COLUMNS)
 
 
@@ -121,6 +122,7 @@ class Run:
     created: float
     started: float | None
     ended: float | None
+    reason: str | None = None   # why the run ended, one line (its run_end event's reason)
 
     @property
     def active(self) -> bool:
@@ -216,14 +218,16 @@ class Registry:
                          (state, code, time.time(), run_id, n))
 
     def set_state(self, run_id: str, state: str, *, only_from: tuple[str, ...] = ACTIVE,
-                  exit_code: int | None = None) -> bool:
-        """Compare-and-set: move the run to state if it is in one of only_from."""
+                  exit_code: int | None = None, reason: str | None = None) -> bool:
+        """Compare-and-set: move the run to state if it is in one of only_from (reason: why
+        it ended, kept unless given)."""
         assert state in STATES, state
         ended = time.time() if state in FINAL else None
         marks = ",".join("?" * len(only_from))
         cur = self._db.execute(
-            f"UPDATE runs SET state=?, exit_code=COALESCE(?, exit_code), ended=COALESCE(?, ended)"
-            f" WHERE id=? AND state IN ({marks})", (state, exit_code, ended, run_id, *only_from))
+            f"UPDATE runs SET state=?, exit_code=COALESCE(?, exit_code), ended=COALESCE(?, ended),"
+            f" reason=COALESCE(?, reason) WHERE id=? AND state IN ({marks})",
+            (state, exit_code, ended, reason, run_id, *only_from))
         return cur.rowcount == 1
 
     def set_hosts(self, run_id: str, hosts: list) -> None:

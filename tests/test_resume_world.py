@@ -1,0 +1,209 @@
+"""Issue 50: a resume at another world converts before attempt 0. `submit --resume` of a
+DeepSpeed job looks at the checkpoint before its first attempt; saved at another world, node 0
+converts it to DeepSpeed's universal checkpoint (as before a shrunk restart) and attempt 0
+loads it. The unit tests run the real conversion script (templates/universal.sh.j2) in a
+local shell with tests/test_universal.py's stand-in ds_to_universal; the last test trains:
+ZeRO-2 full fine-tuning saved at world 2 on localhost, resumed at world 1."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import pytest
+
+from launcher.errors import UserError
+from launcher.execute.base import Exit
+from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.launch import attempts, universal
+from launcher.launch.attempts import SubmitOptions
+from launcher.plan.launch_plan import build_plan
+from launcher.record.events import read_events
+from launcher.spec import validate
+
+from .test_run_end import Master, Rec
+from .test_shrink import lora
+from .test_spares import Events, Said
+from .test_universal import FAKE_CONVERTER, ShellExecutor, checkpoint
+
+
+class Counted(ShellExecutor):
+    """ShellExecutor that counts its calls; run_step (Slurm's one-node job) runs the same shell."""
+
+    def __init__(self, env=None):
+        super().__init__(env)
+        self.runs, self.steps = 0, 0
+
+    def run(self, login, script, timeout):
+        self.runs += 1
+        return super().run(login, script, timeout)
+
+    def run_step(self, plan, name, script, timeout):
+        self.steps += 1
+        return super().run("node0", script, timeout)
+
+
+def zero(tmp_path, hosts=2, deepspeed=None, **cluster):
+    """LoRA + ZeRO-2 on `hosts` nodes × 1 process, no min_nodes (a plain job, no shrink);
+    cluster.python is the stand-in converter."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "python").write_text(FAKE_CONVERTER)
+    (bindir / "python").chmod(0o755)
+    data = lora(hosts=hosts, gpus=1, per_device=1, grad_accum=6 // hosts) | {
+        "deepspeed": deepspeed or {"stage": 2}, "output_dir": str(tmp_path / "out")}
+    data["cluster"].update(python=str(bindir / "python"), **cluster)
+    return validate(data)
+
+
+def test_first_attempt_converts_what_another_world_saved(tmp_path):
+    job = zero(tmp_path)   # world 2, no min_nodes
+    ck = checkpoint(tmp_path, shards=3)
+    plan, said, ev, ex = build_plan(job, run_id="r"), Said(), Events(), Counted()
+    assert universal.prepare(job, plan, ex, ck, said, ev) is True
+    assert said.lines == [f"resume: {ck} was saved at world 3; converted to DeepSpeed's universal "
+                          "checkpoint on node0 n0 (ds_to_universal), loaded at world 2 "
+                          "(checkpoint.load_universal)"]
+    assert ev.seen == [("universal_checkpoint", {"path": ck, "saved_world": 3, "world": 2,
+                                                 "converted": True})]
+    assert ex.runs == 1 and open(f"{ck}/calls").read() == "converted\n"
+
+
+def test_same_world_is_one_quick_look_and_no_conversion(tmp_path):
+    job, ck = zero(tmp_path), checkpoint(tmp_path, shards=2)
+    ex = Counted()
+    assert universal.prepare(job, build_plan(job, run_id="r"), ex, ck, Said(), Events()) is False
+    assert ex.runs == 1 and not os.path.exists(f"{ck}/calls")
+    plain = lora(hosts=2, gpus=1, per_device=1, grad_accum=3) | {"output_dir": str(tmp_path / "o")}
+    job = validate(plain)   # no DeepSpeed: nothing asked at all (executor None would fail)
+    assert universal.prepare(job, build_plan(job, run_id="r"), None, ck, Said(), Events()) is False
+
+
+def test_slurm_looks_on_the_login_node_before_a_slurm_job(tmp_path):
+    """Under Slurm the conversion is a one-node job of its own: at the same world the look on
+    the login node (where output_dir is shared) is all; at another world the job runs."""
+    from .test_slurm_exclude import _lora
+    python = zero(tmp_path).cluster.python   # the stand-in converter
+    data = _lora(nodes=2, min_nodes=None) | {"deepspeed": {"stage": 2}, "output_dir": str(tmp_path / "o")}
+    data["cluster"]["python"] = python
+    job = validate(data)   # 2 nodes × 2: world 4
+    plan = build_plan(job, run_id="r")
+    ex = Counted()
+    assert universal.prepare(job, plan, ex, checkpoint(tmp_path, shards=4), Said(), Events()) is False
+    assert (ex.runs, ex.steps) == (1, 0)
+    shutil.rmtree(tmp_path / "out")
+    ck, said, ex = checkpoint(tmp_path, shards=6), Said(), Counted()
+    assert universal.prepare(job, plan, ex, ck, said, Events()) is True
+    assert (ex.runs, ex.steps) == (1, 1)
+    assert said.lines == [f"resume: {ck} was saved at world 6; converted to DeepSpeed's universal "
+                          "checkpoint on a one-node Slurm job (srun) (ds_to_universal), loaded at "
+                          "world 4 (checkpoint.load_universal)"]
+
+
+def test_a_form_unverified_at_another_world_is_refused_never_converted(tmp_path):
+    """The shrink rule's refusal (spec/spare_rules.py: NVMe offload) holds for a resume at
+    another world too, said before anything converts; at the saved world it resumes."""
+    nvme = {"stage": 2, "offload_optimizer": "nvme", "nvme_path": str(tmp_path)}
+    job = zero(tmp_path, deepspeed=nvme)
+    plan, ck = build_plan(job, run_id="r"), checkpoint(tmp_path, shards=3)
+    with pytest.raises(UserError) as err:
+        universal.prepare(job, plan, Counted(), ck, Said(), Events())
+    assert err.value.lines() == [
+        f"--resume {ck}: saved at world 3, this run's world is 2: mlaunch converts a ZeRO "
+        "checkpoint to another world (ds_to_universal) only in the forms verified for a shrink "
+        "(deepspeed.stage 1, 2 or 3 with offload to cpu or none), not with offload_optimizer to "
+        "nvme; resume at world 3 (the hosts and gpus_per_node that saved it)"]
+    assert not os.path.exists(f"{ck}/calls") and not os.path.exists(f"{ck}/latest_universal")
+    shutil.rmtree(tmp_path / "out")
+    ck = checkpoint(tmp_path, shards=2)
+    assert universal.prepare(job, plan, Counted(), ck, Said(), Events()) is False
+
+
+class Found(Master):
+    """output_dir's helper whose latest complete checkpoint is still the resumed one."""
+
+    def __init__(self, ck):
+        self.ck = ck
+
+    def discover(self):
+        from types import SimpleNamespace
+        return SimpleNamespace(latest=self.ck, progress={})
+
+
+def test_submit_converts_before_attempt_0_and_a_restart_loads_it_again(tmp_path, monkeypatch):
+    """The attempt loop: the conversion comes before attempt 0 starts, and attempt 0's
+    ds_config has checkpoint.load_universal; attempt 0 fails before it saves anything, so the
+    restart resumes the same checkpoint (no min_nodes, no shrink) and loads it the same way."""
+    job = zero(tmp_path).model_copy(update={"max_restarts": 1, "restart_backoff_s": 0})
+    ck = checkpoint(tmp_path, shards=3)
+    plans = []
+
+    def run_job(plan, *a, **kw):
+        plans.append(plan)
+        code = 1 if len(plans) == 1 else 0
+        return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
+                         first_failure=0 if code else None)
+    monkeypatch.setattr(attempts, "run_job", run_job)
+    monkeypatch.setattr(attempts, "_restart_wait", lambda job, plan, ex, *a: (job, plan, ex))
+    logs = str(tmp_path / "logs")
+    plan = build_plan(job, run_id="r", log_dir=logs)
+    said = Said()
+    code = attempts._attempts(job, plan, ShellExecutor(), said, SubmitOptions(log_dir=logs, resume="latest"),
+                              Found(ck), ck, None, Rec())
+    assert code == 0 and len(plans) == 2
+    for p in plans:
+        ds = next(f for f in p.files if f.path.endswith("ds_config.json"))
+        assert json.loads(ds.content)["checkpoint"] == {"load_universal": True}
+    events = read_events(os.path.join(plan.log_dir, "events.jsonl"))
+    assert [(e["event"], e["attempt"], e.get("converted")) for e in events
+            if e["event"] in ("run_start", "universal_checkpoint", "restart", "run_end")] == [
+        ("run_start", 0, None), ("universal_checkpoint", 0, True), ("universal_checkpoint", 1, False),
+        ("restart", 1, None), ("run_end", 1, None)]
+    assert said.lines[0].startswith(f"resume: {ck} was saved at world 3; converted"), said.lines
+    assert open(f"{ck}/calls").read() == "converted\n"
+
+
+@pytest.mark.training
+def test_zero2_saved_at_world_2_resumes_at_world_1(tmp_path):
+    """LLaMA-Factory full fine-tuning, ZeRO-2, on localhost: 8 steps at world 2 (2 processes,
+    grad_accum 1, global batch 4), a checkpoint at step 4; that checkpoint, alone in another
+    output_dir, resumed with `submit --resume latest` at world 1 (grad_accum 2: the same
+    global batch). It converts before attempt 0, which reaches step 8; its losses at steps
+    5-8 are those of the uninterrupted world-2 run within 3 %."""
+    from .helpers import mlaunch, write_spec
+    from .training import build_tiny, lf_spec, logged, submit_timed
+    tiny = build_tiny(str(tmp_path / "tiny"))
+    whole, resumed = str(tmp_path / "whole"), str(tmp_path / "resumed")
+    spec = lf_spec(tiny, ["localhost"], 2, whole, finetuning={"type": "full"},
+                   deepspeed={"stage": 2}, max_steps=8, save_steps=4)
+    r = submit_timed(tmp_path, spec)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    reference = dict(logged(whole))
+    os.makedirs(resumed)
+    shutil.copytree(os.path.join(whole, "checkpoint-4"), os.path.join(resumed, "checkpoint-4"))
+    spec = lf_spec(tiny, ["localhost"], 1, resumed, finetuning={"type": "full"},
+                   deepspeed={"stage": 2}, max_steps=8, save_steps=4)
+    spec["batch"]["grad_accum"] = 2
+    r = mlaunch("submit", write_spec(tmp_path, spec, "resume.yaml"), "--no-preflight",
+                "--resume", "latest", timeout=600)
+    console = r.stdout + r.stderr
+    assert r.returncode == 0, console[-4000:]
+    ck = os.path.join(resumed, "checkpoint-4")
+    line = (f"resume: {ck} was saved at world 2; converted to DeepSpeed's universal checkpoint on "
+            "node0 localhost (ds_to_universal), loaded at world 1 (checkpoint.load_universal)")
+    assert line in console, console[-4000:]
+    assert console.index(line) < console.index("[node0 localhost"), console[-4000:]
+    (path,) = glob.glob(os.path.join(resumed, "logs", "*", "events.jsonl"))
+    events = read_events(path)
+    (conv,) = [e for e in events if e["event"] == "universal_checkpoint"]
+    assert (conv["attempt"], conv["saved_world"], conv["world"], conv["converted"]) == (0, 2, 1, True)
+    assert events[-1]["event"] == "run_end" and (events[-1]["code"], events[-1]["attempts"]) == (0, 1)
+    after = dict(logged(resumed))   # only the resumed run's steps: its trainer_log starts there
+    steps = sorted(s for s in after if s > 4)
+    assert steps == [5, 6, 7, 8], logged(resumed)
+    for s in steps:
+        print(f"step {s}: world 2 uninterrupted {reference[s]:.4f}, resumed at world 1 "
+              f"{after[s]:.4f} ({(after[s] - reference[s]) / reference[s]:+.2%})")
+    for s in steps:
+        assert after[s] == pytest.approx(reference[s], rel=0.03), (s, after, reference)
