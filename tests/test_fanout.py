@@ -299,7 +299,10 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
         hosts = [h.ip for h in hs.hosts]
         other_spec = script_job(hosts, 1, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "other"), hs=hs)
         other = start(tmp_path, other_spec, "other.yaml")
-        pids = list(wait_ready(other, 2).values())
+        # Each rank prints its PID in its host (a PID namespace of its own): rank k runs on
+        # node k (1 process per node); its PID here:
+        pids = [hs.hosts[int(rank)].root_pid(pid) for rank, pid in wait_ready(other, 2).items()]
+        assert None not in pids, pids
         try:
             r = submit(tmp_path, script_job(hosts, 1, "fail_or_sleep.py", ["1", "5", "1"],
                                             str(tmp_path / "failing"), hs=hs), timeout=300)

@@ -53,7 +53,9 @@ def snapshot(hs) -> dict:
         "ns": [h.ns for h in hs.hosts],
         "links": [hs.bridge] + [h.veth for h in hs.hosts],
         "etc": [os.path.join("/etc/netns", h.ns) for h in hs.hosts],
-        "pids": sorted(set().union(*(h.pids() for h in hs.hosts))),
+        # with each host's PID 1 and its holder: a PID 1 ends once every process of its PID
+        # namespace is reaped, so a test's own Popen children must be waited for first.
+        "pids": sorted(set().union(*(h.pids() | h.machine_pids() for h in hs.hosts))),
         "sshd": [h.sshd_pid for h in hs.hosts],
         "dir": hs.dir,
         "tag": hs.tag,
@@ -145,12 +147,16 @@ def test_pids_lists_processes_in_host(hosts2):
         assert p.pid in h.pids()
         assert h.sshd_pid in h.pids()
         assert p.pid not in hosts2[1].pids()
-        # Same answer as the /proc scan used by teardown (retry: short-lived
-        # processes, e.g. sshd's child for the readiness probe, come and go).
+        # Same answer as the /proc scan used by teardown, but the host's PID 1 and its
+        # holder (retry: short-lived processes, e.g. sshd's child for the readiness probe,
+        # come and go).
+        def same() -> bool:
+            return H._netns_pids([h.ns])[h.ns] - h.machine_pids() == h.pids()
         deadline = time.monotonic() + limit(3)
-        while H._netns_pids([h.ns])[h.ns] != h.pids() and time.monotonic() < deadline:
+        while not same() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert H._netns_pids([h.ns])[h.ns] == h.pids()
+        assert same()
+        assert h.machine_pids() <= H._netns_pids([h.ns])[h.ns] and len(h.machine_pids()) == 2
     finally:
         p.kill()
         p.wait()
@@ -217,8 +223,8 @@ def test_teardown_is_complete(make_hostset):
         snap = snapshot(hs)
         assert bg.pid in snap["pids"] and len(snap["pids"]) >= 4
         assert os.path.exists(os.path.join("/etc/netns", hs[0].ns, "hosts"))
-    assert_all_gone(snap)
     assert bg.wait(5) is not None
+    assert_all_gone(snap)
     assert r.wait(10) != 0  # its session was killed under it
 
 
@@ -229,8 +235,8 @@ def test_teardown_on_exception(make_hostset):
             time.sleep(0.05)
             snap = snapshot(hs)
             1 / 0
-    assert_all_gone(snap)
     assert p.wait(5) is not None
+    assert_all_gone(snap)
 
 
 def test_two_hostsets_at_once_do_not_collide(make_hostset):

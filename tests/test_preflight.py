@@ -109,14 +109,15 @@ def test_port_in_use_on_master(make_hostset, tmp_path):
         try:
             assert squatter.stdout.readline().strip() == "up"
             name = open(f"/proc/{squatter.pid}/comm").read().strip()   # python, python3, python3.11
+            pid = hs.hosts[0].inner_pid(squatter.pid)   # its PID on that host, as the host shows it
             report = check(spec)
         finally:
             squatter.kill()
             squatter.wait()
         assert_only(report, {("network/port-free", 0)})
         r = only(report, "network/port-free", 0)
-        assert f"TCP {port} is in use by {name} (pid {squatter.pid})" in r.detail
-        pid, ip = squatter.pid, hs.hosts[0].ip
+        ip = hs.hosts[0].ip
+        assert f"TCP {port} is in use by {name} (pid {pid})" in r.detail
         assert r.fix == (f"stop {name} (pid {pid}) on {ip} (a leftover run? kill {pid}), "
                          "or set cluster.master_port to a free port")
         assert "answered by the process holding the port" in only(report, "network/port-reachable", 1).detail

@@ -5,6 +5,7 @@ for the hosts themselves and the layout they follow.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import functools
 import ipaddress
@@ -37,6 +38,15 @@ _TMP_RE = re.compile(r"^mlh-([a-z0-9]{1,6})-[A-Za-z0-9_]{8}$")
 
 # sh snippet run after `unshare --uts`: set the hostname, then become argv.
 _SET_HOSTNAME = 'hostname "$0" && exec "$@"'
+
+# bash snippet that becomes a host's PID 1 (see tests/hostkit/sshd.py, "PID namespaces"):
+# set the hostname, ignore SIGCHLD (the kernel then reaps every child and orphan the init is
+# given: no zombies, no wait loop), become `sleep infinity` under the name mlh-init ($1: a
+# symlink to sleep). bash, not dash: dash's `trap '' CHLD` leaves SIGCHLD at its default.
+_INIT_SCRIPT = 'hostname "$0" && trap "" CHLD && exec "$1" infinity'
+INIT_NAME = "mlh-init"
+
+CLONE_NEWPID = 0x20000000
 
 
 # --------------------------------------------------------------------------
@@ -84,6 +94,70 @@ def _pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _nspids(pid: int) -> list[int]:
+    """pid's PID in each PID namespace it is in, outermost first (the NSpid line of
+    /proc/<pid>/status); [] when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _is_pidns_init(pid: int) -> bool:
+    """True when pid is PID 1 of a PID namespace below ours (a test host's mlh-init)."""
+    ns = _nspids(pid)
+    return len(ns) > 1 and ns[-1] == 1
+
+
+def _ns_key(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+_libc = None
+
+
+def _setns(fd: int, nstype: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def popen_in_pidns(init_pid: int, argv: Sequence[str], **kw) -> subprocess.Popen:
+    """subprocess.Popen(argv, **kw) whose process is born in the PID namespace of init_pid.
+
+    setns(CLONE_NEWPID) changes only the namespace the calling thread's next children are
+    born in (not the thread itself, not the other threads): this thread enters the target
+    namespace, forks the Popen, and comes back to its own (always allowed: the namespace a
+    thread runs in is an ancestor of the target). So the Popen's pid is the command's own PID
+    (seen from here), nothing forks in between (unlike `nsenter --pid`), and kill(),
+    wait() and timeouts work on the command itself. argv still has to join the host's
+    other namespaces (nsenter --net --mount --uts, which then execs without forking)."""
+    target = os.open(f"/proc/{init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        mine = os.open("/proc/thread-self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(target, CLONE_NEWPID)
+            try:
+                return subprocess.Popen(list(argv), **kw)
+            finally:
+                _setns(mine, CLONE_NEWPID)
+        finally:
+            os.close(mine)
+    finally:
+        os.close(target)
+
+
 def _netns_pids(names: Sequence[str]) -> dict[str, set[int]]:
     """Same as `ip netns pids <ns>` for several namespaces with one /proc scan."""
     want: dict[tuple[int, int], str] = {}
@@ -110,6 +184,23 @@ def _netns_pids(names: Sequence[str]) -> dict[str, set[int]]:
     return out
 
 
+def _host_pids(netns: str, pidns: tuple[int, int] | None) -> set[int]:
+    """Every process in network namespace netns or in PID namespace pidns (a (dev, inode)
+    key), by its PID here, with one /proc scan."""
+    net = _ns_key(os.path.join(NETNS_RUN, netns))
+    out: set[int] = set()
+    if net is None and pidns is None:
+        return out
+    me = os.getpid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        if (net is not None and _ns_key(f"/proc/{d}/ns/net") == net) or \
+                (pidns is not None and _ns_key(f"/proc/{d}/ns/pid") == pidns):
+            out.add(int(d))
+    return out
+
+
 def _kill_netns_procs(names: Sequence[str], grace: float = 0.5,
                       hard_deadline: float = 10.0) -> set[int]:
     """SIGTERM every process in the namespaces, then SIGKILL what is left.
@@ -127,6 +218,9 @@ def _kill_netns_procs(names: Sequence[str], grace: float = 0.5,
     if not left:
         return left
     send(left, signal.SIGTERM)
+    # A host's PID 1 (mlh-init) has no TERM handler, so TERM does nothing to it: KILL it
+    # now, which kills every process of its PID namespace with it.
+    send({p for p in left if _is_pidns_init(p)}, signal.SIGKILL)
     t_end = time.monotonic() + grace
     while left and time.monotonic() < t_end:
         time.sleep(0.01)
@@ -383,16 +477,17 @@ def skip_reason() -> str | None:
         return "multi-host fixture needs Linux network namespaces"
     if os.geteuid() != 0:
         return "multi-host fixture needs root (network namespaces, bridges, sshd)"
-    missing = [b for b in ("ip", "unshare", "hostname", "ssh", "ssh-keygen", "sshd")
+    missing = [b for b in ("ip", "unshare", "nsenter", "bash", "sleep", "hostname", "ssh",
+                           "ssh-keygen", "sshd")
                if _which(b) is None]
     if missing:
         return f"multi-host fixture: missing binaries: {', '.join(missing)}"
-    if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/uts"):
-        return "multi-host fixture: kernel lacks network/UTS namespace support"
+    if not all(os.path.exists(f"/proc/self/ns/{t}") for t in ("net", "uts", "pid", "mnt")):
+        return "multi-host fixture: kernel lacks network/UTS/PID/mount namespace support"
     # Functional probe in an anonymous namespace (vanishes with the process).
     try:
         r = subprocess.run(
-            ["unshare", "--net", "--uts", "sh", "-c",
+            ["unshare", "--net", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c",
              "ip link add mlhprobe0 type veth peer name mlhprobe1 && "
              "ip link add mlhprobebr type bridge && "
              "ip link set mlhprobe0 master mlhprobebr && hostname mlhprobe"],

@@ -7,9 +7,11 @@ directory. Nothing under /etc/slurm, /etc/munge or the machine's /etc/hosts is t
 every daemon and client reads this cluster's slurm.conf through SLURM_CONF.
 
 Why this shape (see shared/FACTS.md, Slurm): `ip netns exec` remounts /sys and hides the
-cgroup fs, and slurmd 22.05 then refuses to start, so slurmd joins only the network
-namespace (`nsenter --net`) inside `unshare --uts --mount`, with the host's hosts file
-bind-mounted over /etc/hosts in that private mount namespace.
+cgroup fs, and slurmd 22.05 then refuses to start, so slurmd joins the host's network, UTS
+and PID namespaces (born in its PID namespace, then `nsenter --net --uts`) but not its mount
+namespace: `unshare --mount` gives it a private copy of the machine's, with the host's hosts
+file bind-mounted over /etc/hosts and a /proc of the host's PID namespace, so slurmd and
+its jobs see only the host's processes, as on a separate machine.
 
 Debian 12's packages: slurmctld, slurmd, slurm-client, munge (Slurm 22.05).
 """
@@ -24,6 +26,11 @@ import subprocess
 import tempfile
 import time
 from typing import Iterator
+
+try:  # imported as tests.hostkit.slurm
+    from .namespaces import popen_in_pidns
+except ImportError:  # pragma: no cover
+    from hostkit.namespaces import popen_in_pidns
 
 SLURM_BINS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "munged")
 
@@ -70,11 +77,15 @@ class SlurmCluster:
                                   self.controller, _which("slurmctld"), "-D", "-i", "-f", self.conf])
         for h in self.hs.hosts:
             os.makedirs(os.path.join(self.dir, "spool", h.name), exist_ok=True)
+            # In the host's PID, network and UTS namespaces (its own processes, its IP, its
+            # hostname), in a mount namespace of its own made from the machine's (the real
+            # /sys), with the host's hosts file and a /proc of the host's PID namespace.
             self._spawn(f"slurmd-{h.name}", [
-                "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
-                'hostname "$0" && mount --bind "$1" /etc/hosts && shift && '
-                'exec nsenter --net=/run/netns/"$0" "$@"',
-                h.name, h.hosts_file, _which("slurmd"), "-D", "-N", h.name, "-f", self.conf])
+                _which("nsenter"), f"--target={h.init_pid}", "--net", "--uts", "--",
+                _which("unshare"), "--mount", "--propagation", "private", "sh", "-c",
+                'mount --bind "$0" /etc/hosts && mount -t proc proc /proc && exec "$@"',
+                h.hosts_file, _which("slurmd"), "-D", "-N", h.name, "-f", self.conf],
+                pidns_of=h)
         self._wait_idle(timeout)
         return self
 
@@ -135,11 +146,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         with open(self.conf, "w") as f:
             f.write(text)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], pidns_of=None) -> None:
+        """Start a daemon; pidns_of: a Host whose PID namespace it is born in."""
         log = open(os.path.join(self.dir, f"{name}.out"), "wb")
-        self._procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True,
-                                            env={**os.environ, "SLURM_CONF": self.conf}))
+        kw = dict(stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                  start_new_session=True, env={**os.environ, "SLURM_CONF": self.conf})
+        try:
+            if pidns_of is None:
+                self._procs.append(subprocess.Popen(argv, **kw))
+            else:
+                self._procs.append(popen_in_pidns(pidns_of.init_pid, argv, **kw))
+        finally:
+            log.close()
 
     def _wait_idle(self, timeout: float) -> None:
         def idle() -> bool:

@@ -1,8 +1,8 @@
 """Real multi-host test fixture built from Linux network namespaces.
 
 Each "host" is a named network namespace attached to a private Linux bridge,
-with its own IPv4 address, its own hostname (a UTS namespace per process
-tree) and its own OpenSSH ``sshd``.  Everything stays on this machine: the
+with its own IPv4 address, its own hostname, its own processes and its own
+OpenSSH ``sshd``: a separate machine as far as its programs can tell.  Everything stays on this machine: the
 namespaces only have a route for their /24, and the root namespace reaches
 them through the bridge address (no ip_forward, no NAT, no firewall edits).
 
@@ -17,6 +17,20 @@ Layout for a HostSet with tag ``<tag>`` (1-6 chars of [a-z0-9]):
 * temp dir          ``$TMPDIR/mlh-<tag>-XXXXXXXX`` (keys, configs, logs)
 * registry record   ``/run/mlh-hosts/<tag>.json`` (owner pid + start time),
   used to find and remove resources left behind by a crashed run.
+
+PID namespaces: each host has a PID 1 of its own (``mlh-init``: ``sleep infinity``
+with SIGCHLD ignored, so it reaps every orphan), started by ``ip netns exec <ns>
+unshare --uts --pid --fork --mount-proc``: a PID namespace, a UTS namespace with the
+hostname, and a mount namespace (below the one ``ip netns exec`` made, /etc/netns/<ns>/
+over /etc) with /proc mounted for that PID namespace. sshd and every Host.run/popen
+command join all four (born in the PID namespace, see namespaces.popen_in_pidns, then
+``nsenter --net --mount --uts``), so a host's ps, /proc, pkill and kill -1 see only that
+host's processes, as on a real machine. sshd is not PID 1 (stop_sshd leaves its sessions
+running; they are re-parented to mlh-init); killing mlh-init ends the whole host at once
+(HostSet.close does). Host.pids() lists a host's processes by their PIDs in the root
+namespace (network namespace or PID namespace membership), without mlh-init and the
+``unshare`` that holds it (Host.machine_pids()); Host.inner_pid(pid) is the PID the host
+itself shows.
 
 ssh sessions log in as root with root's real home (/root, so root's
 ~/.bashrc runs: ~0.3 s per session here because it runs `pyenv init`), or,
@@ -47,22 +61,28 @@ from typing import Iterator, Mapping, Sequence
 
 from .namespaces import (  # noqa: F401  (the plumbing these hosts are built on)
     HOST_OFFSET,
+    INIT_NAME,
     MAX_HOSTS,
     NETNS_ETC,
     SSH_PORT,
+    _INIT_SCRIPT,
     _SET_HOSTNAME,
     _TAG_RE,
     _bin,
     _choose_subnet,
     _cleanup_stale_once,
     _destroy,
+    _host_pids,
     _ip,
     _names_for,
+    _nspids,
+    _pid_alive,
     _proc_start_time,
     _registry_lock,
     _rmdir_etc_netns_if_empty,
     _tag_in_use,
     _write_record,
+    popen_in_pidns,
     skip_reason,
 )
 
@@ -83,38 +103,112 @@ class Host:
     sshd_log: str = field(default="", repr=False, compare=False)
     sshd_pidfile: str = field(default="", repr=False, compare=False)
     _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    init_pid: int | None = field(default=None, repr=False, compare=False)
+    _holder: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    _pidns: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+
+    # -- the machine: PID 1 and its namespaces ------------------------------
+    def _spawn_init(self, init_exe: str) -> None:
+        """Start this host's PID 1: `ip netns exec` (the network namespace, /etc/netns/<ns>/
+        over /etc, in a mount namespace of its own) runs `unshare --uts --pid --fork
+        --mount-proc`, whose child is PID 1 of a new PID namespace with /proc mounted for it,
+        sets the hostname and becomes mlh-init (sleep infinity, SIGCHLD ignored: it reaps
+        every orphan). The unshare process stays outside as its parent (the holder)."""
+        self._holder = subprocess.Popen(
+            [_bin("ip"), "netns", "exec", self.ns, _bin("unshare"), "--uts", "--pid",
+             "--fork", "--mount-proc", "--propagation", "slave", "--kill-child",
+             _bin("bash"), "-c", _INIT_SCRIPT, self.name, init_exe],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True)
+        self.init_pid = None
+
+    def _wait_init(self, timeout: float) -> None:
+        """Wait until the holder's child is mlh-init (hostname set, /proc mounted)."""
+        h = self._holder
+        assert h is not None
+        t_end = time.monotonic() + timeout
+        while True:
+            if h.poll() is not None:
+                raise RuntimeError(f"init of {self.name} exited with {h.returncode}: "
+                                   f"{h.stderr.read().decode(errors='replace') if h.stderr else ''}")
+            with contextlib.suppress(OSError, ValueError):
+                with open(f"/proc/{h.pid}/task/{h.pid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+                if kids:
+                    with open(f"/proc/{kids[0]}/comm") as f:
+                        if f.read().strip() == INIT_NAME:
+                            self.init_pid = kids[0]
+                            st = os.stat(f"/proc/{kids[0]}/ns/pid")
+                            self._pidns = (st.st_dev, st.st_ino)
+                            if h.stderr is not None:
+                                h.stderr.close()
+                            return
+            if time.monotonic() > t_end:
+                raise RuntimeError(f"init of {self.name} not up after {timeout}s")
+            time.sleep(0.002)
+
+    def machine_pids(self) -> set[int]:
+        """The fixture's own processes of this host, which pids() leaves out: its PID 1
+        (mlh-init) and the unshare outside that holds it."""
+        return {p for p in (self.init_pid, self._holder.pid if self._holder else None) if p}
+
+    def _init(self) -> int:
+        if self.init_pid is None or not _pid_alive(self.init_pid):
+            raise RuntimeError(f"host {self.name} is down (its PID 1 is gone)")
+        return self.init_pid
 
     # -- running commands ---------------------------------------------------
     def exec_prefix(self) -> list[str]:
-        """argv prefix that runs a command inside this host: its network
-        namespace (plus /etc/netns/<ns>/ over /etc via ip netns exec) and a
-        fresh UTS namespace carrying this host's hostname."""
-        return [_bin("ip"), "netns", "exec", self.ns, _bin("unshare"), "--uts",
-                "/bin/sh", "-c", _SET_HOSTNAME, self.name]
-
-    def run(self, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
-        """Run argv inside this host (text=True, capture_output=True unless
-        overridden).  Like subprocess.run otherwise (check=False default)."""
-        kw.setdefault("text", True)
-        if not any(k in kw for k in ("capture_output", "stdout", "stderr")):
-            kw["capture_output"] = True
-        return subprocess.run(self.exec_prefix() + list(argv), **kw)
+        """argv prefix that runs a command inside this host: its PID, network, mount
+        (/etc/netns/<ns>/ over /etc, its own /proc) and UTS namespaces, entered with
+        nsenter, in the current directory. nsenter forks to enter the PID namespace, so a
+        Popen of this argv is nsenter, not the command: popen() and run() give the command
+        itself."""
+        return [_bin("nsenter"), f"--target={self._init()}", "--pid", "--net", "--mount",
+                "--uts", "--wd=.", "--"]
 
     def popen(self, argv: Sequence[str], **kw) -> subprocess.Popen:
         """Start argv inside this host in the background (text=True unless
         overridden; output not captured unless you pass stdout/stderr).
-        The returned Popen's pid is the command itself (everything execs)."""
+        The returned Popen's pid is the command itself (its PID here, in the root PID
+        namespace: popen_in_pidns forks it straight into the host's PID namespace and
+        nsenter joins the others without forking); the host's own /proc and ps show it as
+        inner_pid(pid)."""
         kw.setdefault("text", True)
-        return subprocess.Popen(self.exec_prefix() + list(argv), **kw)
+        init = self._init()
+        return popen_in_pidns(init, [_bin("nsenter"), f"--target={init}", "--net", "--mount",
+                                     "--uts", "--wd=.", "--", *argv], **kw)
+
+    def run(self, argv: Sequence[str], *, input=None, timeout: float | None = None,
+            check: bool = False, **kw) -> subprocess.CompletedProcess:
+        """Run argv inside this host (text=True, capture_output=True unless
+        overridden).  Like subprocess.run otherwise (check=False default)."""
+        cap = kw.pop("capture_output", None)
+        if cap or (cap is None and not any(k in kw for k in ("stdout", "stderr"))):
+            kw.setdefault("stdout", subprocess.PIPE)
+            kw.setdefault("stderr", subprocess.PIPE)
+        if input is not None:
+            kw["stdin"] = subprocess.PIPE
+        with self.popen(argv, **kw) as p:
+            try:
+                out, err = p.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                p.kill()
+                e.output, e.stderr = p.communicate()
+                raise
+            except BaseException:
+                p.kill()
+                raise
+        r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        if check:
+            r.check_returncode()
+        return r
 
     def in_mounts(self, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
-        """Run argv in the mount namespace of this host's sshd (the one `ip netns exec`
-        made), so a mount done here is seen by this host's ssh sessions only."""
-        if self.sshd_pid is None:
-            raise RuntimeError(f"sshd of {self.name} is not running")
-        kw.setdefault("text", True)
-        kw.setdefault("capture_output", True)
-        return subprocess.run([_bin("nsenter"), "-t", str(self.sshd_pid), "-m", *argv], **kw)
+        """Run argv in this host's mount namespace (the one its PID 1, its sshd and every
+        session share), so a mount done here is seen by this host's ssh sessions only.
+        The same as run() since every host command joins that namespace."""
+        return self.run(argv, **kw)
 
     @property
     def hosts_file(self) -> str:
@@ -122,9 +216,30 @@ class Host:
         return os.path.join(NETNS_ETC, self.ns, "hosts")
 
     def pids(self) -> set[int]:
-        """Every process in this host (`ip netns pids <ns>`)."""
-        r = _ip("netns", "pids", self.ns, check=False)
-        return {int(x) for x in r.stdout.split() if x.isdigit()}
+        """Every process of this host, by its PID here (the root PID namespace): those in
+        its network namespace or in its PID namespace, but its own PID 1 and the process
+        holding it (machine_pids())."""
+        return _host_pids(self.ns, self._pidns) - self.machine_pids()
+
+    def inner_pid(self, pid: int) -> int | None:
+        """pid (a PID here) as the host's own /proc and ps show it; None when pid is not in
+        the host's PID namespace."""
+        ns = _nspids(pid)
+        if len(ns) < 2 or self._pidns is None:
+            return None
+        try:
+            st = os.stat(f"/proc/{pid}/ns/pid")
+        except OSError:
+            return None
+        return ns[-1] if (st.st_dev, st.st_ino) == self._pidns else None
+
+    def root_pid(self, inner: int) -> int | None:
+        """The PID here of the process the host itself shows as inner (e.g. the os.getpid()
+        a rank printed); None when the host has no such process."""
+        for p in self.pids():
+            if self.inner_pid(p) == inner:
+                return p
+        return None
 
     # -- sshd -------------------------------------------------------------
     def sshd_running(self) -> bool:
@@ -143,9 +258,8 @@ class Host:
             os.unlink(self.sshd_pidfile)
         log = open(self.sshd_log, "ab")
         try:
-            self._proc = subprocess.Popen(
-                self.exec_prefix() + [_bin("sshd"), "-D", "-e",
-                                      "-f", self.sshd_config],
+            self._proc = self.popen(
+                [_bin("sshd"), "-D", "-e", "-f", self.sshd_config], text=False,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         finally:
@@ -161,8 +275,8 @@ class Host:
                     f"sshd of {self.name} exited with {self._proc.returncode}: "
                     f"{self.sshd_log_tail()}")
             with contextlib.suppress(OSError, ValueError):
-                with open(self.sshd_pidfile) as f:
-                    if int(f.read().strip() or 0) == self._proc.pid:
+                with open(self.sshd_pidfile) as f:   # sshd writes its PID in the host
+                    if int(f.read().strip() or 0) == self.inner_pid(self._proc.pid):
                         return
             if time.monotonic() > t_end:
                 raise RuntimeError(f"sshd of {self.name} not ready after "
@@ -204,9 +318,10 @@ class Host:
     # -- a frozen machine ---------------------------------------------------
     def freeze(self) -> set[int]:
         """Freeze the whole machine: SIGSTOP every process in it (sshd, its sessions, the
-        ranks), as a hung kernel or a stalled VM looks from outside: the network is up, TCP
-        still answers, nothing replies. Returns the PIDs stopped."""
-        pids = self.pids()
+        ranks, its PID 1), as a hung kernel or a stalled VM looks from outside: the network
+        is up, TCP still answers, nothing replies. Returns the PIDs stopped (pids(), and
+        PID 1 if it runs)."""
+        pids = self.pids() | ({self.init_pid} if self.init_pid else set())
         for p in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGSTOP)
@@ -214,7 +329,7 @@ class Host:
 
     def thaw(self) -> None:
         """SIGCONT every process in the host (the end of freeze())."""
-        for p in self.pids():
+        for p in self.pids() | ({self.init_pid} if self.init_pid else set()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGCONT)
 
@@ -296,6 +411,15 @@ class HostSet:
         self.closed = True
         _live_sets.discard(self)
         for h in self.hosts:
+            # PID 1 first: the kernel kills the rest of its namespace. Its holder too: it
+            # waits for PID 1, whose end waits until every process of its namespace is
+            # reaped, including a zombie this process has yet to wait for.
+            if h._holder is not None and h._holder.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    if h.init_pid is not None:
+                        os.kill(h.init_pid, signal.SIGKILL)
+                    h._holder.kill()
+        for h in self.hosts:
             p = h._proc
             if p is not None and p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -317,6 +441,20 @@ class HostSet:
                     errors.append(f"sshd {p.pid} of {h.name} still running")
                 h._proc = None
             h.sshd_pid = None
+            p = h._holder
+            if p is not None:
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(5)
+                if p.poll() is None:
+                    errors.append(f"init holder {p.pid} of {h.name} still running")
+                with contextlib.suppress(OSError):
+                    if p.stderr is not None:
+                        p.stderr.close()
+            h.init_pid = h._pidns = None
         if errors and raise_errors:
             raise RuntimeError(f"HostSet {self.tag} teardown incomplete: "
                                + "; ".join(errors))
@@ -541,6 +679,12 @@ def _populate(hs: HostSet, n: int, ns_names: list[str], veths: list[str],
         h.sshd_log = os.path.join(hs.dir, f"{h.name}.sshd.log")
         h.sshd_pidfile = os.path.join(hs.dir, f"{h.name}.sshd.pid")
         _write(h.sshd_config, _sshd_config(h, k, hs.authorized_keys, h.sshd_pidfile))
+    init_exe = os.path.join(hs.dir, INIT_NAME)   # `sleep`, named mlh-init in ps
+    os.symlink(_bin("sleep"), init_exe)
+    for h in hs.hosts:
+        h._spawn_init(init_exe)
+    for h in hs.hosts:
+        h._wait_init(15.0)
     for h in hs.hosts:
         h._spawn_sshd()
     for h in hs.hosts:
