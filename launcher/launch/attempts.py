@@ -10,6 +10,7 @@ from typing import TextIO
 from . import finished, shrink, slurm_exclude, spares
 from . import universal as universal_ckpt
 from ..errors import UserError
+from ..preflight import spares as spare_check
 from ..execute.job import JobResult, make_executor, run_job
 from ..record.events import EventLog
 from ..execute.health import timeout_notice
@@ -62,6 +63,7 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
 
 def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
             rec: Recorder) -> int:
+    spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = _connect(plan)
     try:
         slurm = job.cluster.scheduler == "slurm"
