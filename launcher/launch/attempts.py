@@ -10,7 +10,6 @@ from typing import TextIO
 from . import finished, shrink, slurm_exclude, spares
 from . import universal as universal_ckpt
 from ..errors import UserError
-from ..preflight import spares as spare_check
 from ..execute.job import JobResult, make_executor, run_job
 from ..record.events import EventLog
 from ..execute.health import timeout_notice
@@ -63,6 +62,7 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
 
 def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
             rec: Recorder) -> int:
+    from ..preflight import spares as spare_check   # here: the dry run imports no ssh module
     spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = _connect(plan)
     try:
