@@ -303,8 +303,15 @@ def ds_config(config: dict) -> str:
 
 
 def llamafactory_entry() -> str:
-    """mlaunch's entry script for LLaMA-Factory under DeepSpeed (empty parameter groups removed)."""
+    """mlaunch's entry script for LLaMA-Factory under DeepSpeed (empty parameter groups removed,
+    each optimizer state its own step after a universal load)."""
     return render("llamafactory_entry.py.j2")
+
+
+def swift_entry() -> str:
+    """mlaunch's entry script for an ms-swift attempt that loads a universal checkpoint (each
+    optimizer state its own step after the load)."""
+    return render("swift_entry.py.j2")
 
 
 def universal_script(env, bindir: str | None, python: str, checkpoint: str, world: int) -> str:

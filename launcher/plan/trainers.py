@@ -134,11 +134,21 @@ class Swift:
     def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
         if not job.deepspeed or job.megatron:
             return []
-        return [ds_file(job, self._ds_path(run), run.universal)]
+        out = [ds_file(job, self._ds_path(run), run.universal)]
+        if run.universal:
+            out.append(RenderedFile(self._entry_path(run), render.swift_entry()))
+        return out
 
     def entry(self, job: SwiftJob, run: RunContext) -> list[str]:
         module = ("swift.cli._megatron." if job.megatron else "swift.cli.") + job.stage
-        return ["-m", module, *self.args(job, run)]
+        # An attempt that loads a universal checkpoint runs the module through mlaunch's entry,
+        # which gives each optimizer state its own step after the load (templates/swift_entry.py.j2).
+        head = [self._entry_path(run), module] if run.universal and job.deepspeed else ["-m", module]
+        return [*head, *self.args(job, run)]
+
+    @staticmethod
+    def _entry_path(run: RunContext) -> str:
+        return posixpath.join(run.run_dir, "swift_entry.py")
 
     def not_resumable(self, job: SwiftJob) -> str | None:
         """Why no checkpoint of this job can be resumed (submit refuses --resume then)."""
