@@ -12,7 +12,7 @@ import socket
 import paramiko
 
 from ..spec import SSH
-from ..spec.hosts import HostAddr, parse_host
+from ..spec.hosts import HostAddr, login_addr, parse_host
 from .base import LOST, Exit
 from .inflow import Inflow
 from .openssh import refused_line
@@ -138,7 +138,3 @@ def set_user_timeout(sock: object) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
 
 
-def login_addr(login: str) -> HostAddr:
-    """The address of a login ([user@]host[:port])."""
-    a = parse_host(login)
-    return a if isinstance(a, HostAddr) else HostAddr(login)

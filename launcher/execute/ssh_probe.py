@@ -20,7 +20,7 @@ from .. import render
 from ..spec import SSH
 from .openssh import OpenSSHStreams
 from .openssh_running import ACCEPTED
-from .ssh_paramiko import login_addr
+from ..spec.hosts import login_addr
 
 RESOLVE_TIMEOUT_S = 10.0   # `ssh -G` reads files only; a config that runs a slow `Match exec` is cut off
 LOGIN_SLACK_S = 10.0   # past ConnectTimeout, the login's own limit (as OpenSSHStreams.await_ready's)
@@ -123,3 +123,4 @@ def _cause(code: int, text: str) -> str | None:
         return None
     words = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(ACCEPTED)]
     return words[-1] if words else f"exit {code}"
+

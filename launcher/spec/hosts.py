@@ -147,3 +147,9 @@ def parse_hostfile(text: str, name: str, shown: str | None = None
 def _lines(ns: list[int]) -> str:
     head = ", ".join(map(str, ns[:5]))
     return f"line {head}" if len(ns) == 1 else f"lines {head}" + (f" … ({len(ns)} lines)" if len(ns) > 5 else "")
+
+
+def login_addr(login: str) -> HostAddr:
+    """The address of a login ([user@]host[:port]); a name parse_host does not take stays whole."""
+    a = parse_host(login)
+    return a if isinstance(a, HostAddr) else HostAddr(login)
