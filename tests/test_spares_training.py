@@ -1,6 +1,8 @@
-"""Issue 29 with a real trainer on CPU over namespace hosts: LLaMA-Factory LoRA resumed on a spare
-(3 nodes + 1 spare), a ZeRO-2 full fine-tune shrunk from 4 to 3 nodes and a ZeRO-3 one (the
-user's own ds_config file) from 3 to 2, each through the universal checkpoint."""
+"""Issues 29 and 50 with a real trainer on CPU over namespace hosts: LLaMA-Factory LoRA resumed on
+a spare (3 nodes + 1 spare), and full fine-tunes with ZeRO-2 + CPU offload and ZeRO-3 (the
+user's own ds_config file) shrunk from 4 to 3 nodes through the universal checkpoint after a
+node froze, each held to an uninterrupted run at the new world for 20 steps after the cut and
+to Adam's step in the checkpoints after it."""
 from __future__ import annotations
 
 import glob
@@ -14,8 +16,8 @@ import pytest
 
 from .helpers import limit
 from .test_fanout import start
-from .training import (build_tiny, by_attempt, lf_spec, logged, losses, require_trainer,
-                       submit_and_cut, trainer_state)
+from .training import (adam_steps, build_tiny, by_attempt, held_at, lf_spec, logged, losses,
+                       require_trainer, submit_and_cut, submit_timed, trainer_state)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -55,8 +57,8 @@ def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
         reader.join(limit(60))
         rest = "".join(lines)
     assert proc.returncode == 0, rest[-4000:]
-    assert (f"host replaced: node1 {b.ip} -> spare {spare.ip} (connection lost); the world stays "
-            "3 processes") in rest, rest[-4000:]
+    assert re.search(rf"host replaced: node1 {re.escape(b.ip)} -> spare {re.escape(spare.ip)} "
+                     r"\(connection lost: not responding [^\n]*\); the world stays 3 processes", rest), rest[-4000:]
     m = re.search(rf"restart 1/1: resuming from {re.escape(out)}/checkpoint-(\d+)\n", rest)
     assert m, rest[-4000:]
     resumed = int(m.group(1))
@@ -85,109 +87,128 @@ def _wait_for(cond, timeout: float, proc, what: str) -> None:
         time.sleep(0.2)
 
 
-def _shrink_run(make_hostset, tmp_path, tiny, nodes: int, deepspeed: dict, grad_accum: int,
-                max_steps: int) -> tuple[str, list[str], str]:
-    """A full fine-tune on `nodes` namespace hosts, min_nodes nodes - 1, per_device 2, whose
-    last node's link is cut once checkpoint-3 is saved and step 4 logged (attempt 0 is the
-    uninterrupted run up to there: the reference the shrunk attempt's step 4 is held to).
-    Returns the console, the hosts' IPs and the output_dir."""
-    out = str(tmp_path / "out")
-    sched = {"finetuning": {"type": "full"}, "deepspeed": deepspeed, "max_steps": max_steps,
-             "save_steps": 3}
-    with make_hostset(nodes) as hs:
+CUT_AT, AFTER = 5, 20   # the checkpoint the freeze follows; steps compared after the cut
+
+
+def _shrink_and_reference(make_hostset, tmp_path, tiny, deepspeed: dict) -> tuple[str, list[str], str, dict]:
+    """A full fine-tune on 4 namespace hosts, min_nodes 2, global batch 12 (1 per device × 3),
+    saving every 5 steps to CUT_AT + AFTER steps. Every trainer holds right after saving
+    checkpoint-5 (tests/hold/); node 3 is frozen (every process of it stopped, as a hung
+    machine), then the others go on, block on node 3 in their next collective, and mlaunch
+    loses node 3 and shrinks to 3 nodes from checkpoint-5 (grad_accum 4). Then the same job
+    uninterrupted at world 3 (localhost, 3 processes, grad_accum 4): the reference.
+    Returns the console, the hosts' IPs, the output_dir and the reference's losses."""
+    out, where = str(tmp_path / "out"), str(tmp_path / "hold")
+    sched = {"finetuning": {"type": "full"}, "deepspeed": deepspeed, "max_steps": CUT_AT + AFTER,
+             "save_steps": CUT_AT}
+    with make_hostset(4) as hs:
         spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_restarts=1,
-                       restart_backoff_s=0, **sched) | {"batch": {"per_device": 2, "grad_accum": grad_accum}}
-        spec["cluster"] |= {"min_nodes": nodes - 1, "hangup_after_s": 6}
-        code, rest = submit_and_cut(tmp_path, spec, lambda: _step4_after_checkpoint3(out),
-                                    lambda _: hs.hosts[-1].link_down())
+                       restart_backoff_s=0, **sched) | {"batch": {"per_device": 1, "grad_accum": 3}}
+        spec["cluster"] |= {"min_nodes": 2, "hangup_after_s": 6}
+        held_at(spec, CUT_AT, where)
+        held = lambda: len(glob.glob(f"{where}/held-{CUT_AT}-rank*")) == 4  # noqa: E731
+        try:
+            code, rest = submit_and_cut(tmp_path, spec, held, lambda _: _freeze_then_release(hs.hosts[3], where))
+        finally:
+            hs.hosts[3].thaw()
     assert code == 0, rest[-4000:]
-    return rest, [h.ip for h in hs.hosts], out
+    ref_out = str(tmp_path / "reference")
+    ref = lf_spec(tiny, ["localhost"], 3, ref_out, **sched) | {"batch": {"per_device": 1, "grad_accum": 4}}
+    r = submit_timed(tmp_path, ref, timeout=limit(900))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return rest, [h.ip for h in hs.hosts], out, losses(trainer_state(ref_out))
 
 
-def _step4_after_checkpoint3(out: str) -> bool:
-    return (os.path.exists(os.path.join(out, "checkpoint-3", "trainer_state.json"))
-            and max(logged(out), default=(0,))[0] >= 4)
+def _freeze_then_release(host, where: str) -> None:
+    host.freeze()
+    open(os.path.join(where, "release"), "w").close()
 
 
-def _losses_agree(out: str, max_steps: int, what: str) -> None:
-    """All steps logged; every step that both attempts trained (step 4 at least: the cut
-    waited for it) has the same loss at the smaller world to 2% (measured 0.1%: at another
-    world each rank averages over other micro-batches); the final curve is attempt 0's up to
-    the checkpoint, then the shrunk attempt's, and it still learns."""
+def _trains_the_same_model(rest: str, out: str, reference: dict[int, float], what: str) -> None:
+    """The shrunk run resumed checkpoint-5 at world 3 and reached max_steps; the first
+    checkpoint after the shrink (checkpoint-10) and the last hold Adam's step equal to their
+    global step on every rank (DeepSpeed's ZeRO-3 universal loader shared one step tensor
+    between the parameter groups: 10 -> 15 by checkpoint-10 without mlaunch's fix); every one of
+    the AFTER steps after the cut has its loss within 0.5 % of the uninterrupted world-3 run
+    (both curves printed; measured: equal to the 4 decimals logged. The issue asks 3 %: with
+    the fix disabled this tiny run is -0.9 % at step 20 and -1.9 % at step 25, inside 3 %, so
+    the tighter bound and the steps are what see a different model here)."""
+    last = CUT_AT + AFTER
+    assert f"restart 1/1: resuming from {out}/checkpoint-{CUT_AT}\n" in rest, rest[-4000:]
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 12" in rest
+    for step in (2 * CUT_AT, last):
+        steps = adam_steps(f"{out}/checkpoint-{step}")
+        assert len(steps) == 3 and all(v == [step] for v in steps.values()), (step, steps)
     state = trainer_state(out)
-    assert state["global_step"] == max_steps and sorted(losses(state)) == list(range(1, max_steps + 1))
-    first, second = by_attempt(logged(out))
-    print(f"[losses] {what}: attempt 0 (uninterrupted, cut after step 4) {first}; shrunk from "
-          f"checkpoint-3 {second}")
-    assert min(second) == 4 and max(second) == max_steps and max(first) >= 4, (first, second)
-    for step in sorted(set(first) & set(second)):
-        assert second[step] == pytest.approx(first[step], rel=0.02), (step, first, second)
     got = losses(state)
-    for step, loss in got.items():
-        assert loss == pytest.approx(first[step] if step <= 3 else second[step], rel=1e-5), step
-    assert got[max_steps] < got[1], got
+    assert state["global_step"] == last and sorted(got) == list(range(1, last + 1)), got
+    after = range(CUT_AT + 1, last + 1)
+    rel = {s: got[s] / reference[s] - 1 for s in after}
+    print(f"[losses] {what}: step, shrunk, uninterrupted world 3, relative difference: "
+          + "; ".join(f"{s} {got[s]:.4f} {reference[s]:.4f} {rel[s]:+.2%}" for s in after))
+    assert all(abs(r) < 0.005 for r in rel.values()), rel
+    assert got[last] < got[CUT_AT + 1], got
 
 
-def test_zero2_offload_full_lost_node_shrinks_4_to_3_from_the_universal_checkpoint(
+def test_zero2_offload_full_frozen_node_shrinks_4_to_3_and_trains_the_same_model(
         make_hostset, tmp_path, tiny):
-    """4 nodes, no spare, min_nodes 3, full fine-tuning with ZeRO-2 and the optimizer offloaded
-    to the CPU (DeepSpeed's CPUAdam steps the fp32 partitions; global batch 24 = 4 × 2 × 3;
-    plain ZeRO-2 is the Slurm test's): node 3's link is cut after checkpoint-3; the restart converts it to DeepSpeed's
-    universal checkpoint on node 0, runs on 3 nodes with grad_accum 4 (global batch 24 kept)
-    and reaches max_steps. Step 4, trained by both attempts (the cut waits for it), has the same
-    loss at world 3 as at world 4 to 2% (both printed): at world 3 each rank averages its loss
-    over other micro-batches, so the curves agree closely, not bit for bit (measured: 0.1%)."""
-    rest, ips, out = _shrink_run(make_hostset, tmp_path, tiny, 4,
-                                 {"stage": 2, "offload_optimizer": "cpu"}, 3, 8)
+    """4 nodes, no spare, min_nodes 2, full fine-tuning with ZeRO-2 and the optimizer offloaded
+    to the CPU (DeepSpeed's CPUAdam steps the fp32 partitions; plain ZeRO-2 is the Slurm
+    test's): node 3 is frozen after checkpoint-5; the restart converts it to DeepSpeed's
+    universal checkpoint on node 0 and runs on 3 nodes with grad_accum 4 (global batch 12
+    kept) to step 25, training the model an uninterrupted world-3 run trains
+    (_trains_the_same_model)."""
+    rest, ips, out, reference = _shrink_and_reference(
+        make_hostset, tmp_path, tiny, {"stage": 2, "offload_optimizer": "cpu"})
     # DeepSpeedCPUAdam's own line: ZeRO-Offload swapped the Trainer's AdamW for it on every
     # rank of both attempts (4 + 3)
     assert rest.count("Adam Optimizer #0 is created with") == 7, rest[-4000:]
-    assert (f"shrink: lost node3 {ips[3]} (connection lost); the next attempt runs on 3 nodes, "
-            "world 4 -> 3 processes, grad_accum 3 -> 4, global batch 24 = 3 × 2 per device × 4 "
-            "(kept)") in rest, rest[-4000:]
-    ckpt = f"{out}/checkpoint-3"
+    assert re.search(rf"shrink: lost node3 {re.escape(ips[3])} \(connection lost: not responding "
+                     r"[^\n]*\); the next attempt runs on 3 nodes, world 4 -> 3 processes, "
+                     r"grad_accum 3 -> 4, global batch 12 = 3 × 1 per device × 4 \(kept\)", rest), rest[-4000:]
+    ckpt = f"{out}/checkpoint-{CUT_AT}"
     assert (f"resume: {ckpt} was saved at world 4; converted to DeepSpeed's universal checkpoint "
             f"on node0 {ips[0]} (ds_to_universal), loaded at world 3 "
             "(checkpoint.load_universal)") in rest, rest[-4000:]
-    assert open(f"{ckpt}/latest_universal").read() == "global_step3_universal"
-    assert os.path.exists(f"{ckpt}/global_step3_universal/.mlaunch-complete")
-    assert "Total train batch size (w. parallel, distributed & accumulation) = 24" in rest
-    _losses_agree(out, 8, "ZeRO-2 + CPU offload, world 4 -> 3")
+    assert open(f"{ckpt}/latest_universal").read() == f"global_step{CUT_AT}_universal"
+    assert os.path.exists(f"{ckpt}/global_step{CUT_AT}_universal/.mlaunch-complete")
+    _trains_the_same_model(rest, out, reference, "ZeRO-2 + CPU offload, world 4 -> 3")
     events = [json.loads(ln) for p in glob.glob(f"{out}/logs/*/events.jsonl") for ln in open(p)]
     (conv,) = [e for e in events if e["event"] == "universal_checkpoint"]
     assert (conv["saved_world"], conv["world"], conv["converted"]) == (4, 3, True)
 
 
-def test_zero3_own_ds_config_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(
+def test_zero3_own_ds_config_frozen_node_shrinks_4_to_3_and_trains_the_same_model(
         make_hostset, tmp_path, tiny):
     """ZeRO-3 (parameters sharded too) from the user's own ds_config file with "auto" batch
-    keys, a checkpoint section of its own and both optimizer and parameters offloaded to the
-    CPU: 3 nodes, min_nodes 2, global batch 12 = 3 × 2 ×
-    2; node 2's link is cut after checkpoint-3; node 0 converts the ZeRO-3 checkpoint to the
-    universal one, the restart runs on 2 nodes with grad_accum 3 (global batch 12 kept) from a
-    ds_config that keeps the user's keys and adds load_universal, and reaches max_steps; step
-    4's loss at world 2 is within 2% of attempt 0's at world 3 (printed)."""
+    keys and a checkpoint section of its own, the Trainer's AdamW (no offload: the case whose
+    universal load shared one step between the parameter groups): 4 nodes, min_nodes 2;
+    node 3 is frozen after checkpoint-5; node 0 converts the ZeRO-3 checkpoint to the
+    universal one, the restart runs on 3 nodes with grad_accum 4 from a ds_config that keeps
+    the user's keys and adds load_universal, the entry gives each parameter group its own
+    step after the load (its line), and the run trains the model an uninterrupted world-3 run
+    trains (_trains_the_same_model)."""
     own = tmp_path / "my_ds.json"
     own.write_text(json.dumps({
         "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
         "checkpoint": {"tag_validation": "Warn"},
         "zero_optimization": {"stage": 3, "overlap_comm": False,
-                              "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
                               "stage3_gather_16bit_weights_on_model_save": True}}))
-    rest, ips, out = _shrink_run(make_hostset, tmp_path, tiny, 3, {"config": str(own)}, 2, 6)
-    assert (f"shrink: lost node2 {ips[2]} (connection lost); the next attempt runs on 2 "
-            "nodes, world 3 -> 2 processes, grad_accum 2 -> 3, global batch 12 = 2 × 2 per device "
-            "× 3 (kept)") in rest, rest[-4000:]
-    ckpt = f"{out}/checkpoint-3"
-    assert (f"resume: {ckpt} was saved at world 3; converted to DeepSpeed's universal checkpoint "
-            f"on node0 {ips[0]} (ds_to_universal), loaded at world 2") in rest, rest[-4000:]
-    assert os.path.exists(f"{ckpt}/global_step3_universal/.mlaunch-complete")
-    assert "Total train batch size (w. parallel, distributed & accumulation) = 12" in rest
+    rest, ips, out, reference = _shrink_and_reference(make_hostset, tmp_path, tiny, {"config": str(own)})
+    assert re.search(rf"shrink: lost node3 {re.escape(ips[3])} \(connection lost: not responding "
+                     r"[^\n]*\); the next attempt runs on 3 nodes, world 4 -> 3 processes, "
+                     r"grad_accum 3 -> 4, global batch 12 = 3 × 1 per device × 4 \(kept\)", rest), rest[-4000:]
+    ckpt = f"{out}/checkpoint-{CUT_AT}"
+    assert (f"resume: {ckpt} was saved at world 4; converted to DeepSpeed's universal checkpoint "
+            f"on node0 {ips[0]} (ds_to_universal), loaded at world 3") in rest, rest[-4000:]
+    assert os.path.exists(f"{ckpt}/global_step{CUT_AT}_universal/.mlaunch-complete")
+    assert re.search(rf"mlaunch: universal load of {re.escape(ckpt)}/global_step{CUT_AT}_universal "
+                     rf"\(global step {CUT_AT}\): DeepSpeedZeroOptimizer_Stage3 optimizer step "
+                     rf"\[{CUT_AT}\] in \d+ states; [1-9]\d* shared one step tensor and got their own", rest), rest[-4000:]
     run_id = re.search(r"^\[mlaunch\] run (\S+): ", rest, re.M).group(1)
     (path,) = glob.glob(f"/tmp/mlaunch-*/.mlaunch/{run_id}/ds_config.json")  # default_base
     written = json.load(open(path))   # the last attempt's: the shrunk one
     assert written["checkpoint"] == {"tag_validation": "Warn", "load_universal": True}, written
     assert written["zero_optimization"]["stage"] == 3
-    assert written["zero_optimization"]["offload_param"] == {"device": "cpu"}, written
-    _losses_agree(out, 6, "ZeRO-3 (own ds_config, CPU offload) world 3 -> 2")
+    _trains_the_same_model(rest, out, reference, "ZeRO-3 (own ds_config), world 4 -> 3")

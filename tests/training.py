@@ -278,3 +278,29 @@ def submit_and_cut(tmp_path, spec: dict, ready, cut, *args: str,
             proc.kill()
     reader.join(limit(60))
     return proc.returncode, "".join(lines)
+
+
+ADAM_STEPS = r"""
+import glob, json, sys, torch
+def walk(o, found):
+    if isinstance(o, dict):
+        if isinstance(o.get("state"), dict) and "param_groups" in o:
+            found += [int(s["step"]) for s in o["state"].values() if isinstance(s, dict) and "step" in s]
+        for v in o.values():
+            walk(v, found)
+out = {}
+for path in sorted(glob.glob(sys.argv[1] + "/global_step*/*optim_states.pt")):
+    found = []
+    walk(torch.load(path, map_location="cpu", weights_only=False), found)
+    out[path.rsplit("/", 1)[1]] = sorted(set(found))
+print(json.dumps(out))
+"""
+
+
+def adam_steps(checkpoint_dir: str, python: str | None = None) -> dict[str, list[int]]:
+    """{optimizer shard file: the distinct optimizer `step` values it holds} of a DeepSpeed
+    checkpoint (its global_step*/ folder), read with python's torch (the trainer venv's by
+    default): what a resumed Adam takes its bias correction from."""
+    out = subprocess.run([python or require_trainer(), "-c", ADAM_STEPS, checkpoint_dir], capture_output=True,
+                         text=True, timeout=limit(120), check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])   # after DeepSpeed's own lines
