@@ -129,17 +129,43 @@ def test_sharded_index_complete_and_missing_shard(tmp_path):
 
 
 def test_deepspeed_too_few_optimizer_shards(tmp_path):
+    """Two ranks saved checkpoint-30 (their rng states say so) and one shard is there: not
+    complete, whatever this world is."""
     c20 = make_ckpt(tmp_path, "checkpoint-20")
     make_ds(c20, 20, optim_ranks=2)
     c30 = make_ckpt(tmp_path, "checkpoint-30")
     make_ds(c30, 30, optim_ranks=1)
-    d = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=2)
-    assert d.step == 20
-    assert d.skipped[0].reason == ("DeepSpeed global_step30/ has 1 optimizer shard, "
-                                   "expected 2 (one per data-parallel rank)")
-    # Without dp_size one shard is enough; without --deepspeed the dir is not checked.
-    assert find_latest_complete(str(tmp_path), deepspeed=True).step == 30
+    for r in range(2):
+        (c30 / f"rng_state_{r}.pth").write_bytes(b"x")
+    for dp in (2, 1, None):
+        d = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=dp)
+        assert d.step == 20, dp
+        assert d.skipped[0].reason == ("DeepSpeed global_step30/ has 1 optimizer shard, "
+                                       "expected 2 (one per data-parallel rank)")
+    # Without --deepspeed the dir is not checked.
     assert find_latest_complete(str(tmp_path)).step == 30
+
+
+def test_deepspeed_checkpoint_of_a_smaller_world_is_complete_a_gap_is_not(tmp_path):
+    """Saved by 2 ranks (2 shards, 2 rng states), resumed at world 4: complete (the resume
+    converts it to the universal checkpoint); shards 0 and 2 of 3 ranks: a gap, incomplete.
+    Without rank numbers (no shard or rng state names one) this world's size is the need."""
+    c10 = make_ckpt(tmp_path, "checkpoint-10")
+    make_ds(c10, 10, optim_ranks=2)
+    for r in range(2):
+        (c10 / f"rng_state_{r}.pth").write_bytes(b"x")
+    assert find_latest_complete(str(tmp_path), deepspeed=True, dp_size=4).step == 10
+    c20 = make_ckpt(tmp_path, "checkpoint-20")
+    make_ds(c20, 20, optim_ranks=3)
+    os.remove(c20 / "global_step20" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    d = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=4)
+    assert d.step == 10 and d.skipped[0].reason == (
+        "DeepSpeed global_step20/ has 2 optimizer shards, expected 3 (one per data-parallel rank)")
+    c30 = make_ckpt(tmp_path, "checkpoint-30")
+    make_ds(c30, 30, optim_ranks=0)
+    (c30 / "global_step30" / "optim_states.pt").write_bytes(b"x")   # no rank in its name
+    d = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=2)
+    assert d.step == 10 and d.skipped[0].reason.startswith("DeepSpeed global_step30/ has 1 optimizer shard, expected 2")
 
 
 def test_deepspeed_enough_shards_zero3_without_weights(tmp_path):
@@ -260,7 +286,9 @@ def run_script(*args):
 def test_script_mode_matches_in_process(tmp_path):
     c20 = make_ckpt(tmp_path, "checkpoint-20")
     make_ds(c20, 20, optim_ranks=2)
-    make_ds(make_ckpt(tmp_path, "checkpoint-30"), 30, optim_ranks=1)
+    c30 = make_ckpt(tmp_path, "checkpoint-30")
+    make_ds(c30, 30, optim_ranks=1)
+    (c30 / "rng_state_1.pth").write_bytes(b"x")   # saved by 2 ranks, rank 1's shard missing
     make_ckpt(tmp_path, "checkpoint-40", state=False)
     out = run_script(str(tmp_path), "--deepspeed", "--dp-size", "2")
     expected = find_latest_complete(str(tmp_path), deepspeed=True, dp_size=2)

@@ -126,11 +126,32 @@ def _check_deepspeed(path: str, step: int, dp_size: int | None) -> str | None:
     if not any(n.endswith("model_states.pt") for n in names):
         return "DeepSpeed %s/ has no model states (*model_states.pt)" % tag
     optim = sum(1 for n in names if n.endswith("optim_states.pt"))
-    need = max(dp_size or 1, 1)
+    saved = _saving_ranks(path, names)
+    # One shard per rank of the world that saved it; with no rank numbers to read, this
+    # world's (dp_size). A smaller world's complete checkpoint is complete: the resume at
+    # this world converts it (launch/universal.py).
+    need = saved or max(dp_size or 1, 1)
     if optim < need:
         return ("DeepSpeed %s/ has %d optimizer shard%s, expected %d"
                 " (one per data-parallel rank)" % (tag, optim, "" if optim == 1 else "s", need))
     return None
+
+
+def _saving_ranks(path: str, names: list[str]) -> int:
+    """How many ranks saved this checkpoint: one past the highest rank number on an optimizer
+    shard (``zero_pp_rank_<R>_...``) or an rng state (``rng_state_<R>.pth``), 0 when none
+    has one. DeepSpeed's save ends in a barrier before any rank writes its rng state or rank
+    0 trainer_state.json, so a complete checkpoint's top rank left at least its shard: a
+    missing shard below the top is a gap, never a smaller world."""
+    top = -1
+    for n in names:
+        if n.endswith("optim_states.pt") and "zero_pp_rank_" in n:
+            digits = n.split("zero_pp_rank_", 1)[1].split("_", 1)[0]
+            top = max(top, int(digits)) if digits.isdigit() else top
+    for n in _list_dir(path):
+        if n.startswith("rng_state_") and n.endswith(".pth") and n[10:-4].isdigit():
+            top = max(top, int(n[10:-4]))
+    return top + 1
 
 
 def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
