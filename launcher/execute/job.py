@@ -172,7 +172,8 @@ class _Session(NodeStreams):
         node = self.outcomes[rank]
         node.exit = outcome
         self.watch.events.emit("node_exit", node=rank, host=node.host, code=outcome.code,
-                               lost=outcome.lost or None)
+                               lost=outcome.lost or None,
+                               detail=(outcome.detail or None) if outcome.lost else None)
         node.terminated = self._teardown is not None and rank != self.result.first_failure
         if (outcome.code != 0 or outcome.lost) and self._teardown is None:
             self.result.first_failure = rank

@@ -214,7 +214,7 @@ def _loop(job, plan, executor, printer, opts, master, resume_from, transformers,
         attempt += 1
         rec.restarting()
         events.attempt = attempt
-        reason = getattr(result.health, "event", None) or f"exit {result.code}"
+        reason = getattr(result.health, "event", None) or _lost_or_exit(result)
         job, plan, executor = _restart_wait(job, plan, executor, printer, attempt, limit,
                                             result, events, (base_id, opts.log_dir))
         master.executor, master.plan = executor, plan
@@ -306,3 +306,11 @@ def _restart_wait(job, plan, executor, printer, attempt, limit, result, events, 
     if not job.cluster.spare_hosts and not shrink.allowed(job):
         return job, plan, _connect(plan)
     return spares.reconnect(job, plan, result, printer, events, rebuild)
+
+
+def _lost_or_exit(result: JobResult) -> str:
+    """Why the attempt failed, for the restart event: the lost nodes in ssh's words (frozen,
+    closed by the host), else the exit code."""
+    lost = [f"node{o.rank} {o.host}: {o.exit.detail or 'connection lost'}" for o in result.nodes
+            if o.exit is not None and o.exit.lost and not o.terminated]
+    return "; ".join(lost) or f"exit {result.code}"
