@@ -34,13 +34,17 @@ def _with(spec, **update):
 
 def plan_dict(plan, resume: str | None = None) -> dict:
     """The dry-run as data: the nodes (argv, environment beyond mlaunch's own, secrets masked),
-    the files, the batch decision, the restart policy and the notes."""
+    the files, the batch decision, the restart policy and the notes. Every string of it goes
+    through plan.mask's function (mask_data), as the text dry-run's whole text does: no field
+    can print a secret the text would mask."""
     from ..view import memview
     from ..view.dryrun import user_env
     from ..launch.backends import backend_name
     from ..spec.spare_rules import shrinks
+    from ..spec.secret_rules import mask_data
+    from ..plan.launch_plan import MASK
     job = plan.job
-    return {
+    return mask_data({
         "job": job.name, "run_id": plan.run_id, "backend": backend_name(plan),
         "trainer": job.trainer, "notes": list(job._notes),
         "restarts": {"max_restarts": job.max_restarts, "backoff_s": job.restart_backoff_s,
@@ -50,7 +54,7 @@ def plan_dict(plan, resume: str | None = None) -> dict:
         "resume": plan.resume_from or resume,
         "log_dir": plan.log_dir, "run_dir": plan.run_dir,
         "batch": memview.to_dict(plan.batch) if plan.batch else None,
-        "nodes": [{"rank": n.rank, "host": n.host, "argv": [plan.mask(a) for a in n.argv],
+        "nodes": [{"rank": n.rank, "host": n.host, "argv": list(n.argv),
                    "env": dict(user_env(n)), "workdir": n.workdir} for n in plan.nodes],
-        "files": [{"path": f.path, "note": plan.mask(f.note or "") or None} for f in plan.files],
-    }
+        "files": [{"path": f.path, "note": f.note or None} for f in plan.files],
+    }, plan.secrets, MASK)

@@ -68,6 +68,7 @@ class SlurmExecutor:
         req = sbatch.request(plan)
         self.stage(plan)
         _write(req.node_script.path, req.node_script.content)
+        fsmode.private_dir(os.path.dirname(req.raw_log(0, "")))   # srun's unmasked output
         if req.secrets:
             _write_secret(req.secrets.path, req.secrets.content)
         _write(req.script_path, req.script)

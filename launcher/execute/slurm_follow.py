@@ -1,19 +1,24 @@
 """Following one Slurm job: its state, its per-node log files, Ctrl-C, and its JobResult.
 
-Slurm (slurmstepd on each node) writes the node logs; mlaunch reads them from the shared
-storage and prints each line with the live stream's `[node<k> <host> local<r>]` prefix.
+Slurm (slurmstepd on each node) writes each node's output to a file in the run's 0700
+directory (sbatch.RAW_DIR: unmasked, readable by this user alone); mlaunch reads it from the
+shared storage, masks it once (plan.mask), appends it to the node log (0600, in the log dir
+every other backend writes to) and prints each line with the live stream's
+`[node<k> <host> local<r>]` prefix. The raw file is removed once the job has left its nodes
+and every byte of it is in the node log.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
 
 from .base import LOST, Exit
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .slurm import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
                     never_starts, node_outcomes)
-from .stream import LineSplitter
+from .stream import LineSplitter, NodeLog, lines_of, text_of
 from .torchrun_out import TorchrunRootCause
 
 STATE_POLL_MAX_S = 2.0
@@ -38,7 +43,6 @@ class _Tail:
         self.pos += len(data)
         lines = self.split.feed(data) + (self.split.flush() if final else [])
         self.cause.see(lines)
-        self.tail.extend(lines)
         return lines
 
 
@@ -50,6 +54,7 @@ class Follow:
         self.printer, self.on_started = printer, on_started
         self.hosts: list[str] = []
         self.tails: list[_Tail] = []
+        self.logs: list[NodeLog] = []
         self.batch = _Tail(req.batch_log)
         self.info: dict[str, str] = {}
         self.interrupted = False
@@ -63,6 +68,7 @@ class Follow:
         except KeyboardInterrupt:
             self._cancel()
         self._pump(final=True)
+        self._close_logs()
         return self._result()
 
     def _loop(self) -> None:
@@ -95,7 +101,8 @@ class Follow:
         nodes = tuple(dataclasses.replace(n, host=h, login=h, log_path=self.req.node_log(n.rank, h))
                       for n, h in zip(self.plan.nodes, self.hosts))
         self.plan = dataclasses.replace(self.plan, nodes=nodes)
-        self.tails = [_Tail(n.log_path) for n in nodes]
+        self.tails = [_Tail(self.req.raw_log(n.rank, n.host)) for n in nodes]
+        self.logs = [NodeLog(n.log_path, self.plan.mask) for n in nodes]
         self.printer.say(f"slurm job {self.job_id} running on {', '.join(self.hosts)}")
         from .watch import Watch
         self.watch = Watch(self.plan, None, self.printer.say, time.monotonic)
@@ -107,13 +114,30 @@ class Follow:
         for rank, t in enumerate(self.tails):
             lines = t.read(final)
             if lines:
-                self.printer.node_lines(rank, self.hosts[rank], lines)
+                text = self.plan.mask(text_of(lines))   # once: node log, console, tail, watch
+                self.logs[rank].write_masked(text)
+                lines = lines_of(text)
+                t.tail.extend(lines)
+                self.printer.node_text(rank, self.hosts[rank], text, masked=True)
                 verdict = self.watch.lines(rank, self.hosts[rank], lines) if self.watch else None
                 if verdict is not None and not final:
                     self._health_stop(verdict)
         for line in self.batch.read(final):
             if line.strip():
                 self.printer.say(f"slurm: {line}")
+
+    def _close_logs(self) -> None:
+        """Close the node logs; once the job has left every node, remove srun's raw files
+        (all they hold is in the node logs now, masked)."""
+        for log in self.logs:
+            log.close()
+        if not is_gone(self.info):
+            return
+        for t in self.tails:
+            try:
+                os.unlink(t.path)
+            except OSError:
+                pass
 
     def _health_stop(self, verdict) -> None:
         self.verdict = verdict

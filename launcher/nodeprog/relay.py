@@ -141,6 +141,28 @@ class Relay:
                 block = compiled(pattern).sub(repl, block)
         return block
 
+    def safe_cut(self, data, cut):
+        """cut moved back to the start of every secret (literal or regex match) that spans
+        it, so that masking data[:cut] and then the rest misses none that masking the whole
+        would find; cut itself where that would leave nothing before it."""
+        start = cut
+        moved = True
+        while moved and cut > 0:
+            moved = False
+            for value, _ in self.literal:   # a find in the window holds the cut inside
+                at = data.find(value, max(0, cut - len(value) + 1), cut + len(value) - 1)
+                if at >= 0:
+                    cut, moved = at, True
+            for pattern, _, gates in self.regex:
+                lo = max(0, cut - self.overlap)
+                window = data[lo:cut + self.overlap]
+                if all(g in window for g in gates):
+                    for m in compiled(pattern).finditer(data, lo, cut + self.overlap):
+                        if m.start() < cut <= m.end():   # its context too
+                            cut, moved = m.start(), True
+                            break
+        return cut if cut > 0 else start
+
     def split(self, block):
         """(the bytes for the node log, the lines for the launcher) of a masked block."""
         sampled = self.sampled is not None and self._holds(block, self.sampled)
@@ -227,9 +249,9 @@ def pump(relay, fd):
         if not cut and len(data) < HOLD:
             rest = data
             continue
-        # A line past HOLD is cut, short of its end by more than a secret is long, so that
-        # no secret is cut in two and left unmasked
-        cut = cut or len(data) - relay.overlap
+        # A line past HOLD is cut short of its end, never inside a secret (safe_cut): the
+        # rest, which keeps any secret the cut would split, is masked with what follows.
+        cut = cut or relay.safe_cut(data, len(data) - relay.overlap)
         block, rest = data[:cut], data[cut:]
         out, seen = relay.split(relay.mask(block))
         if seen:

@@ -5,7 +5,10 @@ Layout of one attempt (suffix ".attemptN" from the second attempt on):
     run_dir/job<suffix>.sbatch      what sbatch gets (and `mlaunch render` writes)
     run_dir/node.sh                 every srun task runs it: torchrun --node-rank $SLURM_NODEID
     run_dir/secrets/env.sh          0600 in a 0700 dir; sourced by node.sh; removed at the end
-    log_dir/node<k>-<host><suffix>.log   srun's --output=node%n-%N<suffix>.log
+    run_dir/output/node<k>-<host><suffix>.log   srun's --output: the ranks' words as printed,
+                                    secrets too, readable by this user alone (0700 dirs)
+    log_dir/node<k>-<host><suffix>.log   the same, masked, 0600: written by mlaunch as it
+                                    follows the job (execute/slurm_follow.py)
     log_dir/sbatch<suffix>.log      the batch script's own output (srun's messages)
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ from .trainers import RenderedFile
 
 # The slurm block's fields and the sbatch option each becomes.
 BLOCK_OPTIONS = ("partition", "account", "qos", "time", "constraint", "reservation")
+RAW_DIR = "output"   # under run_dir: srun's unmasked node output
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,20 @@ class SlurmRequest:
     node_script: RenderedFile        # node.sh, secrets masked out
     secrets: RenderedFile | None     # export lines of the secret env values, or None
     batch_log: str
-    node_log_pattern: str            # srun's --output pattern (%n, %N)
+    node_log_pattern: str            # the masked node logs' pattern (%n, %N)
+    raw_log_pattern: str = ""        # srun's --output pattern, in the private run dir
 
     def node_log(self, rank: int, host: str) -> str:
-        """One node's log file once its host is known."""
-        return self.node_log_pattern.replace("%n", str(rank)).replace("%N", host).replace("%%", "%")
+        """One node's (masked) log file once its host is known."""
+        return _fill(self.node_log_pattern, rank, host)
+
+    def raw_log(self, rank: int, host: str) -> str:
+        """The file srun writes that node's output to (unmasked, in the 0700 run dir)."""
+        return _fill(self.raw_log_pattern, rank, host)
+
+
+def _fill(pattern: str, rank: int, host: str) -> str:
+    return pattern.replace("%n", str(rank)).replace("%N", host).replace("%%", "%")
 
 
 def attempt_suffix(plan: LaunchPlan) -> str:
@@ -52,6 +65,7 @@ def request(plan: LaunchPlan) -> SlurmRequest:
     pattern = posixpath.join(log_dir.replace("%", "%%"), f"node%n-%N{suffix}.log")
     batch_log = posixpath.join(log_dir.replace("%", "%%"), f"sbatch{suffix}.log")
     node_path = posixpath.join(plan.run_dir, "node.sh")
+    raw = posixpath.join(plan.run_dir.replace("%", "%%"), RAW_DIR, f"node%n-%N{suffix}.log")
     secrets = _secrets(plan)
     options = [(name, getattr(s, name)) for name in BLOCK_OPTIONS if getattr(s, name)]
     options += [("exclusive", None)] if s.exclusive else []
@@ -59,11 +73,11 @@ def request(plan: LaunchPlan) -> SlurmRequest:
     script = render.render(
         "slurm.sbatch.j2", run_id=plan.run_id, job_name=job.name, nodes=s.nodes,
         gpus=job.cluster.gpus_per_node, batch_log=batch_log, options=options,
-        secrets_file=secrets.path if secrets else None, node_log=pattern, node_script=node_path)
+        secrets_file=secrets.path if secrets else None, raw_log=raw, node_script=node_path)
     return SlurmRequest(script_path=posixpath.join(plan.run_dir, f"job{suffix}.sbatch"),
                         script=script, node_script=RenderedFile(node_path, plan.nodes[0].script),
                         secrets=secrets, batch_log=batch_log.replace("%%", "%"),
-                        node_log_pattern=pattern)
+                        node_log_pattern=pattern, raw_log_pattern=raw)
 
 
 def step_argv(plan: LaunchPlan, name: str) -> list[str]:

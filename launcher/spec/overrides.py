@@ -46,9 +46,11 @@ def parse(args: tuple[str, ...] | list[str]) -> tuple[Override, ...]:
             bad.append(Problem(f"override {arg}", f"the value is not YAML ({' '.join(str(e).split()[:8])}); "
                                "quote it, e.g. key='[a, b]'"))
             continue
-        if isinstance(value, str) and _NUMBER.match(value.strip()):
+        if isinstance(value, str) and _NUMBER.match(text.strip()):   # unquoted: "3" stays text
             value = float(value)
         out.append(Override(key, value, arg))
+    from .secret_rules import check_override_secrets
+    bad += check_override_secrets(out)
     if bad:
         raise SpecError(bad, header="invalid override on the command line")
     return tuple(out)

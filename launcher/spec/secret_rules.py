@@ -25,6 +25,9 @@ ENV_FOR = {"hf_hub_token": "HF_TOKEN", "push_to_hub_token": "HF_TOKEN",
            "hub_token": "HF_TOKEN",
            "swanlab_api_key": "SWANLAB_API_KEY", "wandb_api_key": "WANDB_API_KEY"}
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# scheme://user:password@host: the password, whatever the variable's name.
+URL_CREDS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
+_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=")
 
 
 def secret_name(name: str) -> bool:
@@ -50,9 +53,16 @@ def check_passthrough_secrets(passthrough: dict, trainer: str) -> list[Problem]:
 
 
 def check_script_secrets(args: list[str]) -> list[Problem]:
-    """An argument after a secret-named flag (or --flag=value) would show on torchrun's argv."""
+    """An argument after a secret-named flag (or --flag=value), or a URL with a password, would
+    show on torchrun's and the rank's argv: /proc/<pid>/cmdline, which every user can read."""
     out = []
     for i, arg in enumerate(args):
+        if URL_CREDS.search(arg):
+            out.append(Problem(f"script.args[{i}]", "a URL with a password would show on torchrun's "
+                               "and the rank's command line (/proc/<pid>/cmdline, readable by every "
+                               "user); put the URL in cluster.env (e.g. DATA_URL: ${DATA_URL}, "
+                               "exported in this shell) and read it in the script (os.environ)"))
+            continue
         flag, eq, _ = arg.partition("=")
         after = i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1] \
             and secret_name(args[i - 1]) and not arg.startswith("-")
@@ -88,9 +98,6 @@ def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
 
 
 
-# scheme://user:password@host: the password, whatever the variable's name.
-URL_CREDS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
-_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=")
 
 
 def env_refs(raw: dict) -> frozenset[str]:
@@ -139,6 +146,59 @@ def mask_text(text: str, secrets: tuple[str, ...], mark: str = "***") -> str:
     # Substring tests first: the regex scan costs ~10x more on a flood of plain lines, and
     # "@" (one character: a memchr) several times less than "://".
     return URL_CREDS.sub(rf"\g<1>{mark}\g<3>", text) if "@" in text and "://" in text else text
+
+
+def mask_data(data, secrets: tuple[str, ...], mark: str = "***"):
+    """data (dicts, lists, strings, numbers) with mask_text() applied to every string in it,
+    keys too: the one way a structure is masked before it is printed or stored as JSON
+    (masking the JSON text would miss a secret that JSON escapes)."""
+    if isinstance(data, str):
+        return mask_text(data, secrets, mark)
+    if isinstance(data, dict):
+        return {mask_data(k, secrets, mark): mask_data(v, secrets, mark) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [mask_data(v, secrets, mark) for v in data]
+    return data
+
+
+def check_override_secrets(overrides) -> list[Problem]:
+    """A literal secret given as a command-line override (`cluster.env.X_PASSWORD=...`) sits
+    in mlaunch's own argv, readable by every user in /proc, for the whole run: refused, with
+    the `${NAME}` form that reads it from this shell instead."""
+    out = []
+    for o in overrides:
+        parts = o.key.split(".")
+        if parts[:2] != ["cluster", "env"] or len(parts) != 3:
+            continue
+        name, value = parts[2], o.text.partition("=")[2]
+        literal = isinstance(o.value, str) and not _REF.fullmatch(o.value) and o.value != ""
+        if literal and (SECRET_NAME.search(name) or URL_CREDS.search(value)):
+            out.append(Problem(f"override {o.key}", "a secret on the command line stays in "
+                               "mlaunch's argv (/proc/<pid>/cmdline, readable by every user) for "
+                               f"the whole run; export {name}=... in this shell and write "
+                               f"{o.key}='${{{name}}}' (or {name}: ${{{name}}} in cluster.env)"))
+    return out
+
+
+# `NAME=value` in a shell line, the value as far as the line's next blank or `;`.
+_SET = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S*?)(?=[\s;&|]|$)")
+
+
+def check_setup_secrets(setup: list[str]) -> list[Problem]:
+    """A literal secret in cluster.setup (`export API_TOKEN=abc`) is printed by the dry run and
+    stored with the run's spec: refused, with cluster.env's `${NAME}` way of passing it."""
+    out = []
+    for i, line in enumerate(setup):
+        named = [m[1] for m in _SET.finditer(line) if SECRET_NAME.search(m[1])
+                 and m[2].strip("'\"") and not m[2].strip("'\"").startswith("$")]
+        if named or URL_CREDS.search(line):
+            what = f"sets {named[0]} to a literal value" if named else "holds a URL with a password"
+            name = named[0] if named else "DATA_URL"
+            out.append(Problem(f"cluster.setup[{i}]", f"{what}, which the dry run prints and the "
+                               f"run's record stores; put it in cluster.env as {name}: ${{{name}}} "
+                               f"with {name} exported in this shell (read from the launcher's "
+                               "environment, masked everywhere)"))
+    return out
 
 
 def check_batch_secrets(job) -> list[Problem]:
