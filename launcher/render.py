@@ -234,10 +234,10 @@ def framed(script: str) -> bytes:
 def exec_script(rank: int, host: str, argv: list[str], env: list[tuple[str, str]],
                 bindir: str | None, workdir: str | None, guard: bool = True) -> str:
     """`mlaunch exec`'s script for one node: the spec's environment, then argv; one argument
-    is a shell command line (as pdsh runs it), several are quoted one by one."""
-    command = argv[0] if len(argv) == 1 else command_line(argv)
+    is a shell command line (as pdsh runs it), several are quoted one by one (by the template:
+    no value reaches the script unquoted)."""
     return render("exec.sh.j2", rank=rank, host=host, env=env, bindir=bindir, workdir=workdir,
-                  command=f"/bin/sh -c {quote(command)}" if len(argv) == 1 else command, guard=guard)
+                  argv=list(argv), guard=guard)
 
 
 def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False,

@@ -57,12 +57,16 @@ class DsConfig:
 
 
 def read_user_file(path: str) -> tuple[dict | None, str | None]:
-    """(the parsed ds_config.json, None) or (None, why it cannot be used)."""
+    """(the parsed ds_config.json, None) or (None, why it cannot be used). Only a regular
+    file within CONFIG_CAP (spec/inputs.py): a FIFO or /dev/zero is refused, never read."""
+    from ..errors import SpecError
+    from .inputs import CONFIG_CAP, Unreadable, read_input
     try:
-        with open(os.path.expanduser(path), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as e:
+        data = json.loads(read_input(os.path.expanduser(path), "deepspeed.config", CONFIG_CAP))
+    except Unreadable as e:
         return None, f"cannot read {path}: {e.strerror}"
+    except SpecError as e:
+        return None, str(e.problems[0])
     except ValueError as e:
         return None, f"{path} is not JSON: {e}"
     return (data, None) if isinstance(data, dict) else (None, f"{path}: expected a JSON object")

@@ -9,6 +9,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..errors import Problem, SpecError
 from .hosts import parse_hostfile
+from .inputs import AliasBomb, BoundedLoader, read_input, read_stream
 from .explain import NOT_OFFERED, SECRET_NAME, translate  # noqa: F401  (importable from here)
 from .models import TRAINER_MODELS, Job, JobBase
 from .check import check_job
@@ -19,8 +20,9 @@ from .select import select
 _ADAPTER: TypeAdapter | None = None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys, which PyYAML would silently collapse."""
+class _UniqueKeyLoader(BoundedLoader):
+    """SafeLoader that rejects duplicate keys, which PyYAML would silently collapse (and
+    bounds aliases: spec/inputs.py)."""
 
 
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
@@ -43,17 +45,20 @@ def load_spec(path: str, overrides: tuple = ()) -> JobBase:
     overrides: spec.overrides.Override from the command line, applied before validation."""
     if path == "-":
         import sys
-        return parse_spec(sys.stdin.read(), source="<stdin>", overrides=overrides)
+        data = read_stream(getattr(sys.stdin, "buffer", sys.stdin), "spec")
+        text = data if isinstance(data, str) else _decode(data, "<stdin>", "spec")
+        return parse_spec(text, source="<stdin>", overrides=overrides)
     return parse_spec(read_text(path, "spec"), source=path, overrides=overrides)
 
 
 def read_text(path: str, what: str) -> str:
-    """A UTF-8 text file, or a SpecError naming the file (and the first bad byte's offset)."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    """A UTF-8 text file, or a SpecError naming the file (and the first bad byte's offset).
+    Only a regular file within the spec's size cap (spec/inputs.py: no FIFO, no /dev/zero)."""
+    return _decode(read_input(path, what), path, what)
+
+
+def _decode(data: bytes, path: str, what: str) -> str:
+    """data as UTF-8 text, or a SpecError naming the first bad byte's offset."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -69,6 +74,8 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         raise SpecError(f"{where}: YAML syntax: {e.problem or e.context}") from None
+    except AliasBomb as e:
+        raise SpecError(f"{source}: {e}") from None
     except yaml.reader.ReaderError as e:  # a control character such as NUL: binary?
         code = e.character if isinstance(e.character, int) else ord(e.character)
         raise SpecError(f"{source}: character U+{code:04X} at character offset {e.position} is "

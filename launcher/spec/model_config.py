@@ -12,11 +12,14 @@ MEGATRON_SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant
 
 
 def model_config(model: str) -> dict | None:
-    """<model>/config.json when the model is a directory readable here, else None."""
+    """<model>/config.json when the model is a directory readable here, else None (also for a
+    FIFO or an oversized file there: spec/inputs.py reads only a bounded regular file)."""
+    from ..errors import SpecError
+    from .inputs import CONFIG_CAP, read_input
     try:
-        with open(os.path.join(os.path.expanduser(model), "config.json"), encoding="utf-8") as fh:
-            cfg = json.load(fh)
-    except (OSError, ValueError):
+        cfg = json.loads(read_input(os.path.join(os.path.expanduser(model), "config.json"),
+                                    "model config", CONFIG_CAP))
+    except (SpecError, ValueError):
         return None
     return cfg if isinstance(cfg, dict) else None
 
