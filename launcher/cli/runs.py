@@ -25,11 +25,15 @@ MIN_PREFIX = 3   # `stop` of a shorter prefix (or of "") is refused: too easy to
 
 
 def _registry():
+    """The registry, whole: a damaged page that the listing's query would skip (`ps`
+    printed an empty list, exit 0) is one line and exit 2, as a damaged header is."""
     import sqlite3
 
     from ..record.registry import Registry, home
     try:
-        return Registry()
+        reg = Registry()
+        reg.check()
+        return reg
     except (sqlite3.Error, OSError) as e:
         from ..record.regguard import explain
         raise explain(f"{home()}/runs.db", e) from None
@@ -61,7 +65,7 @@ def _shown(ref: str) -> str:
 
 def _resolve(reg, ref: str, destructive: bool = False):
     """RUN as typed: the run, or UserError naming why not (and the candidates)."""
-    if not RUN_ARG.match(ref):
+    if not RUN_ARG.fullmatch(ref):
         raise UserError(f"RUN {_shown(ref)}: not a run id or job name (1-128 letters, digits, "
                         "'.', '_', '-'); see `mlaunch ps --all` for the runs")
     found = reg.resolve(ref) if ref else [r.id for r in reg.runs()] or None

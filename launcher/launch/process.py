@@ -102,7 +102,7 @@ class ProcessBackend:
         token = run.id if run.detached else None
         if alive(run.supervisor_pid, run.supervisor_start, token):
             return Status(run.state, run.exit_code)
-        return Status("lost", None, f"supervisor pid {run.supervisor_pid} is gone")
+        return _ended(run) or Status("lost", None, f"supervisor pid {run.supervisor_pid} is gone")
 
     def logs(self, run, node: int, attempt: int | None = None) -> str:
         from ..record.registry import Registry
@@ -138,6 +138,27 @@ class ProcessBackend:
         Registry().set_state(run.id, "stopped", only_from=("starting", "running", "restarting"),
                              exit_code=130)
         return result
+
+
+def _ended(run) -> Status | None:
+    """How a run whose supervisor is gone ended, from its events.jsonl's run_end: the
+    supervisor could not record it (a full or read-only registry), the run still ended so."""
+    import json
+    try:
+        with open(os.path.join(run.log_dir or "", "events.jsonl"), "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 65536))
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if b'"run_end"' in line:
+            try:
+                code = int(json.loads(line)["code"])
+            except (ValueError, KeyError, TypeError):
+                return None
+            state = "succeeded" if code == 0 else "stopped" if code == 130 else "failed"
+            return Status(state, code, "its end was in events.jsonl, not in the registry")
+    return None
 
 
 def _interrupt(signum, frame):

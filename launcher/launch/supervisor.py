@@ -61,7 +61,10 @@ def _detach(rec) -> None:
     except OSError:  # `mlaunch submit` is gone already (its terminal closed): carry on
         pass
     log_dir = os.path.dirname(rec.console.path) if rec.console else "."
-    fd = fsmode.private_fd(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_APPEND)
+    try:
+        fd = fsmode.private_fd(os.path.join(log_dir, "supervisor.log"), os.O_WRONLY | os.O_APPEND)
+    except OSError:   # a full or read-only MLAUNCH_HOME: the run goes on, unheard
+        fd = os.open(os.devnull, os.O_WRONLY)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -21,13 +21,29 @@ def attempt_tags(run_id: str, attempts: int) -> list[str]:
     return [run_id] + [f"{run_id}.a{n}" for n in range(1, max(attempts, 1))]
 
 
+def own_tags(run, tags: list[str]) -> tuple[list[str], list[str]]:
+    """tags without those that are the id of another registered run (an older mlaunch let
+    `--run-id X.a1` beside run X): sweeping X must never end that run's processes. A tag of
+    an attempt X did record is then ambiguous: left alone, with a problem line saying so."""
+    from ..record.registry import Registry
+    reg = Registry()
+    try:
+        taken = {t for t in tags[1:] if reg.get(t) is not None}
+    finally:
+        reg.close()
+    problems = [f"attempt {tags.index(t)}'s processes (MLAUNCH_RUN_ID={t}) were left alone: run "
+                f"{t} has the same id; stop it with `mlaunch stop {t}` when it may end"
+                for t in tags if t in taken and tags.index(t) < run.attempts]
+    return [t for t in tags if t not in taken], problems
+
+
 def sweep(run, kill_now: bool = False) -> Cancel:
     """TERM, grace, KILL for every attempt's processes on every host of run; what is left."""
     from ..plan.launch_plan import build_plan
     from ..spec.load import validate
     from ..execute.job import make_executor
     job = validate(run.spec)  # the masked snapshot: enough to reach the hosts
-    plan = build_plan(job, run_id=run.id, log_dir=run.log_dir)
+    plan = build_plan(job, run_id=run.id, log_dir=run.log_dir, registered=True)
     executor = make_executor(plan)
     try:
         problems = executor.connect()
@@ -35,12 +51,12 @@ def sweep(run, kill_now: bool = False) -> Cancel:
             return Cancel(problems=[str(p) for p in problems])
         hosts = list(dict.fromkeys(n.login for n in plan.nodes))
         # Restarts may have run up to max_restarts more attempts than the registry has seen.
-        tags = attempt_tags(run.id, max(run.attempts, 1) + job.max_restarts + 1)
+        tags, problems = own_tags(run, attempt_tags(run.id, max(run.attempts, 1) + job.max_restarts + 1))
         with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
             outs = list(pool.map(lambda h: _host(executor, plan, h, tags, kill_now), hosts))
     finally:
         executor.close()
-    result = Cancel()
+    result = Cancel(problems=problems)
     for host, (code, out) in zip(hosts, outs):
         counts = [int(n) for n in LEFT.findall(out)]
         if len(counts) != len(tags):

@@ -73,18 +73,28 @@ class LaunchPlan:
 # A run id names files and directories (logs/<id>/, the run dir) and is matched, as a fixed
 # string, in every process's environment: `name`'s characters, and room for the generated
 # suffix (-<UTC time>-<random>, 21 characters) after a 64-character name.
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # always fullmatch
+# Attempt N>0 of run X runs as X.aN (build_plan): an id of that form is some run's attempt.
+RESTART_TAG = re.compile(r".+\.a\d+")
 
 
-def check_run_id(run_id: str) -> str:
-    """run_id if it is one path component of safe characters; else UserError (exit 2)."""
-    if RUN_ID_RE.match(run_id):
-        return run_id
+def check_run_id(run_id: str, registered: bool = False) -> str:
+    """run_id if it is one path component of safe characters (the whole string: a trailing
+    newline would split the teardown script) and no restart tag; else UserError (exit 2).
+
+    registered: the id of a run already in the registry (stop's sweep), taken as an older
+    mlaunch accepted it, restart tag or not."""
     from ..errors import UserError
     shown = run_id if len(run_id) <= 80 else run_id[:77] + "..."
-    raise UserError(f"--run-id {shown!r}: a run id is 1-128 letters, digits, '.', '_' or '-', "
-                    "starting with a letter or digit (no '/', no '..'); give such an id, or "
-                    "leave --run-id out for a fresh one")
+    if not RUN_ID_RE.fullmatch(run_id):
+        raise UserError(f"--run-id {shown!r}: a run id is 1-128 letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit (no '/', no '..'); give such an id, or "
+                        "leave --run-id out for a fresh one")
+    if RESTART_TAG.fullmatch(run_id) and not registered:
+        raise UserError(f"--run-id {shown!r}: ends like a restart tag (.a<N>), which names attempt "
+                        f"N of run {run_id.rsplit('.a', 1)[0]!r}: stopping that run would end this "
+                        "one's processes too; give an id without it, or leave --run-id out")
+    return run_id
 
 
 def new_run_id(name: str) -> str:
@@ -95,7 +105,8 @@ def new_run_id(name: str) -> str:
 def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None = None,
                resume_from: str | None = None, overwrite: bool | str | None = False,
                attempt: int = 0, transformers: str | None = None,
-               memory: batchplan.MemoryInputs | None = None, universal: bool = False) -> LaunchPlan:
+               memory: batchplan.MemoryInputs | None = None, universal: bool = False,
+               registered: bool = False) -> LaunchPlan:
     """Turn a validated job into the per-node commands and the files they read.
 
     Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
@@ -105,7 +116,7 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     """
     decision = batchplan.resolve(job, memory)
     job = decision.job if decision else job
-    run_id = check_run_id(new_run_id(job.name) if run_id is None else run_id)
+    run_id = check_run_id(new_run_id(job.name) if run_id is None else run_id, registered)
     c = job.cluster
     addrs = node_addrs(job)
     # A loopback host with its own user or port is an sshd to log in to (e.g. a container).

@@ -27,6 +27,25 @@ class Tee:
     def __init__(self, primary: TextIO | None, path: str):
         self.primary, self.path = primary, path
         self._file = fsmode.open_private(path, "a", buffering=1)
+        self.failed: str | None = None   # why the console log stopped (a full disk), once said
+
+    def _log(self, text: str) -> None:
+        """Append to the console log; a log that cannot be written (a full disk) is said once,
+        on the terminal, and left: the run goes on without it."""
+        if self.failed is not None:
+            return
+        try:
+            self._file.write(text)
+        except (OSError, ValueError) as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        self.failed = getattr(e, "strerror", None) or str(e)
+        line = f"cannot write the console log {self.path} ({self.failed}); the run goes on without it"
+        if self.primary is not None:
+            self.terminal_only(f"mlaunch: {line}\n")
+        else:
+            say(line)
 
     def write(self, text: str) -> int:
         if self.primary is not None:
@@ -35,11 +54,11 @@ class Tee:
                 self.primary.flush()
             except (OSError, ValueError):  # the terminal went away: keep the log going
                 self.primary = None
-        self._file.write(ANSI.sub("", text))
+        self._log(ANSI.sub("", text))
         return len(text)
 
     def log_only(self, text: str) -> None:
-        self._file.write(text)
+        self._log(text)
 
     def terminal_only(self, text: str) -> None:
         """What belongs on the screen and not in the log: the live view's status lines."""
@@ -55,7 +74,11 @@ class Tee:
         return self.primary.fileno()
 
     def flush(self) -> None:
-        self._file.flush()
+        if self.failed is None:
+            try:
+                self._file.flush()
+            except OSError as e:
+                self._fail(e)
 
     def isatty(self) -> bool:
         return bool(self.primary is not None and self.primary.isatty())
@@ -64,7 +87,10 @@ class Tee:
         self.primary = None
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:   # the last buffered line on a full disk: already said, or lost
+            pass
 
 
 def spec_snapshot(job: JobBase) -> dict:
@@ -112,18 +138,25 @@ class Recorder:
         self.run_id = ""
         self.console: Tee | None = None
         self.reason: str | None = None   # why the run ended (ended_because), stored by end()
+        self.unwritable: str | None = None   # why the registry took no write, once it did not
+        self._told = False
 
     def begin(self, plan: LaunchPlan, job: JobBase, out: TextIO) -> TextIO:
         """Register the run (state starting); return the stream the printer writes to."""
         self.handle = {"backend": self.backend, "run_id": plan.run_id,
                        "pid": self.supervisor[0], "start": self.supervisor[1]}
+        self.log_dir = plan.log_dir
         try:
             self.reg = registry.Registry()
             self.run_id = plan.run_id
-            self._write(self.reg.create, plan.run_id, name=job.name, backend=self.backend,
-                        hosts=[n.host for n in plan.nodes], spec=spec_snapshot(job),
-                        detached=self.detached, supervisor=self.supervisor,
-                        log_dir=plan.log_dir, output_dir=job.output_dir, handle=self.handle)
+            regguard.patiently(self.reg.create, plan.run_id, name=job.name, backend=self.backend,
+                               hosts=[n.host for n in plan.nodes], spec=spec_snapshot(job),
+                               detached=self.detached, supervisor=self.supervisor,
+                               log_dir=plan.log_dir, output_dir=job.output_dir, handle=self.handle,
+                               notice=self._notice, path=self.reg.path)
+        except registry.sqlite3.IntegrityError:
+            other, self.reg = self.reg.get(plan.run_id), None
+            raise UserError(taken(plan.run_id, other)) from None
         except (OSError, registry.sqlite3.Error) as e:
             self.reg = None
             raise regguard.explain(f"{registry.home()}/runs.db", e) from None
@@ -163,16 +196,34 @@ class Recorder:
         state = "stopped" if interrupted else "succeeded" if code == 0 else "failed"
         self._write(self.reg.attempt_ended, self.run_id, attempt, code, state)
 
-    def _write(self, fn, *args, **kw):
+    def _write(self, fn, *args, **kw) -> bool:
         """One registry write, waiting out another writer's lock however long it is held:
-        the run's record comes late, the run itself never fails for it."""
-        return regguard.patiently(fn, *args, notice=self._notice, path=self.reg.path, **kw)
+        the run's record comes late, the run itself never fails for it. A write that cannot
+        be made (a full disk, a read-only registry) is said once and skipped: the run goes
+        on and keeps its exit code. True when it was made."""
+        try:
+            regguard.patiently(fn, *args, notice=self._notice, path=self.reg.path, **kw)
+            return True
+        except (OSError, registry.sqlite3.Error) as e:
+            self.unwritable = self.unwritable or str(e)
+            if not self._told:
+                self._told = True
+                self._tell(f"run registry {self.reg.path}: cannot record run {self.run_id} "
+                           f"({e}); the run goes on and keeps its exit code")
+            return False
+
+    def _tell(self, line: str) -> None:
+        """An error line on stderr (the terminal, or supervisor.log once detached) and in the
+        console log: whichever of them can still be written."""
+        say(line)
+        if self.console is not None:
+            self.console.log_only(f"mlaunch: {line}\n")
 
     def _notice(self, line: str) -> None:
         if self.console is not None:
             self.console.write(f"[mlaunch] {line}\n")
         else:
-            print(f"mlaunch: {line}", file=sys.stderr, flush=True)
+            say(line)
 
     def note(self, lines: list[str]) -> None:
         """Error lines for the console log only (the terminal gets them on stderr)."""
@@ -194,10 +245,31 @@ class Recorder:
             return
         stopped = interrupted or code == STOPPED_EXIT
         state = "stopped" if stopped else "succeeded" if code == 0 else "failed"
-        self._write(self.reg.set_state, self.run_id, state, only_from=registry.ACTIVE + ("lost",),
-                    exit_code=code, reason=self.reason)
+        told, self._told = self._told, True   # a failure here is told by the line below alone
+        if not self._write(self.reg.set_state, self.run_id, state,
+                           only_from=registry.ACTIVE + ("lost",), exit_code=code, reason=self.reason):
+            self._tell(f"run {self.run_id} {state} (exit {code}), not recorded in {self.reg.path} "
+                       f"({self.unwritable}); `mlaunch ps` reads its end from "
+                       f"{self.log_dir}/events.jsonl")
+        self._told = told
         if self.console is not None:
             self.console.close()
+
+
+def say(line: str) -> None:
+    """`mlaunch: line` on stderr, unless stderr itself cannot be written (supervisor.log on
+    the full disk it reports): the run goes on either way."""
+    try:
+        print(f"mlaunch: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def taken(run_id: str, other) -> str:
+    """The line for a --run-id the registry holds already."""
+    by = f" (job {other.name}, {other.state})" if other is not None else ""
+    return (f"--run-id {run_id!r}: taken by an earlier run{by} in this registry; pick "
+            "another id, or leave --run-id out for a fresh one")
 
 
 class NullRecorder(Recorder):

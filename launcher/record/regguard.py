@@ -79,6 +79,19 @@ def explain(path: str, exc: BaseException) -> UserError:
                      "MLAUNCH_HOME to a writable directory")
 
 
+def not_own(folder: str, st: os.stat_result) -> str:
+    """The line for a registry directory that is not this user's alone."""
+    import pwd
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = f"uid {st.st_uid}"
+    why = (f"belongs to {owner}, not to you" if st.st_uid != os.geteuid()
+           else f"is shared (mode {st.st_mode & 0o7777:o}), not yours alone")
+    return (f"run registry {folder}/runs.db: its directory {folder} {why}: whoever else can write "
+            "there can read, swap or remove your runs; set MLAUNCH_HOME to a directory of your own")
+
+
 def _read_only(path: str, what: str) -> str:
     kind = "directory" if os.path.isdir(what) else "file"
     return (f"run registry {path}: its {kind} {what} is not writable (read-only or immutable); "

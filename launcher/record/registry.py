@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from . import regguard
+from ..errors import UserError
 
 ACTIVE = ("starting", "running", "restarting")
 FINAL = ("succeeded", "failed", "stopped", "lost")
@@ -80,12 +81,23 @@ def console_path(run_id: str) -> str:
 
 
 def _private_home(path: str) -> None:
-    """The directory of runs.db, made 0700 when mlaunch creates it (whatever the umask); an
-    existing one (a 0755 MLAUNCH_HOME) keeps its mode, its files are made 0600."""
+    """The directory of runs.db: made 0700 when mlaunch creates it (whatever the umask); an
+    existing one of this user's made 0700 too (a 0755 MLAUNCH_HOME showed every run's
+    console log to the machine); one of another user's refused: they could read, swap or
+    remove this user's registry."""
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         os.makedirs(parent, exist_ok=True)
         os.chmod(parent, 0o700)
+        return
+    st = os.stat(parent)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o1002:   # another's, or shared (/tmp)
+        raise UserError(regguard.not_own(parent, st))
+    if st.st_mode & 0o077:
+        try:
+            os.chmod(parent, 0o700)
+        except OSError:   # read-only or immutable: check_before_open says so, in one line
+            pass
 
 
 def _private_db(path: str) -> None:
@@ -181,7 +193,8 @@ class Registry:
         write could otherwise land beside pages that no read has touched yet)."""
         rows = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
         if rows != ["ok"]:
-            raise sqlite3.DatabaseError(f"database disk image is malformed: {rows[0]}")
+            first = " ".join(rows[0].replace("*** in database main ***", "").split())
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {first}")   # one line
 
     # -- writes: each one short statement (an implicit transaction of its own) --
 
@@ -269,10 +282,10 @@ class Registry:
         exact = self.get(ref)
         if exact:
             return exact
-        esc = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        # substr, not LIKE: LIKE ignores ASCII case, and `stop LK1` stopped run lk1.
         ids = [r[0] for r in self._db.execute(
-            "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY created DESC LIMIT 11",
-            (esc + "%",)).fetchall()]
+            "SELECT id FROM runs WHERE substr(id, 1, ?) = ? ORDER BY created DESC LIMIT 11",
+            (len(ref), ref)).fetchall()]
         by_name = self._db.execute("SELECT id FROM runs WHERE name=? ORDER BY created DESC LIMIT 1",
                                    (ref,)).fetchone()
         if by_name:

@@ -26,6 +26,11 @@ OWNED_ENV = {
     "CUDA_VISIBLE_DEVICES": "cluster.cuda_visible_devices",
 }
 RENDEZVOUS_WHY = "every node must share one master address and port"
+# mlaunch's own variables on the nodes: teardown, `stop` and the live view find a run's
+# processes by them, so a user value is replaced (and was once silently dropped).
+MLAUNCH_ENV = ("MLAUNCH_RUN_ID", "MLAUNCH_NODE_ID", "MLAUNCH_NODE_RANK", "MLAUNCH_MASTER_ADDR",
+               "MLAUNCH_IN_PROCESS", "MLAUNCH_SSH_STREAM", "MLAUNCH_LOG_RELAY",
+               "MLAUNCH_COMPRESS_STREAMS", "MLAUNCH_LIVE", "MLAUNCH_STAGED_FILE")
 # Variables that make a trainer's own launcher start processes or a cluster beside mlaunch's
 # torchrun (llamafactory-cli and `swift sft` read them): each rank would launch again.
 LAUNCHER_ENV = {
@@ -70,8 +75,12 @@ def _check_env(c: Cluster) -> list[Problem]:
     if c.python and c.venv:
         p.append(Problem("cluster.venv", "give either python or venv, not both"))
     for name in c.env:
-        if not ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             p.append(Problem(f"cluster.env.{name}", "not a valid environment variable name"))
+        elif name in MLAUNCH_ENV:
+            p.append(Problem(f"cluster.env.{name}", "mlaunch's own: it sets it on every node "
+                             "to find and tear down the run's processes; remove it (--run-id "
+                             "names the run)"))
         elif name in OWNED_ENV:
             why = ("mlaunch's torchrun sets it per node; a trainer's own launcher reading it would "
                    "start torchrun again" if name in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")
@@ -209,8 +218,8 @@ def _check_master(c: Cluster) -> list[Problem]:
         return [Problem("cluster.master_addr",
                         f"{m} is hosts[{later}], but node rank 0 ({names[0]}) runs the "
                         "rendezvous; list the master first or omit master_addr")]
-    remote = [n for n in names if not LOOPBACK.match(n)]
-    if LOOPBACK.match(m) and remote:
+    remote = [n for n in names if not LOOPBACK.fullmatch(n)]
+    if LOOPBACK.fullmatch(m) and remote:
         return [Problem("cluster.master_addr",
                         f"{m} is loopback, which {remote[0]} cannot reach; use the master's "
                         "cluster-network address")]

@@ -41,12 +41,12 @@ class HostAddr:
 
 def machine_key(name: str) -> str:
     """Names that are surely one machine share a key: case is ignored, every loopback is this one."""
-    return "localhost" if LOOPBACK.match(name) else name.lower()
+    return "localhost" if LOOPBACK.fullmatch(name) else name.lower()
 
 
 def is_address(name: str) -> bool:
     """A host name or an IP address: what torchrun's --master-addr and a TCP dial accept."""
-    if NAME_RE.match(name) and ".." not in name:
+    if NAME_RE.fullmatch(name) and ".." not in name:
         return True
     try:
         ipaddress.IPv6Address(name)
@@ -58,7 +58,7 @@ def is_address(name: str) -> bool:
 def parse_host(text: str) -> HostAddr | str:
     """The parsed host string, or why it is not one (a message without the field name)."""
     user, at, rest = text.rpartition("@")
-    if at and not USER_RE.match(user):
+    if at and not USER_RE.fullmatch(user):
         return f"{text!r}: {user!r} is not a user name; {FORMS}"
     port = None
     m = re.fullmatch(r"\[([^\]]*)\](?::([^:]*))?", rest)

@@ -77,7 +77,7 @@ def check_scheduler(c: Cluster, ssh_given: bool) -> list[Problem]:
     if not c.shared_dir:
         p.append(Problem("cluster.shared_dir", "required with scheduler slurm: the batch script, "
                          "rendered files and logs go there, read by every node and by mlaunch"))
-    elif not VALUE_RE.match(c.shared_dir):
+    elif not VALUE_RE.fullmatch(c.shared_dir):
         p.append(Problem("cluster.shared_dir", f"{c.shared_dir!r}: no spaces or quotes (it goes "
                          "into #SBATCH lines)"))
     return p + check_slurm_block(c)
@@ -90,12 +90,12 @@ def check_slurm_block(c: Cluster) -> list[Problem]:
         return [Problem("cluster.slurm.nodes", "required with scheduler slurm: how many nodes to "
                         "allocate, e.g. `slurm: {nodes: 2}`")]
     p: list[Problem] = []
-    if s.time is not None and not TIME_RE.match(s.time):
+    if s.time is not None and not TIME_RE.fullmatch(s.time):
         p.append(Problem("cluster.slurm.time", f"{s.time!r} is not a Slurm time; use MM, MM:SS, "
                          "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 2-00:00:00"))
     for name in ("partition", "account", "qos", "constraint", "reservation"):
         value = getattr(s, name)
-        if value is not None and not VALUE_RE.match(value):
+        if value is not None and not VALUE_RE.fullmatch(value):
             p.append(Problem(f"cluster.slurm.{name}", f"{value!r}: one word, no spaces or quotes"))
     for key, value in s.extra_sbatch.items():
         p += _extra(key, value)
@@ -161,11 +161,11 @@ def _extra(key: str, value) -> list[Problem]:
     name = key.lstrip("-")
     if name in OWNED_SBATCH:
         return [Problem(where, f"mlaunch owns --{name}: {OWNED_SBATCH[name]}")]
-    if not OPTION_RE.match(name):
+    if not OPTION_RE.fullmatch(name):
         return [Problem(where, "not a long sbatch option name (e.g. gres, mem, cpus-per-task); "
                         "short forms like -N are not accepted")]
     if value is False:
         return [Problem(where, "false: give true for a flag option, or remove the key")]
-    if value is not True and not VALUE_RE.match(str(value)):
+    if value is not True and not VALUE_RE.fullmatch(str(value)):
         return [Problem(where, f"{value!r}: one word, no spaces or quotes")]
     return []
