@@ -139,12 +139,17 @@ def node_script(**context: Any) -> str:
 
 
 def private_dirs_script(run_dir: str, default_base: bool) -> str:
-    """Shell text that makes the run dir and its parent (and the default base) 0700 and
-    this user's, refusing one another user owns."""
-    base = posixpath.dirname(posixpath.dirname(run_dir))
-    dirs = [posixpath.dirname(run_dir), run_dir]
-    return render("private_dirs.sh.j2", base=None if default_base else base,
-                  dirs=[base, *dirs] if default_base else dirs).strip()
+    """Shell text that makes the run dir and the dirs above it that are this user's 0700,
+    refusing a link or one another user owns. Under the default base (/tmp/mlaunch-<user>)
+    every level is this user's; under a workdir, <workdir>/.mlaunch is shared by its users
+    (1777, sticky) and <user> below it is this user's (plan/launch_plan.py run_dir_of)."""
+    up = posixpath.dirname(run_dir)
+    if default_base:
+        base = posixpath.dirname(up)
+        return render("private_dirs.sh.j2", base=None, shared=None, dirs=[base, up, run_dir]).strip()
+    shared = posixpath.dirname(up)
+    return render("private_dirs.sh.j2", base=posixpath.dirname(shared), shared=shared,
+                  dirs=[up, run_dir]).strip()
 
 
 def stage_script(run_dir: str, default_base: bool, files: list[tuple[str, str]]) -> str:

@@ -19,8 +19,8 @@ def test_dry_run_prints_every_node_and_file(tmp_path):
     assert ("/opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 0 "
             "--master-addr 192.168.1.10 --master-port 29500") in out
     assert "nodes 1–3: as node 0, with --node-rank 1..3\n  hosts: 192.168.1.11, 192.168.1.12, 192.168.1.13" in out
-    assert "=== file /mnt/shared/work/.mlaunch/R1/llamafactory.yaml ===" in out
-    assert "=== file /mnt/shared/work/.mlaunch/R1/ds_config.json ===" in out
+    assert "=== file /mnt/shared/work/.mlaunch/train/R1/llamafactory.yaml ===" in out
+    assert "=== file /mnt/shared/work/.mlaunch/train/R1/ds_config.json ===" in out
     assert "global batch: 256 = 4 nodes × 4 GPUs × 2 per device × 8 accumulation" in out
     assert "HF_TOKEN='***'" in out
     assert SECRET not in out + r.stderr

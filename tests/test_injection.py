@@ -89,7 +89,8 @@ def test_hostile_shared_dir_quoted(tmp_path):
     plan = build_plan(validate(data), run_id="q")
     script = plan.nodes[0].script
     assert "mkdir -p -- '/mnt/a b/$(id)' || exit 96" in script
-    assert "for d in '/mnt/a b/$(id)/.mlaunch' '/mnt/a b/$(id)/.mlaunch/q'; do" in script
+    assert "s='/mnt/a b/$(id)/.mlaunch'\n" in script
+    assert "for d in '/mnt/a b/$(id)/.mlaunch/train' '/mnt/a b/$(id)/.mlaunch/train/q'; do" in script
 
 
 def test_a_command_substitution_in_an_env_value_is_refused(tmp_path):

@@ -127,7 +127,7 @@ def test_example_and_spec_parse_to_the_same_arguments(parsed, name):
     assert not [k for k in differ if k not in OWNED], {k: (ex.get(k), ml.get(k)) for k in differ}
     assert ex["training.overwrite_output_dir"] is True and ml["training.overwrite_output_dir"] is False
     if "deepspeed" in example(name):
-        assert re.search(r"/\.mlaunch/lf-[\w-]+/ds_config\.json$", ml["training.deepspeed"])
+        assert re.search(r"/\.mlaunch/([\w.-]+/)?lf-[\w-]+/ds_config\.json$", ml["training.deepspeed"])
 
 
 def test_fsdp_section_parses_as_the_trainers_fsdp_arguments(tmp_path):

@@ -6,6 +6,7 @@ Unit tests of the pure parts (NCCL interface grammar, nvidia-smi parsing, the ta
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -95,7 +96,7 @@ def test_all_pass_two_hosts(make_hostset, tmp_path, capsys):
             print(f"\n[preflight] full check (fast checks + 2x2 all-reduce) on 2 hosts: {wall:.1f}s")
         # Nothing left behind: no marker files in shared_dir, no run directory of the all-reduce.
         assert not [f for f in os.listdir(tmp_path / "shared") if f.startswith(".mlaunch-preflight")]
-        assert not os.listdir(tmp_path / "shared" / ".mlaunch")
+        assert not glob.glob(str(tmp_path / "shared" / ".mlaunch" / "*" / "*"))   # <user>/<run>
 
 
 @pytest.mark.multihost

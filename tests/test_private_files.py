@@ -117,18 +117,19 @@ def test_canary_secret_is_in_no_file_or_process_another_user_reads(make_hostset)
 def test_run_dir_of_another_user_is_refused(make_hostset):
     tmp = _world_dir()
     work = os.path.join(tmp, "work")
-    os.makedirs(os.path.join(work, ".mlaunch"))
-    os.chown(os.path.join(work, ".mlaunch"), 65534, 65534)   # nobody's
+    mine = os.path.join(work, ".mlaunch", getpass.getuser())   # the per-user dir (issue 51)
+    os.makedirs(mine)
+    os.chown(mine, 65534, 65534)   # nobody's
     with make_hostset(2) as hs:
         spec = canary_spec(hs, tmp, os.path.join(tmp, "go"))
         spec["cluster"]["workdir"] = work
         r = mlaunch("submit", write_spec(tmp, spec), "--no-preflight",
                     env={**ENV, "MLAUNCH_HOME": os.path.join(tmp, "home")})
     assert r.returncode == 2, r.stdout + r.stderr
-    assert (f"{work}/.mlaunch on " in r.stderr and "belongs to nobody (uid 65534), not to root (uid 0); "
+    assert (f"{mine} on " in r.stderr and "belongs to nobody (uid 65534), not to root (uid 0); "
             "remove it as its owner, or set cluster.workdir to a directory of yours; nothing was started"
             in r.stderr), r.stderr
-    assert os.listdir(os.path.join(work, ".mlaunch")) == []
+    assert os.listdir(mine) == []
 
 
 def test_dry_run_and_render_mask_any_reference_and_url_passwords(tmp_path):

@@ -144,7 +144,7 @@ def test_ctrl_c_cancels_and_secrets_stay_out_of_slurm(slurm2, tmp_path):
     job = re.search(r"slurm job (\d+):", "".join(seen)).group(1)
     stored = slurm2.run(["scontrol", "write", "batch_script", job, "-"]).stdout
     assert "#SBATCH --nodes=2" in stored and secret not in stored
-    secrets = glob.glob(str(tmp_path / "shared" / ".mlaunch" / "*" / "secrets" / "env.sh"))
+    secrets = glob.glob(str(tmp_path / "shared" / ".mlaunch" / "*" / "*" / "secrets" / "env.sh"))
     assert len(secrets) == 1 and os.stat(secrets[0]).st_mode & 0o777 == 0o600
     assert os.stat(os.path.dirname(secrets[0])).st_mode & 0o777 == 0o700
     node_sh = open(os.path.join(os.path.dirname(os.path.dirname(secrets[0])), "node.sh")).read()

@@ -19,6 +19,12 @@ GOLDEN = os.path.join(ROOT, "tests", "golden")
 EXAMPLES = sorted(glob.glob(f"{CONFIGS}/slurm/*.yaml"))
 
 
+@pytest.fixture(autouse=True)
+def _one_user(monkeypatch):
+    """The run dir is named for the user (<shared_dir>/.mlaunch/<user>): the same on every machine."""
+    monkeypatch.setenv("LOGNAME", "user")
+
+
 def outputs(path: str) -> dict[str, str]:
     from launcher.plan.meminputs import inputs
     job = load_spec(path)

@@ -15,31 +15,40 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
     """Write each rendered file under its base name and node<k>.sh per node; return the paths.
 
     Secrets stay masked: these files are for reading and review, not for running by hand.
+    Nothing is written through a link another user planted (in DIR or as DIR), nor into a
+    file of another user's: every name is checked before the first is written
+    (record/fsmode.py; one line, exit 2).
     """
-    written = []
     try:
-        if not os.path.isdir(out):   # a directory of the user's keeps its mode
+        texts = _rendered(plan)
+        if os.path.isdir(out):   # a directory of the user's keeps its mode
+            fsmode.check_links(out)
+        else:
             fsmode.private_dir(out)
-        for f in plan.files:
-            written.append(_write(os.path.join(out, posixpath.basename(f.path)), plan.mask(f.content)))
-            if f.note:  # JSON has no comments: where each value came from goes beside the file
-                written.append(_write(os.path.join(out, posixpath.basename(f.path) + ".sources.txt"),
-                                      plan.mask(f.note) + "\n"))
-        if plan.job.cluster.scheduler == "slurm":
-            from ..plan.sbatch import request
-            written.append(_write(os.path.join(out, "job.sbatch"), plan.mask(request(plan).script)))
-            written.append(_write(os.path.join(out, "node.sh"), "#!/bin/sh\n" + plan.mask(plan.nodes[0].display)))
-            return written
-        for node in plan.nodes:
-            written.append(_write(os.path.join(out, f"node{node.rank}.sh"), "#!/bin/sh\n" + plan.mask(node.display)))
+        paths = [os.path.join(out, name) for name in texts]
+        for path in paths:
+            fsmode.check_writable(path)
+        return [fsmode.write_private(path, text) for path, text in zip(paths, texts.values())]
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {e.filename or out}: {e.strerror}; "
                         "give a directory you can write") from None
-    return written
 
 
-def _write(path: str, text: str) -> str:
-    return fsmode.write_private(path, text)
+def _rendered(plan: LaunchPlan) -> dict[str, str]:
+    """{base name: masked text} of every file `render` writes, in order."""
+    texts = {}
+    for f in plan.files:
+        texts[posixpath.basename(f.path)] = plan.mask(f.content)
+        if f.note:  # JSON has no comments: where each value came from goes beside the file
+            texts[posixpath.basename(f.path) + ".sources.txt"] = plan.mask(f.note) + "\n"
+    if plan.job.cluster.scheduler == "slurm":
+        from ..plan.sbatch import request
+        texts["job.sbatch"] = plan.mask(request(plan).script)
+        texts["node.sh"] = "#!/bin/sh\n" + plan.mask(plan.nodes[0].display)
+        return texts
+    for node in plan.nodes:
+        texts[f"node{node.rank}.sh"] = "#!/bin/sh\n" + plan.mask(node.display)
+    return texts
 
 
 def render_start(job, resume: str | None, overwrite: bool) -> tuple[str | None, bool]:

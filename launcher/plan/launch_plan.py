@@ -121,7 +121,7 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     addrs = node_addrs(job)
     # A loopback host with its own user or port is an sshd to log in to (e.g. a container).
     local = c.scheduler == "ssh" and all(LOOPBACK.match(a.name) and a.login == a.name for a in addrs)
-    run_dir = posixpath.join(c.shared_dir or c.workdir or default_base(job), ".mlaunch", run_id)
+    run_dir = run_dir_of(job, run_id)
     tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
                      transformers=transformers, universal=universal)
@@ -140,14 +140,31 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
                       resume_from=resume_from, attempt=attempt, batch=decision)
 
 
+def run_dir_of(job: JobBase, run_id: str) -> str:
+    """The node-side directory of a run's files and pidfiles, one per user: under a shared_dir
+    or workdir, <dir>/.mlaunch/<user>/<run_id> (.mlaunch is shared by the team, 1777 and
+    sticky; <user> is this user's, 0700: templates/private_dirs.sh.j2); without either,
+    /tmp/mlaunch-<user>/.mlaunch/<run_id>, all of it this user's."""
+    c = job.cluster
+    if c.shared_dir or c.workdir:
+        return posixpath.join(c.shared_dir or c.workdir, ".mlaunch", node_user(job), run_id)
+    return posixpath.join(default_base(job), ".mlaunch", run_id)
+
+
 def default_base(job: JobBase) -> str:
     """Where a run's files go without shared_dir or workdir: /tmp/mlaunch-<user>, one per user
-    (a shared /tmp/mlaunch would belong to whoever made it first). The user is the login user
-    the hosts name when they agree, else this machine's user. Not $XDG_RUNTIME_DIR: a node's
-    is removed when its last login session ends, with a detached run's pidfiles in it."""
+    (a shared /tmp/mlaunch would belong to whoever made it first). Not $XDG_RUNTIME_DIR: a
+    node's is removed when its last login session ends, with a detached run's pidfiles in it."""
+    return f"/tmp/mlaunch-{node_user(job)}"
+
+
+def node_user(job: JobBase) -> str:
+    """The user the run's node-side files belong to, as a file name: the login user the hosts
+    name when they agree, else this machine's user."""
     users = {a.user or job.cluster.ssh.user for a in node_addrs(job)}
     user = users.pop() if len(users) == 1 and None not in users else getpass.getuser()
-    return f"/tmp/mlaunch-{re.sub(r'[^A-Za-z0-9._-]', '_', user)}"
+    name = re.sub(r'[^A-Za-z0-9._-]', '_', user)
+    return "_" if name in (".", "..") else name
 
 
 def uses_default_base(job: JobBase) -> bool:

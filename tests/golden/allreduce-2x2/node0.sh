@@ -6,13 +6,17 @@ export MLAUNCH_RUN_ID=GOLDEN
 export MLAUNCH_NODE_RANK=0
 export MLAUNCH_NODE_ID=GOLDEN.node0
 export PATH=/usr/bin:"$PATH"
-# The run's directories are this user's and 0700 (pidfiles, rank logs): one that belongs to
-# another user is refused before anything is made in it. The shell's own tests, a program only
-# to make a missing one and one chmod for all: every node runs this in each session, and each
+# The run's directories are this user's and 0700 (pidfiles, rank logs): one that is a link or
+# belongs to another user is refused before anything is made in it or changed (mkdir makes no
+# directory through a link; the tests after it are on the name itself, so the chmod acts on
+# this user's directory, never on a link's target). The shell's own tests, a program only to
+# make a missing one and one chmod for all: every node runs this in each session, and each
 # program costs ~1 ms of CPU.
 for d in /tmp/mlaunch-user /tmp/mlaunch-user/.mlaunch /tmp/mlaunch-user/.mlaunch/GOLDEN; do
-  [ -d "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null || [ -d "$d" ] || { echo "mlaunch: cannot create $d on $(hostname)" >&2; exit 96; }
-  [ -O "$d" ] || { echo "mlaunch: $d on $(hostname) belongs to $(stat -L -c %U -- "$d") (uid $(stat -L -c %u -- "$d")), not to $(id -un) (uid $(id -u)); remove it as its owner, or set cluster.workdir to a directory of yours" >&2; exit 96; }
+  [ -d "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null
+  [ -L "$d" ] && { echo "mlaunch: $d on $(hostname) is a link (to $(readlink -- "$d")), not a directory of $(id -un)'s; remove it, or set cluster.workdir to a directory of yours" >&2; exit 96; }
+  [ -d "$d" ] || { echo "mlaunch: cannot create $d on $(hostname) (in a directory of $(stat -c %U -- "${d%/*}")'s)" >&2; exit 96; }
+  [ -O "$d" ] || { echo "mlaunch: $d on $(hostname) belongs to $(stat -c %U -- "$d") (uid $(stat -c %u -- "$d")), not to $(id -un) (uid $(id -u)); remove it as its owner, or set cluster.workdir to a directory of yours" >&2; exit 96; }
 done
 chmod 700 -- /tmp/mlaunch-user /tmp/mlaunch-user/.mlaunch /tmp/mlaunch-user/.mlaunch/GOLDEN || exit 96
 echo $$ > /tmp/mlaunch-user/.mlaunch/GOLDEN/node0.pid

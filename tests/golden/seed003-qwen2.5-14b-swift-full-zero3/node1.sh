@@ -8,17 +8,29 @@ export MLAUNCH_NODE_RANK=1
 export MLAUNCH_NODE_ID=GOLDEN.node1
 export PATH=/opt/venvs/swift/bin:"$PATH"
 mkdir -p -- /data/work || exit 96
-# The run's directories are this user's and 0700 (pidfiles, rank logs): one that belongs to
-# another user is refused before anything is made in it. The shell's own tests, a program only
-# to make a missing one and one chmod for all: every node runs this in each session, and each
+# <workdir>/.mlaunch is the team's (1777 and sticky: each user's directory in it is safe from
+# the others); one that is a link is refused, one of another user's is used as it is, and this
+# user's own is opened to the team (older mlaunch made it 0700, which shut the others out).
+s=/data/work/.mlaunch
+mkdir -m 1777 -- "$s" 2>/dev/null
+[ -L "$s" ] && { echo "mlaunch: $s on $(hostname) is a link (to $(readlink -- "$s")); remove it, or set cluster.workdir to another directory" >&2; exit 96; }
+[ -d "$s" ] || { echo "mlaunch: cannot create $s on $(hostname)" >&2; exit 96; }
+[ -O "$s" ] && ! [ -k "$s" ] && { chmod 1777 -- "$s" || exit 96; }
+# The run's directories are this user's and 0700 (pidfiles, rank logs): one that is a link or
+# belongs to another user is refused before anything is made in it or changed (mkdir makes no
+# directory through a link; the tests after it are on the name itself, so the chmod acts on
+# this user's directory, never on a link's target). The shell's own tests, a program only to
+# make a missing one and one chmod for all: every node runs this in each session, and each
 # program costs ~1 ms of CPU.
-for d in /data/work/.mlaunch /data/work/.mlaunch/GOLDEN; do
-  [ -d "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null || [ -d "$d" ] || { echo "mlaunch: cannot create $d on $(hostname)" >&2; exit 96; }
-  [ -O "$d" ] || { echo "mlaunch: $d on $(hostname) belongs to $(stat -L -c %U -- "$d") (uid $(stat -L -c %u -- "$d")), not to $(id -un) (uid $(id -u)); remove it as its owner, or set cluster.workdir to a directory of yours" >&2; exit 96; }
+for d in /data/work/.mlaunch/root /data/work/.mlaunch/root/GOLDEN; do
+  [ -d "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null
+  [ -L "$d" ] && { echo "mlaunch: $d on $(hostname) is a link (to $(readlink -- "$d")), not a directory of $(id -un)'s; remove it, or set cluster.workdir to a directory of yours" >&2; exit 96; }
+  [ -d "$d" ] || { echo "mlaunch: cannot create $d on $(hostname) (in a directory of $(stat -c %U -- "${d%/*}")'s)" >&2; exit 96; }
+  [ -O "$d" ] || { echo "mlaunch: $d on $(hostname) belongs to $(stat -c %U -- "$d") (uid $(stat -c %u -- "$d")), not to $(id -un) (uid $(id -u)); remove it as its owner, or set cluster.workdir to a directory of yours" >&2; exit 96; }
 done
-chmod 700 -- /data/work/.mlaunch /data/work/.mlaunch/GOLDEN || exit 96
+chmod 700 -- /data/work/.mlaunch/root /data/work/.mlaunch/root/GOLDEN || exit 96
 cd /data/work || exit 96
-echo $$ > /data/work/.mlaunch/GOLDEN/node1.pid
+echo $$ > /data/work/.mlaunch/root/GOLDEN/node1.pid
 # Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
 # every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
 # 30s (a network partition the kernel has not noticed), every process of this
@@ -33,11 +45,11 @@ job_pids() {
 }
 # The live view'"'"'s sampler (templates/sampler.sh.j2) holds nothing to save, and nvidia-smi in it
 # takes 0.2-1 s to end on a SIGTERM (measured on an H200 host): its session is KILLed first.
-s=$(cat /data/work/.mlaunch/GOLDEN/node1.pid.sampler 2>/dev/null)
+s=$(cat /data/work/.mlaunch/root/GOLDEN/node1.pid.sampler 2>/dev/null)
 if [ -n "$s" ] && [ -O "/proc/$s" ] && grep -qzxF -e "$match" "/proc/$s/environ" 2>/dev/null; then
   kill -s KILL -- "-$s" 2>/dev/null
 fi
-leader=$(cat /data/work/.mlaunch/GOLDEN/node1.pid 2>/dev/null)
+leader=$(cat /data/work/.mlaunch/root/GOLDEN/node1.pid 2>/dev/null)
 # Signal the group only while its leader is still ours: a stale pid may have been reused.
 if [ -n "$leader" ] && [ -O "/proc/$leader" ] && grep -qzxF -e "$match" "/proc/$leader/environ" 2>/dev/null; then
   kill -s TERM -- "-$leader" 2>/dev/null
@@ -87,6 +99,6 @@ alive() {
 while alive "$main"; do sleep 0.5; done
 kill -TERM 0'
 if command -v setsid >/dev/null 2>&1; then
-  env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" /data/work/.mlaunch/GOLDEN/node1.pid.sampler </dev/null &
+  env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" /data/work/.mlaunch/root/GOLDEN/node1.pid.sampler </dev/null &
 fi
-exec /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/GOLDEN/torchrun/node1 -m swift.cli.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --template qwen2_5 --dataset /data/work/data/alpaca_zh_demo.json /data/work/data/identity.json --max_length 2048 --tuner_type full --torch_dtype bfloat16 --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --learning_rate 1e-05 --lr_scheduler_type cosine --warmup_ratio 0.03 --num_train_epochs 3.0 --max_grad_norm 1.0 --gradient_checkpointing true --deepspeed /data/work/.mlaunch/GOLDEN/ds_config.json --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-full --check_model false
+exec /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/root/GOLDEN/torchrun/node1 -m swift.cli.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --template qwen2_5 --dataset /data/work/data/alpaca_zh_demo.json /data/work/data/identity.json --max_length 2048 --tuner_type full --torch_dtype bfloat16 --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --learning_rate 1e-05 --lr_scheduler_type cosine --warmup_ratio 0.03 --num_train_epochs 3.0 --max_grad_norm 1.0 --gradient_checkpointing true --deepspeed /data/work/.mlaunch/root/GOLDEN/ds_config.json --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-full --check_model false
