@@ -170,3 +170,24 @@ def _hundred_mb(tmp_path) -> str:
         while fh.tell() < 100 * 1024 * 1024:
             fh.write(block)
     return str(path)
+
+
+def test_an_alias_bomb_given_as_an_override_is_one_line(tmp_path):
+    """The same bound on the command line: a 9^7 alias bomb as a passthrough override is
+    refused before anything expands it (validate: exit 2, one line naming the override),
+    under the same 1 GiB address-space limit."""
+    import subprocess
+    import sys
+    spec = write_spec(tmp_path, {"name": "t", "trainer": "script", "script": {"path": "x.py"},
+                                 "cluster": {"hosts": ["localhost"], "gpus_per_node": 1}})
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"] + [
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(6)]
+    bomb = "{" + ", ".join(levels) + "}"
+    r = subprocess.run([sys.executable, "-m", "launcher.cli", "validate", spec,
+                        f"passthrough.generation_config={bomb}"], capture_output=True, text=True,
+                       timeout=120, preexec_fn=_bounded, cwd=ROOT)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in r.stderr and any(
+        "override passthrough.generation_config: YAML aliases (*name) repeat over 100,000 nodes" in ln
+        for ln in lines), r.stderr

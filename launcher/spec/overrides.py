@@ -11,6 +11,7 @@ import yaml
 
 from ..errors import Problem, SpecError
 from .explain import SECRET_NAME
+from .inputs import AliasBomb, BoundedLoader
 
 _KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
 # PyYAML (YAML 1.1) reads 1e-5 as a string; a user writing it on a command line means a number.
@@ -41,7 +42,10 @@ def parse(args: tuple[str, ...] | list[str]) -> tuple[Override, ...]:
                                "training.learning_rate=1e-5"))
             continue
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = yaml.load(text, Loader=BoundedLoader) if text.strip() else ""
+        except AliasBomb as e:
+            bad.append(Problem(f"override {key}", str(e)))
+            continue
         except yaml.YAMLError as e:
             bad.append(Problem(f"override {arg}", f"the value is not YAML ({' '.join(str(e).split()[:8])}); "
                                "quote it, e.g. key='[a, b]'"))
