@@ -182,3 +182,31 @@ def test_item9_a_shared_workdir_serves_every_user(team):
     assert u.returncode == 0, u.stderr
     assert [(os.lstat(p).st_uid, _mode(p)) for p in (os.path.dirname(theirs), theirs)] == [(user.uid, 0o700)] * 2
     assert (os.lstat(os.path.join(top, "root")).st_uid, _mode(os.path.join(top, "root"))) == (0, 0o700)
+
+
+def test_item9_slurm_shared_dir_team_folder_is_sticky_and_a_link_refused(tmp_path):
+    """Launcher-side, under Slurm (shared_dir): the first user's run makes <shared>/.mlaunch
+    1777 with the sticky bit and its own <user>/ 0700 inside, so a second user's run finds a
+    folder it may use; another user's .mlaunch is used as it is; a .mlaunch that is a link is
+    refused (UnsafePath: one line)."""
+    import stat as st
+    from launcher.record import fsmode
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    mine = fsmode.user_dir(str(shared / ".mlaunch" / "root"))
+    team = os.stat(shared / ".mlaunch")
+    assert st.S_IMODE(team.st_mode) == 0o1777, oct(team.st_mode)
+    assert st.S_IMODE(os.stat(mine).st_mode) == 0o700
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".mlaunch").mkdir()
+    os.chown(other / ".mlaunch", 12345, 12345)
+    assert fsmode.user_dir(str(other / ".mlaunch" / "root")) == str(other / ".mlaunch" / "root")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    os.symlink(target, linked / ".mlaunch")
+    with pytest.raises(fsmode.UnsafePath) as e:
+        fsmode.user_dir(str(linked / ".mlaunch" / "root"))
+    assert "a link (to" in str(e.value.lines()[0]) and os.listdir(target) == []

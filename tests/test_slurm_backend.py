@@ -116,7 +116,7 @@ def test_check_runs_the_checklist_through_srun_in_an_allocation(slurm2, tmp_path
     spec["preflight"] = {"min_free_gb": 0.01, "collective_mb": 1}
     r = mlaunch("check", write_spec(tmp_path, spec), env={"SLURM_CONF": slurm2.conf}, timeout=400)
     rows = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln.strip()}
-    assert "allocation" in rows and "ssh" not in rows, r.stdout
+    assert "allocation" in rows and "ssh" not in rows, r.stdout + r.stderr
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"4 ranks \(gloo\): correct", r.stdout), r.stdout
     assert slurm2.run(["squeue", "-h"]).stdout.strip() == ""   # the allocation was given back

@@ -70,12 +70,14 @@ def _run(plan, argv: list[str], printer) -> int:
 def _executor(plan):
     """(executor, whether it names the hosts itself): an allocation under Slurm, else the job's."""
     if plan.job.cluster.scheduler == "slurm":
-        import os
         import posixpath
         from ..execute.slurm_alloc import AllocationExecutor
         # Every node reads its script from shared storage (slurm specs require shared_dir).
-        base = posixpath.join(plan.job.cluster.shared_dir, ".mlaunch")
-        os.makedirs(base, exist_ok=True)
+        from ..plan.launch_plan import node_user
+        from ..record import fsmode
+        # <shared_dir>/.mlaunch (the team's, 1777 sticky) / <user> (0700): as a run's files
+        base = posixpath.join(plan.job.cluster.shared_dir, ".mlaunch", node_user(plan.job))
+        fsmode.user_dir(base)
         return AllocationExecutor(plan.job, tempfile.mkdtemp(prefix="exec-", dir=base)), True
     from ..execute.job import make_executor
     return make_executor(plan), False

@@ -93,7 +93,10 @@ class SlurmExecutor:
 
 
 def _write(path: str, text: str) -> None:
-    fsmode.private_dir(os.path.dirname(path))
+    run_dir = os.path.dirname(path)
+    if os.path.basename(os.path.dirname(os.path.dirname(run_dir))) == ".mlaunch":
+        fsmode.user_dir(os.path.dirname(run_dir))   # <shared_dir>/.mlaunch/<user>: the team's .mlaunch
+    fsmode.private_dir(run_dir)
     fsmode.write_private(path, text)
 
 

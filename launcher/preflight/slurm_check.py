@@ -8,7 +8,6 @@ allocation row.
 from __future__ import annotations
 
 import dataclasses
-import os
 import posixpath
 import secrets
 
@@ -19,8 +18,10 @@ from .report import CheckResult, Report
 def allocated(plan):
     """(plan on the allocated nodes, its executor); UserError when Slurm refuses."""
     from ..execute.slurm_alloc import AllocationExecutor
-    scratch = posixpath.join(plan.job.cluster.shared_dir, ".mlaunch", f"check-{secrets.token_hex(4)}")
-    os.makedirs(scratch, mode=0o700, exist_ok=True)
+    from ..plan.launch_plan import node_user
+    from ..record import fsmode
+    mine = fsmode.user_dir(posixpath.join(plan.job.cluster.shared_dir, ".mlaunch", node_user(plan.job)))
+    scratch = fsmode.private_dir(posixpath.join(mine, f"check-{secrets.token_hex(4)}"))
     executor = AllocationExecutor(plan.job, scratch)
     problems = executor.connect()
     if problems:

@@ -55,6 +55,29 @@ def private_dir(path: str) -> str:
     return path
 
 
+def team_dir(path: str) -> str:
+    """A `.mlaunch` that every user of a shared workdir or shared_dir shares: created 1777 with
+    the sticky bit (each user's own 0700 folder goes inside; the sticky bit keeps others from
+    removing it); one that exists is used as it is, whoever made it, unless it is a link or
+    not a directory. The launcher-side twin of templates/private_dirs.sh.j2's. Returns path."""
+    parent = os.path.dirname(os.path.abspath(path))
+    check_links(parent)
+    os.makedirs(parent, exist_ok=True)   # the shared_dir itself, as the umask makes it
+    try:
+        os.mkdir(path, DIR_MODE)
+        os.chmod(path, 0o1777)
+    except FileExistsError:
+        os.close(_open_dir(path))   # refuses a link; another user's directory is fine here
+    return path
+
+
+def user_dir(path: str) -> str:
+    """path (a user's folder inside a team_dir) made 0700 and this user's, its parent a
+    team_dir. Returns path."""
+    team_dir(os.path.dirname(os.path.abspath(path)))
+    return private_dir(path)
+
+
 def check_links(path: str) -> None:
     """Refuse a link on the way to path (itself included) that neither this user nor root
     made: another user's link can point mlaunch's writes anywhere."""
