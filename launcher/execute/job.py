@@ -12,7 +12,7 @@ from ..view import nodeview
 from ..record import fsmode
 from .. import render
 from ..errors import UserError
-from ..plan.launch_plan import LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan, base_run_id
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .console import Console
 from .follow import LogFollower
@@ -81,7 +81,7 @@ class _Session(NodeStreams):
         self.result = JobResult(code=0, nodes=self.outcomes)
         self._teardown: threading.Thread | None = None
         self.watch = Watch(plan, executor, printer.say, time.monotonic)
-        self.view = nodeview.LiveView(plan.run_id.split(".a")[0],
+        self.view = nodeview.LiveView(base_run_id(plan.run_id),
                                       [(n.rank, n.host) for n in plan.nodes])
         self._live_at = 0.0
         self.console = Console(printer, {n.rank: n.log_path for n in plan.nodes})

@@ -140,6 +140,13 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
                       resume_from=resume_from, attempt=attempt, batch=decision)
 
 
+def base_run_id(tag: str) -> str:
+    """The run id of an attempt's tag (`<run_id>.a<N>` for restarts, the id itself for attempt
+    0): only a trailing `.a<digits>` is the tag's, so `exp.alpha` stays `exp.alpha` (run ids
+    never end in one: check_run_id)."""
+    return re.sub(r"\.a\d+$", "", tag)
+
+
 def run_dir_of(job: JobBase, run_id: str) -> str:
     """The node-side directory of a run's files and pidfiles, one per user: under a shared_dir
     or workdir, <dir>/.mlaunch/<user>/<run_id> (.mlaunch is shared by the team, 1777 and
