@@ -192,3 +192,37 @@ def test_stop_of_a_foreground_run_by_job_name(make_hostset, tmp_path, runs):
         assert fg.returncode == 130 and "interrupted: tearing down" in rest, rest[-2000:]
         assert runs.run(row["id"])["state"] == "stopped"
         assert all_gone(hs) == {h.name: set() for h in hs.hosts}
+
+
+@pytest.mark.multihost
+def test_stop_after_a_spare_took_a_nodes_place_reaches_the_spare(make_hostset, tmp_path, runs):
+    """2 nodes + 1 spare, detached: node 1's link is cut, the restart runs on the spare; the
+    supervisor is then lost (its links frozen, as above) and node 1's link comes back. `stop`
+    reaches every machine the run used, the spare included (the registry's attempts name it;
+    the spec names only the first attempt's hosts): nothing is left on any of the 3, by PID."""
+    with make_hostset(3) as hs:
+        a, b, spare = hs.hosts
+        spec = script_job([a.ip, b.ip], 2, "fail_or_sleep.py", ["-1", "0", "0"], str(tmp_path / "out"),
+                          hs=hs, hangup_after_s=600, spare_hosts=[spare.ip])
+        spec["max_restarts"], spec["restart_backoff_s"] = 1, 0
+        run_id = runs.detach(tmp_path, spec)
+        runs.wait_console(run_id, r"ready rank \d", count=4)
+        b.link_down()
+        text = runs.wait_console(run_id, r"ready rank \d", count=8, timeout=300)
+        assert f"host replaced: node1 {b.ip} -> spare {spare.ip}" in text, text[-3000:]
+        assert job_pids(spare, set()), "the restart should run on the spare"
+        supervisor = runs.run(run_id)["supervisor_pid"]
+        clients = stream_clients(supervisor)
+        try:
+            for pid in clients:
+                os.kill(pid, signal.SIGSTOP)
+            os.kill(supervisor, signal.SIGKILL)
+            assert runs.wait_state(run_id, ("lost",), timeout=10)["state"] == "lost"
+            b.link_up()
+            r = runs.cli("stop", run_id)
+        finally:
+            for pid in clients:
+                os.kill(pid, signal.SIGKILL)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "0 processes left on 3 hosts" in r.stdout, r.stdout + r.stderr
+        assert all_gone(hs) == {h.name: set() for h in hs.hosts}

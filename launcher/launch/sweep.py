@@ -42,7 +42,7 @@ def sweep(run, kill_now: bool = False) -> Cancel:
     from ..plan.launch_plan import build_plan
     from ..spec.load import validate
     from ..execute.job import make_executor
-    job = validate(run.spec)  # the masked snapshot: enough to reach the hosts
+    job = with_spares_used(validate(run.spec), run)  # the masked snapshot: enough to reach the hosts
     plan = build_plan(job, run_id=run.id, log_dir=run.log_dir, registered=True)
     executor = make_executor(plan)
     try:
@@ -66,8 +66,31 @@ def sweep(run, kill_now: bool = False) -> Cancel:
     return result
 
 
+def with_spares_used(job, run):
+    """job whose hosts are every machine the run used: the spec's hosts and each spare that
+    took a node's place in an attempt (the registry's attempts record their hosts); the spec
+    alone names only the first attempt's."""
+    from ..record.registry import Registry
+    from ..spec.hosts import login_addr
+    c = job.cluster
+    if not c.spare_hosts or not c.hosts:
+        return job
+    reg = Registry()
+    try:
+        used = set(run.hosts or []).union(*(a.hosts or [] for a in reg.attempts(run.id)))
+    finally:
+        reg.close()
+    spares = [s for s in c.spare_hosts if login_addr(s).name in used]
+    if not spares:
+        return job
+    return job.model_copy(update={"cluster": c.model_copy(update={
+        "hosts": [*c.hosts, *spares], "spare_hosts": []})})
+
+
 def _host(executor, plan, host: str, tags: list[str], kill_now: bool) -> tuple[int, str]:
-    pidfiles = [n.pidfile for n in plan.nodes if n.login == host]
+    # Every rank's pidfile: a spare took a lost node's rank (each is signalled only while its
+    # leader's environment holds the run's tag: templates/teardown.sh.j2).
+    pidfiles = sorted({n.pidfile for n in plan.nodes})
     script = "\n".join(render.teardown_script(f"MLAUNCH_RUN_ID={tag}", pidfiles, TEARDOWN_GRACE,
                                               kill_now) for tag in tags)
     return executor.run(host, script, timeout=TEARDOWN_GRACE * len(tags) + 20)
