@@ -326,6 +326,12 @@ def universal_script(env, bindir: str | None, python: str, checkpoint: str, worl
                   checkpoint=checkpoint, world=int(world))
 
 
+def universal_probe(checkpoint: str) -> str:
+    """Shell text that prints the optimizer shards of checkpoint and the ranks that saved it
+    (launch/universal.py saved_world reads its line)."""
+    return render("universal_probe.sh.j2", checkpoint=checkpoint)
+
+
 def python_script(python: str, source: str, args: list[str]) -> str:
     """Shell text that runs a Python source (fed on stdin) with args on a node."""
     if "\nMLAUNCH_PY_EOF\n" in source:

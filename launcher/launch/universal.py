@@ -11,7 +11,6 @@ The forms spec/spare_rules.py leaves unverified for a shrink are refused for suc
 """
 from __future__ import annotations
 
-import shlex
 
 from .. import render
 from ..errors import UserError
@@ -96,21 +95,11 @@ def _unverified(job: JobBase) -> str | None:
             f"none), not {what}") if what else None
 
 
-# The saved world as templates/universal.sh.j2 reads it: the optimizer shards, and one past
-# the highest rank numbered on a shard or an rng state; "?" when there is no DeepSpeed tag.
-PROBE = """ck={ck}
-tag=$(cat "$ck/latest" 2>/dev/null) || {{ echo "mlaunch-saved ?"; exit 0; }}
-top=$( {{ ls "$ck/$tag" | sed -n 's/.*zero_pp_rank_\\([0-9]*\\)_.*optim_states\\.pt$/\\1/p'
-         ls "$ck" | sed -n 's/^rng_state_\\([0-9]*\\)\\.pth$/\\1/p'; }} | sort -n | tail -n 1)
-echo "mlaunch-saved $(ls "$ck/$tag" | grep -c 'optim_states\\.pt$') $(( ${{top:--1}} + 1 ))"
-"""
-
-
 def saved_world(executor, plan: LaunchPlan, checkpoint: str) -> int | None:
     """The world that saved checkpoint's ZeRO shards, looked up where output_dir lives (node 0;
     under Slurm the login node) in one short command; None when it is not plain (no DeepSpeed
     tag, shards missing): the conversion script then says what is wrong."""
-    code, out = executor.run(plan.nodes[0].login, PROBE.format(ck=shlex.quote(checkpoint)), 60)
+    code, out = executor.run(plan.nodes[0].login, render.universal_probe(checkpoint), 60)
     words = next((ln.split()[1:] for ln in reversed(out.splitlines())
                   if ln.startswith("mlaunch-saved ")), [])
     if code != 0 or len(words) != 2 or words[0] != words[1] or not words[0].isdigit():
