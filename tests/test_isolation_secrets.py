@@ -173,3 +173,17 @@ def test_11_literal_secrets_in_setup_are_refused_and_a_quoted_override_stays_tex
     r = mlaunch("submit", path, "--dry-run", "--json", 'cluster.env.X="3"', "cluster.env.Y='1e-5'")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["nodes"][0]["env"] == {"X": "3", "Y": "1e-5"}
+
+
+@pytest.mark.parametrize("override", ["cluster.env.DB_PASSWORD=123456",
+                                      "cluster.env={API_TOKEN: abc123xyz, PLAIN: 1}"])
+def test_8_a_secret_override_of_any_type_or_as_a_mapping_is_refused(override):
+    """A numeric secret (YAML reads 123456 as an int) and a secret inside a cluster.env
+    mapping stay in mlaunch's argv just the same: refused, the value never echoed."""
+    from launcher.errors import SpecError
+    from launcher.spec.overrides import parse
+    with pytest.raises(SpecError) as e:
+        parse([override])
+    (line,) = [str(p) for p in e.value.problems]
+    assert "a secret on the command line stays in mlaunch's argv" in line, line
+    assert "123456" not in line and "abc123xyz" not in line, line

@@ -68,10 +68,11 @@ class Report:
         lines.append(self._summary(len(nodes)))
         return "\n".join(lines) + "\n"
 
-    def to_json(self) -> str:
-        """Machine-readable: ok, seconds and every result with its fix."""
-        return json.dumps({"ok": self.ok, "seconds": round(self.seconds, 3),
-                           "results": [asdict(r) for r in self.results]}, indent=2)
+    def to_json(self, mask=lambda data: data) -> str:
+        """Machine-readable: ok, seconds and every result with its fix; mask(data) before it
+        is serialised (a secret escaped by json.dumps would escape a mask of the text)."""
+        return json.dumps(mask({"ok": self.ok, "seconds": round(self.seconds, 3),
+                                "results": [asdict(r) for r in self.results]}), indent=2)
 
     def _nodes(self) -> list[tuple[int, str | None]]:
         """(rank, host) of every column, in rank order."""

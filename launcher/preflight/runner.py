@@ -144,17 +144,21 @@ def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) ->
     finally:
         executor.close()
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not as_json
-    sys.stdout.write(plan.mask(report.to_json() + "\n" if as_json else report.table(color=color)))
+    from ..spec.secret_rules import mask_data
+    from ..plan.launch_plan import MASK
+    sys.stdout.write(report.to_json(lambda d: mask_data(d, plan.secrets, MASK)) + "\n" if as_json
+                     else plan.mask(report.table(color=color)))
     sys.stdout.flush()
-    _say_spares(spare_probe)
+    _say_spares(spare_probe, plan)
     return 0 if report.ok else 1
 
 
-def _say_spares(probe) -> None:
+def _say_spares(probe, plan) -> None:
     """A warning line on stderr for each spare that failed its login (the table is the
-    nodes'; a spare does not fail the check: the job does not need it)."""
+    nodes'; a spare does not fail the check: the job does not need it), masked: ssh's words
+    may hold what a ProxyCommand printed."""
     for spare, cause in (probe.wait() if probe else {}).items():
-        print(f"mlaunch: warning: {spares.warning(spare, cause)}", file=sys.stderr, flush=True)
+        print(plan.mask(f"mlaunch: warning: {spares.warning(spare, cause)}"), file=sys.stderr, flush=True)
 
 
 def _say(printer, line: str) -> None:

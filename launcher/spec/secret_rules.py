@@ -168,15 +168,20 @@ def check_override_secrets(overrides) -> list[Problem]:
     out = []
     for o in overrides:
         parts = o.key.split(".")
-        if parts[:2] != ["cluster", "env"] or len(parts) != 3:
+        if parts[:2] != ["cluster", "env"] or len(parts) > 3:
             continue
-        name, value = parts[2], o.text.partition("=")[2]
-        literal = isinstance(o.value, str) and not _REF.fullmatch(o.value) and o.value != ""
-        if literal and (SECRET_NAME.search(name) or URL_CREDS.search(value)):
-            out.append(Problem(f"override {o.key}", "a secret on the command line stays in "
-                               "mlaunch's argv (/proc/<pid>/cmdline, readable by every user) for "
-                               f"the whole run; export {name}=... in this shell and write "
-                               f"{o.key}='${{{name}}}' (or {name}: ${{{name}}} in cluster.env)"))
+        # cluster.env.NAME=value, or cluster.env={NAME: value, ...}; any type (123456 is YAML's int)
+        pairs = [(parts[2], o.value)] if len(parts) == 3 else (
+            list(o.value.items()) if isinstance(o.value, dict) else [])
+        for name, value in pairs:
+            text = "" if value is None else str(value)
+            literal = text != "" and not _REF.fullmatch(text)
+            if literal and (SECRET_NAME.search(str(name)) or URL_CREDS.search(text)):
+                out.append(Problem(f"override {o.key}", "a secret on the command line stays in "
+                                   "mlaunch's argv (/proc/<pid>/cmdline, readable by every user) "
+                                   f"for the whole run; export {name}=... in this shell and write "
+                                   f"cluster.env.{name}='${{{name}}}' (or {name}: ${{{name}}} in "
+                                   "cluster.env)"))
     return out
 
 
