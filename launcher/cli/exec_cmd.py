@@ -73,11 +73,10 @@ def _executor(plan):
         import posixpath
         from ..execute.slurm_alloc import AllocationExecutor
         # Every node reads its script from shared storage (slurm specs require shared_dir).
-        from ..plan.launch_plan import node_user
+        from ..plan.launch_plan import user_base
         from ..record import fsmode
         # <shared_dir>/.mlaunch (the team's, 1777 sticky) / <user> (0700): as a run's files
-        base = posixpath.join(plan.job.cluster.shared_dir, ".mlaunch", node_user(plan.job))
-        fsmode.user_dir(base)
+        base = fsmode.user_dir(user_base(plan.job))
         return AllocationExecutor(plan.job, tempfile.mkdtemp(prefix="exec-", dir=base)), True
     from ..execute.job import make_executor
     return make_executor(plan), False

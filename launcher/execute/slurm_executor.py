@@ -93,9 +93,8 @@ class SlurmExecutor:
 
 
 def _write(path: str, text: str) -> None:
-    run_dir = os.path.dirname(path)
-    if os.path.basename(os.path.dirname(os.path.dirname(run_dir))) == ".mlaunch":
-        fsmode.user_dir(os.path.dirname(run_dir))   # <shared_dir>/.mlaunch/<user>: the team's .mlaunch
+    run_dir = os.path.dirname(path)   # <shared_dir>/.mlaunch/<user>/<id> (Slurm needs shared_dir)
+    fsmode.user_dir(os.path.dirname(run_dir))
     fsmode.private_dir(run_dir)
     fsmode.write_private(path, text)
 

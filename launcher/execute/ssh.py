@@ -20,7 +20,8 @@ from . import spliced
 from .openssh import READY, STAGED, OpenSSHStreams, wanted
 from .openssh_running import OpenSSHRunning
 from .ssh_paramiko import (TAKES_FACTORY, KEEPALIVE_S, MAX_PACKET, WINDOW, SSHRunning, aead_first_transport,
-                           explain_connect_error, login_addr, set_user_timeout)
+                           explain_connect_error, set_user_timeout)
+from ..spec.hosts import login_addr
 
 
 class SSHExecutor:

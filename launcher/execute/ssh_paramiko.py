@@ -12,7 +12,7 @@ import socket
 import paramiko
 
 from ..spec import SSH
-from ..spec.hosts import HostAddr, login_addr, parse_host
+from ..spec.hosts import HostAddr, login_addr
 from .base import LOST, Exit
 from .inflow import Inflow
 from .openssh import refused_line

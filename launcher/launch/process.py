@@ -143,22 +143,14 @@ class ProcessBackend:
 def _ended(run) -> Status | None:
     """How a run whose supervisor is gone ended, from its events.jsonl's run_end: the
     supervisor could not record it (a full or read-only registry), the run still ended so."""
-    import json
-    try:
-        with open(os.path.join(run.log_dir or "", "events.jsonl"), "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 65536))
-            lines = fh.read().splitlines()
-    except OSError:
+    from ..record.recorder import STOPPED_EXIT
+    from ..record.runevents import read
+    ends = [e for e in read(run.log_dir) if e["event"] == "run_end"] if run.log_dir else []
+    code = ends[-1].get("code") if ends else None
+    if not isinstance(code, int):
         return None
-    for line in reversed(lines):
-        if b'"run_end"' in line:
-            try:
-                code = int(json.loads(line)["code"])
-            except (ValueError, KeyError, TypeError):
-                return None
-            state = "succeeded" if code == 0 else "stopped" if code == 130 else "failed"
-            return Status(state, code, "its end was in events.jsonl, not in the registry")
-    return None
+    state = "succeeded" if code == 0 else "stopped" if code == STOPPED_EXIT else "failed"
+    return Status(state, code, "its end was in events.jsonl, not in the registry")
 
 
 def _interrupt(signum, frame):

@@ -152,10 +152,16 @@ def run_dir_of(job: JobBase, run_id: str) -> str:
     or workdir, <dir>/.mlaunch/<user>/<run_id> (.mlaunch is shared by the team, 1777 and
     sticky; <user> is this user's, 0700: templates/private_dirs.sh.j2); without either,
     /tmp/mlaunch-<user>/.mlaunch/<run_id>, all of it this user's."""
+    base = user_base(job)
+    return posixpath.join(base or default_base(job) + "/.mlaunch", run_id)
+
+
+def user_base(job: JobBase) -> str | None:
+    """<shared_dir|workdir>/.mlaunch/<user>: this user's folder in the team's .mlaunch, where
+    the run directories go; None without shared_dir or workdir."""
     c = job.cluster
-    if c.shared_dir or c.workdir:
-        return posixpath.join(c.shared_dir or c.workdir, ".mlaunch", node_user(job), run_id)
-    return posixpath.join(default_base(job), ".mlaunch", run_id)
+    return posixpath.join(c.shared_dir or c.workdir, ".mlaunch", node_user(job)) if (
+        c.shared_dir or c.workdir) else None
 
 
 def default_base(job: JobBase) -> str:

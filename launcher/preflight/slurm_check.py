@@ -18,9 +18,9 @@ from .report import CheckResult, Report
 def allocated(plan):
     """(plan on the allocated nodes, its executor); UserError when Slurm refuses."""
     from ..execute.slurm_alloc import AllocationExecutor
-    from ..plan.launch_plan import node_user
+    from ..plan.launch_plan import user_base
     from ..record import fsmode
-    mine = fsmode.user_dir(posixpath.join(plan.job.cluster.shared_dir, ".mlaunch", node_user(plan.job)))
+    mine = fsmode.user_dir(user_base(plan.job))
     scratch = fsmode.private_dir(posixpath.join(mine, f"check-{secrets.token_hex(4)}"))
     executor = AllocationExecutor(plan.job, scratch)
     problems = executor.connect()

@@ -71,11 +71,15 @@ def team_dir(path: str) -> str:
     return path
 
 
-def user_dir(path: str) -> str:
+def user_dir(path: str, field: str = "cluster.shared_dir") -> str:
     """path (a user's folder inside a team_dir) made 0700 and this user's, its parent a
-    team_dir. Returns path."""
-    team_dir(os.path.dirname(os.path.abspath(path)))
-    return private_dir(path)
+    team_dir. Returns path; a folder that cannot be made is one line naming field (UserError)."""
+    try:
+        team_dir(os.path.dirname(os.path.abspath(path)))
+        return private_dir(path)
+    except OSError as e:
+        raise UserError(f"{field}: cannot create {e.filename or path}: {e.strerror}; give a "
+                        "directory you can write, on storage every node mounts") from None
 
 
 def check_links(path: str) -> None:

@@ -155,7 +155,13 @@ class Recorder:
                                log_dir=plan.log_dir, output_dir=job.output_dir, handle=self.handle,
                                notice=self._notice, path=self.reg.path)
         except registry.sqlite3.IntegrityError:
-            other, self.reg = self.reg.get(plan.run_id), None
+            try:
+                other = self.reg.get(plan.run_id)
+            except registry.sqlite3.Error:   # locked or damaged: the id is taken all the same
+                other = None
+            finally:
+                self.reg.close()
+                self.reg = None
             raise UserError(taken(plan.run_id, other)) from None
         except (OSError, registry.sqlite3.Error) as e:
             self.reg = None
