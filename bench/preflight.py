@@ -22,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from launcher.execute.job import make_executor  # noqa: E402
+from launcher.backends import backend_of  # noqa: E402
 from launcher.plan.launch_plan import build_plan  # noqa: E402
 from launcher.preflight import check_command, run_checks  # noqa: E402
 from launcher.spec import validate  # noqa: E402
@@ -57,7 +57,7 @@ def full_check(spec: dict, tmp: str) -> float:
 def fast_check(spec: dict) -> float:
     """Wall time of the fast checks on an already-connected executor (as submit runs them)."""
     plan = build_plan(validate(spec))
-    ex = make_executor(plan)
+    ex = backend_of(plan.job).transport(plan)
     assert not ex.connect()
     try:
         t0 = time.perf_counter()

@@ -65,7 +65,7 @@ def bench_ps(repeat: int) -> None:
 
 
 def _start(pid: int) -> int:
-    from launcher.launch.process import proc_start
+    from launcher.backends.ssh import proc_start
     return proc_start(pid)
 
 

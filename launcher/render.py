@@ -46,7 +46,7 @@ def csv(value: Any) -> Any:
 
 class ShellVar(str):
     """A value the node's shell expands when it runs ("<prefix>${VAR}"), e.g. the node rank
-    that only Slurm knows ($SLURM_NODEID); the q filter renders it quoted but expanded."""
+    that only the scheduler knows (its rank variable); the q filter renders it quoted but expanded."""
 
     def __new__(cls, var: str, prefix: str = "") -> "ShellVar":
         obj = super().__new__(cls, f"{prefix}${{{var}}}")

@@ -65,12 +65,12 @@ def check_golden(folder: str, got: dict[str, str]) -> None:
 
 def preflight(spec: dict, fast_only: bool = True):
     """The preflight Report of spec's job on its hosts (every host must connect)."""
-    from launcher.execute.job import make_executor
+    from launcher.backends import backend_of
     from launcher.plan.launch_plan import build_plan
     from launcher.preflight import run_checks
     from launcher.spec import validate
     plan = build_plan(validate(spec))
-    ex = make_executor(plan)
+    ex = backend_of(plan.job).transport(plan)
     assert ex.connect() == []
     try:
         return run_checks(plan, ex, fast_only=fast_only)
@@ -148,3 +148,23 @@ def free_port() -> int:
             except OSError:
                 continue
     return port
+
+
+class _Transport:
+    """A backend's transport(plan) for tests that drive spares.reconnect: fn is what the test
+    sets (monkeypatch.setattr(TRANSPORT, "fn", lambda plan: FakeExecutor(...)))."""
+
+    def fn(self, plan):
+        raise AssertionError("the test set no transport")
+
+    def __call__(self, plan):
+        return self.fn(plan)
+
+
+TRANSPORT = _Transport()
+
+
+def plan_of(job, **kw):
+    """The plan of job as its backend makes it (a scheduler's placement included)."""
+    from launcher.backends import backend_of
+    return backend_of(job).plan(job, **kw)

@@ -46,7 +46,7 @@ def test_submit_refuses_an_unfit_batch_before_it_connects(tmp_path):
 def test_validate_refuses_the_options_submit_refuses_too(tmp_path):
     from launcher.errors import UserError
     from launcher.spec import load_spec
-    from launcher.launch.attempts import SubmitOptions, check_offline
+    from launcher.runs.attempts import SubmitOptions, check_offline
     with pytest.raises(UserError, match="--resume and --overwrite contradict each other; pick one"):
         check_offline(load_spec(SEED000), SubmitOptions(resume="latest", overwrite=True))
 

@@ -10,13 +10,12 @@ import pytest
 import yaml
 
 from launcher.errors import SpecError
-from launcher.launch.outputdir import Master
-from launcher.plan.launch_plan import build_plan
+from launcher.runs.outputdir import Master
 from launcher.preflight.probe import Ctx
 from launcher.preflight.software import _torchrun_problem
 from launcher.spec import load_spec, validate
 
-from .helpers import CONFIGS, seed000
+from .helpers import plan_of, CONFIGS, seed000
 from .lf_examples import REFUSED
 
 SPECS = sorted(p for p in glob.glob(f"{CONFIGS}/**/*.yaml", recursive=True))
@@ -161,7 +160,7 @@ def test_relative_paths_are_named_with_where_they_resolve():
 def test_a_system_python3_is_used_itself():
     data = yaml.safe_load(open(os.path.join(CONFIGS, "allreduce-2x2.yaml")))
     assert data["cluster"]["python"] == "/usr/bin/python3"
-    plan = build_plan(validate(data), run_id="py3")
+    plan = plan_of(validate(data), run_id="py3")
     assert plan.nodes[0].argv[:3] == ("/usr/bin/python3", "-m", "torch.distributed.run")
     assert Master(plan, executor=None).python == "/usr/bin/python3"
     ctx = type("Ctx", (), {"job": plan.job})()
@@ -170,5 +169,5 @@ def test_a_system_python3_is_used_itself():
 
 
 def test_an_environments_python_keeps_torchrun_beside_it():
-    plan = build_plan(load_spec(os.path.join(CONFIGS, "seed000-qwen2-7b-lora.yaml")), run_id="conda")
+    plan = plan_of(load_spec(os.path.join(CONFIGS, "seed000-qwen2-7b-lora.yaml")), run_id="conda")
     assert plan.nodes[0].argv[0] == "/opt/conda/bin/torchrun"

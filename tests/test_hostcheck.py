@@ -8,12 +8,14 @@ import os
 
 import pytest
 
+from .helpers import plan_of, TRANSPORT
+
 from launcher.errors import UserError
 from launcher.execute import hwcause
 from launcher.execute.base import LOST, Exit
 from launcher.execute.outcome import JobResult, NodeOutcome
-from launcher.launch import slurm_exclude, spares
-from launcher.plan.launch_plan import build_plan
+from launcher.backends.slurm import exclude as slurm_exclude
+from launcher.runs import spares
 from launcher.preflight import hostcheck
 from launcher.spec import validate
 
@@ -102,7 +104,7 @@ def _facts(free_gb=100.0, smi=True, code=0, workdir_error=None):
 
 def test_host_check_fails_disk_gpu_and_silent_probes_not_busy_gpus(monkeypatch):
     job = validate(spec(hosts=["a", "b", "c", "d", "e"]) | {"preflight": {"min_free_gb": 10}})
-    plan = build_plan(job, run_id="r")
+    plan = plan_of(job, run_id="r")
     busy = _facts()
     busy["gpu"]["apps"] = "GPU-1, 4242, python, 60000\n"   # the last attempt's memory, going away
     facts = {0: busy, 1: _facts(free_gb=2.5), 2: _facts(code=9), 3: "facts probe failed (exit 255)",
@@ -121,25 +123,25 @@ def test_host_check_fails_disk_gpu_and_silent_probes_not_busy_gpus(monkeypatch):
 
 
 def test_an_unfit_host_takes_the_next_spare_or_ends_the_run(monkeypatch):
-    monkeypatch.setattr(spares, "make_executor",
+    monkeypatch.setattr(TRANSPORT, "fn",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], set()))
     unfit = {"c": "health check: gpu: nvidia-smi failed: x"}
     monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {
         n.rank: unfit[n.host] for n in plan.nodes if n.host in unfit})
     job = validate(spec(spare_hosts=["c", "d"]))
-    plan = build_plan(job, run_id="r")
-    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
+    plan = plan_of(job, run_id="r")
+    rebuild = lambda j: plan_of(j, run_id="r")  # noqa: E731
     ecc = JobResult(1, [NodeOutcome(0, "a", Exit(143), terminated=True), NodeOutcome(1, "b", Exit(1))],
                     first_failure=1, hardware={1: ("GPU ECC error: e", True)})
     said, ev = Said(), Events()
-    new, new_plan, _ = spares.reconnect(job, plan, ecc, said, ev, rebuild)
+    new, new_plan, _ = spares.reconnect(job, plan, ecc, said, ev, rebuild, TRANSPORT)
     assert [n.host for n in new_plan.nodes] == ["a", "d"] and new.cluster.spare_hosts == []
     assert [(kw["old_host"], kw["new_host"], kw["reason"]) for _, kw in ev.seen] == [
         ("b", "c", "GPU ECC error: e"), ("c", "d", "health check: gpu: nvidia-smi failed: x")]
     unfit["a"] = "health check: storage/output: 0.5 GB free under /o, need 10 GB"
     ev = Events()   # b -> c (ECC); then a and c fail the check: a -> d, and none is left for c
     with pytest.raises(UserError) as err:
-        spares.reconnect(job, plan, ecc, Said(), ev, rebuild)
+        spares.reconnect(job, plan, ecc, Said(), ev, rebuild, TRANSPORT)
     assert err.value.lines() == [
         "a host of the next attempt fails its health check and no spare host is left; nothing "
         "was started anywhere:", "node1 c: health check: gpu: nvidia-smi failed: x"]
@@ -162,7 +164,7 @@ def test_a_hardware_cause_is_recorded_with_secrets_masked(tmp_path):
     import time
     from launcher.execute.watch import Watch
     job = validate(spec(env={"HF_TOKEN": "hf_abcdefgh12345"}))
-    plan = build_plan(job, run_id="r", log_dir=str(tmp_path))
+    plan = plan_of(job, run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
     watch.hardware_in(1, "b", ["RuntimeError: CUDA error: uncorrectable ECC error encountered "
                          "(token hf_abcdefgh12345)"])
@@ -180,7 +182,7 @@ def test_a_device_cause_after_a_link_cause_is_the_nodes(tmp_path):
     nothing."""
     import time
     from launcher.execute.watch import Watch
-    plan = build_plan(validate(spec()), run_id="r", log_dir=str(tmp_path))
+    plan = plan_of(validate(spec()), run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
     watch.hardware_in(1, "b", ["NCCL error in: x, unhandled system error (run with NCCL_DEBUG=INFO)"])
     assert watch.hardware[1][1] is False
@@ -200,7 +202,7 @@ def test_hardware_cause_read_from_the_node_logs_after_a_failed_attempt(tmp_path,
     import time
     from launcher.execute import watch as watch_mod
     from launcher.execute.watch import Watch
-    plan = build_plan(validate(spec()), run_id="r", log_dir=str(tmp_path))
+    plan = plan_of(validate(spec()), run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
     filler = "".join(f"{{'loss': 1.0, 'step': {i}}}\n" for i in range(300_000))   # ~8 MiB
     logs = {0: filler + "RuntimeError: CUDA error: uncorrectable ECC error encountered\n" + filler,

@@ -164,7 +164,7 @@ def runs_gone(run_id: str) -> bool:
                 argv = fh.read().split(b"\0")
         except OSError:
             continue
-        if b"launcher.launch.supervisor" in argv and run_id.encode() in argv:
+        if b"launcher.backends.supervisor" in argv and run_id.encode() in argv:
             return False
     return True
 

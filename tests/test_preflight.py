@@ -20,7 +20,8 @@ import pytest
 from launcher.execute.job import JobResult, NodeOutcome
 from launcher.execute.base import Exit
 from launcher.plan.launch_plan import build_plan
-from launcher.preflight import CheckResult, Report, check_command
+from launcher.preflight import CheckResult, Report
+from launcher.cli.check_cmd import check_command
 from launcher.preflight import collective, gpu, ifname, software, storage
 from launcher.preflight.probe import Ctx
 from launcher.preflight.runner import ssh_fix

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from launcher.launch.process import proc_start
+from launcher.backends.base import proc_start
 from launcher.record.registry import ACTIVE, FINAL, STATES, Registry
 
 from .loadfactor import limit

@@ -6,6 +6,8 @@ local shell with tests/test_universal.py's stand-in ds_to_universal; the last te
 ZeRO-2 full fine-tuning saved at world 2 on localhost, resumed at world 1, and the other way."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import glob
 import json
 import os
@@ -13,12 +15,13 @@ import shutil
 
 import pytest
 
+from .helpers import plan_of
+
 from launcher.errors import UserError
 from launcher.execute.base import Exit
 from launcher.execute.outcome import JobResult, NodeOutcome
-from launcher.launch import attempts, universal
-from launcher.launch.attempts import SubmitOptions
-from launcher.plan.launch_plan import build_plan
+from launcher.runs import attempts, universal
+from launcher.runs.attempts import SubmitOptions
 from launcher.record.events import read_events
 from launcher.spec import validate
 
@@ -60,7 +63,7 @@ def zero(tmp_path, hosts=2, deepspeed=None, **cluster):
 def test_first_attempt_converts_what_another_world_saved(tmp_path):
     job = zero(tmp_path)   # world 2, no min_nodes
     ck = checkpoint(tmp_path, shards=3)
-    plan, said, ev, ex = build_plan(job, run_id="r"), Said(), Events(), Counted()
+    plan, said, ev, ex = plan_of(job, run_id="r"), Said(), Events(), Counted()
     assert universal.prepare(job, plan, ex, ck, said, ev) is True
     assert said.lines == [f"resume: {ck} was saved at world 3; converted to DeepSpeed's universal "
                           "checkpoint on node0 n0 (ds_to_universal), loaded at world 2 "
@@ -73,11 +76,11 @@ def test_first_attempt_converts_what_another_world_saved(tmp_path):
 def test_same_world_is_one_quick_look_and_no_conversion(tmp_path):
     job, ck = zero(tmp_path), checkpoint(tmp_path, shards=2)
     ex = Counted()
-    assert universal.prepare(job, build_plan(job, run_id="r"), ex, ck, Said(), Events()) is False
+    assert universal.prepare(job, plan_of(job, run_id="r"), ex, ck, Said(), Events()) is False
     assert ex.runs == 1 and not os.path.exists(f"{ck}/calls")
     plain = lora(hosts=2, gpus=1, per_device=1, grad_accum=3) | {"output_dir": str(tmp_path / "o")}
     job = validate(plain)   # no DeepSpeed: nothing asked at all (executor None would fail)
-    assert universal.prepare(job, build_plan(job, run_id="r"), None, ck, Said(), Events()) is False
+    assert universal.prepare(job, plan_of(job, run_id="r"), None, ck, Said(), Events()) is False
 
 
 def test_slurm_looks_on_the_login_node_before_a_slurm_job(tmp_path):
@@ -88,7 +91,7 @@ def test_slurm_looks_on_the_login_node_before_a_slurm_job(tmp_path):
     data = _lora(nodes=2, min_nodes=None) | {"deepspeed": {"stage": 2}, "output_dir": str(tmp_path / "o")}
     data["cluster"]["python"] = python
     job = validate(data)   # 2 nodes × 2: world 4
-    plan = build_plan(job, run_id="r")
+    plan = plan_of(job, run_id="r")
     ex = Counted()
     assert universal.prepare(job, plan, ex, checkpoint(tmp_path, shards=4), Said(), Events()) is False
     assert (ex.runs, ex.steps) == (1, 0)
@@ -106,7 +109,7 @@ def test_a_form_unverified_at_another_world_is_refused_never_converted(tmp_path)
     another world too, said before anything converts; at the saved world it resumes."""
     nvme = {"stage": 2, "offload_optimizer": "nvme", "nvme_path": str(tmp_path)}
     job = zero(tmp_path, deepspeed=nvme)
-    plan, ck = build_plan(job, run_id="r"), checkpoint(tmp_path, shards=3)
+    plan, ck = plan_of(job, run_id="r"), checkpoint(tmp_path, shards=3)
     with pytest.raises(UserError) as err:
         universal.prepare(job, plan, Counted(), ck, Said(), Events())
     assert err.value.lines() == [
@@ -144,13 +147,13 @@ def test_submit_converts_before_attempt_0_and_a_restart_loads_it_again(tmp_path,
         code = 1 if len(plans) == 1 else 0
         return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
                          first_failure=0 if code else None)
-    monkeypatch.setattr(attempts, "run_job", run_job)
-    monkeypatch.setattr(attempts, "_restart_wait", lambda job, plan, ex, *a: (job, plan, ex))
+    backend = SimpleNamespace(name="ssh", run_attempt=lambda plan, *a: run_job(plan),
+                              next_attempt=lambda job, plan, ex, *a: (job, plan, ex))
     logs = str(tmp_path / "logs")
-    plan = build_plan(job, run_id="r", log_dir=logs)
+    plan = plan_of(job, run_id="r", log_dir=logs)
     said = Said()
-    code = attempts._attempts(job, plan, ShellExecutor(), said, SubmitOptions(log_dir=logs, resume="latest"),
-                              Found(ck), ck, None, Rec())
+    code = attempts._attempts(plan, ShellExecutor(), said, SubmitOptions(log_dir=logs, resume="latest"),
+                              Found(ck), ck, Rec(), backend)
     assert code == 0 and len(plans) == 2
     for p in plans:
         ds = next(f for f in p.files if f.path.endswith("ds_config.json"))

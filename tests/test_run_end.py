@@ -18,13 +18,13 @@ from launcher.errors import UserError
 from launcher.execute.base import Exit
 from launcher.execute.health import Verdict
 from launcher.execute.outcome import JobResult, NodeOutcome
-from launcher.launch import attempts, spares
-from launcher.launch.attempts import SubmitOptions
+from launcher.runs import attempts, spares
+from launcher.runs.attempts import SubmitOptions
 from launcher.plan.launch_plan import build_plan
 from launcher.record.events import read_events
 from launcher.spec import validate
 
-from .helpers import limit, mlaunch, script_job, write_spec
+from .helpers import TRANSPORT, limit, mlaunch, script_job, write_spec
 from .test_shrink import lora
 from .test_spares import Events, FakeExecutor, Said
 
@@ -43,6 +43,9 @@ class Rec:
         self.reasons, self.ended = [], []
 
     def attempt_started(self, *a, **kw):
+        pass
+
+    def planned(self, data):
         pass
 
     def attempt_ended(self, *a):
@@ -75,18 +78,30 @@ def ok() -> JobResult:
     return JobResult(0, [NodeOutcome(r, h, Exit(0)) for r, h in enumerate("abc")])
 
 
+class FakeBackend:
+    """The attempt loop's hooks (launcher/backends/base.py): each attempt's result from a
+    list, and the restart (next_attempt) the test gives."""
+
+    name = "ssh"
+
+    def __init__(self, results, restart=None):
+        self.feed, self.restart = iter(results), restart
+
+    def run_attempt(self, plan, executor, printer, on_started):
+        return next(self.feed)
+
+    def next_attempt(self, job, plan, executor, result, printer, events):
+        return self.restart(job, plan, executor, result, printer, events)
+
+
 def run(tmp_path, monkeypatch, job, results, restart=None):
-    """_attempts over fake attempts (results, in turn); restart replaces _restart_wait.
+    """_attempts over fake attempts (results, in turn); restart replaces next_attempt.
     Returns (exit code or the exception raised, the run's events, the recorder)."""
-    feed = iter(results)
-    monkeypatch.setattr(attempts, "run_job", lambda *a, **kw: next(feed))
-    if restart:
-        monkeypatch.setattr(attempts, "_restart_wait", restart)
     plan = build_plan(job, run_id="r", log_dir=str(tmp_path / "logs"))
     rec = Rec()
     try:
-        got = attempts._attempts(job, plan, None, Said(), SubmitOptions(log_dir=str(tmp_path / "logs")),
-                                 Master(), None, None, rec)
+        got = attempts._attempts(plan, None, Said(), SubmitOptions(log_dir=str(tmp_path / "logs")),
+                                 Master(), None, rec, FakeBackend(results, restart))
     except BaseException as e:   # noqa: BLE001 - the test looks at which
         got = e
     return got, read_events(os.path.join(plan.log_dir, "events.jsonl")), rec
@@ -179,7 +194,7 @@ def lost(*ranks: int, hosts="n0 n1 n2".split(), terminated=()) -> JobResult:
 def reach(monkeypatch):
     """spares.reconnect against hosts that answer but for those in the returned set."""
     down = set()
-    monkeypatch.setattr(spares, "make_executor",
+    monkeypatch.setattr(TRANSPORT, "fn",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], down))
     monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {})
     return down
@@ -188,7 +203,7 @@ def reach(monkeypatch):
 def reconnect_error(job, result) -> list[str]:
     plan = build_plan(job, run_id="r")
     with pytest.raises(UserError) as err:
-        spares.reconnect(job, plan, result, Said(), Events(), lambda j: build_plan(j, run_id="r"))
+        spares.reconnect(job, plan, result, Said(), Events(), lambda j: build_plan(j, run_id="r"), TRANSPORT)
     return err.value.lines()
 
 
@@ -216,7 +231,7 @@ def test_below_min_nodes_after_an_earlier_drop_names_all_three(reach):
     said = Said()
     with pytest.raises(UserError) as err:
         spares.reconnect(job, plan, lost(1, hosts=["n0", "n1", "n2", "n3"]), said, Events(),
-                         lambda j: build_plan(j, run_id="r"))
+                         lambda j: build_plan(j, run_id="r"), TRANSPORT)
     assert err.value.lines() == [
         "cluster.min_nodes: 2: lost node1 n1 (connection lost); node2 n2 (unreachable: "
         "connection timed out); node3 n3 (unreachable: connection timed out), which leaves 1 "
@@ -228,7 +243,7 @@ def test_below_min_nodes_after_an_earlier_drop_names_all_three(reach):
 def test_health_check_at_min_nodes_says_min_nodes_and_no_min_nodes_stays_generic(monkeypatch):
     """A host failing its check with nothing to replace it and min_nodes reached: the min_nodes
     line; without min_nodes the old refusals stand."""
-    monkeypatch.setattr(spares, "make_executor",
+    monkeypatch.setattr(TRANSPORT, "fn",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], set()))
     monkeypatch.setattr(spares, "unfit_hosts",
                         lambda plan, ex: {1: "health check: gpu: no GPU"} if len(plan.nodes) > 1 else {})

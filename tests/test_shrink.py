@@ -12,13 +12,12 @@ import pytest
 from launcher.errors import SpecError, UserError
 from launcher.execute.base import Exit
 from launcher.execute.outcome import JobResult, NodeOutcome
-from launcher.launch import shrink, spares
+from launcher.runs import shrink, spares
 from launcher.plan import shrink as arith
-from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 from launcher.view.present import describe_plan
 
-from .helpers import CONFIGS, limit, load_yaml, script_job
+from .helpers import plan_of, TRANSPORT, CONFIGS, limit, load_yaml, script_job
 from .test_spares import Events, FakeExecutor, Said
 
 
@@ -136,7 +135,7 @@ def test_shrink_reads_the_users_own_ds_config(tmp_path):
 
 def test_dry_run_shows_the_smallest_world_and_the_batch_at_each_size():
     job = validate(lora(per_device=1, grad_accum=2, min_nodes=1) | {"max_restarts": 2})
-    text = describe_plan(build_plan(job, run_id="r"))   # global 12 over worlds 6, 4, 2
+    text = describe_plan(plan_of(job, run_id="r"))   # global 12 over worlds 6, 4, 2
     got = [ln for ln in text.splitlines() if ln.startswith(("elastic shrink", "  at "))]
     assert got == [
         "elastic shrink: down to 1 nodes (cluster.min_nodes), world 2: a node lost with no spare "
@@ -145,11 +144,11 @@ def test_dry_run_shows_the_smallest_world_and_the_batch_at_each_size():
         "  at 2 nodes: global batch 12 = world 4 × 1 per device × 3 accumulation",
         "  at 1 nodes: global batch 12 = world 2 × 1 per device × 6 accumulation"], text
     job = validate(lora(hosts=4, gpus=1, per_device=1, grad_accum=3, min_nodes=3))
-    text = describe_plan(build_plan(job, run_id="r"))
+    text = describe_plan(plan_of(job, run_id="r"))
     assert ("  at 3 nodes: refused: global batch 12 is not a multiple of world 3 × 1 per device "
             "(per_device is never raised)") not in text   # 12 = 3 × 4: it divides
     job = validate(lora(hosts=3, gpus=1, per_device=2, grad_accum=3, min_nodes=2))
-    text = describe_plan(build_plan(job, run_id="r"))   # global 18: world 2 × 2 misses it
+    text = describe_plan(plan_of(job, run_id="r"))   # global 18: world 2 × 2 misses it
     assert ("  at 2 nodes: refused: global batch 18 is not a multiple of world 2 × 2 per device "
             "(per_device is never raised)") in text, text
 
@@ -165,7 +164,7 @@ def test_drop_keeps_node0_and_the_global_batch():
     assert said.lines == ["shrink: lost node1 n1 (connection lost); the next attempt runs on 2 "
                           "nodes, world 6 -> 4 processes, grad_accum 2 -> 3, global batch 12 = 4 × "
                           "1 per device × 3 (kept)"]
-    plan = build_plan(new, run_id="r")
+    plan = plan_of(new, run_id="r")
     assert [n.host for n in plan.nodes] == ["n0", "n2"]
     yaml = next(f.content for f in plan.files if f.path.endswith(".yaml"))
     assert re.search(r"^gradient_accumulation_steps: 3$", yaml, re.M), yaml
@@ -196,21 +195,21 @@ def lost3(rank: int) -> JobResult:
 
 def test_reconnect_shrinks_with_no_spare_and_refuses_below_min_nodes(monkeypatch):
     down = set()
-    monkeypatch.setattr(spares, "make_executor",
+    monkeypatch.setattr(TRANSPORT, "fn",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], down))
     monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {})
     job = validate(lora(per_device=1, grad_accum=2, min_nodes=2))
-    plan = build_plan(job, run_id="r")
-    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
+    plan = plan_of(job, run_id="r")
+    rebuild = lambda j: plan_of(j, run_id="r")  # noqa: E731
     ev = Events()
-    new, new_plan, _ = spares.reconnect(job, plan, lost3(0), Said(), ev, rebuild)
+    new, new_plan, _ = spares.reconnect(job, plan, lost3(0), Said(), ev, rebuild, TRANSPORT)
     assert [n.host for n in new_plan.nodes] == ["n1", "n2"] and new.batch.grad_accum == 3
     argv = new_plan.nodes[1].argv
     assert argv[argv.index("--master-addr") + 1] == "n1"   # the new node 0 is the master
     assert [e for e, _ in ev.seen] == ["shrink"]
     down.add("n2")   # node1 dropped, then node2 unreachable: at min_nodes 2 already, so refused
     with pytest.raises(UserError) as err:   # issue 50: the min_nodes line, naming both
-        spares.reconnect(job, plan, lost3(1), Said(), Events(), rebuild)
+        spares.reconnect(job, plan, lost3(1), Said(), Events(), rebuild, TRANSPORT)
     assert err.value.lines() == [
         "cluster.min_nodes: 2: lost node1 n1 (connection lost); node2 n2 (unreachable: connection "
         "timed out), which leaves 1 node(s) and no spare host; the run ends"]

@@ -13,12 +13,10 @@ import pytest
 from launcher.errors import UserError
 from launcher.execute.base import Exit
 from launcher.execute.outcome import JobResult, NodeOutcome
-from launcher.launch import slurm_exclude
-from launcher.plan.launch_plan import build_plan
+from launcher.backends.slurm import exclude as slurm_exclude
 from launcher.spec import validate
-from launcher.view.present import describe_plan
 
-from .helpers import CONFIGS, ROOT, SCRIPTS, limit, load_yaml, write_spec
+from .helpers import plan_of, CONFIGS, ROOT, SCRIPTS, limit, load_yaml, write_spec
 from .slurmjobs import baseline, drain_and_kill, leftovers, slurm_cluster, slurm_script_job
 
 
@@ -38,6 +36,12 @@ class _Events:
         self.got.append((event, fields))
 
 
+def show(plan) -> str:
+    """The dry-run text of a Slurm plan, as its backend shows it."""
+    from launcher.backends import backend_of
+    return backend_of(plan.job).show(plan)
+
+
 def _job(tmp_path, **slurm):
     spec = slurm_script_job(tmp_path, "allreduce.py", [])
     spec["cluster"]["slurm"] |= slurm
@@ -45,7 +49,7 @@ def _job(tmp_path, **slurm):
 
 
 def test_dry_run_says_a_restart_excludes_the_failed_nodes(tmp_path):
-    text = describe_plan(build_plan(_job(tmp_path), run_id="r"))
+    text = show(plan_of(_job(tmp_path), run_id="r"))
     assert ("restarts under slurm: each is a new sbatch job; a restart excludes the nodes that "
             "failed (drained, down or failing in scontrol, or a lost task): --exclude, "
             "accumulated across attempts") in text, text
@@ -67,8 +71,8 @@ def test_exclusions_join_the_users_and_accumulate(tmp_path, monkeypatch):
     assert say.lines == ["slurm: the restart excludes b (Slurm state IDLE+DRAIN: test)",
                          "slurm: the restart excludes c (task lost (Killed))"]
     assert [e[1]["host"] for e in events.got] == ["b", "c"]
-    plan = build_plan(job, run_id="r", attempt=2)
-    from launcher.plan import sbatch
+    plan = plan_of(job, run_id="r", attempt=2)
+    from launcher.backends.slurm import sbatch
     assert "#SBATCH --exclude=z,b,c\n" in sbatch.request(plan).script
 
 
@@ -107,8 +111,8 @@ def test_slurm_shrink_asks_for_fewer_nodes_and_keeps_the_global_batch(monkeypatc
                      "grad_accum 2 -> 3, global batch 12 = 4 × 1 per device × 3 (kept)"]
     assert got == [("shrink", {"old_world": 6, "new_world": 4, "nodes": 2, "old_grad_accum": 2,
                                "new_grad_accum": 3, "global_batch": 12, "lost": "b"})]
-    from launcher.plan import sbatch
-    plan = build_plan(new, run_id="r", attempt=1)
+    from launcher.backends.slurm import sbatch
+    plan = plan_of(new, run_id="r", attempt=1)
     script = sbatch.request(plan).script
     assert "#SBATCH --nodes=2\n" in script and "#SBATCH --exclude=b\n" in script, script
     assert "srun --nodes=2 --ntasks=2 " in script, script
@@ -138,7 +142,7 @@ def test_slurm_shrink_only_when_too_few_and_never_below_min_nodes(monkeypatch):
 
 
 def test_usable_nodes_reads_the_partition_from_sinfo(monkeypatch):
-    from launcher.execute import slurm
+    from launcher.backends.slurm import commands as slurm
     rows = ("a|gpu*|idle\nb|gpu*|drained\nc|gpu*|allocated\nd|gpu*|idle*\ne|gpu*|mixed\n"
             "f|gpu*|down\ng|cpu|idle\nh|gpu*|draining\n")
     monkeypatch.setattr(slurm, "slurm_cmd", lambda argv, timeout=30: subprocess.CompletedProcess(
@@ -158,7 +162,7 @@ def test_usable_nodes_reads_the_partition_from_sinfo(monkeypatch):
 def test_slurm_commands_that_hang_or_are_missing_are_failures_not_tracebacks(monkeypatch):
     """Every Slurm client call goes through slurm_cmd: a hung slurmctld (timeout) or a missing
     binary is its exit code, and each caller reads it as 'could not tell', never as 'gone'."""
-    from launcher.execute import slurm
+    from launcher.backends.slurm import commands as slurm
 
     def hangs(*args, **kw):
         raise subprocess.TimeoutExpired(args[0], kw.get("timeout"))
@@ -182,7 +186,7 @@ def test_slurm_commands_that_hang_or_are_missing_are_failures_not_tracebacks(mon
 
 def test_slurm_dry_run_shows_the_shrink_and_zero_nvme_offload_is_refused():
     job = validate(_lora() | {"max_restarts": 1})
-    text = describe_plan(build_plan(job, run_id="r"))
+    text = show(plan_of(job, run_id="r"))
     got = [ln for ln in text.splitlines() if ln.startswith(("elastic shrink", "  at "))]
     assert got == [
         "elastic shrink: down to 2 nodes (cluster.min_nodes), world 4: when the excluded nodes "
@@ -206,15 +210,15 @@ def test_slurm_dry_run_shows_the_shrink_and_zero_nvme_offload_is_refused():
 def test_slurm_universal_conversion_is_a_one_node_job_of_its_own(tmp_path):
     """Under Slurm no node is held between attempts: the conversion is `srun --nodes=1
     --ntasks=1` with the job's partition, account and exclusions, and says so."""
-    from launcher.launch import universal
-    from launcher.plan import sbatch
+    from launcher.runs import universal
+    from launcher.backends.slurm import sbatch
     job = validate(_lora() | {"deepspeed": {"stage": 2}, "max_restarts": 1})
     slurm = job.cluster.slurm.model_copy(update={"extra_sbatch": {"exclude": "b", "gres": "gpu:2"},
                                                  "account": "ml"})
     job = job.model_copy(update={"cluster": job.cluster.model_copy(update={"slurm": slurm})})
-    plan = build_plan(job, run_id="r", attempt=1)
+    plan = plan_of(job, run_id="r", attempt=1)
     argv = sbatch.step_argv(plan, "universal")   # the script goes on stdin, never in argv
-    assert argv == ["srun", "--nodes=1", "--ntasks=1", "--job-name=r.a1-universal", "--partition=gpu",
+    assert argv == ["srun", "--nodes=1", "--ntasks=1", "--job-name=r+a1-universal", "--partition=gpu",
                     "--account=ml", "--time=2-00:00:00", "--exclude=b", "/bin/sh", "-s"], argv
     ck = tmp_path / "checkpoint-3"
     ck.mkdir()

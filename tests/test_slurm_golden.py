@@ -8,12 +8,11 @@ import posixpath
 
 import pytest
 
-from launcher.plan import sbatch
-from launcher.plan.launch_plan import build_plan
-from launcher.view.present import describe_sbatch
+from launcher.backends.slurm import sbatch
+from launcher.backends.slurm.show import describe_sbatch
 from launcher.spec import load_spec
 
-from .helpers import CONFIGS, ROOT, check_golden, mlaunch
+from .helpers import plan_of, CONFIGS, ROOT, check_golden, mlaunch
 
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 EXAMPLES = sorted(glob.glob(f"{CONFIGS}/slurm/*.yaml"))
@@ -28,7 +27,7 @@ def _one_user(monkeypatch):
 def outputs(path: str) -> dict[str, str]:
     from launcher.plan.meminputs import inputs
     job = load_spec(path)
-    plan = build_plan(job, run_id="GOLDEN", memory=inputs(job))   # as the CLI's dry run
+    plan = plan_of(job, run_id="GOLDEN", memory=inputs(job))   # as the CLI's dry run
     req = sbatch.request(plan)
     out = {"job.sbatch": req.script, "node.sh": req.node_script.content,
            "dry-run.txt": describe_sbatch(plan)}
@@ -50,7 +49,7 @@ def test_the_cli_dry_run_is_the_golden_one():
 
 
 def test_secrets_stay_out_of_what_slurm_stores():
-    plan = build_plan(load_spec(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")), run_id="G")
+    plan = plan_of(load_spec(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")), run_id="G")
     req = sbatch.request(plan)
     secret = "hf_secret_value_123"
     assert secret not in req.script and secret not in req.node_script.content

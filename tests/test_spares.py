@@ -12,12 +12,11 @@ import pytest
 from launcher.errors import SpecError, UserError
 from launcher.execute.base import Exit
 from launcher.execute.outcome import JobResult, NodeOutcome
-from launcher.launch import spares
-from launcher.plan.launch_plan import build_plan
+from launcher.runs import spares
 from launcher.spec import load_spec, validate
 from launcher.view.present import describe_plan
 
-from .helpers import CONFIGS, limit, load_yaml, script_job, set_path
+from .helpers import plan_of, TRANSPORT, CONFIGS, limit, load_yaml, script_job, set_path
 
 def spec(**cluster) -> dict:
     return {"name": "t", "trainer": "script", "script": {"path": "/abs/train.py"},
@@ -81,7 +80,7 @@ def test_spares_under_slurm_refused():
 
 def test_min_nodes_equal_to_the_nodes_and_spares_accepted_and_shown():
     job = validate(spec(min_nodes=2, spare_hosts=["c", "d"]) | {"max_restarts": 1})
-    text = describe_plan(build_plan(job, run_id="r"))
+    text = describe_plan(plan_of(job, run_id="r"))
     assert ("spare hosts, in order: c, d: before a restart each node lost in the last attempt "
             "(connection lost or a hardware-looking error), unreachable now, or failing the host "
             "check (GPU, disk) takes the next one, with its rank; the world (2) stays the same; a "
@@ -95,7 +94,7 @@ def test_lora_dry_run_says_the_global_batch_stays():
         c.pop(k, None)
     c["hosts"], c["spare_hosts"] = [f"n{i}" for i in range(4)], ["n8"]
     job = validate(data)
-    line = next(ln for ln in describe_plan(build_plan(job, run_id="r")).splitlines()
+    line = next(ln for ln in describe_plan(plan_of(job, run_id="r")).splitlines()
                 if ln.startswith("spare hosts"))
     assert re.search(r"the world \(\d+\) and the global batch \(\d+\) stay the same", line), line
 
@@ -131,7 +130,7 @@ def test_lost_ranks_are_the_dropped_not_the_torn_down():
 
 def test_node0_replaced_only_without_a_given_master_addr():
     job = validate(spec(spare_hosts=["c"], master_addr="a"))
-    plan = build_plan(job, run_id="r")
+    plan = plan_of(job, run_id="r")
     with pytest.raises(UserError) as err:
         spares._replace(job, plan, {0: "connection lost"}, Said(), Events())
     assert err.value.lines() == [
@@ -142,7 +141,7 @@ def test_node0_replaced_only_without_a_given_master_addr():
     said, ev = Said(), Events()
     new = spares._replace(job, plan, {0: "connection lost"}, said, ev)
     assert new.cluster.hosts == ["c", "b"] and new.cluster.spare_hosts == ["d"]
-    assert "--master-addr" in (argv := build_plan(new, run_id="r").nodes[1].argv)
+    assert "--master-addr" in (argv := plan_of(new, run_id="r").nodes[1].argv)
     assert argv[argv.index("--master-addr") + 1] == "c"
     assert ev.seen == [("host_replaced", {"rank": 0, "old_host": "a", "new_host": "c",
                                           "reason": "connection lost", "spares_left": 1})]
@@ -217,20 +216,20 @@ class FakeExecutor:
 
 def test_unreachable_spare_skipped_and_no_spare_left_refused(monkeypatch):
     down = {"c"}
-    monkeypatch.setattr(spares, "make_executor",
+    monkeypatch.setattr(TRANSPORT, "fn",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], down))
     monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {})
     job = validate(spec(spare_hosts=["c", "d"]))
-    plan = build_plan(job, run_id="r")
+    plan = plan_of(job, run_id="r")
     said, ev = Said(), Events()
-    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
-    new, new_plan, ex = spares.reconnect(job, plan, lost_result(1), said, ev, rebuild)
+    rebuild = lambda j: plan_of(j, run_id="r")  # noqa: E731
+    new, new_plan, ex = spares.reconnect(job, plan, lost_result(1), said, ev, rebuild, TRANSPORT)
     assert new.cluster.hosts == ["a", "d"] and [n.host for n in new_plan.nodes] == ["a", "d"]
     assert [(kw["rank"], kw["old_host"], kw["new_host"], kw["reason"]) for _, kw in ev.seen] == [
         (1, "b", "c", "connection lost"), (1, "c", "d", "unreachable: connection timed out")]
     down.add("d")
     with pytest.raises(UserError) as err:
-        spares.reconnect(job, plan, lost_result(1), Said(), Events(), rebuild)
+        spares.reconnect(job, plan, lost_result(1), Said(), Events(), rebuild, TRANSPORT)
     assert err.value.lines() == ["cannot reach every host and no spare host is left; nothing was "
                                  "started anywhere:", "host d: connection timed out"]
 
@@ -239,16 +238,16 @@ def test_every_host_failing_alike_uses_no_spare(monkeypatch):
     """When the whole next attempt fails its host check (or cannot be reached), the cause is
     shared, not a host's: no spare is spent, one line per node, and nothing starts."""
     job = validate(spec(spare_hosts=["c", "d"]))
-    plan = build_plan(job, run_id="r")
-    rebuild = lambda j: build_plan(j, run_id="r")  # noqa: E731
+    plan = plan_of(job, run_id="r")
+    rebuild = lambda j: plan_of(j, run_id="r")  # noqa: E731
     execs = []
-    monkeypatch.setattr(spares, "make_executor", lambda p: execs.append(
+    monkeypatch.setattr(TRANSPORT, "fn", lambda p: execs.append(
         FakeExecutor([n.login for n in p.nodes], set())) or execs[-1])
     monkeypatch.setattr(spares, "unfit_hosts", lambda p, ex: {
         n.rank: "health check: storage: /out: 0.1 GB free, under preflight.min_free_gb 5" for n in p.nodes})
     ev = Events()
     with pytest.raises(UserError) as err:
-        spares.reconnect(job, plan, lost_result(1), Said(), ev, rebuild)
+        spares.reconnect(job, plan, lost_result(1), Said(), ev, rebuild, TRANSPORT)
     lines = err.value.lines()
     assert lines[0].startswith("every host of the next attempt fails its health check: the cause "
                                "is shared") and lines[0].endswith("nothing was started anywhere:")
@@ -257,24 +256,24 @@ def test_every_host_failing_alike_uses_no_spare(monkeypatch):
     # The lost node 1 took spare c; the check then failed everywhere: d was never used.
     assert [kw["new_host"] for _, kw in ev.seen] == ["c"] and all(e.closed for e in execs)
 
-    monkeypatch.setattr(spares, "make_executor",
+    monkeypatch.setattr(TRANSPORT, "fn",
                         lambda p: FakeExecutor([n.login for n in p.nodes], {"a", "b", "c", "d"}))
     ev = Events()
     with pytest.raises(UserError) as err:
-        spares.reconnect(job, plan, JobResult(1, []), Said(), ev, rebuild)
+        spares.reconnect(job, plan, JobResult(1, []), Said(), ev, rebuild, TRANSPORT)
     assert err.value.lines()[0].startswith("every host of the next attempt cannot be reached")
     assert ev.seen == []
 
 
 def test_a_rank_exit_replaces_nothing(monkeypatch):
-    monkeypatch.setattr(spares, "make_executor",
+    monkeypatch.setattr(TRANSPORT, "fn",
                         lambda plan: FakeExecutor([n.login for n in plan.nodes], set()))
     monkeypatch.setattr(spares, "unfit_hosts", lambda plan, executor: {})
     job = validate(spec(spare_hosts=["c"]))
-    plan = build_plan(job, run_id="r")
+    plan = plan_of(job, run_id="r")
     exited = JobResult(3, [NodeOutcome(0, "a", Exit(143), terminated=True), NodeOutcome(1, "b", Exit(3))])
     ev = Events()
-    new, _, _ = spares.reconnect(job, plan, exited, Said(), ev, lambda j: build_plan(j, run_id="r"))
+    new, _, _ = spares.reconnect(job, plan, exited, Said(), ev, lambda j: plan_of(j, run_id="r"), TRANSPORT)
     assert new.cluster.hosts == ["a", "b"] and ev.seen == []
 
 

@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from .helpers import plan_of
+
 from launcher.errors import SpecError
 from launcher.spec import validate
 from tests.helpers import CONFIGS, DELETE, load_yaml, mlaunch, seed000, set_path, write_spec
@@ -240,6 +242,6 @@ def test_secret_reference_under_a_plain_name_is_a_secret(monkeypatch):
     from launcher.spec import validate
     monkeypatch.setenv("MLAUNCH_TEST_TOKEN", SECRET)
     job = validate(mutate("cluster.env", {"HUB": "${MLAUNCH_TEST_TOKEN}"}))
-    plan = build_plan(job, run_id="r")
+    plan = plan_of(job, run_id="r")
     assert SECRET in plan.nodes[0].script and SECRET not in plan.nodes[0].display
     assert spec_snapshot(job)["cluster"]["env"]["HUB"] == "***"

@@ -12,7 +12,7 @@ from launcher.errors import UserError
 from launcher.plan.launch_plan import build_plan
 from launcher.view.present import describe_plan
 from launcher.spec import validate
-from launcher.launch.attempts import SubmitOptions, submit
+from launcher.runs.attempts import SubmitOptions, check_flags as submit
 from launcher.plan.trainers import TRAINERS, RunContext
 
 from .test_swift import argv, flags, problems, swift_lora, swift_megatron

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from launcher.errors import UserError
-from launcher.launch import universal
+from launcher.runs import universal
 from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 

@@ -208,7 +208,7 @@ def test_busy_master_port_matters_only_with_torchrun(tmp_path, torchrun):
     """In-process, nothing binds master_port: someone else's process on it is no failure."""
     import socket
 
-    from launcher.execute.job import make_executor
+    from launcher.backends import backend_of
     from launcher.preflight import run_checks
     holder = socket.socket()
     holder.bind(("0.0.0.0", 0))
@@ -216,7 +216,7 @@ def test_busy_master_port_matters_only_with_torchrun(tmp_path, torchrun):
     spec = base(tmp_path, torchrun=torchrun)
     spec["cluster"].update(master_port=holder.getsockname()[1], python=sys.executable)
     plan = build_plan(validate(spec))
-    ex = make_executor(plan)
+    ex = backend_of(plan.job).transport(plan)
     try:
         ex.connect()
         report = run_checks(plan, ex, fast_only=True)

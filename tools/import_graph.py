@@ -13,7 +13,7 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launcher")
 # Lowest first. A package not named here is its own top layer (reported as unknown).
 LAYERS = ["errors", "render", "nodeprog", "spec", "plan", "record", "view", "execute",
-          "preflight", "launch", "cli"]
+          "preflight", "runs", "backends", "cli"]
 
 
 def modules() -> dict[str, str]:

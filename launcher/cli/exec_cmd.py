@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import tempfile
 
 import click
 
@@ -31,8 +30,8 @@ def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
     Output is prefixed per node, then one exit row per node. One CMD argument is a shell
     command line (`-- 'df -h /data'`), several are run as they are (`-- pip show torch`).
     Under Slurm CMD runs through srun in an allocation of the spec's nodes."""
+    from ..backends import backend_of
     from ..execute.stream import Printer
-    from ..plan.launch_plan import build_plan
     from .validate import check_path
     from ..spec import load_spec
     from ..spec.overrides import parse
@@ -41,21 +40,21 @@ def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
         raise UserError("exec: no CMD; put the command after --, e.g. mlaunch exec job.yaml -- nvidia-smi")
     check_path(job)
     spec = load_spec(job, parse(overrides))
-    plan = build_plan(spec)
+    backend = backend_of(spec)
+    plan = backend.plan(spec)
     printer = Printer(plan.mask)
-    sys.exit(_run(plan, argv, printer))
+    sys.exit(_run(backend, plan, argv, printer))
 
 
-def _run(plan, argv: list[str], printer) -> int:
+def _run(backend, plan, argv: list[str], printer) -> int:
     """Connect (or allocate), run everywhere, print the exit table; 0 if every node exited 0."""
     from ..execute.fanout_exec import exec_nodes, exit_table, run_everywhere
-    executor, hosts = _executor(plan)
-    problems = executor.connect()
+    plan, executor, problems = backend.control(plan, "exec")
     if problems:
         executor.close()
         raise UserError(problems, header="exec: cannot reach every host; the command ran nowhere:")
     try:
-        nodes = exec_nodes(plan, argv, getattr(executor, "hosts", None) if hosts else None)
+        nodes = exec_nodes(plan, argv, guard=backend.guard_exec)
         exits = run_everywhere(nodes, executor, printer)
     finally:
         executor.close()
@@ -65,18 +64,3 @@ def _run(plan, argv: list[str], printer) -> int:
     printer.say(f"exec: {len(nodes) - bad} of {len(nodes)} node{'' if len(nodes) == 1 else 's'} "
                 f"succeeded" + (f"; {bad} failed" if bad else ""))
     return 1 if bad else 0
-
-
-def _executor(plan):
-    """(executor, whether it names the hosts itself): an allocation under Slurm, else the job's."""
-    if plan.job.cluster.scheduler == "slurm":
-        import posixpath
-        from ..execute.slurm_alloc import AllocationExecutor
-        # Every node reads its script from shared storage (slurm specs require shared_dir).
-        from ..plan.launch_plan import user_base
-        from ..record import fsmode
-        # <shared_dir>/.mlaunch (the team's, 1777 sticky) / <user> (0700): as a run's files
-        base = fsmode.user_dir(user_base(plan.job))
-        return AllocationExecutor(plan.job, tempfile.mkdtemp(prefix="exec-", dir=base)), True
-    from ..execute.job import make_executor
-    return make_executor(plan), False

@@ -21,7 +21,7 @@ def refresh(reg, run):
     job's state), recorded on the way; a compare-and-set, so a concurrent writer wins."""
     if not run.active:
         return run
-    from ..launch.backends import backend_for
+    from ..backends import backend_for
     status = backend_for(run.backend).describe(run)
     if status.state == run.state:
         return run

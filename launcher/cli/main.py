@@ -87,8 +87,8 @@ def _resume_option():
 
 def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, overwrite, max_restarts,
                 no_preflight, force=False, detach=False, as_json=False, overrides=()) -> None:
-    from ..launch.attempts import SubmitOptions, check_offline
-    from ..launch.backends import launch
+    from ..runs.attempts import SubmitOptions, check_offline
+    from ..backends import launch
     for flag, given in (("--full", full), ("--json", as_json)):
         if given and not dry_run:
             raise UserError(f"{flag} only goes with --dry-run")
@@ -155,7 +155,7 @@ def resume(job: str, overrides: tuple[str, ...], **kw) -> None:
 @click.option("--run-id", help="Use this run id instead of a fresh one.")
 def check(job: str, as_json: bool, run_id: str | None) -> None:
     """Run the preflight checklist on every node: one table; exit 0 if all pass, 1 if any fails."""
-    from ..preflight import check_command
+    from .check_cmd import check_command
     sys.exit(check_command(job, as_json=as_json, run_id=run_id))
 
 
@@ -182,13 +182,13 @@ def render_cmd(job: str, overrides: tuple[str, ...], out: str, run_id: str | Non
                overwrite: bool) -> None:
     """Write the rendered files and one node<k>.sh per node (Slurm: job.sbatch, node.sh) into OUT
     (as submit would run them)."""
-    from ..plan.launch_plan import build_plan
-    from ..launch.attempts import SubmitOptions, check_offline
+    from ..backends import backend_of
+    from ..runs.attempts import SubmitOptions, check_offline
     from .writeout import render_start, write_rendered
     spec = _load(job, overrides)
     check_offline(spec, SubmitOptions(resume=resume, overwrite=overwrite))
     resume_from, overwrite = render_start(spec, resume, overwrite)
-    plan = build_plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite)
+    plan = backend_of(spec).plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite)
     for path in write_rendered(plan, out):
         click.echo(path)
 

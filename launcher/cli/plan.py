@@ -25,7 +25,7 @@ def plan_cmd(job: str, overrides: tuple[str, ...], as_json: bool, force: bool) -
     from ..view import memview
     from ..spec import load_spec
     from ..spec.overrides import parse
-    from ..launch.attempts import SubmitOptions, check_offline
+    from ..runs.attempts import SubmitOptions, check_offline
     from .validate import check_path
     check_path(job)
     spec = load_spec(job, parse(overrides))

@@ -55,7 +55,7 @@ def registry_errors(cmd):
 
 
 def _backend(run):
-    from ..launch.backends import backend_for
+    from ..backends import backend_for
     return backend_for(run.backend)
 
 

@@ -32,7 +32,7 @@ def _one(job: str, overrides: tuple[str, ...], raise_it: bool) -> dict:
     """The verdict on one JOB as a dict; printed unless JSON is asked for (the caller prints)."""
     from ..spec import load_spec
     from ..spec.overrides import parse
-    from ..launch.attempts import SubmitOptions, check_offline
+    from ..runs.attempts import SubmitOptions, check_offline
     name = "<stdin>" if job == "-" else job
     try:
         check_path(job)
@@ -65,11 +65,11 @@ def check_path(value: str) -> None:
 
 
 def _summary(spec) -> str:
-    """trainer, the world, and `slurm` under Slurm: what validate's ok line says."""
+    """trainer, the world, and the scheduler when there is one: what validate's ok line says."""
     from ..spec import node_procs, world_size, world_text
     mixed = len(set(node_procs(spec.cluster))) > 1
     total = f" = {world_size(spec)}" if mixed else ""
-    via = ", slurm" if spec.cluster.scheduler == "slurm" else ""
+    via = f", {spec.cluster.scheduler}" if spec.cluster.scheduler != "ssh" else ""
     return f"{spec.trainer}, {world_text(spec.cluster, 'processes')}{total}{via}"
 
 

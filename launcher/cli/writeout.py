@@ -41,14 +41,8 @@ def _rendered(plan: LaunchPlan) -> dict[str, str]:
         texts[posixpath.basename(f.path)] = plan.mask(f.content)
         if f.note:  # JSON has no comments: where each value came from goes beside the file
             texts[posixpath.basename(f.path) + ".sources.txt"] = plan.mask(f.note) + "\n"
-    if plan.job.cluster.scheduler == "slurm":
-        from ..plan.sbatch import request
-        texts["job.sbatch"] = plan.mask(request(plan).script)
-        texts["node.sh"] = "#!/bin/sh\n" + plan.mask(plan.nodes[0].display)
-        return texts
-    for node in plan.nodes:
-        texts[f"node{node.rank}.sh"] = "#!/bin/sh\n" + plan.mask(node.display)
-    return texts
+    from ..backends import backend_of
+    return {**texts, **backend_of(plan.job).scripts(plan)}
 
 
 def render_start(job, resume: str | None, overwrite: bool) -> tuple[str | None, bool]:

@@ -17,7 +17,7 @@ nothing here loads the runner's dependencies (jinja2, pydantic, fabric) on `mlau
 """
 from __future__ import annotations
 
-__all__ = ["JobResult", "make_executor", "run_job"]
+__all__ = ["JobResult", "run_job"]
 
 
 def __getattr__(name: str):

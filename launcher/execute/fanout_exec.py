@@ -1,6 +1,6 @@
 """`mlaunch exec`: one command on every node at once, streamed with node prefixes.
 
-The executors are the job's (ssh, local; under Slurm an allocation reached with srun); the
+The transport is the job's backend's (launcher/backends: its control()); the
 script comes from templates/exec.sh.j2 (render.exec_script). Nothing is staged."""
 from __future__ import annotations
 
@@ -15,18 +15,14 @@ from .stream import LineSplitter, Printer
 _TAGS = ("MLAUNCH_RUN_ID", "MLAUNCH_NODE_RANK", "MLAUNCH_NODE_ID", "CUDA_VISIBLE_DEVICES")
 
 
-def exec_nodes(plan: LaunchPlan, argv: list[str], hosts: list[str] | None = None) -> list[NodePlan]:
-    """Each node of plan with exec's script in place of the job's (hosts: the allocation's
-    hostnames under Slurm, where the plan has placeholders)."""
-    slurm = plan.job.cluster.scheduler == "slurm"
-    nodes = list(plan.nodes)
-    if hosts is not None:
-        nodes = [dataclasses.replace(nodes[0], rank=i, host=h, login=h) for i, h in enumerate(hosts)]
+def exec_nodes(plan: LaunchPlan, argv: list[str], guard: bool = True) -> list[NodePlan]:
+    """Each node of plan with exec's script in place of the job's (guard: keep the node's
+    hang-up guard; a scheduler's backend ends its own steps)."""
     out = []
-    for n in nodes:
+    for n in plan.nodes:
         env = [(k, v) for k, v in n.env if k not in _TAGS and isinstance(v, str)]
         script = render.exec_script(n.rank, n.host, argv, env, remote_bin(plan.job), n.workdir,
-                                    guard=not slurm)
+                                    guard=guard)
         out.append(dataclasses.replace(n, script=script, display=plan.mask(script)))
     return out
 

@@ -1,7 +1,7 @@
 """Hardware-looking causes in a node's output (issue 29): which node a restart should not reuse.
 
 Pure: it reads lines. A node whose ranks printed one of these is replaced by a spare (or
-dropped by a shrink, or excluded under Slurm) before the next attempt, as a lost node is.
+dropped by a shrink, or excluded by a scheduler) before the next attempt, as a lost node is.
 Two kinds:
 
 * DEVICE: the node's own GPU, driver or NVLink said it failed (an ECC error, a GPU fallen off

@@ -12,7 +12,7 @@ from ..view import nodeview
 from ..record import fsmode
 from .. import render
 from ..errors import UserError
-from ..plan.launch_plan import LaunchPlan, NodePlan, base_run_id
+from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .console import Console
 from .follow import LogFollower
@@ -26,16 +26,15 @@ AGENT_DRAIN_S = 1.0  # torchrun, its ranks gone, may copy their logs this long (
 LIVE_EVERY_S = 1.0  # status lines redrawn, live.json rewritten, gpu_sample events checked
 
 
-def make_executor(plan: LaunchPlan) -> Executor:
-    """Local subprocesses when every host is this machine, sbatch under Slurm, else SSH."""
-    if plan.job.cluster.scheduler == "slurm":
-        from .slurm_executor import SlurmExecutor
-        return SlurmExecutor()
-    if plan.local:
-        from .local import LocalExecutor
-        return LocalExecutor()
-    from .ssh import SSHExecutor  # fabric is imported only when SSH is really needed
-    return SSHExecutor([n.login for n in plan.nodes], plan.job.cluster.ssh)
+def announce(plan: LaunchPlan, printer: Printer) -> None:
+    """The attempt's log directory made (0700), and its first line said."""
+    try:
+        fsmode.private_dir(plan.log_dir)
+    except OSError as e:
+        raise UserError(f"cannot create log directory {plan.log_dir}: {e.strerror}; "
+                        "pass --log-dir DIR") from None
+    n = len(plan.nodes)
+    printer.say(f"run {plan.run_id}: {n} node{'' if n == 1 else 's'}; logs in {plan.log_dir}")
 
 
 def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
@@ -47,19 +46,11 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
     connected: the executor is already connected (e.g. by preflight); it is not closed here.
     on_started: called once every node has started (the registry's `running`).
     """
-    try:
-        fsmode.private_dir(plan.log_dir)
-    except OSError as e:
-        raise UserError(f"cannot create log directory {plan.log_dir}: {e.strerror}; "
-                        "pass --log-dir DIR") from None
-    n = len(plan.nodes)
-    printer.say(f"run {plan.run_id}: {n} node{'' if n == 1 else 's'}; logs in {plan.log_dir}")
+    announce(plan, printer)
     try:
         problems = [] if connected else executor.connect()
         if problems:
             raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
-        if hasattr(executor, "run_plan"):  # a scheduler runs the nodes (execute/slurm.py)
-            return executor.run_plan(plan, printer, on_started or (lambda *a, **k: None))
         executor.stage(plan)
         return _Session(plan, executor, printer, timeout, on_started).run()
     finally:
@@ -81,7 +72,7 @@ class _Session(NodeStreams):
         self.result = JobResult(code=0, nodes=self.outcomes)
         self._teardown: threading.Thread | None = None
         self.watch = Watch(plan, executor, printer.say, time.monotonic)
-        self.view = nodeview.LiveView(base_run_id(plan.run_id),
+        self.view = nodeview.LiveView(plan.run_id,
                                       [(n.rank, n.host) for n in plan.nodes])
         self._live_at = 0.0
         self.console = Console(printer, {n.rank: n.log_path for n in plan.nodes})
@@ -267,7 +258,7 @@ class _Session(NodeStreams):
     def _teardown_host(self, host: str, kill_now: bool) -> str:
         nodes = [n for n in self.plan.nodes if n.login == host]
         agents = [n.pidfile for n in nodes if "--nproc-per-node" in n.argv]  # torchrun's
-        script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.run_id}",
+        script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.tag}",
                                         [n.pidfile for n in nodes], TEARDOWN_GRACE, kill_now,
                                         agents=agents, drain=AGENT_DRAIN_S)
         code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)

@@ -16,7 +16,7 @@ import time
 
 from .base import LOST, Exit
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
-from .slurm import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
+from ..backends.slurm.commands import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
                     never_starts, node_outcomes)
 from .stream import LineSplitter, NodeLog, lines_of, text_of
 from .torchrun_out import TorchrunRootCause

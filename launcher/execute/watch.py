@@ -15,7 +15,7 @@ from . import hwcause, stacks
 from ..record import fsmode
 from ..record.events import EventLog
 from .health import HealthConfig, Monitor, Verdict, may_matter
-from ..plan.launch_plan import LaunchPlan, base_run_id, remote_bin
+from ..plan.launch_plan import LaunchPlan, remote_bin
 from .base import Executor
 
 HANG_EXIT = 124       # as GNU timeout: the job made no progress in time
@@ -69,7 +69,7 @@ class Watch:
         self.plan, self.executor, self.say = plan, executor, say
         self.enabled = plan.job.health.enabled
         self.monitor = Monitor(config_of(plan), world_size(plan), clock)
-        base_id = base_run_id(plan.run_id)
+        base_id = plan.run_id
         self.events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), base_id, plan.attempt)
         self.verdict: Verdict | None = None   # the first verdict that stopped the run
         self.hardware: dict[int, tuple[str, bool]] = {}   # node -> its first hwcause line

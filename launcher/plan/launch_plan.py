@@ -27,9 +27,8 @@ DEFAULT_ENV = {
 }
 MASK = "***"
 HANGUP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a node loses its launcher
-ALLOCATED = "(allocated)"  # a Slurm node's host before the allocation exists
 SETUP_EXIT = 95   # a cluster.setup line failed on the node (96: its run dir or workdir)
-SECRETS_FILE = "secrets/env.sh"  # under run_dir (0700 dir, 0600 file): Slurm runs only
+SECRETS_FILE = "secrets/env.sh"  # under run_dir (0700 dir, 0600 file): placed runs only
 
 
 @dataclass(frozen=True)
@@ -64,37 +63,68 @@ class LaunchPlan:
     resume_from: str | None = None
     attempt: int = 0          # 0 for the first launch, n for the n-th automatic restart
     batch: batchplan.Decision | None = None   # the batch numbers rendered, and why
+    tag: str = ""             # the attempt's MLAUNCH_RUN_ID on every process (attempt_tag)
+    made: tuple = ()          # build_plan's keywords that made it (replanned() keeps them)
 
     def mask(self, text: str) -> str:
         """text with every secret value replaced, for anything printed or logged."""
         return mask_text(text, self.secrets, MASK)
+
+    @property
+    def placement(self) -> "Placement | None":
+        """The scheduler's placement the plan was made with; None: the spec's hosts."""
+        return dict(self.made).get("placement")
+
+    def replanned(self, **changes) -> "LaunchPlan":
+        """This plan made again with some of build_plan's inputs changed: the next attempt's
+        (attempt, resume_from, ...) or one on other hosts (job=), from the recorded plan
+        rather than from the spec: its job already holds the batch preflight decided."""
+        kw = {**dict(self.made), **changes}
+        return build_plan(kw.pop("job", self.job), **kw)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where node ranks run when a scheduler places them (a backend's placement(job)); the
+    spec's hosts when a plan has none. The rendered node script reads its rank, its host and
+    the master from the variables named here once the allocation exists."""
+
+    nodes: int                # how many node ranks
+    master: str               # the master address, as the node's shell reads it
+    rank_var: str             # the variable that holds the node's rank
+    host: str = "(allocated)"   # each node's host until the allocation names it
+    secrets_in_file: bool = True   # the scheduler keeps what it runs: secret values go to a
+                                   # 0600 file the node sources, never into the script
+    # No node is held between attempts: output_dir's helpers run on this (login) node, and a
+    # command for node 0 (a checkpoint's conversion) is a one-node job of its own, this one.
+    one_node_job: str = "a one-node job"
 
 
 # A run id names files and directories (logs/<id>/, the run dir) and is matched, as a fixed
 # string, in every process's environment: `name`'s characters, and room for the generated
 # suffix (-<UTC time>-<random>, 21 characters) after a 64-character name.
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # always fullmatch
-# Attempt N>0 of run X runs as X.aN (build_plan): an id of that form is some run's attempt.
-RESTART_TAG = re.compile(r".+\.a\d+")
+# Attempt N>0 of run X runs as X+aN (attempt_tag): '+' is in no run id, so no run's id is
+# another run's attempt tag, and no sweep of one run matches another's processes.
+TAG_MARK = "+a"
 
 
-def check_run_id(run_id: str, registered: bool = False) -> str:
+def check_run_id(run_id: str) -> str:
     """run_id if it is one path component of safe characters (the whole string: a trailing
-    newline would split the teardown script) and no restart tag; else UserError (exit 2).
-
-    registered: the id of a run already in the registry (stop's sweep), taken as an older
-    mlaunch accepted it, restart tag or not."""
+    newline would split the teardown script); else UserError (exit 2)."""
     from ..errors import UserError
     shown = run_id if len(run_id) <= 80 else run_id[:77] + "..."
     if not RUN_ID_RE.fullmatch(run_id):
         raise UserError(f"--run-id {shown!r}: a run id is 1-128 letters, digits, '.', '_' or '-', "
                         "starting with a letter or digit (no '/', no '..'); give such an id, or "
                         "leave --run-id out for a fresh one")
-    if RESTART_TAG.fullmatch(run_id) and not registered:
-        raise UserError(f"--run-id {shown!r}: ends like a restart tag (.a<N>), which names attempt "
-                        f"N of run {run_id.rsplit('.a', 1)[0]!r}: stopping that run would end this "
-                        "one's processes too; give an id without it, or leave --run-id out")
     return run_id
+
+
+def attempt_tag(run_id: str, attempt: int) -> str:
+    """The MLAUNCH_RUN_ID of an attempt's processes: the run id for attempt 0, else
+    <run_id>+a<N>, so that one attempt's teardown never reaches another's processes."""
+    return run_id if attempt == 0 else f"{run_id}{TAG_MARK}{attempt}"
 
 
 def new_run_id(name: str) -> str:
@@ -106,23 +136,27 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
                resume_from: str | None = None, overwrite: bool | str | None = False,
                attempt: int = 0, transformers: str | None = None,
                memory: batchplan.MemoryInputs | None = None, universal: bool = False,
-               registered: bool = False) -> LaunchPlan:
+               placement: Placement | None = None) -> LaunchPlan:
     """Turn a validated job into the per-node commands and the files they read.
 
-    Each restart attempt gets its own process tag (run_id.aN) and its own log files, so
+    Each restart attempt gets its own process tag (attempt_tag) and its own log files, so
     that teardown and logs of one attempt never mix with another's. Batch fields left to
     mlaunch are filled in first (batchplan, from `memory`), so every file renders the same
     numbers; refusing an unfit batch is the caller's (batchplan.Decision.problems).
+    placement: a scheduler's (its backend's placement(job)); None: the spec's hosts.
     """
+    if placement is None and job.cluster.scheduler != "ssh":
+        raise ValueError(f"cluster.scheduler {job.cluster.scheduler}: its plan needs the backend's "
+                         "placement: launcher.backends.backend_of(job).plan(job, ...)")
     decision = batchplan.resolve(job, memory)
     job = decision.job if decision else job
-    run_id = check_run_id(new_run_id(job.name) if run_id is None else run_id, registered)
+    run_id = check_run_id(new_run_id(job.name) if run_id is None else run_id)
+    made = (("run_id", run_id), ("log_dir", log_dir), ("transformers", transformers),
+            ("placement", placement))
     c = job.cluster
-    addrs = node_addrs(job)
-    # A loopback host with its own user or port is an sshd to log in to (e.g. a container).
-    local = c.scheduler == "ssh" and all(LOOPBACK.match(a.name) and a.login == a.name for a in addrs)
+    addrs = node_addrs(job, placement)
     run_dir = run_dir_of(job, run_id)
-    tag = run_id if attempt == 0 else f"{run_id}.a{attempt}"
+    tag = attempt_tag(run_id, attempt)
     run = RunContext(run_id=tag, run_dir=run_dir, resume_from=resume_from, overwrite=overwrite,
                      transformers=transformers, universal=universal)
     trainer = TRAINERS[job.trainer]
@@ -130,21 +164,21 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     argv_tail = tuple(trainer.entry(job, run))
     suffix = f".attempt{attempt}" if attempt else ""
     solo = in_process(job)
-    # Under Slurm one script serves every node: the rank and the master are the allocation's.
-    master = render.ShellVar("MLAUNCH_MASTER_ADDR") if c.scheduler == "slurm" else c.master_addr or addrs[0].name
-    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix, solo)
+    master = render.ShellVar(placement.master) if placement else c.master_addr or addrs[0].name
+    nodes = tuple(_node(job, rank, addr, master, run, argv_tail, log_base, suffix, solo, placement)
                   for rank, addr in enumerate(addrs))
-    return LaunchPlan(job=job, run_id=tag, run_dir=run_dir, local=local,
+    local = placement is None and all_local(job)
+    return LaunchPlan(job=job, run_id=run_id, run_dir=run_dir, local=local,
                       shared=bool(c.shared_dir) or local, log_dir=log_base, nodes=nodes,
                       files=tuple(trainer.files(job, run)), secrets=secret_values(job),
-                      resume_from=resume_from, attempt=attempt, batch=decision)
+                      resume_from=resume_from, attempt=attempt, batch=decision, tag=tag, made=made)
 
 
-def base_run_id(tag: str) -> str:
-    """The run id of an attempt's tag (`<run_id>.a<N>` for restarts, the id itself for attempt
-    0): only a trailing `.a<digits>` is the tag's, so `exp.alpha` stays `exp.alpha` (run ids
-    never end in one: check_run_id)."""
-    return re.sub(r"\.a\d+$", "", tag)
+def all_local(job: JobBase) -> bool:
+    """Every host is this machine, reached without SSH (a loopback host with its own user or
+    port is an sshd to log in to, e.g. a container's)."""
+    return bool(job.cluster.hosts) and all(LOOPBACK.match(a.name) and a.login == a.name
+                                           for a in host_addrs(job.cluster.hosts))
 
 
 def run_dir_of(job: JobBase, run_id: str) -> str:
@@ -174,7 +208,8 @@ def default_base(job: JobBase) -> str:
 def node_user(job: JobBase) -> str:
     """The user the run's node-side files belong to, as a file name: the login user the hosts
     name when they agree, else this machine's user."""
-    users = {a.user or job.cluster.ssh.user for a in node_addrs(job)}
+    users = {a.user or job.cluster.ssh.user for a in host_addrs(job.cluster.hosts or [])} or {
+        job.cluster.ssh.user}
     user = users.pop() if len(users) == 1 and None not in users else getpass.getuser()
     name = re.sub(r'[^A-Za-z0-9._-]', '_', user)
     return "_" if name in (".", "..") else name
@@ -185,12 +220,11 @@ def uses_default_base(job: JobBase) -> bool:
     return not (job.cluster.shared_dir or job.cluster.workdir)
 
 
-def node_addrs(job: JobBase) -> list[HostAddr]:
-    """Each node rank's host; under Slurm a placeholder until the allocation names it."""
-    c = job.cluster
-    if c.scheduler == "slurm":
-        return [HostAddr(ALLOCATED)] * (c.slurm.nodes if c.slurm else 0)
-    return host_addrs(c.hosts)
+def node_addrs(job: JobBase, placement: Placement | None = None) -> list[HostAddr]:
+    """Each node rank's host; a placed rank's is a placeholder until the allocation names it."""
+    if placement is not None:
+        return [HostAddr(placement.host)] * placement.nodes
+    return host_addrs(job.cluster.hosts)
 
 
 SYSTEM_BIN = ("/usr/bin", "/bin")   # the distribution's interpreters: no pip scripts beside them
@@ -217,15 +251,15 @@ def torchrun_head(job: JobBase) -> tuple[str, ...]:
 
 
 def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
-                   tail: tuple[str, ...]) -> tuple[str, ...]:
+                   tail: tuple[str, ...], placement: Placement | None) -> tuple[str, ...]:
     """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
     c = job.cluster
-    slurm = c.scheduler == "slurm"
     return (*torchrun_head(job),
             "--nnodes", str(nnodes(job)), "--nproc-per-node", str(procs_of(c, rank)),
-            "--node-rank", _per_node("", rank, slurm), "--master-addr", master,
+            "--node-rank", _per_node("", rank, placement), "--master-addr", master,
             "--master-port", str(c.master_port), "--max-restarts", "0",
-            "--tee", "3", "--log-dir", _per_node(posixpath.join(run.run_dir, "torchrun", "node"), rank, slurm),
+            "--tee", "3", "--log-dir",
+            _per_node(posixpath.join(run.run_dir, "torchrun", "node"), rank, placement),
             *tail)
 
 
@@ -245,13 +279,13 @@ def in_process(job: JobBase) -> bool:
 
 
 def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
-          tail: tuple[str, ...], log_base: str, suffix: str, solo: bool = False) -> NodePlan:
+          tail: tuple[str, ...], log_base: str, suffix: str, solo: bool = False,
+          placement: Placement | None = None) -> NodePlan:
     c, host = job.cluster, addr.name
     bindir = remote_bin(job)
-    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, master, run, tail)
-    slurm = c.scheduler == "slurm"
-    node_rank = _per_node("", rank, slurm)
-    node_id = _per_node(f"{run.run_id}.node", rank, slurm)
+    argv = (remote_python(job), *tail) if solo else _torchrun_argv(job, rank, master, run, tail, placement)
+    node_rank = _per_node("", rank, placement)
+    node_id = _per_node(f"{run.run_id}.node", rank, placement)
     env = {**DEFAULT_ENV, **TRAINERS[job.trainer].env, **user_env(c.env), "MLAUNCH_RUN_ID": run.run_id, "MLAUNCH_NODE_RANK": node_rank,
            "MLAUNCH_NODE_ID": node_id}
     if solo:   # what tells the stack dump (templates/stacks.sh.j2) which process is the rank
@@ -261,14 +295,16 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
     hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
+    in_file = bool(placement and placement.secrets_in_file)
     ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=nnodes(job), host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
-               hangup_after=f"{c.hangup_after_s:g}", solo=solo, slurm=slurm,
-               secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if slurm else None,
-               sampler=_sampler(job, run.run_id), setup=list(c.setup), setup_exit=SETUP_EXIT,
+               hangup_after=f"{c.hangup_after_s:g}", solo=solo, placed=placement is not None,
+               secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if in_file else None,
+               sampler=None if placement else _sampler(job, run.run_id), setup=list(c.setup),
+               setup_exit=SETUP_EXIT,
                private_dirs=render.private_dirs_script(run.run_dir, uses_default_base(job)))
     masked = [(k, MASK if secret_env(job, k, v) else v) for k, v in env.items()]
-    if slurm:  # Slurm keeps what it runs: secret values stay in a 0600 file the node sources
+    if in_file:  # secret values stay in a 0600 file the node sources
         masked = [(k, m) for (k, v), (_, m) in zip(env.items(), masked) if not secret_env(job, k, v)]
         env = {k: v for k, v in env.items() if not secret_env(job, k, v)}
     safe_host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
@@ -290,18 +326,17 @@ def user_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _sampler(job: JobBase, run_id: str) -> str | None:
-    """The live view's sampler for a node session; none under Slurm, whose output goes to files."""
+    """The live view's sampler for a node session (placed nodes write to files: none)."""
     every = job.health.sample_every_s
-    if not every or job.cluster.scheduler == "slurm":
-        return None
-    return render.sampler_script(run_id, every)
+    return render.sampler_script(run_id, every) if every else None
 
 
 def nnodes(job: JobBase) -> int:
-    """torchrun's --nnodes: the hosts, or the nodes Slurm allocates."""
+    """torchrun's --nnodes: the hosts, or the nodes a scheduler allocates."""
     return len(node_procs(job.cluster))
 
 
-def _per_node(prefix: str, rank: int, slurm: bool) -> str:
-    """prefix + the node rank; under Slurm the rank the task's shell reads from $SLURM_NODEID."""
-    return render.ShellVar("SLURM_NODEID", prefix) if slurm else f"{prefix}{rank}"
+def _per_node(prefix: str, rank: int, placement: Placement | None) -> str:
+    """prefix + the node rank; for a placed node the rank its shell reads from the
+    placement's variable."""
+    return render.ShellVar(placement.rank_var, prefix) if placement else f"{prefix}{rank}"

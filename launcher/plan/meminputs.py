@@ -12,7 +12,7 @@ from ..spec import JobBase, model_config
 
 DRY_RUN = "a dry run asks no node"
 PLAN = "`mlaunch plan` asks no node; submit reads node 0's copy in preflight"
-NO_PREFLIGHT = "no preflight ran to read node 0's copy (--no-preflight, or slurm)"
+NO_PREFLIGHT = "no preflight ran to read node 0's copy (--no-preflight, or a scheduler's nodes)"
 
 
 def inputs(job: JobBase, preflight: dict | None = None, unasked: str = DRY_RUN) -> MemoryInputs:

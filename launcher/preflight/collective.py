@@ -29,8 +29,9 @@ def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     cluster = ctx.job.cluster.model_dump(mode="json", exclude_unset=True, by_alias=True)
     cluster["hosts"] = list(ctx.job.cluster.hosts or [])
     cluster.pop("hostfile", None)
-    if cluster.pop("scheduler", None) == "slurm":   # the allocation's nodes, reached by srun
-        cluster.pop("slurm", None)
+    scheduler = cluster.pop("scheduler", "ssh")
+    if scheduler != "ssh":   # a scheduler's allocation: its nodes, reached by the check's transport
+        cluster.pop(scheduler, None)
         cluster["hosts"] = [n.host for n in ctx.nodes]
     env = {k: v for k, v in cluster.get("env", {}).items() if k != "NCCL_DEBUG_FILE"}
     cluster["env"] = {**env, **NCCL_INFO}   # the lines must reach stdout, not a file

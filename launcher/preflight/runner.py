@@ -124,43 +124,6 @@ def unreachable_ranks(plan: LaunchPlan, problems: list[Problem]) -> dict[int, st
     return {n.rank: by_host[n.login] for n in plan.nodes if n.login in by_host}
 
 
-def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) -> int:
-    """`mlaunch check JOB`: every check, one table (or JSON) on stdout; 0 all pass, 1 any fail."""
-    from ..execute.job import make_executor
-    from ..plan.launch_plan import build_plan
-    from ..spec import load_spec
-    plan = build_plan(load_spec(job_path), run_id=run_id)
-    slurm = plan.job.cluster.scheduler == "slurm"
-    spare_probe = spares.begin(plan)   # refuses a spare that is a node under another name
-    if slurm:  # the nodes exist inside an allocation only
-        from .slurm_check import allocated, relabel
-        plan, executor = allocated(plan)
-    else:
-        executor = make_executor(plan)
-    try:
-        ctx = Ctx(plan, executor, {} if slurm else unreachable_ranks(plan, executor.connect()))
-        report = run_ctx(ctx)
-        report = relabel(report, executor.job_id) if slurm else report
-    finally:
-        executor.close()
-    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not as_json
-    from ..spec.secret_rules import mask_data
-    from ..plan.launch_plan import MASK
-    sys.stdout.write(report.to_json(lambda d: mask_data(d, plan.secrets, MASK)) + "\n" if as_json
-                     else plan.mask(report.table(color=color)))
-    sys.stdout.flush()
-    _say_spares(spare_probe, plan)
-    return 0 if report.ok else 1
-
-
-def _say_spares(probe, plan) -> None:
-    """A warning line on stderr for each spare that failed its login (the table is the
-    nodes'; a spare does not fail the check: the job does not need it), masked: ssh's words
-    may hold what a ProxyCommand printed."""
-    for spare, cause in (probe.wait() if probe else {}).items():
-        print(plan.mask(f"mlaunch: warning: {spares.warning(spare, cause)}"), file=sys.stderr, flush=True)
-
-
 def _say(printer, line: str) -> None:
     """A progress line, when there is a printer."""
     if printer is not None:

@@ -68,7 +68,7 @@ def at_submit(plan: LaunchPlan, printer) -> Probe | None:
 
 def begin(plan: LaunchPlan, on_failed=None) -> Probe | None:
     """The refusal (UserError), then the spares' Probe; None where there is nothing to do
-    (no spares, Slurm, no `ssh` to ask)."""
+    (no spares, a scheduler's nodes, no `ssh` to ask)."""
     c = plan.job.cluster
     if not c.spare_hosts or c.scheduler != "ssh" or not ssh_probe.available():
         return None

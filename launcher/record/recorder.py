@@ -177,10 +177,17 @@ class Recorder:
                             "writable directory") from None
         return self.console
 
+    def planned(self, data: dict) -> None:
+        """The plan that runs now (view/plandata.py's form): the final plan after preflight,
+        then each attempt's before it starts. stop reaches the hosts and processes it names."""
+        self._write(self.reg.set_plan, self.run_id, data)
+
     def attempt_started(self, plan: LaunchPlan, attempt: int, resumed_from: str | None,
-                        queued: bool = False, handle: dict | None = None) -> None:
+                        queued: bool = False, handle: dict | None = None,
+                        data: dict | None = None) -> None:
         """Every node of this attempt has started; or (queued) a scheduler holds the attempt
-        under handle, e.g. Slurm's job id: `submit -d` returns then."""
+        under handle (its job id): `submit -d` returns then. data: the attempt's plan as
+        view/plandata.py gives it, recorded with the attempt."""
         if handle:
             # Lists accumulate across attempts (a chained restart's executor starts afresh).
             for k, v in handle.items():
@@ -189,9 +196,9 @@ class Recorder:
         if not queued:
             self._write(self.reg.set_hosts, self.run_id, [n.host for n in plan.nodes])
             world, batch = _world_and_batch(plan)
-            self._write(self.reg.attempt_started, self.run_id, attempt, plan.run_id,
+            self._write(self.reg.attempt_started, self.run_id, attempt, plan.tag,
                         [n.log_path for n in plan.nodes], resumed_from,
-                        [n.host for n in plan.nodes], world, batch)
+                        [n.host for n in plan.nodes], world, batch, plan=data)
         if attempt == 0 and self.on_detach is not None:
             detach, self.on_detach = self.on_detach, None   # once, at the first of the two
             detach()
@@ -287,7 +294,10 @@ class NullRecorder(Recorder):
     def begin(self, plan, job, out):
         return out
 
-    def attempt_started(self, plan, attempt, resumed_from, queued=False, handle=None):
+    def planned(self, data):
+        pass
+
+    def attempt_started(self, plan, attempt, resumed_from, queued=False, handle=None, data=None):
         pass
 
     def attempt_ended(self, attempt, code, interrupted):

@@ -40,12 +40,12 @@ CREATE TABLE IF NOT EXISTS attempts (
 """
 # Columns a runs.db made before them lacks: added when it is opened (NULL in its old rows).
 ADDED = (("attempts", "hosts", "TEXT"), ("attempts", "world", "INTEGER"), ("attempts", "batch", "TEXT"),
-         ("runs", "reason", "TEXT"))
+         ("runs", "reason", "TEXT"), ("attempts", "plan", "TEXT"), ("runs", "plan", "TEXT"))
 
 
 _COLUMNS = ("id name backend hosts spec state handle supervisor_pid supervisor_start detached attempts"
-            " exit_code log_dir output_dir resumed_from stop_requested created started ended reason").split()
-_LIST_COLUMNS = ", ".join("NULL" if c == "spec" else c for c in _COLUMNS)
+            " exit_code log_dir output_dir resumed_from stop_requested created started ended reason plan").split()
+_LIST_COLUMNS = ", ".join("NULL" if c in ("spec", "plan") else c for c in _COLUMNS)
 
 
 def home() -> str:
@@ -135,6 +135,7 @@ class Run:
     started: float | None
     ended: float | None
     reason: str | None = None   # why the run ended, one line (its run_end event's reason)
+    plan: dict | None = None    # the plan it runs (`submit --dry-run --json`'s form); None in listings
 
     @property
     def active(self) -> bool:
@@ -144,6 +145,7 @@ class Run:
         """The row as `ps --json` shows it: everything but the spec snapshot."""
         d = dict(self.__dict__)
         d.pop("spec")
+        d.pop("plan")
         return d
 
 
@@ -163,6 +165,7 @@ class Attempt:
     hosts: list | None = None   # its nodes' hosts, in rank order
     world: int | None = None    # its processes
     batch: str | None = None    # its batch arithmetic: "global G = world W × P per device × A accumulation"
+    plan: dict | None = None    # the plan this attempt ran (`submit --dry-run --json`'s form)
 
 
 class Registry:
@@ -212,15 +215,17 @@ class Registry:
 
     def attempt_started(self, run_id: str, n: int, tag: str, log_paths: list[str],
                         resumed_from: str | None, hosts: list | None = None,
-                        world: int | None = None, batch: str | None = None) -> None:
+                        world: int | None = None, batch: str | None = None,
+                        plan: dict | None = None) -> None:
         """Attempt n has started on every node: the run is running."""
         now = time.time()
         with self._tx():
             self._db.execute(
                 "INSERT OR REPLACE INTO attempts (run_id, n, tag, state, resumed_from, log_paths,"
-                " started, hosts, world, batch) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+                " started, hosts, world, batch, plan) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, n, tag, resumed_from, json.dumps([absolute(p) for p in log_paths]), now,
-                 json.dumps(hosts) if hosts is not None else None, world, batch))
+                 json.dumps(hosts) if hosts is not None else None, world, batch,
+                 json.dumps(plan) if plan is not None else None))
             self._db.execute(
                 "UPDATE runs SET state='running', attempts=?, started=COALESCE(started, ?),"
                 " resumed_from=COALESCE(?, resumed_from) WHERE id=? AND state IN"
@@ -244,8 +249,12 @@ class Registry:
         return cur.rowcount == 1
 
     def set_hosts(self, run_id: str, hosts: list) -> None:
-        """The run's hosts once known (a Slurm allocation names them only when it starts)."""
+        """The run's hosts once known (a scheduler's allocation names them only when it starts)."""
         self._db.execute("UPDATE runs SET hosts=? WHERE id=?", (json.dumps(hosts), run_id))
+
+    def set_plan(self, run_id: str, plan: dict) -> None:
+        """The plan the run's attempts run, once final (after preflight)."""
+        self._db.execute("UPDATE runs SET plan=? WHERE id=?", (json.dumps(plan), run_id))
 
     def set_handle(self, run_id: str, handle: dict) -> None:
         self._db.execute("UPDATE runs SET handle=? WHERE id=?", (json.dumps(handle), run_id))
@@ -269,10 +278,10 @@ class Registry:
 
     def attempts(self, run_id: str) -> list[Attempt]:
         rows = self._db.execute("SELECT run_id, n, tag, state, exit_code, resumed_from, log_paths,"
-                                " started, ended, hosts, world, batch FROM attempts WHERE run_id=?"
-                                " ORDER BY n", (run_id,)).fetchall()
-        return [Attempt(*r[:6], json.loads(r[6]), *r[7:9], r[9] and json.loads(r[9]), *r[10:])
-                for r in rows]
+                                " started, ended, hosts, world, batch, plan FROM attempts WHERE"
+                                " run_id=? ORDER BY n", (run_id,)).fetchall()
+        return [Attempt(*r[:6], json.loads(r[6]), *r[7:9], r[9] and json.loads(r[9]), *r[10:12],
+                        r[12] and json.loads(r[12])) for r in rows]
 
     def resolve(self, ref: str) -> Run | None | list[str]:
         """RUN as the user typed it: a unique id prefix, or a job name (its latest run).
@@ -298,6 +307,7 @@ class Registry:
         r = list(row)
         r[3], r[6] = json.loads(r[3]), json.loads(r[6])
         r[4] = json.loads(r[4]) if r[4] is not None else None
+        r[20] = json.loads(r[20]) if r[20] is not None else None
         r[9], r[15] = bool(r[9]), bool(r[15])
         return Run(*r)
 

@@ -9,7 +9,7 @@ from datetime import datetime
 
 # Events worth a line in the report; step/checkpoint/node_* are the plot's or routine.
 HEALTH = ("hang", "stacks", "nan", "world_size_suspect", "world_size_mismatch")
-# Events that change who runs the job (spare hosts, shrink, Slurm exclusions, universal checkpoint).
+# Events that change who runs the job (spare hosts, shrink, a scheduler's exclusions, universal checkpoint).
 CHANGES = ("host_replaced", "shrink", "node_excluded", "universal_checkpoint", "hardware_error")
 
 
@@ -114,7 +114,7 @@ def health_lines(events: list[dict]) -> list[str]:
 def attempt_lines(events: list[dict]) -> list[str]:
     """The run's membership, attempt by attempt: one line with each attempt's nodes (its
     node_start events) and one per change (a spare in, a shrink with its batch arithmetic, a
-    Slurm exclusion, a checkpoint converted), in order. [] for one attempt and no change."""
+    scheduler's exclusion, a checkpoint converted), in order. [] for one attempt and no change."""
     nodes: dict[int, dict] = {}
     out: list[tuple[int, int, str]] = []
     for i, e in enumerate(events):

@@ -8,10 +8,11 @@ from ..spec.hosts import HostAddr, parse_host
 from ..plan.trainers import TRAINERS, global_batch
 
 
-def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True) -> str:
+def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
+                  placed: tuple[str, ...] = ()) -> str:
     """The dry-run view: header, the nodes (a readable summary, or with full every node's
-    exact script), then every file (with_nodes False: the header only, for the Slurm view
-    of launcher/plan/sbatch.py)."""
+    exact script), then every file (with_nodes False: the header only, for a scheduler
+    backend's own view). placed: the scheduler backend's lines on how it places the nodes."""
     job = plan.job
     size = world_size(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -39,15 +40,7 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     lines.append(restart_line(job))
     lines += spare_lines(job) + shrink_lines(job)
-    if job.cluster.scheduler == "slurm":
-        n = len(plan.nodes)
-        lines.append(f"scheduler: slurm, {n} node{'' if n == 1 else 's'} from the allocation")
-        if job.max_restarts:
-            lines.append("restarts under slurm: each is a new sbatch job; a restart excludes the "
-                         "nodes that failed (drained, down or failing in scontrol, or a lost "
-                         "task): --exclude, accumulated across attempts")
-        lines.append("preflight: none at submit under Slurm (no node is allocated before sbatch); "
-                     "`mlaunch check` runs it through srun")
+    lines += list(placed)
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")
     if not full:
@@ -76,7 +69,7 @@ def restart_line(job) -> str:
 
 
 def spare_lines(job) -> list[str]:
-    """The spare-host policy (launcher/launch/spares.py), when cluster.spare_hosts names any."""
+    """The spare-host policy (launcher/runs/spares.py), when cluster.spare_hosts names any."""
     c = job.cluster
     if not c.spare_hosts:
         return []
@@ -92,7 +85,7 @@ def spare_lines(job) -> list[str]:
 
 
 def shrink_lines(job) -> list[str]:
-    """The shrink policy (launcher/launch/shrink.py) and the batch at each allowed node count."""
+    """The shrink policy (launcher/runs/shrink.py) and the batch at each allowed node count."""
     from ..plan import shrink
     from ..spec.select import node_procs
     from ..spec.spare_rules import shrinks
@@ -103,7 +96,7 @@ def shrink_lines(job) -> list[str]:
     n = len(procs)
     unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will shrink"
     how = ("when the excluded nodes leave fewer usable nodes in the partition, the restart job "
-           "asks for fewer (sbatch --nodes)" if c.scheduler == "slurm" else
+           "asks for fewer (sbatch --nodes)" if c.scheduler != "ssh" else
            "a node lost with no spare left is dropped and the restart runs on the healthy hosts "
            "(node 0 kept when healthy)")
     lines = [f"elastic shrink: down to {c.min_nodes} nodes (cluster.min_nodes), world "
@@ -149,23 +142,3 @@ def describe_result(plan: LaunchPlan, result) -> str:
                else "failed" if result.code else "succeeded")
     rows.append(f"job {plan.run_id} {verdict} (exit {result.code}); logs: {plan.log_dir}")
     return plan.mask("\n".join(rows))
-
-
-def describe_sbatch(plan: LaunchPlan) -> str:
-    """The dry-run view of a Slurm plan: the batch script, the node script, every file."""
-    from ..plan.sbatch import request
-    req = request(plan)
-    head = describe_plan(plan, with_nodes=False).rstrip("\n")
-    parts = [head, f"sbatch: {req.script_path} (submitted with sbatch --parsable)",
-             f"node logs: {req.node_log_pattern.replace('%%', '%')} (%n node, %N host)", "",
-             f"=== batch script {req.script_path} ===", req.script.rstrip("\n"), "",
-             f"=== node script {req.node_script.path} (every node; rank from $SLURM_NODEID) ===",
-             plan.nodes[0].display.rstrip("\n")]
-    if req.secrets:
-        parts += ["", f"=== file {req.secrets.path} (0600, removed when the job ends) ===",
-                  plan.mask(req.secrets.content).rstrip("\n")]
-    for f in plan.files:  # the ssh view's file blocks: the note (where values come from) first
-        parts += ["", f"=== file {f.path} ==="] + [f"# {line}" for line in (f.note or "").splitlines()]
-        parts.append(f.content.rstrip("\n"))
-    return plan.mask("\n".join(parts) + "\n")
-

@@ -7,10 +7,10 @@ import os
 import shutil
 import subprocess
 
-from ..errors import Problem, UserError
-from ..record import fsmode
-from .base import make_run_dirs
-from .slurm import NO_ANSWER, sbatch_error, slurm_cmd
+from ...errors import Problem, UserError
+from ...record import fsmode
+from ...execute.base import make_run_dirs
+from .commands import NO_ANSWER, sbatch_error, slurm_cmd
 
 
 class SlurmExecutor:
@@ -48,7 +48,7 @@ class SlurmExecutor:
     def run_step(self, plan, name: str, script: str, timeout: float) -> tuple[int, str]:
         """script in a one-node Slurm job of its own (plan/sbatch.step_argv); (exit, output).
         srun waits for the allocation, so timeout covers the queue too."""
-        from ..plan import sbatch
+        from . import sbatch
         try:
             done = subprocess.run(sbatch.step_argv(plan, name), input=script, capture_output=True,
                                   text=True, timeout=timeout)
@@ -63,8 +63,8 @@ class SlurmExecutor:
 
     def run_plan(self, plan, printer, on_started):
         """One attempt: submit, follow the per-node logs until the job ends; its JobResult."""
-        from .slurm_follow import Follow
-        from ..plan import sbatch
+        from ...execute.slurm_follow import Follow
+        from . import sbatch
         req = sbatch.request(plan)
         self.stage(plan)
         _write(req.node_script.path, req.node_script.content)

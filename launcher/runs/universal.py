@@ -3,7 +3,7 @@ a resume at another world).
 
 A ZeRO-1/2 checkpoint holds one optimizer shard per rank of the world that saved it. Before
 an attempt at another world (a shrink, or a `--resume` on other hosts or GPUs than saved it),
-node 0 (under Slurm: a one-node job) converts it once to DeepSpeed's universal
+node 0 (under a scheduler: a one-node job) converts it once to DeepSpeed's universal
 checkpoint (ds_to_universal, beside the original in the checkpoint directory, marked complete
 only after its files are checked: templates/universal.sh.j2), and the attempt's ds_config gets
 checkpoint.load_universal, through which the HF Trainer's engine.load_checkpoint reads it.
@@ -35,13 +35,13 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
     """Whether the next attempt loads the universal checkpoint: converts resume_from on node 0
     when it was saved at another world; UserError (the run ends) when that fails or the
     DeepSpeed form was never verified at another world. Saved at this world, it costs one
-    short command on node 0 (under Slurm, on the login node)."""
+    short command on node 0 (under a scheduler, on the login node)."""
     if not needed(job, resume_from) or _settled(job, plan, executor, resume_from):
         return False
     node, world = plan.nodes[0], world_size(job)
     script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world)
-    if job.cluster.scheduler == "slurm":   # no node is held between attempts: a job of its own
-        where = "a one-node Slurm job (srun)"
+    if plan.placement is not None:   # no node is held between attempts: a job of its own
+        where = plan.placement.one_node_job
         run = lambda: executor.run_step(plan, "universal", script, CONVERT_TIMEOUT_S)  # noqa: E731
     else:
         where = f"node0 {node.host}"
@@ -70,10 +70,10 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
 
 def _settled(job: JobBase, plan: LaunchPlan, executor, resume_from: str) -> bool:
     """True when a quick look says there is nothing to convert (saved at this world), asked
-    only where the conversion script would cost more (under Slurm it is a job of its own) or
+    only where the conversion script would cost more (under a scheduler it is a job of its own) or
     must not run (a form not verified at another world: UserError when the worlds differ)."""
     why, world = _unverified(job), world_size(job)
-    if not (why or job.cluster.scheduler == "slurm"):
+    if not (why or plan.placement is not None):
         return False
     saved = saved_world(executor, plan, resume_from)
     if saved == world or (why and saved is None):   # an unverified form is never converted
@@ -97,7 +97,7 @@ def _unverified(job: JobBase) -> str | None:
 
 def saved_world(executor, plan: LaunchPlan, checkpoint: str) -> int | None:
     """The world that saved checkpoint's ZeRO shards, looked up where output_dir lives (node 0;
-    under Slurm the login node) in one short command; None when it is not plain (no DeepSpeed
+    under a scheduler the login node) in one short command; None when it is not plain (no DeepSpeed
     tag, shards missing): the conversion script then says what is wrong."""
     code, out = executor.run(plan.nodes[0].login, render.universal_probe(checkpoint), 60)
     words = next((ln.split()[1:] for ln in reversed(out.splitlines())

@@ -3,8 +3,8 @@
 The next attempt runs on the healthy hosts, in their old order (ranks contiguous; node 0
 stays node 0 when it is healthy, else the next host becomes node 0 and the master). The
 global batch is kept by recomputing grad_accum (launcher/plan/shrink.py); a world that does
-not divide it ends the run with the node counts that would. Under Slurm (to_nodes, called by
-slurm_exclude.fit) the next sbatch asks for fewer nodes (--nodes) with the same arithmetic.
+not divide it ends the run with the node counts that would. A scheduler's backend asks for
+fewer nodes with the same arithmetic (resized).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def drop(job: JobBase, bad: dict[int, str], printer: Printer, events: EventLog) 
                         f"is lost ({bad[0]}); a shrink cannot move the master while master_addr "
                         "names it: leave master_addr out (it follows node 0) and submit again")
     new = job.model_copy(update={"cluster": c.model_copy(update={"hosts": hosts})})
-    return _resized(job, new, lost, f"lost {lost}", printer, events)
+    return resized(job, new, lost, f"lost {lost}", printer, events)
 
 
 def below_min(min_nodes: int, lost: str, left: int) -> UserError:
@@ -46,18 +46,7 @@ def below_min(min_nodes: int, lost: str, left: int) -> UserError:
                      "node(s) and no spare host; the run ends")
 
 
-def to_nodes(job: JobBase, nodes: int, lost: str, why: str, printer: Printer,
-             events: EventLog) -> JobBase:
-    """job asking Slurm for `nodes` nodes (--nodes) with the accumulation for that world;
-    lost: the excluded nodes, why: how they leave too few. UserError when the world misses
-    the batch."""
-    c = job.cluster
-    slurm = c.slurm.model_copy(update={"nodes": nodes})
-    new = job.model_copy(update={"cluster": c.model_copy(update={"slurm": slurm})})
-    return _resized(job, new, lost, why, printer, events)
-
-
-def _resized(job: JobBase, new: JobBase, lost: str, why: str, printer: Printer,
+def resized(job: JobBase, new: JobBase, lost: str, why: str, printer: Printer,
              events: EventLog) -> JobBase:
     """new (fewer nodes) with the global batch kept; the shrink event (lost: what was lost)
     and its console line (why: the same, told)."""

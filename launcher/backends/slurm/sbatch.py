@@ -18,10 +18,10 @@ import posixpath
 import shlex
 from dataclasses import dataclass
 
-from .. import render
-from .launch_plan import SECRETS_FILE, LaunchPlan
-from ..spec.secret_rules import secret_env
-from .trainers import RenderedFile
+from ... import render
+from ...plan.launch_plan import SECRETS_FILE, LaunchPlan
+from ...spec.secret_rules import secret_env
+from ...plan.trainers import RenderedFile
 
 # The slurm block's fields and the sbatch option each becomes.
 BLOCK_OPTIONS = ("partition", "account", "qos", "time", "constraint", "reservation")
@@ -71,7 +71,7 @@ def request(plan: LaunchPlan) -> SlurmRequest:
     options += [("exclusive", None)] if s.exclusive else []
     options += [(k.lstrip("-"), None if v is True else v) for k, v in s.extra_sbatch.items()]
     script = render.render(
-        "slurm.sbatch.j2", run_id=plan.run_id, job_name=job.name, nodes=s.nodes,
+        "slurm.sbatch.j2", run_id=plan.tag, job_name=job.name, nodes=s.nodes,
         gpus=job.cluster.gpus_per_node, batch_log=batch_log, options=options,
         secrets_file=secrets.path if secrets else None, raw_log=raw, node_script=node_path)
     return SlurmRequest(script_path=posixpath.join(plan.run_dir, f"job{suffix}.sbatch"),
@@ -90,7 +90,7 @@ def step_argv(plan: LaunchPlan, name: str) -> list[str]:
     opts = [f"--{n}={getattr(s, n)}" for n in BLOCK_OPTIONS if getattr(s, n)]
     if excluded := s.extra_sbatch.get("exclude") or s.extra_sbatch.get("--exclude"):
         opts.append(f"--exclude={excluded}")
-    return ["srun", "--nodes=1", "--ntasks=1", f"--job-name={plan.run_id}-{name}", *opts,
+    return ["srun", "--nodes=1", "--ntasks=1", f"--job-name={plan.tag}-{name}", *opts,
             "/bin/sh", "-s"]
 
 

@@ -1,4 +1,4 @@
-"""The detached run's supervisor: `python -m launcher.launch.supervisor RUN_ID`.
+"""The detached run's supervisor: `python -m launcher.backends.supervisor RUN_ID`.
 
 Started by `mlaunch submit --detach` in a session of its own (no controlling terminal, so
 a closed terminal's SIGHUP never reaches it). It reads the job from stdin, runs exactly
@@ -16,7 +16,7 @@ import signal
 import sys
 
 from ..record import fsmode
-from .process import DETACHED, proc_start
+from .base import DETACHED, proc_start
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +28,8 @@ def main(argv: list[str]) -> int:
     from ..errors import UserError
     from ..record.recorder import Recorder
     from ..spec.load import validate
-    from .attempts import SubmitOptions, submit
+    from ..runs.attempts import SubmitOptions, run_request
+    from . import backend_for
     opts = SubmitOptions(**payload["opts"])
     assert opts.run_id == run_id
     rec = Recorder(detached=True, supervisor=(os.getpid(), proc_start(os.getpid())),
@@ -36,7 +37,10 @@ def main(argv: list[str]) -> int:
     rec.on_detach = lambda: _detach(rec)
     try:
         job = validate(payload["job"], secret_env=payload.get("secret_env", ()))
-        return submit(job, opts, recorder=rec)
+        backend = backend_for(payload["backend"])
+        # The same request `submit` made from the same spec and run id: the dry-run's plan.
+        request = backend.dryrun(backend.plan(job, run_id=opts.run_id, log_dir=opts.log_dir))
+        return run_request(request, opts, backend, recorder=rec)
     except UserError as e:
         for line in e.lines():
             print(f"mlaunch: {line}", file=sys.stderr, flush=True)

@@ -10,15 +10,15 @@ asks for fewer (--nodes, down to min_nodes) with grad_accum recomputed (shrink.p
 """
 from __future__ import annotations
 
-from ..execute.job import JobResult
-from ..errors import UserError
-from ..execute import hwcause
-from ..execute.slurm import failed_nodes, hostnames, usable_nodes
-from ..execute.stream import Printer
-from ..record.events import EventLog
-from ..spec import JobBase
-from ..spec.select import node_procs
-from . import shrink
+from ...execute.job import JobResult
+from ...errors import UserError
+from ...execute import hwcause
+from .commands import failed_nodes, hostnames, usable_nodes
+from ...execute.stream import Printer
+from ...record.events import EventLog
+from ...spec import JobBase
+from ...spec.select import node_procs
+from ...runs import shrink
 
 
 def failed(result: JobResult) -> dict[str, str]:
@@ -69,4 +69,15 @@ def fit(job: JobBase, printer: Printer, events: EventLog) -> JobBase:
            f"partition {part}")
     if len(usable) < job.cluster.min_nodes:
         raise UserError(f"cluster.min_nodes: {job.cluster.min_nodes}: {why}; the run ends")
-    return shrink.to_nodes(job, len(usable), lost, why, printer, events)
+    return to_nodes(job, len(usable), lost, why, printer, events)
+
+
+def to_nodes(job: JobBase, nodes: int, lost: str, why: str, printer: Printer,
+             events: EventLog) -> JobBase:
+    """job asking Slurm for `nodes` nodes (--nodes) with the accumulation for that world;
+    lost: the excluded nodes, why: how they leave too few. UserError when the world misses
+    the batch."""
+    c = job.cluster
+    slurm = c.slurm.model_copy(update={"nodes": nodes})
+    new = job.model_copy(update={"cluster": c.model_copy(update={"slurm": slurm})})
+    return shrink.resized(job, new, lost, why, printer, events)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..execute import hwcause
-from ..execute.job import JobResult, make_executor
+from ..execute.job import JobResult
 from ..execute.stream import Printer
 from ..execute.watch import world_size
 from ..plan.launch_plan import LaunchPlan
@@ -31,11 +31,12 @@ def lost_ranks(result: JobResult) -> dict[int, str]:
 
 
 def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printer,
-              events: EventLog, rebuild) -> tuple[JobBase, LaunchPlan, object]:
+              events: EventLog, rebuild, transport) -> tuple[JobBase, LaunchPlan, object]:
     """Connect to every host of the next attempt and check its health (hostcheck.py),
     replacing bad nodes by spares (or dropping them, shrink.py) until every host passes.
 
-    rebuild(job): the attempt's plan for a job (the same run id and log dir). Returns the job
+    rebuild(job): the attempt's plan for a job (the same run id and log dir); transport(plan):
+    the backend's unconnected transport to a plan's hosts. Returns the job
     (its hosts the next attempt's), that plan and the connected executor; raises UserError
     when a node is unreachable or unfit and no spare is left (nothing is started anywhere):
     below cluster.min_nodes, the min_nodes line naming every node lost on the way."""
@@ -50,7 +51,7 @@ def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printe
             lost.add(job, left)
             job = shrink.drop(job, left, printer, events)
         plan = rebuild(job)
-        executor = make_executor(plan)
+        executor = transport(plan)
         problems = executor.connect()
         if not problems:
             bad = unfit_hosts(plan, executor)

@@ -2,31 +2,25 @@
 
 The nodes exist only inside an allocation, so check takes one (salloc, the job's own
 options), names the plan's nodes after it, runs every probe and the all-reduce through
-srun (execute/slurm_alloc.py), and gives the allocation back. The ssh row becomes the
+srun (alloc.py), and gives the allocation back. The ssh row becomes the
 allocation row.
 """
 from __future__ import annotations
 
 import dataclasses
-import posixpath
-import secrets
 
-from ..errors import UserError
-from .report import CheckResult, Report
+from ...errors import UserError
+from ...preflight.report import CheckResult, Report
 
 
-def allocated(plan):
+def allocated(plan, purpose: str = "check"):
     """(plan on the allocated nodes, its executor); UserError when Slurm refuses."""
-    from ..execute.slurm_alloc import AllocationExecutor
-    from ..plan.launch_plan import user_base
-    from ..record import fsmode
-    mine = fsmode.user_dir(user_base(plan.job))
-    scratch = fsmode.private_dir(posixpath.join(mine, f"check-{secrets.token_hex(4)}"))
-    executor = AllocationExecutor(plan.job, scratch)
+    from .alloc import AllocationExecutor, scratch_dir
+    executor = AllocationExecutor(plan.job, scratch_dir(plan.job, purpose))
     problems = executor.connect()
     if problems:
         executor.close()
-        raise UserError(problems, header="no Slurm allocation for the check; nothing ran:")
+        raise UserError(problems, header=f"no Slurm allocation for the {purpose}; nothing ran:")
     nodes = tuple(dataclasses.replace(n, host=h, login=h) for n, h in zip(plan.nodes, executor.hosts))
     return dataclasses.replace(plan, nodes=nodes), executor
 

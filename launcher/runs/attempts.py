@@ -7,15 +7,16 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import finished, shrink, slurm_exclude, spares
+from . import finished
 from . import universal as universal_ckpt
 from ..errors import UserError
-from ..execute.job import JobResult, make_executor, run_job
+from ..execute.job import JobResult
 from ..record.events import EventLog
 from ..execute.health import timeout_notice
 from ..execute.stream import Printer
 from ..execute.watch import world_size
-from ..plan.launch_plan import LaunchPlan, build_plan
+from ..plan.launch_plan import LaunchPlan
+from ..view.plandata import plan_data
 from ..view.present import describe_result
 from ..record.recorder import NullRecorder, Recorder
 from ..spec import JobBase
@@ -37,18 +38,21 @@ class SubmitOptions:
 
 
 
-def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
-           recorder: Recorder | None = None) -> int:
-    """Run job to completion (with restarts); return its exit code.
+def run_request(request, opts: SubmitOptions, backend, out: TextIO | None = None,
+                recorder: Recorder | None = None) -> int:
+    """Run a backend's request (launcher/backends/base.py) to completion, with restarts;
+    return its exit code. The request's plan is the dry-run's; it becomes final once, after
+    preflight, and every attempt is made from that recorded plan.
 
     recorder: registers the run and its attempts (the CLI's runs are all registered)."""
+    plan = request.plan
+    job = plan.job
     check_flags(job, opts)
-    plan = build_plan(job, run_id=opts.run_id, log_dir=opts.log_dir)
     rec = recorder or NullRecorder()
     printer = Printer(plan.mask, rec.begin(plan, job, out or sys.stdout))
     code = 1
     try:
-        code = _submit(job, opts, plan, printer, rec)
+        code = _submit(job, opts, plan, printer, rec, backend)
     except BaseException as e:   # the registry says why (the attempt loop may have said it first)
         code, reason = _aborted(e)
         if isinstance(e, UserError):
@@ -61,21 +65,21 @@ def submit(job: JobBase, opts: SubmitOptions, out: TextIO | None = None,
 
 
 def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
-            rec: Recorder) -> int:
+            rec: Recorder, backend) -> int:
     from ..preflight import spares as spare_check   # here: the dry run imports no ssh module
     spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
-    executor = _connect(plan)
+    executor = backend.connect(plan)
     try:
-        slurm = job.cluster.scheduler == "slurm"
-        if opts.preflight and slurm:  # no node is allocated before sbatch
-            printer.say("slurm: submit runs no preflight on nodes it does not have yet; "
-                        "`mlaunch check` runs it through srun")
-        report = _preflight(plan, executor, printer) if opts.preflight and not slurm else None
+        if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
+            printer.say(backend.no_preflight_note)
+        report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
         versions = report.stack if report else {}
-        job = _plan_batch(job, report, opts, printer)
+        plan = plan.replanned(job=_plan_batch(job, report, opts, printer),
+                              transformers=versions.get("transformers"))
+        rec.planned(plan_data(plan, backend.name))   # final: what every attempt is made from
         master = Master(plan, executor)
-        resume_from, before = starting_point(job, master, opts, printer)
-        if resume_from and (done := finished.complete_line(job, master.last)):
+        resume_from, before = starting_point(plan.job, master, opts, printer)
+        if resume_from and (done := finished.complete_line(plan.job, master.last)):
             printer.say(done)
             rec.ended_because(done)
             return 0
@@ -84,8 +88,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
         master.ignore = () if resume_from else before
         master.lock(printer)
         try:
-            return _attempts(job, plan, executor, printer, opts, master, resume_from,
-                             versions.get("transformers"), rec)
+            return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend)
         finally:
             master.unlock()
     finally:
@@ -123,15 +126,6 @@ def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
         raise UserError(f"{asked}: nothing can be resumed: {why}; remove that key or drop {asked}")
 
 
-def _connect(plan: LaunchPlan):
-    executor = make_executor(plan)
-    problems = executor.connect()
-    if problems:
-        executor.close()
-        raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
-    return executor
-
-
 def _plan_batch(job: JobBase, report, opts: SubmitOptions, printer: Printer) -> JobBase:
     """The batch numbers from the nodes' GPU memory and model config (refused when they will
     not fit, unless --force): the job with them filled in, for every attempt."""
@@ -164,19 +158,19 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer):
     return report
 
 
-def _attempts(job, plan, executor, printer, opts, master, resume_from, transformers, rec) -> int:
+def _attempts(plan, executor, printer, opts, master, resume_from, rec, backend) -> int:
     """The first launch and up to max_restarts relaunches, each resuming from a checkpoint.
 
     However the run ends (done, failed, out of restarts, a restart refused, Ctrl-C, a bug),
     events.jsonl gets exactly one run_end (code, reason, attempts) and the registry the same
     reason: `ps RUN` says why without anyone reading the console log."""
     events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), plan.run_id)
-    events.emit("run_start", job=job.name, nodes=len(plan.nodes), world_size=world_size(plan),
-                resume_from=resume_from, backend=job.cluster.scheduler if not plan.local else "local")
+    events.emit("run_start", job=plan.job.name, nodes=len(plan.nodes), world_size=world_size(plan),
+                resume_from=resume_from, backend=backend.name)
     history: list[tuple[int, JobResult, str | None]] = []
     try:
-        code, reason = _loop(job, plan, executor, printer, opts, master, resume_from,
-                             transformers, rec, events, history)
+        code, reason = _loop(plan, executor, printer, opts, master, resume_from, rec, events,
+                             history, backend)
     except BaseException as e:
         _run_end(events, rec, len(history), *_aborted(e, events.attempt))
         raise
@@ -187,24 +181,26 @@ def _attempts(job, plan, executor, printer, opts, master, resume_from, transform
     return code
 
 
-def _loop(job, plan, executor, printer, opts, master, resume_from, transformers, rec, events,
-          history) -> tuple[int, str]:
-    """The attempts themselves (history gets each one): the run's exit code and why it ended."""
+def _loop(plan, executor, printer, opts, master, resume_from, rec, events, history,
+          backend) -> tuple[int, str]:
+    """The attempts themselves (history gets each one): the run's exit code and why it ended.
+    Each attempt's plan is the recorded plan made again for that attempt (and its hosts)."""
+    job = plan.job
     limit = job.max_restarts if opts.max_restarts is None else opts.max_restarts
-    attempt, base_id = 0, plan.run_id
+    attempt = 0
     notice = timeout_notice(job)
     if notice:
         printer.say(notice)
     # --resume on other hosts or GPUs than saved it: converted before attempt 0 (issue 50)
     universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
     while True:
-        plan = build_plan(job, run_id=base_id, log_dir=opts.log_dir,
-                          resume_from=resume_from,
-                          overwrite=_overwrite_why(opts, attempt, resume_from, master),
-                          attempt=attempt, transformers=transformers, universal=universal)
+        plan = plan.replanned(job=job, resume_from=resume_from, attempt=attempt, universal=universal,
+                              overwrite=_overwrite_why(opts, attempt, resume_from, master))
+        data = plan_data(plan, backend.name)
+        rec.planned(data)   # before any node starts: stop finds every host this attempt uses
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
-        started = lambda p=plan, n=attempt, r=resume_from, **kw: rec.attempt_started(p, n, r, **kw)  # noqa: E731
-        result = run_job(plan, executor, printer, connected=True, on_started=started)
+        started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
+        result = backend.run_attempt(plan, executor, printer, started)
         rec.attempt_ended(attempt, result.code, result.interrupted)
         for line in describe_result(plan, result).splitlines():
             printer.say(line)
@@ -215,8 +211,9 @@ def _loop(job, plan, executor, printer, opts, master, resume_from, transformers,
         rec.restarting()
         events.attempt = attempt
         reason = getattr(result.health, "event", None) or _lost_or_exit(result)
-        job, plan, executor = _restart_wait(job, plan, executor, printer, attempt, limit,
-                                            result, events, (base_id, opts.log_dir))
+        printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
+        time.sleep(job.restart_backoff_s)
+        job, plan, executor = backend.next_attempt(job, plan, executor, result, printer, events)
         master.executor, master.plan = executor, plan
         found = master.discover() if TRAINERS[job.trainer].resumable else None
         resume_from = found.latest if found else None
@@ -288,24 +285,6 @@ def _overwrite_why(opts: SubmitOptions, attempt: int, resume_from: str | None,
     if opts.overwrite:
         return "flag"
     return "fresh_over_left" if master.ignore else None
-
-
-def _restart_wait(job, plan, executor, printer, attempt, limit, result, events, where):
-    """Back off, then reconnect everywhere (a failed node may have dropped its connection):
-    (job, plan, executor) of the next attempt, whose hosts spares.py (or shrink.py) may have
-    changed."""
-    printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
-    time.sleep(job.restart_backoff_s)
-    executor.close()
-    run_id, log_dir = where   # the attempt's plan is built again in the loop; this one connects
-    rebuild = lambda j: build_plan(j, run_id=run_id, log_dir=log_dir)  # noqa: E731
-    if job.cluster.scheduler == "slurm":   # Slurm picks the nodes: leave out the failed ones
-        job = slurm_exclude.exclude_failed(job, result, printer, events)
-        job = slurm_exclude.fit(job, printer, events)   # too few left: a smaller --nodes
-        return job, rebuild(job), _connect(plan)
-    if not job.cluster.spare_hosts and not shrink.allowed(job):
-        return job, plan, _connect(plan)
-    return spares.reconnect(job, plan, result, printer, events, rebuild)
 
 
 def _lost_or_exit(result: JobResult) -> str:

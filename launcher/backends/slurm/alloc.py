@@ -7,6 +7,9 @@ becomes the allocation row. The allocation is cancelled when the check ends.
 """
 from __future__ import annotations
 
+import posixpath
+import secrets
+
 import os
 import re
 import shutil
@@ -14,9 +17,11 @@ import subprocess
 import tempfile
 import time
 
-from ..errors import Problem
-from .local import LocalExecutor, LocalRunning
-from .slurm import cancel_and_wait, hostnames, job_info, sbatch_error
+from ...errors import Problem
+from ...plan.launch_plan import user_base
+from ...record import fsmode
+from ...execute.local import LocalExecutor, LocalRunning
+from .commands import cancel_and_wait, hostnames, job_info, sbatch_error
 
 ALLOC_WAIT_S = 300.0   # how long check waits for the allocation to start
 
@@ -83,3 +88,10 @@ class AllocationExecutor(LocalExecutor):
         if self.job_id:
             cancel_and_wait(self.job_id, timeout=60)
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def scratch_dir(job, purpose: str) -> str:
+    """A private folder for one check or exec under <shared_dir>/.mlaunch/<user>."""
+    mine = fsmode.user_dir(user_base(job))
+    return fsmode.private_dir(posixpath.join(mine, f"{purpose}-{secrets.token_hex(4)}"))
+

@@ -1,0 +1,30 @@
+"""Backend `ssh`: mlaunch (foreground) or its detached supervisor drives the nodes over SSH.
+
+The handle is the driving process (base.py: its pid, its start time and, for a supervisor,
+the run id on its command line). Control work (connect checks, staging, teardown, preflight,
+`exec`) goes through fabric (launcher/execute/ssh.py); each node's output stream through an
+OpenSSH client that writes the node's log file (launcher/execute/openssh.py).
+Standard library only at module level (`mlaunch ps`).
+"""
+from __future__ import annotations
+
+from ..base import Backend, Cancel
+
+
+class SSHBackend(Backend):
+    """No scheduler: every host of the spec is reached over SSH."""
+
+    name = "ssh"
+
+    def transport(self, plan):
+        """The unconnected transport to plan's hosts."""
+        return self.transport_to([n.login for n in plan.nodes], plan.job.cluster.ssh)
+
+    def transport_to(self, logins: list[str], ssh):
+        """The unconnected transport to these logins ([user@]host[:port]) with cluster.ssh."""
+        from ...execute.ssh import SSHExecutor  # fabric is imported only when SSH is really needed
+        return SSHExecutor(logins, ssh)
+
+    def reach_nodes(self, run, force: bool) -> Cancel:
+        from .sweep import sweep
+        return sweep(run, self, kill_now=force)
