@@ -1,7 +1,7 @@
-"""Issue 51, items 3, 6 and 11 (the registry and run-id parts): run ids matched whole and never
-a restart tag, a full MLAUNCH_HOME that never changes how a finished run is recorded, exact
-RUN matching, a damaged page, a taken id, the registry directory's owner and mode, and
-mlaunch's own node variables refused in cluster.env."""
+"""Issue 51, items 3, 6 and 11 (the registry and run-id parts): run ids matched whole (run
+X.a1 is never run X's attempt), a full MLAUNCH_HOME that never changes how a finished run is
+recorded, exact RUN matching, a damaged page, a taken id, the registry directory's owner and
+mode, and mlaunch's own node variables refused in cluster.env."""
 from __future__ import annotations
 
 import os
@@ -42,54 +42,109 @@ def _register(home: str, run_id: str, spec: dict, name: str = "job") -> None:
         reg.close()
 
 
-def _tagged_sleeper(run_id: str) -> subprocess.Popen:
-    """A process carrying MLAUNCH_RUN_ID=<run_id>, as a rank of that run would."""
-    return subprocess.Popen(["sleep", "600"], env={**os.environ, "MLAUNCH_RUN_ID": run_id},
-                            start_new_session=True)
+def _tagged(tag: str) -> dict[int, bytes]:
+    """{pid: command line} of this machine's live processes whose MLAUNCH_RUN_ID is exactly
+    tag (a whole-value match: tests/procs.py's job_pids matches a prefix, and X is a prefix
+    of X.a1)."""
+    needle = f"MLAUNCH_RUN_ID={tag}".encode()
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if _alive(int(pid)):
+            out[int(pid)] = cmdline
+    return out
 
 
-def _gone(proc: subprocess.Popen) -> bool:
+def _alive(pid: int) -> bool:
+    """pid is a process that has not ended (a zombie not yet reaped has ended)."""
     try:
-        proc.wait(timeout=limit(30))
-        return True
-    except subprocess.TimeoutExpired:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
         return False
+    return stat[stat.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+def _node_pids(runs: Runs, run_id: str) -> set[int]:
+    """The processes of a detached run whose 2 ranks said `ready` that live until torn down:
+    its node leader (torchrun: the pid in the pidfile its recorded plan names), its live-view
+    sampler (the pid in <pidfile>.sampler) and its 2 ranks, each tagged with its run id. (The
+    node's short-lived helpers, a heartbeat's `head -c 1`, a sampler's `sleep`, carry the tag
+    too, and end on their own.)"""
+    runs.wait_console(run_id, r"ready rank \d", count=2)
+    reg = Registry(os.path.join(runs.home, "runs.db"))
+    try:
+        (node,) = reg.get(run_id).plan["nodes"]
+    finally:
+        reg.close()
+    with open(node["pidfile"]) as fh:
+        leader = int(fh.read().split()[0])
+    with open(node["pidfile"] + ".sampler") as fh:
+        sampler = int(fh.read().split()[0])
+    tagged = _tagged(run_id)
+    ranks = {pid for pid, cmd in tagged.items() if b"fail_or_sleep.py" in cmd and pid != leader}
+    assert leader in tagged and sampler in tagged and len(ranks) == 2, (leader, sampler, tagged)
+    return {leader, sampler} | ranks
 
 
 @pytest.mark.launches
-def test_item3_a_run_id_is_matched_whole_and_never_a_restart_tag(tmp_path, runs):
-    """`x\\n` (a trailing newline split the teardown) and `X.a1` (run X's attempt-1 tag) are
-    refused before anything is written; `stop X` beside an `X.a1` an older mlaunch accepted
-    ends X's processes and never X.a1's."""
-    spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "0"], str(tmp_path / "out"))
-    path = write_spec(tmp_path, spec)
-    r = runs.cli("submit", path, "--run-id", "x\n", "--no-preflight")
+def test_item3_run_X_a1_is_a_run_of_its_own_that_stop_X_never_reaches(tmp_path, runs):
+    """`x\\n` (a trailing newline split the teardown) is refused before anything is written.
+    `X.a1` is a run id like any other (attempt 1 of X is tagged `X+a1`): runs X and X.a1,
+    detached side by side on localhost; `stop X` ends every process of X (by PID) and none
+    of X.a1's; `stop X.a1` then ends those."""
+    out = str(tmp_path / "out")
+    spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "0"], out)
+    r = runs.cli("submit", write_spec(tmp_path, spec), "--run-id", "x\n", "--no-preflight")
     _one_line(r, "--run-id 'x\\n': a run id is 1-128 letters, digits, '.', '_' or '-', starting "
                  "with a letter or digit (no '/', no '..'); give such an id, or leave --run-id "
                  "out for a fresh one")
-    for args in (["submit", path, "--no-preflight"], ["submit", path, "--dry-run"]):
-        r = runs.cli(*args, "--run-id", "X.a1")
-        _one_line(r, "--run-id 'X.a1': ends like a restart tag (.a<N>), which names attempt N of "
-                     "run 'X': stopping that run would end this one's processes too; give an id "
-                     "without it, or leave --run-id out")
-    assert not os.path.exists(runs.home) and not (tmp_path / "out").exists()
+    assert not os.path.exists(runs.home) and not os.path.exists(out)
 
-    for run_id in ("X", "X.a1"):   # both registered, as an older mlaunch allowed
-        _register(runs.home, run_id, spec)
-    victim, bystander = _tagged_sleeper("X"), _tagged_sleeper("X.a1")
+    # 2 ranks each (torchrun, a master port and an output_dir of its own), sleeping until torn
+    # down; the run dirs (and pidfiles) under this test's own shared_dir.
+    (tmp_path / "shared").mkdir()
+    pids: dict[str, set[int]] = {}
     try:
+        for run_id in ("X", "X.a1"):
+            spec = script_job(["localhost"], 2, "fail_or_sleep.py", ["-1", "0", "0"],
+                              str(tmp_path / f"out-{run_id}"), shared_dir=str(tmp_path / "shared"))
+            r = runs.cli("submit", "--detach", write_spec(tmp_path, spec, f"{run_id}.yaml"),
+                         "--no-preflight", "--run-id", run_id)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert f"run {run_id} detached" in r.stdout, r.stdout
+            pids[run_id] = set()   # stopped below, whatever fails
+            pids[run_id] = _node_pids(runs, run_id)
+        assert not pids["X"] & pids["X.a1"]
+
         s = runs.cli("stop", "X")
         assert s.returncode == 0, s.stdout + s.stderr
-        assert _gone(victim), "run X's process survived `stop X`"
-        assert bystander.poll() is None, "`stop X` ended run X.a1's process"
-        s = runs.cli("stop", "X.a1")   # the older run itself is still stoppable
+        _wait_for(lambda: not [p for p in pids["X"] if _alive(p)],
+                  "run X's processes survived `stop X`")
+        assert [p for p in pids["X.a1"] if not _alive(p)] == [], "`stop X` ended run X.a1's processes"
+        assert runs.run("X")["state"] == "stopped" and runs.run("X.a1")["state"] == "running"
+
+        s = runs.cli("stop", "X.a1")
         assert s.returncode == 0, s.stdout + s.stderr
-        assert _gone(bystander)
-    finally:
-        for p in (victim, bystander):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        _wait_for(lambda: not [p for p in pids["X.a1"] if _alive(p)], "`stop X.a1` left processes")
+        assert runs.run("X.a1")["state"] == "stopped"
+    finally:   # nothing of either run outlives the test (both ids are this machine's tags)
+        for run_id in pids:
+            if runs.run(run_id)["state"] in ("starting", "running", "restarting"):
+                runs.cli("stop", run_id)
+        for pid in set().union(*pids.values()):
+            if _alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def _mount_tmpfs(where: str, size: str) -> None:
