@@ -8,7 +8,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 
 import pytest

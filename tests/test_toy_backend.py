@@ -3,10 +3,13 @@ line in launcher.backends.TABLE, and a real 2-node `trainer: script` run goes th
 plan -> dryrun -> run, registered, its nodes started by the toy's own transport."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,7 +20,7 @@ from launcher.runs.attempts import SubmitOptions
 from launcher.spec import validate
 
 from . import toy_backend
-from .helpers import script_job
+from .helpers import ROOT, limit, script_job
 
 # Each rank prints the node the toy started it as (its TOY_NODE and its working folder),
 # then: FAIL_RANK -1: exits 0; else the failing rank waits until the other rank has said
@@ -54,6 +57,10 @@ def toy(monkeypatch, tmp_path):
 
 
 def _job(tmp_path, fail_rank: int):
+    return validate(_spec(tmp_path, fail_rank))
+
+
+def _spec(tmp_path, fail_rank: int) -> dict:
     script = tmp_path / "node_script.py"
     script.write_text(NODE_SCRIPT)
     shared = tmp_path / "shared"
@@ -62,7 +69,7 @@ def _job(tmp_path, fail_rank: int):
                       [str(fail_rank), str(tmp_path / "ready"), "120"], str(tmp_path / "out"),
                       cuda_visible_devices=[[0], [1]], shared_dir=str(shared))
     spec["script"]["path"] = str(script)
-    return validate(spec)
+    return spec
 
 
 def _run(backend, job, tmp_path, run_id: str, preflight: bool) -> tuple[int, object]:
@@ -141,6 +148,67 @@ def test_a_failing_toy_node_fails_the_run_and_the_other_is_torn_down(toy, tmp_pa
     assert (run.backend, run.state, run.exit_code) == ("toy", "failed", 3), run
     assert [(a.n, a.state, a.exit_code) for a in attempts] == [(0, "failed", 3)]
     assert len(attempts[0].plan["nodes"]) == 2 and attempts[0].plan["backend"] == "toy"
+
+
+# The foreground supervisor of a toy run, in a process of its own (as `mlaunch submit` is):
+# backend "toy" registered there too. Args: SPEC_JSON RUN_ID LOG_DIR.
+SUPERVISOR = """\
+import json, sys
+import launcher.backends
+launcher.backends.TABLE["toy"] = "tests.toy_backend:ToyBackend"
+from launcher.runs.attempts import SubmitOptions
+from launcher.spec import validate
+job = validate(json.load(open(sys.argv[1])))
+toy = launcher.backends.backend_for("toy")
+request = toy.dryrun(toy.plan(job, run_id=sys.argv[2], log_dir=sys.argv[3]))
+sys.exit(toy.run(request, SubmitOptions(run_id=sys.argv[2], preflight=False), job))
+"""
+
+
+@pytest.mark.launches
+def test_cancel_of_a_toy_run_ends_every_node_through_the_toys_own_transport(toy, tmp_path):
+    """A toy run whose 2 nodes sleep, driven by a supervisor process of its own; the toy's
+    cancel (what `mlaunch stop` calls) interrupts it and sweeps the recorded plan's hosts
+    through transport_to: nothing is left, each node's leader and rank gone by PID."""
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(_spec(tmp_path, 9)))   # rank 9: nobody fails, both sleep
+    log_dir = str(tmp_path / "logs")
+    plan = toy.plan(validate(_spec(tmp_path, 9)), run_id="toy-stop", log_dir=log_dir)
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(spec_path), "toy-stop", log_dir],
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + limit(120)
+        ranks = {}
+        while len(ranks) < 2:
+            assert sup.poll() is None and time.monotonic() < deadline, sup.poll()
+            for node in plan.nodes:
+                text = open(node.log_path).read() if os.path.exists(node.log_path) else ""
+                if "toy-marker" in text:
+                    ranks[node.rank] = int(_marker(text).group(4))
+            time.sleep(0.1)
+        reg = Registry(os.path.join(str(tmp_path / "home"), "runs.db"))
+        try:
+            run = reg.get("toy-stop")
+        finally:
+            reg.close()
+        assert run.backend == "toy" and run.state == "running", run
+        leaders = [int(open(n["pidfile"]).read().split()[0]) for n in run.plan["nodes"]]
+        assert all(_alive(pid) for pid in leaders + list(ranks.values()))
+
+        result = toy.cancel(run)
+        assert result.clean and result.left == {"localhost": 0}, result
+        assert sup.wait(timeout=limit(60)) == 130, sup.stdout.read()
+        assert [pid for pid in leaders + list(ranks.values()) if _alive(pid)] == []
+        reg = Registry(os.path.join(str(tmp_path / "home"), "runs.db"))
+        try:
+            assert reg.get("toy-stop").state == "stopped"
+        finally:
+            reg.close()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
 
 
 if __name__ == "__main__":   # pragma: no cover
