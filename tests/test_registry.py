@@ -77,7 +77,7 @@ def _writer(db: str, run_id: str, what: str, n: int) -> None:
         if what == "handle":
             reg.set_handle(run_id, {"n": i})
         else:
-            reg.attempt_started(run_id, i, f"{run_id}.a{i}", ["/x"], None)
+            reg.attempt_started(run_id, i, f"{run_id}+a{i}", ["/x"], None)
             reg.set_state(run_id, "restarting", only_from=("running",))
 
 

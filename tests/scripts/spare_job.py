@@ -9,7 +9,7 @@ import time
 
 rank, node = int(os.environ["RANK"]), os.environ["MLAUNCH_NODE_RANK"]
 tag = os.environ["MLAUNCH_RUN_ID"]
-attempt = int(tag.rsplit(".a", 1)[1]) if ".a" in tag.rsplit("-", 1)[-1] else 0
+attempt = int(tag.rsplit("+a", 1)[1]) if "+a" in tag else 0
 print(f"ready rank {rank} pid {os.getpid()}", flush=True)
 print(f"where rank {rank}/{os.environ['WORLD_SIZE']} node {node} host {socket.gethostname()} "
       f"attempt {attempt}", flush=True)

@@ -7,7 +7,7 @@ import time
 
 rank = int(os.environ["RANK"])
 tag = os.environ["MLAUNCH_RUN_ID"]
-attempt = int(tag.rsplit(".a", 1)[1]) if ".a" in tag.rsplit("-", 1)[-1] else 0
+attempt = int(tag.rsplit("+a", 1)[1]) if "+a" in tag else 0
 print(f"ready rank {rank} pid {os.getpid()} attempt {attempt}", flush=True)
 if attempt == 0:
     for i in range(3600):

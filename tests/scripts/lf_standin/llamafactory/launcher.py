@@ -12,7 +12,7 @@ import yaml
 args = yaml.safe_load(open(sys.argv[1]))
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 tag = os.environ["MLAUNCH_RUN_ID"]
-attempt = int(tag.rsplit(".a", 1)[1]) if ".a" in tag.rsplit("-", 1)[-1] else 0
+attempt = int(tag.rsplit("+a", 1)[1]) if "+a" in tag else 0
 per_device, accum = args["per_device_train_batch_size"], args["gradient_accumulation_steps"]
 print(f"ready rank {rank} pid {os.getpid()}", flush=True)
 print(f"batch rank {rank}/{world} host {socket.gethostname()} attempt {attempt}: global "
