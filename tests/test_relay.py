@@ -232,13 +232,6 @@ def test_a_log_removed_under_the_follower_is_followed_again_at_its_path(tmp_path
     assert "[node0 h0] after" in out.getvalue()
 
 
-def test_splice_is_on_where_the_platform_has_it(monkeypatch):
-    monkeypatch.setenv("MLAUNCH_LOG_RELAY", "0")
-    assert not spliced.wanted()
-    monkeypatch.delenv("MLAUNCH_LOG_RELAY")
-    assert spliced.wanted() == hasattr(os, "splice")
-
-
 @pytest.mark.multihost
 def test_a_job_over_ssh_goes_through_the_relay_into_complete_masked_logs(hosts2, tmp_path):
     canary, lines = "hf_relay_" + "5e" * 12, 40_000   # 4 MB a node

@@ -1,14 +1,13 @@
-"""The console's share of spliced nodes' output (execute/spliced.py): their node logs, read
-back at the console's pace, never more. A node that writes faster than the console shows is
+"""The console's share of node output (execute/spliced.py): the node logs, read back at the
+console's pace, never more. A node that writes faster than the console shows is
 skipped ahead to its newest lines, and the console says by how much; the logs hold every line.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 from .console import Console
-from .stream import LineSplitter
+from .tail import FileTail
 
 TICK_S = 0.05       # how often the logs are looked at
 MIN_READ = 2**14    # bytes per node per look at least, however many nodes share the pace
@@ -17,33 +16,12 @@ MIN_READ = 2**14    # bytes per node per look at least, however many nodes share
 FINAL_BYTES = 2**20
 
 
-class _Followed:
+class _Followed(FileTail):
     """One node log and how far the console has read it."""
 
     def __init__(self, rank: int, host: str, path: str):
-        self.rank, self.host, self.path = rank, host, path
-        self.fd, self.pos = -1, 0
-        self.splitter = LineSplitter()
-        self.cut = False   # skipped ahead: the first line read may be a part of one
-
-    def size(self) -> int:
-        """The log's size now (0 until it exists); a log made again at its path starts over."""
-        try:
-            if self.fd < 0:
-                self.fd = os.open(self.path, os.O_RDONLY)
-            elif os.fstat(self.fd).st_nlink == 0:   # removed; its writer makes it again
-                os.close(self.fd)
-                self.fd, self.pos, self.cut = -1, 0, False
-                self.splitter = LineSplitter()
-                self.fd = os.open(self.path, os.O_RDONLY)
-            return os.fstat(self.fd).st_size
-        except OSError:
-            return self.pos
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        super().__init__(path)
+        self.rank, self.host = rank, host
 
 
 class LogFollower:
@@ -92,18 +70,6 @@ class LogFollower:
         size = f.size()
         if size - f.pos > (budget if final else self.console.bound):   # on to the newest lines
             self.console.skipped(f.rank, size - budget - f.pos)
-            f.pos, f.cut, f.splitter = size - budget, True, LineSplitter()
-        if size <= f.pos:
-            return
-        try:
-            data = os.pread(f.fd, min(budget, size - f.pos), f.pos)
-        except OSError:
-            return
-        f.pos += len(data)
-        if f.cut:   # the part of a line before the first whole one was skipped with the rest
-            start = data.find(b"\n") + 1
-            if not start:
-                return
-            data, f.cut = data[start:], False
-        if text := f.splitter.feed_text(data):
+            f.skip(size - budget)
+        if text := f.read(budget):
             self.console.offer(f.rank, f.host, text)

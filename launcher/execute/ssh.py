@@ -14,9 +14,8 @@ from fabric import Config, Connection
 
 from .. import nodeprog, render
 from ..errors import Problem, UserError
-from ..plan.launch_plan import LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan, remote_python
 from ..spec import SSH
-from ..plan.launch_plan import remote_python
 from .base import STAGE_TIMEOUT_S, setup_failed, stage_text
 from . import spliced
 from .openssh import READY, STAGED, OpenSSHStreams
