@@ -1,8 +1,8 @@
 """The console's share of node output: a bounded queue that one thread prints from.
 
-The readers write every line to the node logs first (stream.NodeLog) and only then offer
-it here, so a slow terminal never holds a reader, hence never a node, hence never a
-teardown. When the queue is over its bound the oldest lines are skipped (the newest keep
+Node output is in the node logs first (execute/spliced.py; the Slurm follow's stream.NodeLog)
+and only then offered here (execute/follow.py reads it back), so a slow terminal never holds
+a node, hence never a teardown. When the queue is over its bound the oldest lines are skipped (the newest keep
 flowing) and the console says how far behind it is; at teardown the queue is abandoned and
 one line says what was not shown and where it is.
 """
