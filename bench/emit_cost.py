@@ -11,7 +11,6 @@ import os
 import tempfile
 import time
 
-from launcher.execute.console import Console
 from launcher.execute.stream import LineSplitter, NodeLog, Printer
 from launcher.execute.torchrun_out import TorchrunRootCause
 from launcher.execute.watch import Watch
@@ -32,7 +31,6 @@ def steps(chunks: list[bytes]) -> dict[str, float]:
     split, cause = LineSplitter(), TorchrunRootCause()
     log = NodeLog(os.path.join(tmp, "node0.log"), plan.mask)
     printer = Printer(plan.mask, io.StringIO())
-    console = Console(printer, {0: log.path})
     watch = Watch(plan, None, printer.say, time.monotonic)
     spent: dict[str, float] = {}
 
@@ -47,9 +45,7 @@ def steps(chunks: list[bytes]) -> dict[str, float]:
         timed("root cause", cause.see_text, text)
         masked = timed("mask", plan.mask, text)
         timed("node log", log.write_masked, masked)
-        timed("console", console.offer, 0, "10.0.0.1", masked)
         timed("health", watch.text, 0, "10.0.0.1", text)
-    console.close()
     return spent
 
 

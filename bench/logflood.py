@@ -111,7 +111,7 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     assert result.code == 0, result
     by_node: dict[int, list[str]] = {k: [] for k in range(n)}
     said = 0   # lines the console said it skipped or did not show (console.py): not lost
-    in_mb = False   # the console said so in MB (a followed log, execute/follow.py): no count
+    in_mb = False   # the console said so in MB (a followed log, execute/console.py): no count
     with open(out_path) as fh:
         for line in fh:
             m = re.match(r"\[node(\d+) \S+\] (.*)$", line.rstrip("\n"))

@@ -15,7 +15,6 @@ from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan, base_run_id
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .console import Console
-from .follow import LogFollower
 from .spliced import NodeOutput
 from .stream import Printer
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
@@ -86,7 +85,6 @@ class _Session:
                                       [(n.rank, n.host) for n in plan.nodes])
         self._live_at = 0.0
         self.console = Console(printer, {n.rank: n.log_path for n in plan.nodes})
-        self.follower = LogFollower(self.console)
 
     def run(self) -> JobResult:
         try:
@@ -126,7 +124,7 @@ class _Session:
             return False
         self.running[node.rank] = running
         self.watch.events.emit("node_start", node=node.rank, host=node.host, log="spliced")
-        self.follower.follow(node.rank, node.host, node.log_path)
+        self.console.follow(node.rank, node.host, node.log_path)
         out = NodeOutput(node, running, self.plan, self.view,
                          lambda text: self.console.offer(node.rank, node.host, text), self._watched)
         threading.Thread(target=self._output, args=(out,), daemon=True).start()
@@ -283,7 +281,6 @@ class _Session:
         # whatever of that node is still alive (e.g. orphaned dataloader workers).
         if self._teardown is not None:
             self._teardown.join()
-        self.follower.finish()
         self.console.close(more="" if self._teardown is None else
                            f"; what ranks wrote after the teardown began is in their torchrun "
                            f"logs under {self.plan.run_dir}/torchrun on each host")

@@ -5,7 +5,7 @@ a local process on this machine), which masks the node's output and copies the l
 matter (a health mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f.
 Here what the session wrote to its spool (execute/spool.py) is moved into the node log with
 sendfile(2), by a thread of its own, never read into Python; only the relay's lines are read;
-the console follows the node logs at its pace (execute/follow.py).
+the console follows the node logs at its pace (execute/console.py).
 """
 from __future__ import annotations
 
