@@ -1,8 +1,8 @@
-"""What each step of a node's stream costs the launcher per byte, on the flood's 100-byte
-lines in ~900 KiB chunks (the size the `ssh` pipes are read in under a flood:
-bench/logflood.py ChunkCount), and what some single scans cost beside them.
+"""What each step of reading a node's output in the launcher costs per byte (the Slurm follow,
+execute/slurm_follow.py, reads its nodes' files this way), on the flood's 100-byte lines in
+~900 KiB chunks, and what some single scans cost beside them.
 
-  python3 bench/emit_cost.py            # ns per byte, each step of execute/job.py _emit
+  python3 bench/emit_cost.py            # ns per byte, each step
 """
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import os
 import tempfile
 import time
 
-from launcher.execute.console import Console
 from launcher.execute.stream import LineSplitter, NodeLog, Printer
-from launcher.execute.torchrun_out import SignalTracebacks, TorchrunRootCause
+from launcher.execute.torchrun_out import TorchrunRootCause
 from launcher.execute.watch import Watch
 from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
@@ -25,14 +24,13 @@ PER_CHUNK = 9400   # 100-byte lines: 940 kB
 
 
 def steps(chunks: list[bytes]) -> dict[str, float]:
-    """Seconds spent in each step of _emit over the chunks, as one node's reader runs them."""
+    """Seconds spent in each step over the chunks, as one node's reader runs them."""
     tmp = tempfile.mkdtemp()
     plan = build_plan(validate(script_job(["10.0.0.1", "10.0.0.2"], 1, "allreduce.py", [],
                                           os.path.join(tmp, "out"))))
-    split, cause, noise = LineSplitter(), TorchrunRootCause(), SignalTracebacks(lambda: False)
+    split, cause = LineSplitter(), TorchrunRootCause()
     log = NodeLog(os.path.join(tmp, "node0.log"), plan.mask)
     printer = Printer(plan.mask, io.StringIO())
-    console = Console(printer, {0: log.path})
     watch = Watch(plan, None, printer.say, time.monotonic)
     spent: dict[str, float] = {}
 
@@ -47,10 +45,7 @@ def steps(chunks: list[bytes]) -> dict[str, float]:
         timed("root cause", cause.see_text, text)
         masked = timed("mask", plan.mask, text)
         timed("node log", log.write_masked, masked)
-        shown = timed("noise", noise.filter_text, masked)
-        timed("console", console.offer, 0, "10.0.0.1", shown)
         timed("health", watch.text, 0, "10.0.0.1", text)
-    console.close()
     return spent
 
 

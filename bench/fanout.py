@@ -135,12 +135,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mb", type=int, default=20)
     ap.add_argument("--hosts", type=int, default=8, help="logs: namespace hosts flooding at once")
-    ap.add_argument("--compress", action="store_true",
-                    help="logs: MLAUNCH_COMPRESS_STREAMS=1 (nodes compress their streams)")
     ap.add_argument("--payload", choices=["x", "hex"], default="x",
                     help="logs: 'x' packs 35x under zlib, 'hex' about 2x (bench/logflood.py)")
-    ap.add_argument("--with-paramiko", action="store_true",
-                    help="logs: also stream through paramiko (MLAUNCH_SSH_STREAM=paramiko) in the same runs")
     ap.add_argument("--unpaced", action="store_true",
                     help="logs: also mlaunch without the console's pace (execute/console.py), same runs")
     ap.add_argument("--real-home", action="store_true", help="log in with root's real ~/.bashrc")
@@ -158,10 +154,8 @@ def main() -> None:
             print(json.dumps({"ssh": bench_rank_rate(hs=hs)}))
     else:
         from bench.logflood import bench_logs
-        if args.compress:
-            os.environ["MLAUNCH_COMPRESS_STREAMS"] = "1"
         bench_logs(args.runs, args.mb, args.hosts, hex_payload=args.payload == "hex",
-                   with_paramiko=args.with_paramiko, with_unpaced=args.unpaced)
+                   with_unpaced=args.unpaced)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Log throughput and integrity: N hosts each print MB of numbered lines; and a rank's own
 write rate while the launcher runs, is throttled, stopped and killed.
 
-Compared in one run, interleaved: mlaunch's streaming path (SSH executor, one session per
-node (with --compress the nodes compress it: nodeprog/zpipe.py) -> line splitter -> per-node
-log files + the prefixed console) against plain parallel `ssh host cmd > file`.
+Compared in one run, interleaved: mlaunch's log path (SSH executor, one `ssh` session per
+node under the node relay -> its spool -> the node log, the console following the logs)
+against plain parallel `ssh host cmd > file`.
 Every line is checked: no loss, no duplicate, no tear (sequence numbers + exact payload).
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     assert result.code == 0, result
     by_node: dict[int, list[str]] = {k: [] for k in range(n)}
     said = 0   # lines the console said it skipped or did not show (console.py): not lost
-    in_mb = False   # the console said so in MB (a followed log, execute/follow.py): no count
+    in_mb = False   # the console said so in MB (a followed log, execute/console.py): no count
     with open(out_path) as fh:
         for line in fh:
             m = re.match(r"\[node(\d+) \S+\] (.*)$", line.rstrip("\n"))
@@ -166,58 +166,22 @@ def unpaced(hs, n: int, lines: int) -> tuple[float, float]:
     return t, cpu
 
 
-class ChunkCount:
-    """While active: how many chunks the `ssh` pipes gave the launcher, and their bytes (a
-    mean near READ_SIZE means the reader is behind: the pipes are full when it reads)."""
-
-    def __enter__(self):
-        from launcher.execute import openssh_running
-        self.chunks, self.bytes, self._cls = 0, 0, openssh_running.OpenSSHRunning
-        read = self._read = self._cls.read
-
-        def counted(running):
-            data = read(running)
-            self.chunks += 1
-            self.bytes += len(data)
-            return data
-        self._cls.read = counted
-        return self
-
-    def __exit__(self, *exc):
-        self._cls.read = self._read
-
-    def __str__(self):
-        return f"{self.chunks} chunks, mean {self.bytes / max(1, self.chunks) / 1024:.0f} KiB"
-
-
 def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False,
-               with_paramiko: bool = False, with_unpaced: bool = False) -> None:
-    """mlaunch (node streams through `ssh` children unless MLAUNCH_SSH_STREAM=paramiko) against
-    raw parallel ssh, interleaved; with_paramiko: the paramiko stream too, in the same runs;
+               with_unpaced: bool = False) -> None:
+    """mlaunch (node streams through `ssh` children) against raw parallel ssh, interleaved;
     with_unpaced: mlaunch without the console's pace too."""
     HEX["on"] = hex_payload
     lines = mb * 1_000_000 // LINE_BYTES
-    ours, theirs, share, ssh_share, clients, pm, up = [], [], [], [], [], [], []
+    ours, theirs, share, ssh_share, clients, up = [], [], [], [], [], []
     with make_hosts(n, isolated_home=True) as hs:
         for _ in range(runs):
             if with_unpaced:
                 up.append(unpaced(hs, n, lines))
-            with tempfile.TemporaryDirectory() as tmp, ChunkCount() as count:
+            with tempfile.TemporaryDirectory() as tmp:
                 t, bad, cpu, kids = via_mlaunch(hs, n, lines, tmp)
                 ours.append(t), share.append(cpu), clients.append(kids)
                 print(f"mlaunch: {t:.2f}s cpu share {cpu:.2f} (its ssh clients {kids:.2f}) "
-                      f"lost/dup/torn={bad} load {os.getloadavg()[0]:.1f}; {count}", file=sys.stderr)
-                assert bad == (0, 0, 0), bad
-            if with_paramiko:
-                os.environ["MLAUNCH_SSH_STREAM"] = "paramiko"
-                try:
-                    with tempfile.TemporaryDirectory() as tmp:
-                        t, bad, cpu, _ = via_mlaunch(hs, n, lines, tmp)
-                finally:
-                    del os.environ["MLAUNCH_SSH_STREAM"]
-                pm.append(t)
-                print(f"paramiko stream: {t:.2f}s cpu share {cpu:.2f} lost/dup/torn={bad} "
-                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+                      f"lost/dup/torn={bad} load {os.getloadavg()[0]:.1f}", file=sys.stderr)
                 assert bad == (0, 0, 0), bad
             with tempfile.TemporaryDirectory() as tmp:
                 t, bad, cpu = via_ssh(hs, n, lines, tmp)
@@ -235,9 +199,6 @@ def bench_logs(runs: int, mb: int, n: int = 8, hex_payload: bool = False,
           f"launcher CPU share {statistics.median(share):.2f} of a core (median; its {n} ssh "
           f"clients {statistics.median(clients):.2f}; raw ssh's {n} clients together "
           f"{statistics.median(ssh_share):.2f}); 0 lost, duplicated or torn lines")
-    if pm:
-        print(f"paramiko stream, same runs: median {statistics.median(pm):.2f}s, ratio to raw ssh "
-              f"{s / statistics.median(pm):.2f}")
     if up:
         u = statistics.median(t for t, _ in up)
         print(f"console unpaced, same runs: median {u:.2f}s, ratio to raw ssh {s / u:.2f}, launcher "

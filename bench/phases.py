@@ -9,7 +9,7 @@ import functools
 import sys
 import time
 
-from launcher.execute import follow, job, openssh, ssh
+from launcher.execute import console, job, openssh, ssh
 
 
 def timed(cls, name: str, record=None) -> None:
@@ -34,7 +34,7 @@ if __name__ == "__main__":
                       (openssh.OpenSSHStreams, "spawn"),
                       (openssh.OpenSSHStreams, "await_ready"), (job._Session, "_start_all"),
                       (job._Session, "_wait_all"), (job._Session, "_finish"),
-                      (follow.LogFollower, "finish"), (ssh.SSHExecutor, "close"),
+                      (console.Console, "close"), (ssh.SSHExecutor, "close"),
                       (job._Session, "run")):
         timed(cls, name)
     from bench import fanout

@@ -69,7 +69,6 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    os.environ["MLAUNCH_SSH_STREAM"] = "paramiko"   # no stream clients: staging alone
     with make_hosts(args.hosts, isolated_home=True) as hs, tempfile.TemporaryDirectory() as tmp:
         # A LLaMA-Factory plan: its YAML, ds_config and entry script go up (a script job has none).
         tiny = {"model": tmp, "template": "qwen", "dataset": "d", "dataset_dir": tmp}

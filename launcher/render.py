@@ -187,20 +187,12 @@ def _step(staged: str) -> str:
     return render("stage_step.sh.j2", staged=staged).strip() if staged else ""
 
 
-def compressed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "", staged: str = "") -> str:
-    """bootstrap() run under node program `program` (nodeprog/zpipe.py's text), which
-    compresses what it prints, where the node has a python3 with zlib; bootstrap() alone
-    elsewhere. The launcher tells the two apart by zpipe's header."""
-    return render("zbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr),
-                  ready=ready, step=_step(staged)).strip()
-
-
 def relayed_bootstrap(program: str, merge_stderr: bool = False, ready: str = "", staged: str = "") -> str:
     """bootstrap() run under node program `program` (nodeprog/relay.py's text), which masks
-    the node's output and copies the lines that matter to stderr, where the node has a
-    python3; bootstrap() alone elsewhere. Its ready line says which ("<ready> relay")."""
+    the node's output and copies the lines that matter to stderr; the interpreter that runs it
+    is the first line sent after the ready line (templates/rbootstrap.sh.j2)."""
     return render("rbootstrap.sh.j2", program=program, bootstrap=bootstrap(merge_stderr, "", staged),
-                  fallback=bootstrap(merge_stderr, ready, staged), ready=ready).strip()
+                  ready=ready).strip()
 
 
 def relay_frame(config: dict) -> bytes:

@@ -222,8 +222,8 @@ def test_a_client_that_never_reached_sshd_is_told_in_its_own_words(said, line):
      "sshd does not answer (frozen or overloaded): check it, or raise cluster.ssh.connect_timeout"),
 ])
 def test_paramiko_explains_with_the_systems_words_not_always_refused(e, line):
-    """MLAUNCH_SSH_STREAM=paramiko: a missing route is not a refusal, a handshake that never
-    finished (a frozen host) is not paramiko's "No existing session"."""
+    """A missing route is not a refusal, a handshake that never finished (a frozen host) is
+    not paramiko's "No existing session"."""
     assert explain_connect_error(e, "10.0.0.5", SSH(connect_timeout=3)) == line
 
 
@@ -247,7 +247,7 @@ def test_no_login_is_tried_on_a_host_whose_session_stopped_answering(tmp_path):
         streams.spawn("")
         assert streams.await_ready(limit(30)) == {}
         node = streams.start("a", "", b"")
-        while node.read():
+        while node.spool.read(node._proc):
             pass
         assert node.wait() == Exit(LOST, lost=True, detail=FROZEN)
         assert streams.run("a", "true", b"", 60) == (LOST, SILENT)

@@ -13,9 +13,8 @@ from launcher import nodeprog
 
 from .loadfactor import limit
 
-PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir", "zpipe", "relay")
-PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt_checks",),
-         "zpipe": ("wrapped",), "relay": ("wrapped",)}
+PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir", "relay")
+PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt_checks",), "relay": ("wrapped",)}
 
 
 def ship(program: str, *args: str) -> subprocess.CompletedProcess:

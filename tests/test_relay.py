@@ -1,5 +1,5 @@
 """The spliced log path's parts (issue 28): the node relay (nodeprog/relay.py) masks exactly as
-the launcher does and copies what the launcher must see; the follower shows a node log at the
+the launcher does and copies what the launcher must see; the console shows a node log at the
 console's pace and says what it skipped. The path end to end over SSH: test_fanout.py and
 test_secrets.py (every OpenSSH session runs under the relay)."""
 from __future__ import annotations
@@ -20,7 +20,6 @@ from launcher import nodeprog, render
 from launcher.execute import spliced
 from launcher.execute.console import Console
 from launcher.nodeprog.relay import Relay
-from launcher.execute.follow import LogFollower
 from launcher.execute.health import MARKS, may_matter
 from launcher.execute.stream import Printer
 from launcher.execute.torchrun_out import ROOT_CAUSE, TorchrunRootCause
@@ -169,35 +168,32 @@ def test_a_line_longer_than_the_hold_goes_out_whole_and_unmasked_nowhere():
 
 
 def following(path, rank: int = 0, **console_kw):
-    """(console, follower, what the console printed) with the follower on node rank's log at
-    path (an empty file made here), as a session sets them up for a spliced node."""
+    """(console, what it printed) with the console following node rank's log at path (an
+    empty file made here), as a session sets it up for each node."""
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(b"")
     out = io.StringIO()
     console = Console(Printer(lambda s: s, out, color=False), {rank: str(path)}, **console_kw)
-    follower = LogFollower(console)
-    follower.follow(rank, f"h{rank}", str(path))
-    return console, follower, out
+    console.follow(rank, f"h{rank}", str(path))
+    return console, out
 
 
-def test_the_follower_shows_a_log_whole_at_the_end_of_a_quiet_run(tmp_path):
+def test_the_console_shows_a_log_whole_at_the_end_of_a_quiet_run(tmp_path):
     path = tmp_path / "node0.log"
-    console, follower, out = following(path)
+    console, out = following(path)
     with open(path, "ab") as fh:
         fh.write(b"".join(b"line %d\n" % k for k in range(1000)) + b"partial")
-    follower.finish()
     console.close()
     shown = [line for line in out.getvalue().splitlines() if line.startswith("[node0 h0] ")]
     assert shown == [f"[node0 h0] line {k}" for k in range(1000)]
     assert "not shown" not in out.getvalue()
 
 
-def test_the_follower_skips_to_the_newest_and_says_so_in_megabytes(tmp_path):
+def test_the_console_skips_to_the_newest_and_says_so_in_megabytes(tmp_path):
     path = tmp_path / "node0.log"
-    console, follower, out = following(path, bound=2**20)
+    console, out = following(path, bound=2**20)
     with open(path, "ab") as fh:   # 8 MB at once: far past the bound
         fh.write(b"".join(b"%09d %s\n" % (k, b"y" * 90) for k in range(80_000)))
-    follower.finish()
     console.close()
     text = out.getvalue()
     shown = [int(line.split()[2]) for line in text.splitlines() if line.startswith("[node0 h0] ")]
@@ -207,36 +203,27 @@ def test_the_follower_skips_to_the_newest_and_says_so_in_megabytes(tmp_path):
 
 def test_after_a_teardown_what_the_console_never_read_is_one_line_with_the_path(tmp_path):
     path = tmp_path / "node3.log"
-    console, follower, out = following(path, rank=3)
+    console, out = following(path, rank=3)
     console.abandon()
     with open(path, "ab") as fh:
         fh.write((b"z" * 99 + b"\n") * 10_000)   # 1,000,000 bytes
-    follower.finish()
     console.close()
     assert f"console: 1.0 MB of node output not shown here; every line is in {path}" in out.getvalue()
     assert "[node3" not in out.getvalue()
 
 
-def test_a_log_removed_under_the_follower_is_followed_again_at_its_path(tmp_path):
+def test_a_log_removed_under_the_console_is_followed_again_at_its_path(tmp_path):
     path = tmp_path / "logs" / "node0.log"
-    console, follower, out = following(path)
+    console, out = following(path)
     path.write_bytes(b"before\n")
     deadline = time.monotonic() + limit(30)
-    while follower._logs[0].pos < 7:   # until the follower has read it
-        assert time.monotonic() < deadline, "the follower never read the log"
+    while console._logs[0].pos < 7:   # until the console has read it
+        assert time.monotonic() < deadline, "the console never read the log"
         time.sleep(0.02)
     os.remove(path)
     path.write_bytes(b"after\n")
-    follower.finish()
     console.close()
     assert "[node0 h0] after" in out.getvalue()
-
-
-def test_splice_is_on_where_the_platform_has_it(monkeypatch):
-    monkeypatch.setenv("MLAUNCH_LOG_RELAY", "0")
-    assert not spliced.wanted()
-    monkeypatch.delenv("MLAUNCH_LOG_RELAY")
-    assert spliced.wanted() == hasattr(os, "splice")
 
 
 @pytest.mark.multihost

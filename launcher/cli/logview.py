@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 import time
 
-from ..execute.stream import Printer
+from ..execute.stream import Printer, lines_of
+from ..execute.tail import FileTail, log_iter
 from ..record.registry import console_path, locate
 
 FOLLOW_POLL_S = 0.1   # how often a follower looks for new bytes
@@ -29,30 +30,18 @@ def refresh(reg, run):
     return reg.get(run.id)
 
 
-class _Tail:
-    """One file read incrementally; only whole lines are handed on."""
+class _Tail(FileTail):
+    """One of the run's files, its whole lines handed to emit."""
 
     def __init__(self, path: str, emit, what: str = "log"):
-        self.path, self.emit, self.what, self.pos, self.rest = path, emit, what, 0, b""
+        super().__init__(path, reopen=True)   # `logs -f` may read another host's files (NFS)
+        self.emit, self.what = emit, what
 
-    def read(self, tail: int | None = None) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read()
-        except OSError:
-            return
-        self.pos += len(data)
-        data, _, self.rest = (self.rest + data).rpartition(b"\n")
-        if data or _:
-            lines = data.decode("utf-8", "replace").split("\n")
+    def show(self, tail: int | None = None) -> None:
+        """Hand on what the file holds now that was not yet (its last `tail` lines)."""
+        lines = lines_of(self.read())
+        if lines:
             self.emit(lines if tail is None else lines[len(lines) - tail:] if tail else [])
-
-    def flush(self) -> None:
-        self.read()
-        if self.rest:
-            self.emit([self.rest.decode("utf-8", "replace")])
-            self.rest = b""
 
 
 class View:
@@ -114,32 +103,34 @@ class View:
     def show(self, tail: int | None) -> None:
         """Print what the files hold now (the last `tail` lines of each)."""
         for t in self.tails:
-            t.read(tail)
+            t.show(tail)
 
     def follow(self) -> int:
         """Print new lines as they arrive until the run ends; the run's exit code."""
-        next_check = 0.0
-        while True:
-            for t in self.tails:
-                t.read()
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + STATE_POLL_S
-                self.printer.redraw()
-                self.run = refresh(self.reg, self.reg.get(self.run.id))
-                if self.node is not None or self.attempt is not None:
-                    self._next_attempt()
-                if not self.run.active:
-                    for t in self.tails:
-                        t.flush()
-                    self.printer.set_status(None)
-                    return LOST_EXIT if self.run.exit_code is None else self.run.exit_code
-            time.sleep(FOLLOW_POLL_S)
+        self._next_check = 0.0
+        for t, text in log_iter(lambda: self.tails, self._ended, FOLLOW_POLL_S):
+            t.emit(lines_of(text))
+        self.printer.set_status(None)
+        return LOST_EXIT if self.run.exit_code is None else self.run.exit_code
+
+    def _ended(self) -> bool:
+        # The registry is asked every STATE_POLL_S; a node followed through restarts moves on
+        # to each attempt's own log file.
+        if time.monotonic() < self._next_check:
+            return False
+        self._next_check = time.monotonic() + STATE_POLL_S
+        self.printer.redraw()
+        self.run = refresh(self.reg, self.reg.get(self.run.id))
+        if self.node is not None or self.attempt is not None:
+            self._next_attempt()
+        return not self.run.active
 
     def _next_attempt(self) -> None:
         # Following a node through restarts: each attempt writes its own log file.
         if self.attempt is None and self.run.attempts - 1 > self.seen_attempts:
             for t in self.tails:
-                t.flush()
+                if text := t.flush():
+                    t.emit(lines_of(text))
             self.tails = self._tails()
 
 

@@ -3,12 +3,13 @@ scheduler.
 
 Holds base (the Executor interface, exits, timing), ssh and local (executors), openssh and
 openssh_running (the `ssh` clients that carry node streams and, over their connections, the
-short scripts), ssh_paramiko (paramiko's sessions, and why a login failed), spliced/pumps/follow (node output into the node logs), fanout_exec
+short scripts), ssh_paramiko (why a login failed), spool/spliced/follow/tail (node output into the node logs,
+and read back from them), fanout_exec
 (`mlaunch exec` on every node), slurm
 (sbatch/squeue/scancel), slurm_executor and slurm_follow (one attempt as a batch job),
 slurm_alloc (helpers inside an allocation), job (one attempt on every node: start, stream,
 fail fast, tear down), stream (node-prefixed printing and the node logs), torchrun_out
-(torchrun's root-cause report and teardown tracebacks), inflow (compressed node streams),
+(torchrun's root-cause report),
 hwcause (hardware-looking errors), console (the bounded console queue), watch, health and
 stacks (progress, hangs, NaNs, world size, py-spy dumps), outcome (what each node came to).
 

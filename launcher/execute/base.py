@@ -68,27 +68,10 @@ class Exit:
 
 
 class Running(Protocol):
-    """One started node command."""
+    """One started node command, under nodeprog/relay.py: its masked output goes into its
+    spool (execute/spool.py), moved from there into the node log unread; its stderr holds
+    the relay's lines (execute/spliced.py)."""
 
-    def read(self) -> bytes:
-        """Next chunk of output; b"" at end of stream. Blocks."""
-
-    def wait(self) -> Exit:
-        """Block until the command has ended (call after read() returned b"")."""
-
-    def heartbeat(self) -> None:
-        """Tell the node's hang-up guard that the launcher is still there."""
-
-    def close(self) -> None:
-        """Drop the session: the node's hang-up guard then ends the node."""
-
-
-class RelayedRunning(Running, Protocol):
-    """A node command under nodeprog/relay.py (relayed is true): its output is moved from
-    its spool (execute/spool.py) into the node log, read_err() gives the relay's lines
-    (execute/spliced.py)."""
-
-    relayed: bool
     spool: Spool
 
     def ended(self) -> bool:
@@ -98,7 +81,14 @@ class RelayedRunning(Running, Protocol):
         """Next chunk of the session's stderr; b"" at its end. Blocks."""
 
     def wait(self, said: str | None = None) -> Exit:
-        """wait(), told what the session's stderr held besides the relay's lines."""
+        """Block until the command has ended (call after read_err() returned b""); said: what
+        the session's stderr held besides the relay's lines."""
+
+    def heartbeat(self) -> None:
+        """Tell the node's hang-up guard that the launcher is still there."""
+
+    def close(self) -> None:
+        """Drop the session: the node's hang-up guard then ends the node."""
 
 
 class Executor(Protocol):

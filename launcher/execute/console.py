@@ -1,165 +1,144 @@
-"""The console's share of node output: a bounded queue that one thread prints from.
+"""The console's share of node output: the node logs, read back at the console's pace, never
+more, by one thread that prints what it read.
 
-The readers write every line to the node logs first (stream.NodeLog) and only then offer
-it here, so a slow terminal never holds a reader, hence never a node, hence never a
-teardown. When the queue is over its bound the oldest lines are skipped (the newest keep
-flowing) and the console says how far behind it is; at teardown the queue is abandoned and
-one line says what was not shown and where it is.
+Node output is in the node logs first (execute/spliced.py), so a slow terminal never holds a
+node, hence never a teardown: it only holds this thread, which then finds a log further ahead
+and skips to its newest lines, saying by how much; the logs hold every line. At teardown the
+console is abandoned, and one line at the end says what was not shown and where it is.
 """
 from __future__ import annotations
 
-import collections
 import threading
 import time
 
 from .stream import Printer
+from .tail import FileTail
 
-BOUND_BYTES = 8 * 2**20  # node output held for the console; past it the oldest is skipped
+BOUND_BYTES = 8 * 2**20  # a node log's unread bytes past which the console skips to its newest
 BEHIND_EVERY_S = 2.0     # at most one "behind" line per this many seconds
 # The console's pace at most: 40,000 lines of 100 bytes a second, more than a terminal shows or
-# anyone reads. Under a flood it printed a third of 160 MB and took 45% of the launcher's time
-# (bench/results/logpath-device-2026-12-03.txt), time the readers need: the node logs are the
-# record. Past this pace the queue's bound skips the oldest, as for a slow terminal.
+# anyone reads; under a flood, printing more took the launcher's time from the rest
+# (bench/results/logpath-device-*). Past this pace the console skips, as for a slow terminal.
 RATE_BYTES_S = 4 * 2**20
-BURST_BYTES = 2**20
+TICK_S = 0.05       # how often the logs are looked at
+MIN_READ = 2**14    # bytes per node per look at least, however many nodes share the pace
+# What the console shows at a run's end of what it had not read yet, in all: the last lines of
+# a quiet run, the newest of a flood (a bound on what the run's end waits for)
+FINAL_BYTES = 2**20
+
+
+class _Followed(FileTail):
+    """One node log and how far the console has read it."""
+
+    def __init__(self, rank: int, host: str, path: str):
+        super().__init__(path)
+        self.rank, self.host = rank, host
 
 
 class Console:
-    """Node lines to the Printer from a thread of its own; offer() never blocks on the terminal."""
+    """Follows each node log (follow()) from a thread of its own and prints its new whole
+    lines, at most `rate` bytes a second in all; stops when abandoned (teardown) or closed."""
 
     def __init__(self, printer: Printer, log_paths: dict[int, str], bound: int = BOUND_BYTES,
                  rate: float | None = None):
         self.printer, self.log_paths, self.bound = printer, log_paths, bound
         self.rate = rate or RATE_BYTES_S   # read at start: bench/logflood.py --unpaced sets it
-        self._tokens, self._filled_at = float(BURST_BYTES), time.monotonic()
-        self._queue: collections.deque[tuple[int, str, str, int]] = collections.deque()
-        self._bytes = 0
-        self._cond = threading.Condition()
-        self._skipped = [0, 0]       # lines, bytes skipped since the last "behind" line
-        self._skipped_ranks: set[int] = set()
-        self._unshown = [0, 0]       # lines, bytes never shown once abandoned
-        self._unshown_ranks: set[int] = set()
-        self._abandoned = self._closed = False
-        self._bytes_only = False     # a tally holds output whose lines were never counted
+        self._logs: dict[int, _Followed] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._skipped: dict[int, int] = {}   # bytes skipped by rank since the last "behind" line
+        self._unshown: dict[int, int] = {}   # bytes never shown by rank
+        self._abandoned = False
         self._said_at = 0.0
-        self._thread = threading.Thread(target=self._print_loop, daemon=True)
-        self._thread.start()
+
+    def follow(self, rank: int, host: str, path: str) -> None:
+        """Show node rank's log (another thread writes it) from its start."""
+        with self._lock:
+            self._logs[rank] = _Followed(rank, host, path)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True)
+                self._thread.start()
 
     def offer(self, rank: int, host: str, text: str) -> None:
-        """Queue a masked text of whole lines (stream.LineSplitter.feed_text) for the console;
-        the oldest queued texts go if the bound is passed."""
-        size = len(text)
-        with self._cond:
-            if self._abandoned:
-                self._count(self._unshown, self._unshown_ranks, rank, text.count("\n"), size)
-                return
-            was_empty = not self._queue
-            self._queue.append((rank, host, text, size))
-            self._bytes += size
-            while self._bytes > self.bound and len(self._queue) > 1:
-                r, _, old, n = self._queue.popleft()
-                self._bytes -= n
-                self._count(self._skipped, self._skipped_ranks, r, old.count("\n"), n)
-            if was_empty:   # only an idle console waits for a text; a pacing one wakes by itself
-                self._cond.notify()
+        """Print a masked text of whole lines that is in no node log (one that could not be
+        written); tallied as not shown once the console is abandoned."""
+        if self._abandoned:
+            self._tally(self._unshown, rank, len(text))
+        else:
+            self.printer.node_text(rank, host, text, masked=True)
 
     @property
     def abandoned(self) -> bool:
         """Teardown began: node output is no longer shown."""
         return self._abandoned
 
-    def skipped(self, rank: int, size: int) -> None:
-        """size bytes of node rank's log that the console skipped, unread (execute/follow.py)."""
-        with self._cond:
-            self._bytes_only = True
-            self._count(self._skipped, self._skipped_ranks, rank, 1, size)
-
-    def unshown(self, rank: int, size: int) -> None:
-        """size bytes of node rank's log never shown, unread (execute/follow.py)."""
-        with self._cond:
-            self._bytes_only = True
-            self._count(self._unshown, self._unshown_ranks, rank, 1, size)
-
     def abandon(self) -> None:
-        """Stop showing node output (teardown): what is queued and what comes later is only
-        in the node logs; close() says so in one line."""
-        with self._cond:
-            if self._abandoned:
-                return
+        """Stop showing node output (teardown): what comes later is only in the node logs;
+        close() says so in one line."""
+        with self._lock:
             self._abandoned = True
-            for r, _, text, n in self._queue:
-                self._count(self._unshown, self._unshown_ranks, r, text.count("\n"), n)
-            self._count(self._unshown, self._unshown_ranks, None, *self._skipped)
-            self._unshown_ranks |= self._skipped_ranks
-            self._queue.clear()
-            self._bytes = 0
-            self._cond.notify()
+            for rank, size in self._skipped.items():
+                self._tally(self._unshown, rank, size)
+            self._skipped.clear()
 
     def close(self, wait_s: float = 5.0, more: str = "") -> None:
-        """Print what is queued (not past wait_s), then the one 'not shown' line if any
-        (more: said at its end, e.g. where output the nodes never sent is)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(wait_s)
-        self.abandon()  # whatever the thread could not print in time is not shown
-        lines, size = self._unshown
-        if lines:
-            paths = ", ".join(self.log_paths[r] for r in sorted(self._unshown_ranks))
-            self.printer.say(f"console: {self._amount(lines, size)} of node output not shown "
-                             f"here; every line is in {paths}{more}")
+        """Stop following: the newest FINAL_BYTES in all of what is left goes to the console
+        unless it was abandoned, then the one 'not shown' line if any (more: said at its end,
+        e.g. where output the nodes never sent is)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(wait_s)
+            if self._thread.is_alive():   # a terminal that takes nothing: nothing more is shown
+                self.abandon()
+        logs = list(self._logs.values())
+        for f in logs:
+            if not self._abandoned:
+                self._step(f, max(MIN_READ, FINAL_BYTES // max(1, len(logs))), final=True)
+            self._tally(self._unshown, f.rank, f.size() - f.pos)
+            f.close()
+        self.abandon()
+        if self._unshown:
+            self.printer.say(f"console: {_mb(sum(self._unshown.values()))} of node output not shown "
+                             f"here; every line is in {self._paths(self._unshown)}{more}")
 
-    def _count(self, tally: list[int], ranks: set[int], rank: int | None, lines: int, size: int) -> None:
-        tally[0] += lines
-        tally[1] += size
-        if rank is not None and lines:
-            ranks.add(rank)
+    def _loop(self) -> None:
+        while not self._stop.wait(TICK_S) and not self._abandoned:
+            with self._lock:
+                logs = list(self._logs.values())
+            budget = max(MIN_READ, int(self.rate * TICK_S) // max(1, len(logs)))
+            for f in logs:
+                self._step(f, budget)
+            self._say_behind()
 
-    def _print_loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed and not self._abandoned:
-                    self._cond.wait()
-                self._pace()
-                if self._abandoned or not self._queue:
-                    return
-                rank, host, text, size = self._queue.popleft()
-                self._tokens -= size
-                self._bytes -= size
-                behind = self._behind_line()
-            if behind:
-                self.printer.say(behind)
-            self.printer.node_text(rank, host, text, masked=True)
+    def _step(self, f: _Followed, budget: int, final: bool = False) -> None:
+        size = f.size()
+        if size - f.pos > (budget if final else self.bound):   # on to the newest lines
+            with self._lock:
+                self._tally(self._skipped, f.rank, size - budget - f.pos)
+            f.skip(size - budget)
+            if final:   # said ahead of the newest lines it shows
+                self._say_behind(force=True)
+        if (text := f.read(budget)) and not self._abandoned:
+            self.printer.node_text(f.rank, f.host, text, masked=True)
 
-    def _pace(self) -> None:
-        # Called under the lock: waits (lock released, woken by close or abandon) until the
-        # queue's first text is within the pace. Once closing, the rest goes out at once.
-        while self._queue and not self._closed and not self._abandoned:
-            now = time.monotonic()
-            self._tokens = min(BURST_BYTES, self._tokens + (now - self._filled_at) * self.rate)
-            self._filled_at = now
-            need = min(self._queue[0][3], BURST_BYTES) - self._tokens
-            if need <= 0:
-                return
-            self._cond.wait(need / self.rate)
-
-    def _behind_line(self) -> str | None:
-        # Called under the lock: one line now and then, never one per skipped batch.
-        lines, size = self._skipped
+    def _say_behind(self, force: bool = False) -> None:
+        # One line now and then, never one per skip.
         now = time.monotonic()
-        if not lines or now - self._said_at < BEHIND_EVERY_S:
-            return None
+        if not self._skipped or (now - self._said_at < BEHIND_EVERY_S and not force):
+            return
         self._said_at = now
-        paths = ", ".join(self.log_paths[r] for r in sorted(self._skipped_ranks))
-        self._skipped, self._skipped_ranks = [0, 0], set()
-        return (f"console behind: skipped {self._amount(lines, size)} to keep up, showing the "
-                f"newest; every line is in {paths}")
+        with self._lock:
+            skipped, self._skipped = self._skipped, {}
+        self.printer.say(f"console behind: skipped {_mb(sum(skipped.values()))} to keep up, showing "
+                         f"the newest; every line is in {self._paths(skipped)}")
 
-    def _amount(self, lines: int, size: int) -> str:
-        # Output skipped unread (a followed log) has bytes but no line count.
-        if self._bytes_only:
-            return _mb(size)
-        return f"{lines} line{'' if lines == 1 else 's'} ({_mb(size)})"
+    def _tally(self, tally: dict[int, int], rank: int, size: int) -> None:
+        if size > 0:
+            tally[rank] = tally.get(rank, 0) + size
+
+    def _paths(self, tally: dict[int, int]) -> str:
+        return ", ".join(self.log_paths[r] for r in sorted(tally))
 
 
 def _mb(size: int) -> str:

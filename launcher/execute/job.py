@@ -15,9 +15,8 @@ from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from .console import Console
-from .follow import LogFollower
-from .pumps import NodeStreams
-from .stream import NodeLog, Printer
+from .spliced import NodeOutput
+from .stream import Printer
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from .watch import EXIT_CODES, Watch
 
@@ -58,8 +57,9 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
             executor.close()
 
 
-class _Session(NodeStreams):
-    """The running job: one reader thread per node, events to the main thread."""
+class _Session:
+    """The running job: one NodeOutput thread per node (its exit to the main thread), the
+    console following the node logs."""
 
     def __init__(self, plan: LaunchPlan, executor: Executor, printer: Printer,
                  timeout: float | None = None, on_started: Callable[[], None] | None = None):
@@ -76,7 +76,6 @@ class _Session(NodeStreams):
                                       [(n.rank, n.host) for n in plan.nodes])
         self._live_at = 0.0
         self.console = Console(printer, {n.rank: n.log_path for n in plan.nodes})
-        self.follower = LogFollower(self.console)   # for nodes whose output is spliced
 
     def run(self) -> JobResult:
         try:
@@ -108,24 +107,28 @@ class _Session(NodeStreams):
             time.sleep(period)
 
     def _start(self, node: NodePlan) -> bool:
-        log = NodeLog(node.log_path, self.plan.mask)
         try:
+            os.close(fsmode.private_fd(node.log_path, os.O_WRONLY))   # there, empty, from the start
             running = self.executor.start(node)
         except Exception as e:  # a node that cannot start fails the job like one that exits
-            log.close()
             self.events.put((node.rank, Exit(LOST, lost=True, detail=f"could not start: {e}")))
             return False
         self.running[node.rank] = running
-        relayed = getattr(running, "relayed", False)   # the node log is written by splice(2)
-        self.watch.events.emit("node_start", node=node.rank, host=node.host,
-                               log="spliced" if relayed else None)
-        if relayed:
-            log.close()
-            self.follower.follow(node.rank, node.host, node.log_path)
-            threading.Thread(target=self._pump_spliced, args=(node, running), daemon=True).start()
-        else:
-            threading.Thread(target=self._pump, args=(node, running, log), daemon=True).start()
+        self.watch.events.emit("node_start", node=node.rank, host=node.host, log="spliced")
+        self.console.follow(node.rank, node.host, node.log_path)
+        out = NodeOutput(node, running, self.plan, self.view,
+                         lambda text: self.console.offer(node.rank, node.host, text), self._watched)
+        threading.Thread(target=self._output, args=(out,), daemon=True).start()
         return True
+
+    def _output(self, out: NodeOutput) -> None:
+        ended = out.run()
+        self.outcomes[out.node.rank].tail = out.tail()
+        self.events.put((out.node.rank, ended))
+
+    def _watched(self, rank: int, host: str, text: str) -> None:
+        if (verdict := self.watch.text(rank, host, text)) is not None:
+            self._health_stop(verdict)
 
     def _wait_all(self) -> None:
         pending = {n.rank for n in self.plan.nodes}
@@ -233,8 +236,8 @@ class _Session(NodeStreams):
                 self._record(rank, outcome)
 
     def _noise_note(self) -> str:
-        # The one teardown line also stands for torchrun's own tracebacks on that signal:
-        # SignalTracebacks keeps them off the console.
+        # The one teardown line also stands for torchrun's own tracebacks on that signal: the
+        # console stops at the teardown (_begin_teardown).
         if any(os.path.basename(n.argv[0]) == "torchrun" for n in self.plan.nodes if n.argv):
             return "; torchrun's SignalException tracebacks on it: node logs only"
         return ""
@@ -269,7 +272,6 @@ class _Session(NodeStreams):
         # whatever of that node is still alive (e.g. orphaned dataloader workers).
         if self._teardown is not None:
             self._teardown.join()
-        self.follower.finish()
         self.console.close(more="" if self._teardown is None else
                            f"; what ranks wrote after the teardown began is in their torchrun "
                            f"logs under {self.plan.run_dir}/torchrun on each host")

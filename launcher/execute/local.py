@@ -1,28 +1,40 @@
-"""Local executor: every host is this machine, so node commands are plain subprocesses."""
+"""Local executor: every host is this machine, so node commands are plain subprocesses, each
+under nodeprog/relay.py as an SSH node's session is (one log path: execute/spliced.py)."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+import sys
+import tempfile
 
-from .. import render
+from .. import nodeprog, render
 from ..record import fsmode
 from ..errors import Problem
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import Exit, make_run_dirs
+from .spool import Spool
+from .spliced import relay_config
 
 
 class LocalRunning:
-    """A node command running as a local process group of its own."""
+    """A node command under the relay, in a process group of its own (base.Running): the
+    relay's output in a spool, its lines on stderr."""
 
-    def __init__(self, proc: subprocess.Popen):
-        self._proc = proc
+    def __init__(self, proc: subprocess.Popen, spool: Spool):
+        self._proc, self.spool = proc, spool
 
-    def read(self) -> bytes:
-        return os.read(self._proc.stdout.fileno(), 65536)
+    def ended(self) -> bool:
+        return self._proc.poll() is not None
 
-    def wait(self) -> Exit:
+    def read_err(self) -> bytes:
+        try:
+            return os.read(self._proc.stderr.fileno(), 65536)
+        except OSError:
+            return b""
+
+    def wait(self, said: str | None = None) -> Exit:
         code = self._proc.wait()
-        self._proc.stdout.close()
         self._hang_up()
         # A signal death shows as -N; report it the way a shell would (128 + N).
         return Exit(128 - code if code < 0 else code)
@@ -41,11 +53,35 @@ class LocalRunning:
         # Closing the node's stdin is what a lost launcher looks like: its hang-up guard
         # then ends whatever of the node is still running.
         if self._proc.stdin and not self._proc.stdin.closed:
-            self._proc.stdin.close()
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+
+
+def start_relayed(argv: list[str], head: bytes, data: bytes) -> LocalRunning:
+    """argv under the relay on this machine's interpreter: head (the relay's config frame),
+    then data, go on its stdin ahead of the heartbeats."""
+    spool = Spool(tempfile.gettempdir())
+    proc = subprocess.Popen([sys.executable, "-S", "-c", _relay(), *argv], stdin=subprocess.PIPE,
+                            stdout=spool.fd, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        proc.stdin.write(head + data)
+        proc.stdin.flush()
+    except OSError:  # the relay died at once; wait() reports how
+        pass
+    return LocalRunning(proc, spool)
+
+
+@functools.cache
+def _relay() -> str:
+    return nodeprog.source("relay")
 
 
 class LocalExecutor:
     """Runs node scripts with /bin/sh on this machine; no SSH involved."""
+
+    _relay_head = b""   # the relay's config frame (stage())
 
     def connect(self) -> list[Problem]:
         return []
@@ -55,18 +91,16 @@ class LocalExecutor:
         make_run_dirs(lambda host, script, t: LocalExecutor.run(self, host, script, t), "localhost", plan)
         for f in plan.files:
             fsmode.write_private(f.path, f.content)
+        self._relay_head = render.relay_frame(relay_config(plan))
 
     def start(self, node: NodePlan) -> LocalRunning:
         # The script goes over stdin, never argv (render.bootstrap): it holds the secrets.
-        proc = subprocess.Popen(["/bin/sh", "-c", render.bootstrap()], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            proc.stdin.write(render.framed(node.script))
-            proc.stdin.flush()
-        except OSError:  # the shell died at once; wait() reports how
-            pass
-        return LocalRunning(proc)
+        return start_relayed(["/bin/sh", "-c", render.bootstrap(merge_stderr=True)],
+                             self.relay_head(), render.framed(node.script))
+
+    def relay_head(self) -> bytes:
+        """The relay's config frame: the staged plan's, else one that masks and copies nothing."""
+        return self._relay_head or render.relay_frame({})
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
         try:

@@ -1,15 +1,11 @@
 """Node output streams through the OpenSSH client: one `ssh` process per node.
 
-paramiko decrypts every byte in Python under the launcher's one GIL; at 64 hosts that, not the
-link, limited the log path (bench/results/logpath-2026-12-03.txt: 0.43 of raw parallel ssh's
-rate through paramiko, 0.66 through these clients). Here each node's session is an
-`ssh` child that decrypts in C in its own process and writes a file the launcher reads
-(execute/spool.py: a client writing a pipe cost ~45 % more CPU at 64 hosts). Each stream
-client is the master of its host's connection: the short scripts (staging, checks, the
-teardown) ride it as sessions of their own `ssh` children, with
-no login and no Python crypto (paramiko's 64 handshakes and staging sessions were ~1.2 s of a
-64-host start, bench/results/logpath-device-*). paramiko only explains a login that failed.
-MLAUNCH_SSH_STREAM=paramiko keeps every session in paramiko (also where `ssh` is missing).
+Each node's session is an `ssh` child that decrypts in C in its own process and writes a file
+the launcher moves into the node log unread (execute/spool.py, execute/spliced.py); paramiko
+decrypting every byte under the launcher's one GIL measured far slower at 64 hosts
+(bench/results/logpath-*). Each stream client is the master of its host's connection: the
+short scripts (staging, checks, the teardown) ride it as sessions of their own `ssh`
+children, with no login and no Python crypto. paramiko only explains a login that failed.
 
 Each client checks the host key itself, against the known_hosts files paramiko would read
 for the host under the same policy (strict: a known key only; else an unknown key is accepted
@@ -37,8 +33,7 @@ from .spool import Spool
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
 END_GRACE_S = 5.0   # a session ended before its script: this long to finish its login first
-READY = b"mlaunch-session-ready"   # the session's first line (render.bootstrap's ready)
-RELAYED = b" relay"   # after READY: the session runs under nodeprog/relay.py (execute/spliced.py)
+READY = b"mlaunch-session-ready"   # the session's first line (templates/rbootstrap.sh.j2)
 STAGED = b"mlaunch-session-staged"   # the session ran its stage frame (templates/stage_step.sh.j2)
 WAIT_POLL_S = 0.01   # a ready or staged line is looked for at least this often
 # run()'s answer for a host whose node session stopped hearing from it (OpenSSHRunning.silent)
@@ -47,19 +42,6 @@ SILENT = ("not tried: the host stopped answering ssh keepalives (frozen, or its 
 # ssh's words when connect() failed: "ssh: connect to host H port P: <strerror>"
 CONNECT_FAILED = re.compile(r"^ssh: connect to host .* port (\d+): (.+)$")
 SOCKET_DIR_MAX = 60   # a control socket's path (dir/N.S, and ssh's 17-byte temporary suffix) fits sun_path
-
-
-def wanted() -> bool:
-    """Whether node streams use the OpenSSH client (the default where `ssh` is installed)."""
-    return os.environ.get("MLAUNCH_SSH_STREAM", "openssh") != "paramiko" and shutil.which("ssh") is not None
-
-
-def _ready_line(seen: bytes) -> int | None:
-    """Where the ready line (READY, or READY and RELAYED) starts once it is whole, else None."""
-    for line in (READY + b"\n", READY + RELAYED + b"\n"):
-        if (cut := seen.find(line)) >= 0:
-            return cut
-    return None
 
 
 class OpenSSHStreams:
@@ -76,7 +58,7 @@ class OpenSSHStreams:
         self._accepted = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, tuple[subprocess.Popen, Spool]] = {}   # logging in
-        self._ready: dict[str, tuple[subprocess.Popen, Spool, bool]] = {}   # logged in, no script yet
+        self._ready: dict[str, tuple[subprocess.Popen, Spool]] = {}   # logged in, no script yet
         self._started: dict[str, OpenSSHRunning] = {}   # login -> its node's session (start())
         self.unreached: set[str] = set()   # logins whose client never reached sshd: its words are the cause
 
@@ -112,11 +94,11 @@ class OpenSSHStreams:
             self.end_sessions()
         return problems
 
-    def stage(self, frames: dict[str, bytes], timeout: float, relay_head: bytes = b"") -> dict[str, str]:
-        """Send each waiting session its stage frame (sessions whose command runs one:
-        templates/stage_step.sh.j2), relay_head ahead of it where the session runs under the
-        relay (which waits for it from login on), then wait for every one's staged line: by
-        login, the last words of each whose stage failed (its session has ended)."""
+    def stage(self, frames: dict[str, bytes], timeout: float, relay_head: bytes) -> dict[str, str]:
+        """Send each waiting session relay_head (the relay's interpreter and config, waited for
+        from login on), then its stage frame (templates/stage_step.sh.j2), then wait for
+        every one's staged line: by login, the last words of each whose stage failed (its
+        session has ended)."""
         with ThreadPoolExecutor(max_workers=min(64, len(frames) or 1)) as pool:
             said = dict(zip(frames, pool.map(lambda h: self._await_staged(h, frames[h], timeout, relay_head),
                                              frames)))
@@ -127,20 +109,20 @@ class OpenSSHStreams:
         return login in self._staged
 
     def start(self, login: str, command: str, script: bytes) -> OpenSSHRunning:
-        """The node's session (spawn()'s, else a new one): script goes ahead of the heartbeats.
-        A session under the relay was staged first: its relay head went with the stage frame."""
+        """The node's session (spawn()'s, staged: its relay head went with the stage frame):
+        script goes ahead of the heartbeats."""
         if login not in self._ready:
             self._pending.setdefault(login, self._popen(login, command))
             if problem := self._await(login, self._ssh.connect_timeout + 10):
                 raise RuntimeError(problem.message)
-        proc, spool, relayed = self._ready.pop(login)
+        proc, spool = self._ready.pop(login)
         self._staged.discard(login)
         try:
             proc.stdin.write(script)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the client already ended: wait() tells how
-        self._started[login] = OpenSSHRunning(proc, spool, relayed)
+        self._started[login] = OpenSSHRunning(proc, spool)
         return self._started[login]
 
     def run(self, login: str, command: str, data: bytes, timeout: float) -> tuple[int, str]:
@@ -213,23 +195,23 @@ class OpenSSHStreams:
 
     def _await(self, login: str, timeout: float) -> Problem | None:
         proc, spool = self._pending.pop(login)
-        seen, cut, timed_out = _read_until(proc, spool, _ready_line, timeout)
+        seen, cut, timed_out = _read_until(proc, spool, lambda b: _line_at(b, READY), timeout)
         if cut is None:
             return self._refused(login, proc, timeout if timed_out else None)
         self.unreached.discard(login)
         end = seen.index(b"\n", cut) + 1
         spool.give_back(len(seen) - end)   # the node's first bytes, where they came with it
-        self._ready[login] = (proc, spool, seen[cut:end - 1].endswith(RELAYED))
+        self._ready[login] = (proc, spool)
         return None
 
     def _await_staged(self, login: str, frame: bytes, timeout: float, relay_head: bytes) -> str | None:
-        proc, spool, relayed = self._ready[login]
+        proc, spool = self._ready[login]
         try:   # in this host's own thread: a client slow to take it holds up no other host
-            proc.stdin.write(relay_head + frame if relayed else frame)
+            proc.stdin.write(relay_head + frame)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the session ended: its words tell why
-        seen, cut, timed_out = _read_until(proc, spool, _staged_line, timeout)
+        seen, cut, timed_out = _read_until(proc, spool, lambda b: _line_at(b, STAGED), timeout)
         if cut is not None:
             spool.give_back(len(seen) - cut - len(STAGED) - 1)
             self._staged.add(login)
@@ -254,8 +236,7 @@ class OpenSSHStreams:
         what = f"had no answer in {timed_out:g}s" if timed_out else \
             "cannot log in where paramiko did: " + (said[-1] if said else f"exit {proc.returncode}")
         return Problem(f"host {login}", f"the OpenSSH client (ssh) {what}; fix ssh_config or the "
-                       "key for this host, or set MLAUNCH_SSH_STREAM=paramiko")
-
+                       "key for this host")
 
     @staticmethod
     def _control_argv(path: str, master: bool) -> list[str]:
@@ -306,11 +287,11 @@ def _unreached_fix(cause: str, port: str, timeout_s: int) -> str:
     return f"check that the machine is up and port {port} is reachable from here"
 
 
-def _staged_line(seen: bytes) -> int | None:
-    """Where the staged line starts once it is whole, else None."""
-    at = seen.find(STAGED + b"\n")
-    while at > 0 and seen[at - 1:at] != b"\n":   # a line of its own, not the end of another
-        at = seen.find(STAGED + b"\n", at + 1)
+def _line_at(seen: bytes, line: bytes) -> int | None:
+    """Where line starts in seen once it is whole and a line of its own, else None."""
+    at = seen.find(line + b"\n")
+    while at > 0 and seen[at - 1:at] != b"\n":   # not the end of another line
+        at = seen.find(line + b"\n", at + 1)
     return None if at < 0 else at
 
 

@@ -1,5 +1,5 @@
-"""One node's command in an `ssh` child (execute/openssh.py starts it): how its output is
-read, its heartbeats sent, its end told apart from the connection's."""
+"""One node's command in an `ssh` child (execute/openssh.py starts it): where its output is,
+its heartbeats sent, its end told apart from the connection's."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,6 @@ import signal
 import subprocess
 
 from .base import LOST, Exit
-from .inflow import Inflow
 from .spool import Spool
 
 ACCEPTED = "Warning: Permanently added"   # the client's words when it accepts a new key
@@ -33,20 +32,16 @@ def lost_detail(said: str) -> str:
 
 
 class OpenSSHRunning:
-    """One node command in an `ssh` child: what it writes to its spool is the node's output."""
+    """One node command in an `ssh` child under the relay (base.Running): its spool holds the
+    node's masked output, its stderr the relay's lines and the client's own words."""
 
-    def __init__(self, proc: subprocess.Popen, spool: Spool, relayed: bool = False):
+    def __init__(self, proc: subprocess.Popen, spool: Spool):
         self._proc = proc
         self.spool = spool   # the client's stdout, past the ready and staged lines
-        self._inflow = Inflow()   # zpipe's compressed output (MLAUNCH_COMPRESS_STREAMS=1), or as it is
-        self.relayed = relayed   # spool: the masked output to move to the log; stderr: the relay's lines
         self._in = proc.stdin.fileno()
         os.set_blocking(self._in, False)   # a heartbeat never blocks on a stuck client
         self._cut = False
         self.silent = False   # the host stopped answering keepalives (wait() found): none is tried there
-
-    def read(self) -> bytes:
-        return self._inflow.pull(lambda: self.spool.read(self._proc))
 
     def ended(self) -> bool:
         """Whether the client has exited (all it wrote is then in the spool)."""

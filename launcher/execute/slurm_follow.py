@@ -18,32 +18,22 @@ from .base import LOST, Exit
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
 from ..backends.slurm.commands import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
                     never_starts, node_outcomes)
-from .stream import LineSplitter, NodeLog, lines_of, text_of
+from .stream import NodeLog, lines_of
+from .tail import FileTail, log_iter
 from .torchrun_out import TorchrunRootCause
 
 STATE_POLL_MAX_S = 2.0
 
 
-class _Tail:
-    """One log file read as it grows, whole lines only."""
+class _Tail(FileTail):
+    """One node's file on the shared storage, read as it grows: its last lines and torchrun's
+    root cause as they were read."""
 
-    def __init__(self, path: str):
-        self.path, self.pos = path, 0
-        self.split = LineSplitter()
+    def __init__(self, path: str, rank: int | None = None):
+        super().__init__(path, reopen=True)
+        self.rank = rank
         self.tail: collections.deque[str] = collections.deque(maxlen=12)
         self.cause = TorchrunRootCause()
-
-    def read(self, final: bool = False) -> list[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read()
-        except OSError:
-            data = b""
-        self.pos += len(data)
-        lines = self.split.feed(data) + (self.split.flush() if final else [])
-        self.cause.see(lines)
-        return lines
 
 
 class Follow:
@@ -61,38 +51,42 @@ class Follow:
         self.watch = None
         self.verdict = None
         self.never: str | None = None   # why Slurm can never start the job, once it says so
+        self._final = False   # the job has ended: what is left is read, nothing is stopped
+        self._start = self._next_state = 0.0
 
     def run(self) -> JobResult:
+        self._start = time.monotonic()
         try:
-            self._loop()
+            self._read(self._done)
         except KeyboardInterrupt:
             self._cancel()
-        self._pump(final=True)
+            self._read(lambda: True)   # what the job wrote until it ended
         self._close_logs()
         return self._result()
 
-    def _loop(self) -> None:
-        # Logs are read every POLL_S; slurmctld is asked less and less often (up to every
-        # STATE_POLL_MAX_S), so that a long queue wait or a long run costs it little.
-        start, next_state = time.monotonic(), 0.0
-        while True:
-            now = time.monotonic()
-            if now >= next_state:
-                self.info = job_info(self.job_id)
-                next_state = now + min(STATE_POLL_MAX_S, POLL_S + (now - start) / 30)
-                state = self.info.get("JobState", "")
-                if not self.hosts and (state in ("RUNNING", "COMPLETING") or is_gone(self.info)):
-                    self._allocated()
-                if not self.hosts and (why := never_starts(self.info)):
-                    self._never_starts(why)
-                    return
-            self._pump()
-            if is_gone(self.info):
-                return
-            if self.watch is not None and (verdict := self.watch.tick()) is not None:
-                self._health_stop(verdict)
-                return
-            time.sleep(POLL_S)
+    def _read(self, should_stop) -> None:
+        # Logs are read every POLL_S until the job ends (_done); then what is left of them.
+        for tail, text in log_iter(lambda: [*self.tails, self.batch], should_stop, POLL_S):
+            self._take(tail, text)
+
+    def _done(self) -> bool:
+        """Whether following ends now: the job has left its nodes, can never start, or was
+        stopped for its health. slurmctld is asked less and less often (up to every
+        STATE_POLL_MAX_S), so that a long queue wait or a long run costs it little."""
+        now = time.monotonic()
+        if now >= self._next_state:
+            self.info = job_info(self.job_id)
+            self._next_state = now + min(STATE_POLL_MAX_S, POLL_S + (now - self._start) / 30)
+            state = self.info.get("JobState", "")
+            if not self.hosts and (state in ("RUNNING", "COMPLETING") or is_gone(self.info)):
+                self._allocated()
+            if not self.hosts and (why := never_starts(self.info)):
+                self._never_starts(why)
+                self._final = True
+        if self.watch is not None and not self._final and (verdict := self.watch.tick()) is not None:
+            self._health_stop(verdict)
+        self._final = self._final or self.verdict is not None or is_gone(self.info)
+        return self._final
 
     def _allocated(self) -> None:
         """The job has its nodes: name them, record the attempt, start reading their logs."""
@@ -101,7 +95,7 @@ class Follow:
         nodes = tuple(dataclasses.replace(n, host=h, login=h, log_path=self.req.node_log(n.rank, h))
                       for n, h in zip(self.plan.nodes, self.hosts))
         self.plan = dataclasses.replace(self.plan, nodes=nodes)
-        self.tails = [_Tail(self.req.raw_log(n.rank, n.host)) for n in nodes]
+        self.tails = [_Tail(self.req.raw_log(n.rank, n.host), n.rank) for n in nodes]
         self.logs = [NodeLog(n.log_path, self.plan.mask) for n in nodes]
         self.printer.say(f"slurm job {self.job_id} running on {', '.join(self.hosts)}")
         from .watch import Watch
@@ -110,21 +104,22 @@ class Follow:
             self.watch.events.emit("node_start", node=n.rank, host=n.host, slurm_job=self.job_id)
         self.on_started(self.plan)
 
-    def _pump(self, final: bool = False) -> None:
-        for rank, t in enumerate(self.tails):
-            lines = t.read(final)
-            if lines:
-                text = self.plan.mask(text_of(lines))   # once: node log, console, tail, watch
-                self.logs[rank].write_masked(text)
-                lines = lines_of(text)
-                t.tail.extend(lines)
-                self.printer.node_text(rank, self.hosts[rank], text, masked=True)
-                verdict = self.watch.lines(rank, self.hosts[rank], lines) if self.watch else None
-                if verdict is not None and not final:
-                    self._health_stop(verdict)
-        for line in self.batch.read(final):
-            if line.strip():
-                self.printer.say(f"slurm: {line}")
+    def _take(self, t: _Tail, text: str) -> None:
+        if t.rank is None:   # the batch script's own lines
+            for line in lines_of(text):
+                if line.strip():
+                    self.printer.say(f"slurm: {line}")
+            return
+        rank = t.rank
+        t.cause.see_text(text)
+        text = self.plan.mask(text)   # once: node log, console, tail, watch
+        self.logs[rank].write_masked(text)
+        lines = lines_of(text)
+        t.tail.extend(lines)
+        self.printer.node_text(rank, self.hosts[rank], text, masked=True)
+        verdict = self.watch.lines(rank, self.hosts[rank], lines) if self.watch else None
+        if verdict is not None and not self._final and self.verdict is None:
+            self._health_stop(verdict)
 
     def _close_logs(self) -> None:
         """Close the node logs; once the job has left every node, remove srun's raw files

@@ -1,11 +1,11 @@
-"""The log path that never copies node output through the launcher's Python (issue 28).
+"""One node's output on its one path: it never goes through the launcher's Python.
 
-Where a node's session runs under nodeprog/relay.py (the OpenSSH client's sessions on a node
-with python3), the relay masks the node's output and copies the lines that matter (a health
-mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f. Here what each
-node's `ssh` client wrote to its spool (execute/spool.py) is moved into its node log with
-sendfile(2), by a thread of its own, never read into Python; the pump reads only the stderr
-lines; the console follows the node logs at its pace (LogFollower). bench/splice_ceiling.py measured the design before it was built.
+Every node's session runs under nodeprog/relay.py (an OpenSSH client's session on an SSH node,
+a local process on this machine), which masks the node's output and copies the lines that
+matter (a health mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f.
+Here what the session wrote to its spool (execute/spool.py) is moved into the node log with
+sendfile(2), by a thread of its own, never read into Python; only the relay's lines are read;
+the console follows the node logs at its pace (execute/console.py).
 """
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import threading
 import time
 from typing import Callable
 
-from ..plan.launch_plan import MASK, LaunchPlan
+from ..plan.launch_plan import MASK, LaunchPlan, NodePlan
 from ..record import fsmode
 from ..record.events import said_removed
 from ..spec.secret_rules import mask_rules
-from ..view.nodeview import MARK as SAMPLE_MARK
-from .base import Exit, RelayedRunning
+from ..view import nodeview
+from .base import LOST, Exit, Running
 from .spool import Spool
 from .health import MARKS as HEALTH_MARKS
 from .stream import LineSplitter, lines_of, text_of, _last_frame
-from .torchrun_out import ROOT_CAUSE, ROOT_CAUSE_LINES
+from .torchrun_out import ROOT_CAUSE, ROOT_CAUSE_LINES, TorchrunRootCause
 
 # A move of less than this waits (Spool.pause) before the next: the spool fills meanwhile, so
 # a flood moves in fewer, larger pieces (a wake-up, a removal check and a sendfile each) and a
@@ -36,39 +36,53 @@ TAIL_BYTES = 2**16      # read back from the node log's end for the summary's la
 OURS = "\x1f"           # leads every line the relay writes to stderr
 
 
-def wanted() -> bool:
-    """Whether OpenSSH sessions run under the relay (MLAUNCH_LOG_RELAY=0: today's reader)."""
-    return os.environ.get("MLAUNCH_LOG_RELAY", "1") != "0" and hasattr(os, "splice")
-
-
 def relay_config(plan: LaunchPlan) -> dict:
     """What nodeprog/relay.py masks and copies to the launcher, from the modules that read
     those lines (the same secrets as plan.mask, the health watch's and torchrun's marks)."""
     return {**mask_rules(plan.secrets, MASK), "marks": list(HEALTH_MARKS),
-            "after": [[ROOT_CAUSE, ROOT_CAUSE_LINES]], "sample": SAMPLE_MARK}
+            "after": [[ROOT_CAUSE, ROOT_CAUSE_LINES]], "sample": nodeview.MARK}
 
 
-class SplicedPump:
-    """One relayed node: stdout spliced into its log by a thread, stderr's lines to `seen`.
+class NodeOutput:
+    """One node's output, for the session (execute/job.py) that owns one per node: the spool
+    moved into the node log by a thread, the relay's lines to the live view (samples), the
+    root cause and the health watch (watched(rank, host, text)).
 
-    seen(text): a text of whole relay lines (masked on the node); active(): the node wrote
-    output; unlogged(text): output the node log could not take (it goes to the console)."""
+    plan: its mask (the relay masked already; the launcher's mask is the same); view: the
+    live view; unlogged(text): output the node log could not take (it goes to the console)."""
 
-    def __init__(self, running: RelayedRunning, path: str, seen: Callable[[str], None],
-                 active: Callable[[], None], unlogged: Callable[[str], None]):
-        self.running, self.path = running, path
-        self.seen, self.active, self.unlogged = seen, active, unlogged
+    def __init__(self, node: NodePlan, running: Running, plan: LaunchPlan, view: nodeview.LiveView,
+                 unlogged: Callable[[str], None], watched: Callable[[int, str, str], None]):
+        self.node, self.running, self.path = node, running, node.log_path
+        self.plan, self.view, self.unlogged, self.watched = plan, view, unlogged, watched
+        self.cause = TorchrunRootCause()
         self._fd = -1
         self._failed = False
         self._unlogged = LineSplitter()
 
     def run(self) -> Exit:
-        """Move the node's output until its session ends; its exit."""
-        mover = threading.Thread(target=self._move, daemon=True)
-        mover.start()
-        said = self._read_lines()
-        mover.join()
-        return self.running.wait(said)
+        """Move the node's output until its session ends; its exit (never raises: a failure
+        to read is a lost node, never the launcher's end)."""
+        try:
+            mover = threading.Thread(target=self._move, daemon=True)
+            mover.start()
+            said = self._read_lines()
+            mover.join()
+            return _with_cause(self.running.wait(said), self.cause)
+        except Exception as e:
+            return Exit(LOST, lost=True, detail=f"stream error: {e}")
+
+    def seen(self, text: str) -> None:
+        """The relay's lines (masked on the node): samples, the root cause, the health watch."""
+        text, samples = nodeview.split_text(self.plan.mask(text))
+        if samples:
+            self.view.output(self.node.rank, samples)
+        if text:
+            self.cause.see_text(text)
+            self.watched(self.node.rank, self.node.host, text)
+
+    def active(self) -> None:
+        self.view.lines_seen(self.node.rank)
 
     def tail(self, keep: int = 12) -> list[str]:
         """The node log's last lines (the summary's), as the console would show them."""
@@ -166,3 +180,10 @@ class SplicedPump:
             print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
                   "that node's output from here on is only on the console", flush=True,
                   file=sys.stderr)
+
+
+def _with_cause(outcome: Exit, cause: TorchrunRootCause) -> Exit:
+    """torchrun exits 1 whatever its worker returned: the worker's code from its report."""
+    if outcome.code == 1 and cause.code not in (None, 0, 1):
+        return Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")
+    return outcome

@@ -6,8 +6,9 @@ into regular files, and the flood's wall fell from 7.8-8.1 s to 6.4-6.7 s. A cli
 writes a file never meets a full pipe (no partial write, no wake-up of a reader per write,
 no poll again), and never waits for the launcher.
 
-The file is made in the run's private directory and unlinked at once: only the client and
-this object hold it, and nothing is left behind whatever ends the launcher. What was taken
+The file is made in the SSH executor's 0700 directory (TMPDIR for local nodes) and unlinked
+at once: only its writer and this object hold it, and nothing is left behind whatever ends the
+launcher. What was taken
 is punched out of it as it goes, so it holds about the launcher's backlog, not the node's
 whole output. That backlog lives in TMPDIR: where TMPDIR fills up, the client's writes fail
 and it drops the rest of that node's stream (the ranks' own files, torchrun's tee, and the

@@ -1,11 +1,12 @@
 """SSH executor: one `ssh` client per node whose connection also carries the run's short
 scripts (execute/openssh.py); fabric and paramiko read the ssh_config and known_hosts files
-and explain a failed login, and carry everything under MLAUNCH_SSH_STREAM=paramiko."""
+and explain a failed login."""
 from __future__ import annotations
 
 import functools
 import os
 import shlex
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import paramiko
@@ -13,14 +14,13 @@ from fabric import Config, Connection
 
 from .. import nodeprog, render
 from ..errors import Problem, UserError
-from ..plan.launch_plan import LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan, remote_python
 from ..spec import SSH
-from .base import LOST, STAGE_TIMEOUT_S, setup_failed, stage_files, stage_text
+from .base import STAGE_TIMEOUT_S, setup_failed, stage_text
 from . import spliced
-from .openssh import READY, STAGED, OpenSSHStreams, wanted
+from .openssh import READY, STAGED, OpenSSHStreams
 from .openssh_running import OpenSSHRunning
-from .ssh_paramiko import (TAKES_FACTORY, KEEPALIVE_S, MAX_PACKET, WINDOW, SSHRunning, aead_first_transport,
-                           explain_connect_error, set_user_timeout)
+from .ssh_paramiko import TAKES_FACTORY, KEEPALIVE_S, aead_first_transport, explain_connect_error, set_user_timeout
 from ..spec.hosts import login_addr
 
 
@@ -35,23 +35,24 @@ class SSHExecutor:
         # One parsed ssh_config for all hosts: parsing it per host costs more than a handshake.
         path = os.path.expanduser(ssh.config_file) if ssh.config_file else None
         self._config = Config(runtime_ssh_path=path) if path else Config()
-        self._streams = OpenSSHStreams(ssh) if wanted() else None   # node output via `ssh` children
-        self._relayed = spliced.wanted() and not compress_streams()   # execute/spliced.py
-        self._relay_head = b""
+        self._streams = OpenSSHStreams(ssh)   # node output via `ssh` children
+        self._relay_head = b""   # the relay's interpreter and config (stage())
+        self.python = "python3"   # the relay's interpreter where no plan is staged (`exec`)
         self._parsed: dict[tuple[str, ...], paramiko.HostKeys] = {}   # known_hosts files, read once
 
     def connect(self) -> list[Problem]:
-        """Every host's stream client logged in and waiting for its node's script (paramiko's
-        handshakes where MLAUNCH_SSH_STREAM=paramiko); a line for each host that refused."""
+        """Every host's stream client logged in and waiting for its node's script; a line for
+        each host that refused."""
+        if shutil.which("ssh") is None:
+            raise UserError("the OpenSSH client (ssh) is not installed here; mlaunch runs each "
+                            "node's session in one: install it (e.g. apt-get install openssh-client)")
         # fabric's Connection() writes into the Config it is given, one shared by all hosts
         # here, and another thread reading it meanwhile finds it empty (64 hosts did): each
         # is made in turn (no network: the ssh_config and known_hosts it names).
         conns = {host: self._connection(host) for host in self._hosts}
-        if self._streams is None:
-            return self._open_all(conns)
         for host in self._hosts:
             self._add_stream(host, conns[host])
-        self._streams.spawn(_stream_command(self._relayed))
+        self._streams.spawn(_stream_command())
         failed = self._streams.await_ready(self._ssh.connect_timeout + 10)
         # paramiko says why a login failed (a changed key, the fix for an unknown one); where
         # it gets in, the client's own words stand. Where the client never reached sshd (no
@@ -61,13 +62,9 @@ class SSHExecutor:
         return [explained.get(p.path, p) for p in failed.values()]
 
     def stage(self, plan: LaunchPlan) -> None:
-        self._relay_head = render.relay_frame(spliced.relay_config(plan))
+        self._relay_head = relay_head(remote_python(plan.job), spliced.relay_config(plan))
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
-        if self._streams is None:
-            with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-                list(pool.map(lambda h: self._upload(h, plan), targets))
-            return
-        self._streams.spawn(_stream_command(self._relayed))   # a later attempt's sessions
+        self._streams.spawn(_stream_command())   # a later attempt's sessions
         if failed := self._streams.await_ready(self._ssh.connect_timeout + 10):
             raise UserError(list(failed.values()), header="cannot reach every host; nothing was started anywhere:")
         # Each node's waiting session stages its files itself (no session of their own), and
@@ -78,46 +75,22 @@ class SSHExecutor:
         if failed:
             raise UserError([setup_failed(h, words) for h, words in failed.items()])
 
-    def start(self, node: NodePlan) -> SSHRunning | OpenSSHRunning:
-        if self._streams is not None:
-            # `exec` stages nothing: its sessions' stage is empty, their relay masks and copies nothing
-            if not self._streams.staged(node.login) and (failed := self._streams.stage(
-                    {node.login: render.framed("")}, STAGE_TIMEOUT_S, self._relay_head or render.relay_frame({}))):
-                raise RuntimeError(failed[node.login])
-            return self._streams.start(node.login, _stream_command(self._relayed), render.framed(node.script))
-        chan = self._conns[node.login].client.get_transport().open_session(
-            timeout=30, window_size=WINDOW, max_packet_size=MAX_PACKET)
-        chan.set_combine_stderr(True)
-        # The script travels over the session's stdin, ahead of the heartbeat bytes: the
-        # command line sshd hands the login shell is only the fixed bootstrap.
-        chan.exec_command(bootstrap_command(compressed=compress_streams()))
-        chan.sendall(render.framed(node.script))
-        return SSHRunning(chan)
+    def start(self, node: NodePlan) -> OpenSSHRunning:
+        # `exec` stages nothing: its sessions' stage is empty, their relay masks and copies nothing
+        head = self._relay_head or relay_head(self.python, {})
+        if not self._streams.staged(node.login) and (failed := self._streams.stage(
+                {node.login: render.framed("")}, STAGE_TIMEOUT_S, head)):
+            raise RuntimeError(failed[node.login])
+        return self._streams.start(node.login, _stream_command(), render.framed(node.script))
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
-        if self._streams is not None:   # the script's own session, on the host's stream connection
-            return self._streams.run(host, bootstrap_command(merge_stderr=True), render.framed(script), timeout)
-        conn = self._conns.get(host)
-        transport = conn.client.get_transport() if conn else None
-        if transport is None or not transport.is_active():
-            return LOST, "connection lost"
-        try:
-            chan = transport.open_session(timeout=min(timeout, 10))
-            chan.settimeout(timeout)
-            chan.set_combine_stderr(True)
-            chan.exec_command(bootstrap_command())
-            chan.sendall(render.framed(script))
-            chan.shutdown_write()   # the script then reads EOF on stdin, as with /dev/null
-            out = b"".join(iter(lambda: chan.recv(65536), b""))
-            return chan.recv_exit_status(), out.decode("utf-8", "replace")
-        except (OSError, EOFError, paramiko.SSHException) as e:
-            return LOST, f"{type(e).__name__}: {e}"
+        # The script's own session, on the host's stream connection
+        return self._streams.run(host, bootstrap_command(merge_stderr=True), render.framed(script), timeout)
 
     def close(self) -> None:
         for conn in self._conns.values():
             conn.close()
-        if self._streams is not None:
-            self._streams.close()
+        self._streams.close()
 
     def _add_stream(self, host: str, conn: Connection) -> None:
         # The `ssh` children read the known_hosts files paramiko reads for the host (and its jump host)
@@ -191,44 +164,25 @@ class SSHExecutor:
         files += ssh_config.get("userknownhostsfile", "").split() if not files else []
         return [os.path.expanduser(f) for f in files or ["~/.ssh/known_hosts"]]
 
-    def _upload(self, host: str, plan: LaunchPlan) -> None:
-        # One session a host: its directories and files in one script (SFTP took a round trip
-        # and paramiko's Python per file: at 64 hosts, staging was half the start-up,
-        # bench/results/logpath-device-2026-12-03b.txt).
-        stage_files(self.run, host, plan)
+
+def relay_head(python: str, config: dict) -> bytes:
+    """What a session under the relay waits for before its stage frame: the interpreter that
+    runs the relay (templates/rbootstrap.sh.j2), then the relay's config frame."""
+    if "\n" in python:
+        raise UserError(f"cluster.python {python!r} holds a line break")
+    return python.encode() + b"\n" + render.relay_frame(config)
 
 
-def compress_streams() -> bool:
-    """Whether node streams are compressed on the nodes (nodeprog/zpipe.py): opt-in with
-    MLAUNCH_COMPRESS_STREAMS=1. Measured here (bench/results/logpath-2026-12-02b.txt) it
-    cost the launcher as much CPU to inflate as paramiko saved, and on output zlib packs
-    only 2x it halved throughput; it pays where the link, not the launcher, is the limit."""
-    return os.environ.get("MLAUNCH_COMPRESS_STREAMS") == "1"
+def _stream_command() -> str:
+    return "exec /bin/sh -c " + shlex.quote(render.relayed_bootstrap(
+        _relay(), merge_stderr=True, ready=READY.decode(), staged=STAGED.decode()))
 
 
-def _stream_command(relayed: bool = False) -> str:
-    if relayed:
-        return "exec /bin/sh -c " + shlex.quote(render.relayed_bootstrap(
-            _relay(), merge_stderr=True, ready=READY.decode(), staged=STAGED.decode()))
-    return bootstrap_command(compressed=compress_streams(), merge_stderr=True, ready=READY.decode(),
-                             staged=STAGED.decode())
-
-
-def bootstrap_command(compressed: bool = False, merge_stderr: bool = False, ready: str = "",
-                      staged: str = "") -> str:
-    """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is.
-    compressed: the node's output compressed on its way (nodeprog/zpipe.py), for a node's
-    stream: paramiko then decrypts and moves a fraction of the bytes."""
-    text = render.compressed_bootstrap(_zpipe(), merge_stderr, ready, staged) if compressed \
-        else render.bootstrap(merge_stderr, ready, staged)
-    return "exec /bin/sh -c " + shlex.quote(text)
+def bootstrap_command(merge_stderr: bool = False, ready: str = "", staged: str = "") -> str:
+    """What sshd's login shell runs: POSIX sh with the fixed bootstrap, whatever that shell is."""
+    return "exec /bin/sh -c " + shlex.quote(render.bootstrap(merge_stderr, ready, staged))
 
 
 @functools.cache
 def _relay() -> str:
     return nodeprog.source("relay")
-
-
-@functools.cache
-def _zpipe() -> str:
-    return nodeprog.source("zpipe")

@@ -1,6 +1,6 @@
-"""paramiko's side of the SSH executor: a node's session over paramiko (all of them under
-MLAUNCH_SSH_STREAM=paramiko), its transport's settings, and the one line that explains why a
-login failed (execute/ssh.py asks paramiko where the OpenSSH client could not log in)."""
+"""paramiko's side of the SSH executor: its transport's settings, and the one line that
+explains why a login failed (execute/ssh.py asks paramiko where the OpenSSH client could not
+log in)."""
 from __future__ import annotations
 
 import errno
@@ -13,8 +13,6 @@ import paramiko
 
 from ..spec import SSH
 from ..spec.hosts import HostAddr, login_addr
-from .base import LOST, Exit
-from .inflow import Inflow
 from .openssh import refused_line
 
 # paramiko logs a transport's failure as a traceback at ERROR (a host that never sent its
@@ -25,57 +23,10 @@ logging.getLogger("paramiko").propagate = False
 
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
-WINDOW, MAX_PACKET = 8 * 2**20, 2**15
-READ_SIZE = WINDOW   # all that has arrived: paramiko then empties its buffer, never memmoves the rest
 # Asked for first: an AEAD cipher spares paramiko an HMAC and its compare in Python on every
 # packet (a third of its CPU per MB of node output, bench/results/logpath-*); a server
 # without them settles on the next cipher in paramiko's own order, as before.
 AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-
-
-class SSHRunning:
-    """One node command in a session without a pty.
-
-    Pipes carry output several times faster than a pty and without "\r\n" mangling. The
-    pty's one virtue, a hang-up on disconnect, is provided by the node script's guard,
-    which watches the session's stdin and ends the node's processes when it closes.
-    """
-
-    def __init__(self, chan: paramiko.Channel):
-        self._chan = chan
-        self._cut = False
-        self._inflow = Inflow()   # zpipe's compressed output, or output as it is
-
-    def read(self) -> bytes:
-        return self._inflow.pull(self._recv)
-
-    def _recv(self) -> bytes:
-        try:
-            return self._chan.recv(READ_SIZE)
-        except (OSError, EOFError, paramiko.SSHException):
-            return b""
-
-    def wait(self) -> Exit:
-        transport = self._chan.get_transport()
-        if not self._chan.exit_status_ready():
-            if self._cut:
-                return Exit(LOST, lost=True, detail="session cut by mlaunch")
-            if transport is None or not transport.is_active():
-                return Exit(LOST, lost=True, detail="connection lost")
-        code = self._chan.recv_exit_status()
-        if code == -1:
-            return Exit(LOST, lost=True, detail="connection lost")
-        return Exit(code)
-
-    def heartbeat(self) -> None:
-        try:
-            self._chan.sendall(b"x")
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-
-    def close(self) -> None:
-        self._cut = True
-        self._chan.close()
 
 
 def aead_first_transport(sock, **kw) -> paramiko.Transport:
@@ -136,5 +87,3 @@ def set_user_timeout(sock: object) -> None:
     # Makes a dead link (no ACKs) fail the socket, hence the transport, within seconds.
     if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
-
-

@@ -1,12 +1,10 @@
 """What torchrun itself prints around its workers' lines: the worker's real exit code in its
-"Root Cause" report, and the SignalException tracebacks it prints once mlaunch tears a job
-down (kept off the console, left in the node logs)."""
+"Root Cause" report. (The SignalException tracebacks it prints once mlaunch tears a job down
+never reach the console: the console stops showing node output when the teardown begins.)"""
 from __future__ import annotations
 
 import re
-from typing import Callable
-
-from .stream import TORCHRUN_PREFIX, lines_of, text_of
+from .stream import lines_of, text_of
 
 
 ROOT_CAUSE = "Root Cause"   # its report's header holds this, the exit code some lines below
@@ -42,65 +40,3 @@ class TorchrunRootCause:
                 code = int(m.group(1))
                 self.code = 128 - code if code < 0 else code
                 self._in_block = False
-
-
-class SignalTracebacks:
-    """Holds back, from the console only, the tracebacks torchrun prints when mlaunch's own
-    teardown signals it (`SignalException: Process N got signal: 15`, two chained per agent):
-    they look like a crash and are the teardown working. The node log keeps them whole.
-
-    A traceback seen once `active()` is true is buffered to its end (the first line outside
-    a traceback's shape); it is dropped when its last exception is a SignalException and
-    printed as it was otherwise, so a real failure during teardown still shows."""
-
-    _CHAIN = ("During handling of the above exception, another exception occurred:",
-              "The above exception was the direct cause of the following exception:")
-    # An exception's last line: a dotted name, or a name like ValueError, then its message.
-    _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*(?:\.\w+)+|\w*(?:Error|Exception|Interrupt|Exit|Warning))"
-                            r"(?:: .*)?$")
-
-    def __init__(self, active: Callable[[], bool]):
-        self.active = active
-        self.folded = 0
-        self._block: list[str] = []
-
-    def filter_text(self, text: str) -> str:
-        """filter() on a text of whole lines; as it is, without a look, outside a teardown."""
-        if not self._block and not self.active():
-            return text
-        return text_of(self.filter(lines_of(text)))
-
-    def filter(self, lines: list[str]) -> list[str]:
-        """The lines to print now."""
-        out: list[str] = []
-        for line in lines:
-            if self._block:
-                if TORCHRUN_PREFIX.match(line):   # a worker's line between the agent's: not ours
-                    out.append(line)
-                    continue
-                if self._inside(line):
-                    self._block.append(line)
-                    continue
-                out += self._close()
-            if line.startswith("Traceback (most recent call last):") and self.active():
-                self._block = [line]
-            else:
-                out.append(line)
-        return out
-
-    def flush(self) -> list[str]:
-        """What is still held at the end of the stream."""
-        return self._close() if self._block else []
-
-    def _inside(self, line: str) -> bool:
-        return (not line.strip() or line[0] in " \t" or line in self._CHAIN
-                or line.startswith("Traceback (most recent call last):")
-                or bool(self._EXCEPTION.match(line)))
-
-    def _close(self) -> list[str]:
-        block, self._block = self._block, []
-        last = next((x for x in reversed(block) if x.strip() and x[0] not in " \t"), "")
-        if "SignalException" in last and "got signal" in last:
-            self.folded += 1
-            return []
-        return block

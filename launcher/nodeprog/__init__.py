@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def source(name: str) -> str:
-    """The text of node program `name` (facts, mesh, collective, checkpoints, outdir, zpipe,
+    """The text of node program `name` (facts, mesh, collective, checkpoints, outdir,
     relay), its parts inlined where it imports them."""
     text = _read(name)
     lines, seen, swaps = text.split("\n"), set(), []

@@ -1,4 +1,4 @@
-# mlaunch node program part (zpipe, relay): the command a stream program wraps, and its end.
+# mlaunch node program part (relay): the command a stream program wraps, and its end.
 # The command runs as a child in a session of its own (as it would under sshd: its pid is its
 # process group, which teardown signals), stdin inherited, stdout and stderr into one pipe;
 # the wrapping program, outside that group and without the run's environment, is never a

@@ -29,8 +29,7 @@ RENDEZVOUS_WHY = "every node must share one master address and port"
 # mlaunch's own variables on the nodes: teardown, `stop` and the live view find a run's
 # processes by them, so a user value is replaced (and was once silently dropped).
 MLAUNCH_ENV = ("MLAUNCH_RUN_ID", "MLAUNCH_NODE_ID", "MLAUNCH_NODE_RANK", "MLAUNCH_MASTER_ADDR",
-               "MLAUNCH_IN_PROCESS", "MLAUNCH_SSH_STREAM", "MLAUNCH_LOG_RELAY",
-               "MLAUNCH_COMPRESS_STREAMS", "MLAUNCH_LIVE", "MLAUNCH_STAGED_FILE")
+               "MLAUNCH_IN_PROCESS", "MLAUNCH_LIVE", "MLAUNCH_STAGED_FILE")
 # Variables that make a trainer's own launcher start processes or a cluster beside mlaunch's
 # torchrun (llamafactory-cli and `swift sft` read them): each rank would launch again.
 LAUNCHER_ENV = {

@@ -20,7 +20,7 @@ import time
 from ...errors import Problem
 from ...plan.launch_plan import user_base
 from ...record import fsmode
-from ...execute.local import LocalExecutor, LocalRunning
+from ...execute.local import LocalExecutor, LocalRunning, start_relayed
 from .commands import cancel_and_wait, hostnames, job_info, sbatch_error
 
 ALLOC_WAIT_S = 300.0   # how long check waits for the allocation to start
@@ -80,9 +80,7 @@ class AllocationExecutor(LocalExecutor):
         fd, path = tempfile.mkstemp(prefix=f"node{node.rank}-", suffix=".sh", dir=self.scratch)
         with os.fdopen(fd, "w") as fh:
             fh.write(node.script)
-        proc = subprocess.Popen([*self._srun(node.host), "/bin/sh", path], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        return LocalRunning(proc)
+        return start_relayed([*self._srun(node.host), "/bin/sh", path], self.relay_head(), b"")
 
     def close(self) -> None:
         if self.job_id:

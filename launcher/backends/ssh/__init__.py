@@ -17,8 +17,12 @@ class SSHBackend(Backend):
     name = "ssh"
 
     def transport(self, plan):
-        """The unconnected transport to plan's hosts."""
-        return self.transport_to([n.login for n in plan.nodes], plan.job.cluster.ssh)
+        """The unconnected transport to plan's hosts; the node relay runs on the spec's
+        interpreter (`exec`, which stages nothing, too)."""
+        from ...plan.launch_plan import remote_python
+        executor = self.transport_to([n.login for n in plan.nodes], plan.job.cluster.ssh)
+        executor.python = remote_python(plan.job)
+        return executor
 
     def transport_to(self, logins: list[str], ssh):
         """The unconnected transport to these logins ([user@]host[:port]) with cluster.ssh."""
