@@ -1,8 +1,8 @@
 """What an `ssh` client's stdout costs it: N namespace hosts each print MB of lines through
-mlaunch's client arguments (execute/openssh.py), the clients' stdout being a regular file, a
+mlaunch's client arguments (transport/openssh.py), the clients' stdout being a regular file, a
 1 MiB pipe drained by splice(2) (a thread per host; "gather": waiting 5 ms after a small
 move, as the mover did), or a spool file moved into the log by a thread per host with
-sendfile(2) (execute/spool.py). Reported: the clients' CPU seconds (all N together, this
+sendfile(2) (transport/spool.py). Reported: the clients' CPU seconds (all N together, this
 process's reaped children) and the wall time, per variant, interleaved.
 
   python3 bench/client_sink.py --hosts 64 --mb 20 --runs 2     # (as root: namespace hosts)
@@ -19,8 +19,8 @@ import threading
 import time
 
 from bench.logflood import LINE_BYTES, cpu_s, flood_args, generator
-from launcher.execute.openssh import OpenSSHStreams
-from launcher.execute.spool import Spool
+from launcher.transport.openssh import OpenSSHStreams
+from launcher.transport.spool import Spool
 from launcher.spec import SSH
 from launcher.spec.hosts import HostAddr
 from tests.hosts import make_hosts

@@ -1,5 +1,5 @@
 """What each step of reading a node's output in the launcher costs per byte (the Slurm follow,
-execute/slurm_follow.py, reads its nodes' files this way), on the flood's 100-byte lines in
+backends/slurm/follow.py, reads its nodes' files this way), on the flood's 100-byte lines in
 ~900 KiB chunks, and what some single scans cost beside them.
 
   python3 bench/emit_cost.py            # ns per byte, each step
@@ -11,9 +11,9 @@ import os
 import tempfile
 import time
 
-from launcher.execute.stream import LineSplitter, NodeLog, Printer
-from launcher.execute.torchrun_out import TorchrunRootCause
-from launcher.execute.watch import Watch
+from launcher.logs.stream import LineSplitter, NodeLog, Printer
+from launcher.logs.torchrun_out import TorchrunRootCause
+from launcher.watch.watch import Watch
 from launcher.plan.launch_plan import build_plan
 from launcher.spec import validate
 from launcher.view import nodeview

@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from launcher.execute.job import run_job  # noqa: E402
-from launcher.execute.ssh import SSHExecutor  # noqa: E402
-from launcher.execute.stream import Printer  # noqa: E402
+from launcher.session.attempt import run_job  # noqa: E402
+from launcher.transport.ssh import SSHExecutor  # noqa: E402
+from launcher.logs.stream import Printer  # noqa: E402
 from launcher.plan.launch_plan import build_plan  # noqa: E402
 from launcher.spec import SSH, validate  # noqa: E402
 from tests.helpers import script_job  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--payload", choices=["x", "hex"], default="x",
                     help="logs: 'x' packs 35x under zlib, 'hex' about 2x (bench/logflood.py)")
     ap.add_argument("--unpaced", action="store_true",
-                    help="logs: also mlaunch without the console's pace (execute/console.py), same runs")
+                    help="logs: also mlaunch without the console's pace (logs/console.py), same runs")
     ap.add_argument("--real-home", action="store_true", help="log in with root's real ~/.bashrc")
     args = ap.parse_args()
     if args.what == "start":

@@ -16,8 +16,8 @@ import time
 
 from bench.logflood import flood_args, via_mlaunch, via_ssh
 from bench.phases import timed
-from launcher.execute.openssh import OpenSSHStreams
-from launcher.execute.openssh_running import OpenSSHRunning
+from launcher.transport.openssh import OpenSSHStreams
+from launcher.transport.openssh_running import OpenSSHRunning
 from tests.hosts import make_hosts
 
 SPANS: dict[str, list[tuple[float, float]]] = {}

@@ -20,9 +20,9 @@ import sys
 import tempfile
 import time
 
-from launcher.execute.job import run_job
-from launcher.execute.ssh import SSHExecutor
-from launcher.execute.stream import Printer
+from launcher.session.attempt import run_job
+from launcher.transport.ssh import SSHExecutor
+from launcher.logs.stream import Printer
 from launcher.plan.launch_plan import build_plan
 from launcher.spec import SSH, validate
 from tests.helpers import script_job
@@ -95,7 +95,7 @@ def cpu_s(who: int) -> float:
 def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, int], float, float]:
     """Wall seconds, (lost, dup, torn), the launcher's CPU share (CPU s / wall s: run_job runs
     in this process, so its getrusage is the launcher's) and its `ssh` clients' share (all n
-    together: execute/openssh.py's children, waited for by the time run_job returns)."""
+    together: transport/openssh.py's children, waited for by the time run_job returns)."""
     spec = script_job([h.ip for h in hs.hosts[:n]], 1, "allreduce.py", [], os.path.join(tmp, "out"), hs=hs)
     plan = build_plan(validate(spec))
     nodes = tuple(dataclasses.replace(nd, script=generator(lines)) for nd in plan.nodes)
@@ -111,7 +111,7 @@ def via_mlaunch(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int
     assert result.code == 0, result
     by_node: dict[int, list[str]] = {k: [] for k in range(n)}
     said = 0   # lines the console said it skipped or did not show (console.py): not lost
-    in_mb = False   # the console said so in MB (a followed log, execute/console.py): no count
+    in_mb = False   # the console said so in MB (a followed log, logs/console.py): no count
     with open(out_path) as fh:
         for line in fh:
             m = re.match(r"\[node(\d+) \S+\] (.*)$", line.rstrip("\n"))
@@ -151,9 +151,9 @@ def via_ssh(hs, n: int, lines: int, tmp: str) -> tuple[float, tuple[int, int, in
 
 
 def unpaced(hs, n: int, lines: int) -> tuple[float, float]:
-    """via_mlaunch with the console's pace lifted (execute/console.py RATE_BYTES_S, as before
+    """via_mlaunch with the console's pace lifted (logs/console.py RATE_BYTES_S, as before
     it): (wall s, launcher CPU share)."""
-    from launcher.execute import console
+    from launcher.logs import console
     paced, console.RATE_BYTES_S = console.RATE_BYTES_S, 1e18
     try:
         with tempfile.TemporaryDirectory() as tmp:

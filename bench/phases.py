@@ -9,7 +9,10 @@ import functools
 import sys
 import time
 
-from launcher.execute import console, job, openssh, ssh
+from launcher.logs import console
+from launcher.session import attempt as job
+from launcher.transport import openssh
+from launcher.transport import ssh
 
 
 def timed(cls, name: str, record=None) -> None:

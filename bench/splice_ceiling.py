@@ -6,7 +6,7 @@ secrets in whole lines and copies every line that may matter to the launcher (he
 patterns, torchrun's root cause, samples, tracebacks) to its stderr; the bulk goes to stdout.
 The launcher moves each `ssh` client's stdout pipe into the node log with splice(2) (no copy
 through user space), reads only the stderr lines, and a console thread follows the node logs
-at its pace (4 MiB/s, as execute/console.py). Against, in the same runs: plain parallel
+at its pace (4 MiB/s, as logs/console.py). Against, in the same runs: plain parallel
 `ssh host cmd > file` and mlaunch as it is (bench/logflood.py via_mlaunch).
 
   python3 bench/splice_ceiling.py --hosts 8 --runs 3      # (as root: namespace hosts)

@@ -1,4 +1,4 @@
-"""Staging a plan's files on hosts over a slow link: one script a host (execute/ssh.py now,
+"""Staging a plan's files on hosts over a slow link: one script a host (transport/ssh.py now,
 render.stage_script) against SFTP, a request per file operation (as before 2026-12-03), at
 0 and 10 ms added round-trip time (netem on each namespace host's link).
 
@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launcher.execute.base import make_run_dirs, stage_files  # noqa: E402
-from launcher.execute.ssh import SSHExecutor  # noqa: E402
+from launcher.transport.base import make_run_dirs, stage_files  # noqa: E402
+from launcher.transport.ssh import SSHExecutor  # noqa: E402
 from launcher.plan.launch_plan import build_plan  # noqa: E402
 from launcher.spec import SSH, validate  # noqa: E402
 from tests.hosts import make_hosts  # noqa: E402

@@ -5,7 +5,7 @@ then (what rank 0 had written that the node log did not yet hold).
 
 Usage: python -m bench.teardown_backlog [RUNS] [AFTER_LINES] [--ssh]
   --ssh: the two nodes are namespace hosts reached over SSH (as root), their node logs
-  spliced from the node relay (execute/spliced.py); otherwise both are this machine.
+  spliced from the node relay (session/nodeoutput.py); otherwise both are this machine.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def once(tmp: str, after: int, hs=None) -> dict:
     if hs is None:
         spec = script_job(["localhost", "127.0.0.1"], 1, "flood_then_fail.py", [marker, str(after)],
                           os.path.join(tmp, "out"), cuda_visible_devices=[[0], [1]])
-    else:   # two namespace hosts over SSH: the node logs spliced (execute/spliced.py)
+    else:   # two namespace hosts over SSH: the node logs spliced (session/nodeoutput.py)
         spec = script_job([h.ip for h in hs.hosts], 1, "flood_then_fail.py", [marker, str(after)],
                           os.path.join(tmp, "out"), hs=hs)
     spec["name"] = name = f"tdb{os.getpid()}x{len(os.listdir(os.path.dirname(tmp)))}"

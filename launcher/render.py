@@ -154,7 +154,7 @@ def private_dirs_script(run_dir: str, default_base: bool) -> str:
 
 def stage_script(run_dir: str, default_base: bool, files: list[tuple[str, str]]) -> str:
     """private_dirs_script, then each (path, content) written 0600 on the node (one session
-    a host stages in: execute/ssh.py)."""
+    a host stages in: transport/ssh.py)."""
     staged = [{"path": p, "b64": base64.encodebytes(c.encode("utf-8")).decode().strip()} for p, c in files]
     return render("stage.sh.j2", dirs=private_dirs_script(run_dir, default_base), files=staged).strip()
 
@@ -171,7 +171,7 @@ def sampler_script(run_id: str, every_s: float) -> str:
 def bootstrap(merge_stderr: bool = False, ready: str = "", staged: str = "") -> str:
     """The whole command line of every shell mlaunch starts on a node (both executors).
     merge_stderr: the node's stderr joins its stdout first (the OpenSSH client's own stderr
-    is then only its own messages, execute/openssh.py); ready: a line printed first, which
+    is then only its own messages, transport/openssh.py); ready: a line printed first, which
     tells that the login worked before any script is sent; staged: the session first runs a
     stage frame and prints this line when it worked (templates/stage_step.sh.j2).
 
@@ -251,7 +251,7 @@ def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: boo
 
 def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: float = 20) -> str:
     """Shell text that prints a py-spy dump of every rank process whose environment holds
-    `match` (NAME=value), each behind a header line (launcher/execute/stacks.py reads it)."""
+    `match` (NAME=value), each behind a header line (launcher/watch/stacks.py reads it)."""
     return render("stacks.sh.j2", match=match, pyspy=pyspy, native=native, timeout=f"{timeout:g}")
 
 
@@ -313,14 +313,14 @@ def swift_entry() -> str:
 
 def universal_script(env, bindir: str | None, python: str, checkpoint: str, world: int) -> str:
     """Shell text for node 0: convert checkpoint to DeepSpeed's universal checkpoint once,
-    unless it was saved at this world (launch/universal.py reads its status line)."""
+    unless it was saved at this world (runs/universal.py reads its status line)."""
     return render("universal.sh.j2", env=list(env), bindir=bindir, python=python,
                   checkpoint=checkpoint, world=int(world))
 
 
 def universal_probe(checkpoint: str) -> str:
     """Shell text that prints the optimizer shards of checkpoint and the ranks that saved it
-    (launch/universal.py saved_world reads its line)."""
+    (runs/universal.py saved_world reads its line)."""
     return render("universal_probe.sh.j2", checkpoint=checkpoint)
 
 

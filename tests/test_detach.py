@@ -75,7 +75,7 @@ def test_stop_leaves_nothing_and_spares_a_bystander(make_hostset, tmp_path, runs
 
 
 def stream_clients(pid: int) -> list[int]:
-    """The OpenSSH clients (execute/openssh.py) that process pid started: its children whose
+    """The OpenSSH clients (transport/openssh.py) that process pid started: its children whose
     program is ssh."""
     out = []
     for d in filter(str.isdigit, os.listdir("/proc")):

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.execute.base import HEARTBEAT_S, LOST, Exit, heartbeat_period
-from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.transport.base import HEARTBEAT_S, LOST, Exit, heartbeat_period
+from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.view.present import describe_result
 
 from .helpers import ROOT, limit, mlaunch, script_job, write_spec
@@ -350,7 +350,7 @@ def test_heartbeat_period_is_a_quarter_of_the_hangup_wait_at_most():
 def test_paramikos_sessions_use_an_aead_cipher_when_the_server_has_one(make_hostset):
     """OpenSSH offers AES-GCM: paramiko's transport (the one that explains a failed login)
     settles on it (it checks no HMAC then)."""
-    from launcher.execute.ssh import SSHExecutor
+    from launcher.transport.ssh import SSHExecutor
     from launcher.spec import SSH
     with make_hostset(1) as hs:
         ip = hs.hosts[0].ip
@@ -371,7 +371,7 @@ def test_short_scripts_ride_each_hosts_stream_connection_and_log_in_once_it_is_g
     """Connected, every host has one TCP connection (its stream client, the master), and a
     script run there opens none of its own; once that client has ended, a script logs in by
     itself (one connection again: its own), and a host with no master is still reached."""
-    from launcher.execute.ssh import SSHExecutor
+    from launcher.transport.ssh import SSHExecutor
     from launcher.spec import SSH
     with make_hostset(2) as hs:
         ips = [h.ip for h in hs.hosts]
@@ -397,7 +397,7 @@ def test_a_host_whose_sshd_allows_one_session_a_connection_still_runs_every_scri
     """MaxSessions 1 (hardened sshd configs): the stream client's own session is the one its
     connection may open, so a script's client is refused there and logs in by itself. The
     script's output is its own, not the client's words about the refusal; its exit passes."""
-    from launcher.execute.ssh import SSHExecutor
+    from launcher.transport.ssh import SSHExecutor
     from launcher.spec import SSH
     with make_hostset(1, isolated_home=True) as hs:
         h = hs.hosts[0]
@@ -428,7 +428,7 @@ def test_heartbeat_keeps_a_long_node_alive_ssh(make_hostset, tmp_path):
 
 @pytest.mark.multihost
 def test_a_client_that_cannot_log_in_starts_nothing(make_hostset, tmp_path):
-    """Node output travels through the OpenSSH client (execute/openssh.py), which logs in on
+    """Node output travels through the OpenSSH client (transport/openssh.py), which logs in on
     its own: an ssh_config that lets paramiko in but not the client (password only, and no
     prompt in batch mode) is one line per host and exit 2 before any node starts."""
     with make_hostset(2) as hs:

@@ -18,9 +18,9 @@ import time
 import paramiko
 import pytest
 
-from launcher.execute.base import LOST, Exit
-from launcher.execute.openssh import READY, SILENT, OpenSSHStreams, unreached_line
-from launcher.execute.ssh_paramiko import explain_connect_error
+from launcher.transport.base import LOST, Exit
+from launcher.transport.openssh import READY, SILENT, OpenSSHStreams, unreached_line
+from launcher.transport.ssh_paramiko import explain_connect_error
 from launcher.spec import SSH
 
 from .helpers import ROOT, limit, script_job
@@ -230,7 +230,7 @@ def test_paramiko_explains_with_the_systems_words_not_always_refused(e, line):
 def test_paramikos_logged_tracebacks_never_reach_the_console():
     """paramiko logs a transport that died (no banner) as a traceback at ERROR; with no
     handler Python's last resort printed it on mlaunch's console."""
-    r = subprocess.run([sys.executable, "-c", "import logging, launcher.execute.ssh; logging.getLogger("
+    r = subprocess.run([sys.executable, "-c", "import logging, launcher.transport.ssh; logging.getLogger("
                         "'paramiko.transport').error('Exception (client): Error reading SSH protocol banner')"],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout == r.stderr == "", r.stderr

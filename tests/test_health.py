@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from launcher.execute import stacks
+from launcher.watch import stacks
 from launcher.record.events import read_events
-from launcher.execute.health import HealthConfig, Monitor, read_step, read_world_size
+from launcher.watch.health import HealthConfig, Monitor, read_step, read_world_size
 
 from .helpers import ROOT, mlaunch, script_job, write_spec
 from .procs import own_name
@@ -496,7 +496,7 @@ def test_ddp_timeout_outlasts_the_startup_limit_by_default():
 
 
 def test_an_infinite_ddp_timeout_is_said_once_with_who_guards():
-    from launcher.execute.health import timeout_notice
+    from launcher.watch.health import timeout_notice
     assert timeout_notice(_seed_job()) is None
     note = timeout_notice(_seed_job(**{"training.ddp_timeout": 180000000}))
     assert note.startswith("note: ddp_timeout is 180000000 s (2083 days)")

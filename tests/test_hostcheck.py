@@ -1,5 +1,5 @@
 """Issue 29: which nodes a restart does not reuse. The hardware-looking causes in a node's
-output (execute/hwcause.py), the host check of the next attempt's hosts (preflight/hostcheck.py)
+output (watch/hwcause.py), the host check of the next attempt's hosts (preflight/hostcheck.py)
 and what spares.reconnect and the Slurm exclusion do with them. Namespace-host runs:
 test_spares.py (a spare whose GPU driver failed) and test_shrink.py (an ECC error)."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from .helpers import plan_of, TRANSPORT
 
 from launcher.errors import UserError
-from launcher.execute import hwcause
-from launcher.execute.base import LOST, Exit
-from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.watch import hwcause
+from launcher.transport.base import LOST, Exit
+from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.backends.slurm import exclude as slurm_exclude
 from launcher.runs import spares
 from launcher.preflight import hostcheck
@@ -162,7 +162,7 @@ def test_a_hardware_cause_is_recorded_with_secrets_masked(tmp_path):
     on that line is masked there, as in the node logs."""
     import json
     import time
-    from launcher.execute.watch import Watch
+    from launcher.watch.watch import Watch
     job = validate(spec(env={"HF_TOKEN": "hf_abcdefgh12345"}))
     plan = plan_of(job, run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
@@ -181,7 +181,7 @@ def test_a_device_cause_after_a_link_cause_is_the_nodes(tmp_path):
     the node keeps the DEVICE cause (it counts whichever node failed first); later lines change
     nothing."""
     import time
-    from launcher.execute.watch import Watch
+    from launcher.watch.watch import Watch
     plan = plan_of(validate(spec()), run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
     watch.hardware_in(1, "b", ["NCCL error in: x, unhandled system error (run with NCCL_DEBUG=INFO)"])
@@ -200,8 +200,8 @@ def test_hardware_cause_read_from_the_node_logs_after_a_failed_attempt(tmp_path,
     read back (their last HW_TAIL_BYTES, in 4 MiB reads) and give the same first cause, the
     DEVICE one outranking an earlier LINK one; a cause before the tail is not read."""
     import time
-    from launcher.execute import watch as watch_mod
-    from launcher.execute.watch import Watch
+    from launcher.watch import watch as watch_mod
+    from launcher.watch.watch import Watch
     plan = plan_of(validate(spec()), run_id="r", log_dir=str(tmp_path))
     watch = Watch(plan, None, print, time.monotonic)
     filler = "".join(f"{{'loss': 1.0, 'step': {i}}}\n" for i in range(300_000))   # ~8 MiB

@@ -110,7 +110,7 @@ def test_host_port_contradicting_ssh_port():
 
 def test_ssh_connection_gets_host_user_port_apart():
     """fabric raised "You supplied the user via both shorthand and kwarg!" for this case."""
-    from launcher.execute.ssh import SSHExecutor
+    from launcher.transport.ssh import SSHExecutor
     from launcher.spec import SSH
     ex = SSHExecutor(["train@node1:2222", "node2"], SSH(user="train"))
     c = ex._connection("train@node1:2222")

@@ -15,7 +15,7 @@ import pytest
 
 from launcher.view import nodeview
 from launcher import render
-from launcher.execute.stream import Printer
+from launcher.logs.stream import Printer
 from launcher.record.events import read_events
 
 from .helpers import ROOT, limit, mlaunch, python_with_smi, script_job, write_spec

@@ -137,7 +137,7 @@ def _wait_line(proc: subprocess.Popen, text: str) -> list[str]:
 
 def _damage_log_dir_mid_run(tmp_path, damage, hs=None) -> tuple[str, str]:
     """Run a job that waits for a file (on this machine, or on the hosts of HostSet hs: their
-    node logs spliced, execute/spliced.py); once it runs, remove its log directory and call
+    node logs spliced, session/nodeoutput.py); once it runs, remove its log directory and call
     damage(log_dir), then release it. (console output, log_dir); the run ended 0, no traceback."""
     go = str(tmp_path / "go")
     hosts = [h.ip for h in hs.hosts] if hs else ["localhost"]

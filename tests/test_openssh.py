@@ -1,4 +1,4 @@
-"""The OpenSSH client as the carrier of node output (launcher/execute/openssh.py): its
+"""The OpenSSH client as the carrier of node output (launcher/transport/openssh.py): its
 command line, the host keys it checks, how its end is read, the login probe."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from launcher.execute.base import LOST, Exit
+from launcher.transport.base import LOST, Exit
 from launcher import render
-from launcher.execute.openssh import READY, STAGED, OpenSSHStreams
-from launcher.execute.openssh_running import OpenSSHRunning
-from launcher.execute.spool import Spool
-from launcher.execute.ssh import _stream_command, bootstrap_command, relay_head
+from launcher.transport.openssh import READY, STAGED, OpenSSHStreams
+from launcher.transport.openssh_running import OpenSSHRunning
+from launcher.transport.spool import Spool
+from launcher.transport.ssh import _stream_command, bootstrap_command, relay_head
 from launcher.spec import SSH
 from launcher.spec.hosts import HostAddr
 

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from launcher.execute.job import JobResult, NodeOutcome
-from launcher.execute.base import Exit
+from launcher.session.attempt import JobResult, NodeOutcome
+from launcher.transport.base import Exit
 from launcher.plan.launch_plan import build_plan
 from launcher.preflight import CheckResult, Report
 from launcher.cli.check_cmd import check_command

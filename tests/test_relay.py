@@ -17,12 +17,12 @@ import time
 import pytest
 
 from launcher import nodeprog, render
-from launcher.execute import spliced
-from launcher.execute.console import Console
+from launcher.session import nodeoutput as spliced
+from launcher.logs.console import Console
 from launcher.nodeprog.relay import Relay
-from launcher.execute.health import MARKS, may_matter
-from launcher.execute.stream import Printer
-from launcher.execute.torchrun_out import ROOT_CAUSE, TorchrunRootCause
+from launcher.watch.health import MARKS, may_matter
+from launcher.logs.stream import Printer
+from launcher.logs.torchrun_out import ROOT_CAUSE, TorchrunRootCause
 from launcher.plan.launch_plan import MASK
 from launcher.spec.secret_rules import mask_rules, mask_text
 from launcher.view.nodeview import split_text

@@ -18,8 +18,8 @@ import pytest
 from .helpers import plan_of
 
 from launcher.errors import UserError
-from launcher.execute.base import Exit
-from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.transport.base import Exit
+from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.runs import attempts, universal
 from launcher.runs.attempts import SubmitOptions
 from launcher.record.events import read_events

@@ -15,9 +15,9 @@ import re
 import pytest
 
 from launcher.errors import UserError
-from launcher.execute.base import Exit
-from launcher.execute.health import Verdict
-from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.transport.base import Exit
+from launcher.watch.health import Verdict
+from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.runs import attempts, spares
 from launcher.runs.attempts import SubmitOptions
 from launcher.plan.launch_plan import build_plan

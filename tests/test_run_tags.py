@@ -45,7 +45,7 @@ def test_a_replanned_attempt_keeps_the_run_and_its_inputs(tmp_path):
 def test_the_events_of_a_restart_carry_the_whole_run_id(tmp_path):
     """The watch's event log of attempt 2 of run `exp.alpha` writes run_id `exp.alpha`."""
     import json
-    from launcher.execute.watch import Watch
+    from launcher.watch.watch import Watch
     plan = build_plan(job(tmp_path), run_id="exp.alpha", attempt=2)
     watch = Watch(plan, None, lambda *_: None, lambda: 0.0)
     watch.events.emit("teardown", hosts=["localhost"])

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from launcher.errors import SpecError, UserError
-from launcher.execute.base import Exit
-from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.transport.base import Exit
+from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.runs import shrink, spares
 from launcher.plan import shrink as arith
 from launcher.spec import validate
@@ -217,7 +217,7 @@ def test_reconnect_shrinks_with_no_spare_and_refuses_below_min_nodes(monkeypatch
 
 def test_lost_node_dropped_when_no_spare_is_left(make_hostset, tmp_path):
     """3 nodes, no spare, min_nodes 2, max_restarts 1: node 1's rank fails with a GPU ECC error
-    (a hardware-looking cause, execute/hwcause.py); the restart runs on nodes 0 and 2 as ranks
+    (a hardware-looking cause, watch/hwcause.py); the restart runs on nodes 0 and 2 as ranks
     0 and 1 of a world of 2, and exits 0."""
     from .test_fanout import node_logs, start
     with make_hostset(3) as hs:

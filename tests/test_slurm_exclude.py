@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from launcher.errors import UserError
-from launcher.execute.base import Exit
-from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.transport.base import Exit
+from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.backends.slurm import exclude as slurm_exclude
 from launcher.spec import validate
 

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from launcher.execute.ssh_probe import Resolved
+from launcher.transport.ssh_probe import Resolved
 from launcher.plan.launch_plan import build_plan
 from launcher.preflight import spares
 from launcher.spec import validate

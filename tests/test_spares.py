@@ -10,8 +10,8 @@ import re
 import pytest
 
 from launcher.errors import SpecError, UserError
-from launcher.execute.base import Exit
-from launcher.execute.outcome import JobResult, NodeOutcome
+from launcher.transport.base import Exit
+from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.runs import spares
 from launcher.spec import load_spec, validate
 from launcher.view.present import describe_plan

@@ -1,4 +1,4 @@
-"""A session's spool (launcher/execute/spool.py): the `ssh` client's stdout is a file, so the
+"""A session's spool (launcher/transport/spool.py): the `ssh` client's stdout is a file, so the
 client never waits for the launcher, and what was taken is punched out of it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from launcher.errors import UserError
-from launcher.execute.spool import PUNCH_EVERY, Spool
+from launcher.transport.spool import PUNCH_EVERY, Spool
 
 from .helpers import limit
 

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from launcher.execute.stream import LineSplitter, NodeLog, Printer
-from launcher.execute.torchrun_out import TorchrunRootCause
+from launcher.logs.stream import LineSplitter, NodeLog, Printer
+from launcher.logs.torchrun_out import TorchrunRootCause
 
 from .helpers import limit
 
@@ -80,7 +80,7 @@ def test_node_log_masks_and_keeps_tail(tmp_path):
 
 def test_text_forms_match_the_line_forms(tmp_path):
     """The readers' text of whole lines: the same lines and tails as the lists."""
-    from launcher.execute.stream import lines_of, text_of
+    from launcher.logs.stream import lines_of, text_of
     s = LineSplitter()
     assert s.feed_text(b"a\r\nb\n\npart") == "a\nb\n\n" and s.flush_text() == "part\n"
     assert lines_of("a\n\nb\n") == ["a", "", "b"] and text_of(["a", "", "b"]) == "a\n\nb\n"
@@ -156,7 +156,7 @@ class _Sink(io.StringIO):
 
 
 def _console(rate: float, bound: int):
-    from launcher.execute.console import Console
+    from launcher.logs.console import Console
     sink = _Sink()
     return Console(Printer(lambda s: s, sink, color=False), {0: "node0.log"}, bound=bound, rate=rate), sink
 
@@ -166,7 +166,7 @@ def test_console_keeps_its_pace_and_skips_the_oldest_past_its_bound(tmp_path):
     more than its pace over the time taken plus one look's read (load only makes it print
     less), the oldest were skipped and the newest are shown at the close."""
     import time
-    from launcher.execute.console import TICK_S
+    from launcher.logs.console import TICK_S
     console, sink = _console(rate=2**20, bound=3 * 2**19)
     line = "%06d " + "x" * 93 + "\n"
     path = tmp_path / "node0.log"

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from launcher.execute.base import Exit
-from launcher.execute.job import JobResult, NodeOutcome
+from launcher.transport.base import Exit
+from launcher.session.attempt import JobResult, NodeOutcome
 from launcher.preflight import Report, collective, transport
 
 from launcher.plan.launch_plan import build_plan

@@ -184,8 +184,8 @@ def test_resume_of_a_real_finished_checkpoint_trains_nothing(tmp_path, tiny):
 def test_stack_dump_finds_the_in_process_rank(tmp_path):
     """Without torchrun there is no RANK: MLAUNCH_IN_PROCESS=1 marks the rank for py-spy."""
     from launcher import render
-    from launcher.execute.local import LocalExecutor
-    from launcher.execute.stacks import split_dump
+    from launcher.transport.local import LocalExecutor
+    from launcher.watch.stacks import split_dump
     run_id = "w1stack-" + secrets.token_hex(3)
     env = {**os.environ, "MLAUNCH_RUN_ID": run_id, "MLAUNCH_IN_PROCESS": "1", "MLAUNCH_NODE_RANK": "0"}
     env.pop("RANK", None)

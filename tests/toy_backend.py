@@ -19,7 +19,7 @@ import subprocess
 
 from launcher import render
 from launcher.backends.base import Backend, Cancel
-from launcher.execute.local import LocalExecutor, LocalRunning
+from launcher.transport.local import LocalExecutor, LocalRunning
 
 # (tag, rank, pid) of every node shell a ToyExecutor started in this process: the shell execs
 # the trainer's command, so the pid is the node's leader (the pid its pidfile holds).

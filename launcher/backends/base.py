@@ -98,7 +98,7 @@ class Backend:
 
     # ---- hooks of the attempt loop ---------------------------------------------------------
     def transport(self, plan):
-        """The unconnected transport (launcher/execute/base.py's Executor) to plan's nodes."""
+        """The unconnected transport (launcher/transport/base.py's Executor) to plan's nodes."""
         raise NotImplementedError
 
     def connect(self, plan):
@@ -114,7 +114,7 @@ class Backend:
 
     def run_attempt(self, plan, executor, printer, on_started):
         """One attempt on every node: start, stream, fail fast, tear down; its JobResult."""
-        from ..execute.job import run_job
+        from ..session.attempt import run_job
         return run_job(plan, executor, printer, connected=True, on_started=on_started)
 
     def next_attempt(self, job, plan, executor, result, printer, events):

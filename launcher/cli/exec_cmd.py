@@ -31,7 +31,7 @@ def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
     command line (`-- 'df -h /data'`), several are run as they are (`-- pip show torch`).
     Under Slurm CMD runs through srun in an allocation of the spec's nodes."""
     from ..backends import backend_of
-    from ..execute.stream import Printer
+    from ..logs.stream import Printer
     from .validate import check_path
     from ..spec import load_spec
     from ..spec.overrides import parse
@@ -48,7 +48,7 @@ def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
 
 def _run(backend, plan, argv: list[str], printer) -> int:
     """Connect (or allocate), run everywhere, print the exit table; 0 if every node exited 0."""
-    from ..execute.fanout_exec import exec_nodes, exit_table, run_everywhere
+    from ..session.fanout import exec_nodes, exit_table, run_everywhere
     plan, executor, problems = backend.control(plan, "exec")
     if problems:
         executor.close()

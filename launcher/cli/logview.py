@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 import time
 
-from ..execute.stream import Printer, lines_of
-from ..execute.tail import FileTail, log_iter
+from ..logs.stream import Printer, lines_of
+from ..logs.tail import FileTail, log_iter
 from ..record.registry import console_path, locate
 
 FOLLOW_POLL_S = 0.1   # how often a follower looks for new bytes

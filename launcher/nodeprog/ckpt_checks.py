@@ -129,7 +129,7 @@ def _check_deepspeed(path: str, step: int, dp_size: int | None) -> str | None:
     saved = _saving_ranks(path, names)
     # One shard per rank of the world that saved it; with no rank numbers to read, this
     # world's (dp_size). A smaller world's complete checkpoint is complete: the resume at
-    # this world converts it (launch/universal.py).
+    # this world converts it (runs/universal.py).
     need = saved or max(dp_size or 1, 1)
     if optim < need:
         return ("DeepSpeed %s/ has %d optimizer shard%s, expected %d"

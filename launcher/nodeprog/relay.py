@@ -1,5 +1,5 @@
 """A node's output relayed for the log path that never copies it through the launcher's Python
-(python3 -c, argv: the command; execute/spliced.py is the launcher's side).
+(python3 -c, argv: the command; session/nodeoutput.py is the launcher's side).
 
 Before the command starts, one frame on stdin (a length line, then that many bytes) says what
 to mask and what the launcher must see: {"literal": [[value, mark]...], "regex": [[pattern,

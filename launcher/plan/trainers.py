@@ -35,7 +35,7 @@ class RunContext:
     resume_from: str | None = None
     overwrite: bool | str | None = False  # why overwrite_output_dir (submit._overwrite_why)
     transformers: str | None = None   # the nodes' version, when preflight probed it
-    universal: bool = False   # resume_from holds DeepSpeed's universal checkpoint (launch/universal.py)
+    universal: bool = False   # resume_from holds DeepSpeed's universal checkpoint (runs/universal.py)
 
 
 class Trainer(Protocol):

@@ -5,7 +5,7 @@
 probe (talking to nodes), software, gpu, network, master, ifname, storage, clock, collective
 (the checks), report (table and JSON), runner (putting it together).
 
-May import: errors, render, nodeprog, spec, plan, record, view, execute.
+May import: errors, render, nodeprog, spec, plan, record, view, logs, watch, transport, session.
 """
 from .report import CHECKS, CheckResult, Report
 from .runner import run_checks

@@ -9,8 +9,8 @@ import shutil
 import tempfile
 
 from .. import nodeprog, render
-from ..execute.job import JobResult, run_job
-from ..execute.stream import Printer
+from ..session.attempt import JobResult, run_job
+from ..logs.stream import Printer
 from ..plan.launch_plan import LaunchPlan, build_plan, new_run_id, uses_default_base
 from ..spec import validate
 from . import transport

@@ -9,12 +9,12 @@ fast checks that say whether the machine itself is fit, from one facts probe per
     processes may be releasing theirs;
   * storage/output: cluster.workdir exists, output_dir (or its parent) is writable and has
     preflight.min_free_gb free.
-Reachability is connect()'s own check (launch/spares.py). The rest of preflight (versions,
+Reachability is connect()'s own check (runs/spares.py). The rest of preflight (versions,
 ports, mesh, clock, inputs) is the same code on every host, or about the job, not the host.
 """
 from __future__ import annotations
 
-from ..execute.base import Executor
+from ..transport.base import Executor
 from ..plan.launch_plan import LaunchPlan
 from . import gpu, storage
 from .probe import Ctx, cleanup, gather_facts

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import nodeprog, render
-from ..execute.base import Executor
+from ..transport.base import Executor
 from ..plan.launch_plan import LaunchPlan, NodePlan, in_process, remote_bin, remote_python, torchrun_head
 from ..spec import LlamaFactoryJob, ScriptJob
 

@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import Problem
-from ..execute.base import Executor
+from ..transport.base import Executor
 from ..plan.launch_plan import LaunchPlan
 from ..spec import world_size
 from ..spec.hosts import HostAddr, parse_host

@@ -10,7 +10,7 @@ they read no machine's ssh config.
 
 Each spare is then logged in to once, beside the job's own connect and without holding it
 up: one that fails is a warning line and a `spare_unreachable` event, never a refusal (the
-job does not need it; a restart that does skips it while it stays so, launch/spares.py).
+job does not need it; a restart that does skips it while it stays so, runs/spares.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from ..errors import Problem, UserError
-from ..execute import ssh_probe
+from ..transport import ssh_probe
 from ..plan.launch_plan import LaunchPlan
 from ..record.events import EventLog
 from ..spec.hosts import machine_key

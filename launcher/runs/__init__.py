@@ -8,5 +8,5 @@ node is lost), universal (a checkpoint converted for another world).
 
 The backend is passed in (launcher/backends/base.py's Backend): this layer calls its hooks
 and imports none of them. May import every layer below it: errors, render, nodeprog, spec,
-plan, record, view, execute, preflight.
+plan, record, view, logs, watch, transport, session, preflight.
 """

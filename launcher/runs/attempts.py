@@ -10,11 +10,11 @@ from typing import TextIO
 from . import finished
 from . import universal as universal_ckpt
 from ..errors import UserError
-from ..execute.job import JobResult
+from ..session.attempt import JobResult
 from ..record.events import EventLog
-from ..execute.health import timeout_notice
-from ..execute.stream import Printer
-from ..execute.watch import world_size
+from ..watch.health import timeout_notice
+from ..logs.stream import Printer
+from ..watch.watch import world_size
 from ..plan.launch_plan import LaunchPlan
 from ..view.plandata import plan_data
 from ..view.present import describe_result

@@ -10,7 +10,7 @@ import threading
 
 from .. import nodeprog
 from ..errors import UserError
-from ..execute.stream import Printer
+from ..logs.stream import Printer
 from ..nodeprog import checkpoints, outdir
 from ..plan.launch_plan import LaunchPlan, remote_python
 from ..spec import JobBase

@@ -9,7 +9,7 @@ fewer nodes with the same arithmetic (resized).
 from __future__ import annotations
 
 from ..errors import UserError
-from ..execute.stream import Printer
+from ..logs.stream import Printer
 from ..plan import shrink as arith
 from ..plan.trainers import global_batch
 from ..record.events import EventLog

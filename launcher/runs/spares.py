@@ -1,7 +1,7 @@
 """Before a restart: replace lost, unhealthy or unreachable nodes by cluster.spare_hosts, in order.
 
 A node is replaced when the last attempt lost it (its connection dropped), when its output
-showed a hardware-looking cause (execute/hwcause.py: an ECC error, a lost GPU, NCCL's
+showed a hardware-looking cause (watch/hwcause.py: an ECC error, a lost GPU, NCCL's
 "unhandled system error" on the node that failed first; not a rank's plain non-zero exit),
 when it cannot be reached now, or when it fails the host check (preflight/hostcheck.py: GPU,
 disk) run on every host of the next attempt before it starts. The spare takes the
@@ -13,10 +13,10 @@ spare left for a node and cluster.min_nodes below the node count, shrink.py drop
 from __future__ import annotations
 
 from ..errors import UserError
-from ..execute import hwcause
-from ..execute.job import JobResult
-from ..execute.stream import Printer
-from ..execute.watch import world_size
+from ..watch import hwcause
+from ..session.attempt import JobResult
+from ..logs.stream import Printer
+from ..watch.watch import world_size
 from ..plan.launch_plan import LaunchPlan
 from ..preflight.hostcheck import unfit_hosts
 from ..record.events import EventLog

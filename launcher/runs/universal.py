@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import render
 from ..errors import UserError
-from ..execute.stream import Printer
+from ..logs.stream import Printer
 from ..plan.launch_plan import LaunchPlan, remote_bin, remote_python
 from ..record.events import EventLog
 from ..spec import JobBase, world_size

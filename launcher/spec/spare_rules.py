@@ -14,7 +14,7 @@ from .models import Cluster, JobBase
 from .select import node_procs
 
 # A ZeRO checkpoint holds one optimizer shard per rank; at another data-parallel size mlaunch
-# resumes it through DeepSpeed's universal checkpoint (launch/universal.py): verified with
+# resumes it through DeepSpeed's universal checkpoint (runs/universal.py): verified with
 # LLaMA-Factory 0.9.5, transformers 4.57, DeepSpeed 0.19.8 on CPU/gloo: ZeRO-2 4 -> 3 ranks
 # (the spec's stage), ZeRO-3 3 -> 2 ranks (the user's own ds_config file); ms-swift 4.6 ZeRO-3
 # (its `zero3` file) 3 -> 2 ranks.

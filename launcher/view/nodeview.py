@@ -4,7 +4,7 @@ Samples arrive over each node's own session, on the same output as the job's lin
 a marker (templates/sampler.sh.j2): ``\\x1emlaunch-gpu <index>, <util %>, <used MiB>, <total MiB>``
 (nvidia-smi's csv,noheader,nounits rows) or ``\\x1emlaunch-cpu <busy> <idle> <MemTotal kB>
 <MemAvailable kB>`` (jiffies from /proc/stat) on a node without GPUs. No terminal, no
-threads; the session (execute/job.py) feeds it and the printer draws what it returns.
+threads; the session (session/attempt.py) feeds it and the printer draws what it returns.
 """
 from __future__ import annotations
 

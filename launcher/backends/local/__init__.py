@@ -11,5 +11,5 @@ class LocalBackend(SSHBackend):
     name = "local"
 
     def transport_to(self, logins, ssh):
-        from ...execute.local import LocalExecutor
+        from ...transport.local import LocalExecutor
         return LocalExecutor()

@@ -47,7 +47,7 @@ class SlurmBackend(Backend):
     def run_attempt(self, plan, executor, printer, on_started):
         """One attempt as one batch job; on_started is called queued (the job id), then
         with every node started."""
-        from ...execute.job import announce
+        from ...session.attempt import announce
         announce(plan, printer)
         return executor.run_plan(plan, printer, on_started)
 

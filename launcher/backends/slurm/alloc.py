@@ -20,7 +20,7 @@ import time
 from ...errors import Problem
 from ...plan.launch_plan import user_base
 from ...record import fsmode
-from ...execute.local import LocalExecutor, LocalRunning, start_relayed
+from ...transport.local import LocalExecutor, LocalRunning, start_relayed
 from .commands import cancel_and_wait, hostnames, job_info, sbatch_error
 
 ALLOC_WAIT_S = 300.0   # how long check waits for the allocation to start

@@ -13,7 +13,7 @@ import subprocess
 import time
 
 from ...errors import UserError
-from ...execute.base import LOST, Exit
+from ...transport.base import LOST, Exit
 
 POLL_S = 0.25          # how often the job's state and its log files are read
 GONE_WAIT_S = 180.0    # how long a cancel waits for the job to leave every node

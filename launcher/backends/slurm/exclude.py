@@ -2,7 +2,7 @@
 
 Slurm picks the nodes, so there are no spare hosts under Slurm: the next sbatch gets
 `--exclude` with every node of the last attempt that Slurm reports drained, down or failing,
-whose task was lost, or whose output showed a hardware-looking cause (execute/hwcause.py),
+whose task was lost, or whose output showed a hardware-looking cause (watch/hwcause.py),
 added to the user's own extra_sbatch exclude and to those of earlier attempts (the job
 carries them from attempt to attempt). When cluster.min_nodes allows it and
 the exclusions leave fewer usable nodes in the partition than the job asks for, the next sbatch
@@ -10,11 +10,11 @@ asks for fewer (--nodes, down to min_nodes) with grad_accum recomputed (shrink.p
 """
 from __future__ import annotations
 
-from ...execute.job import JobResult
+from ...session.attempt import JobResult
 from ...errors import UserError
-from ...execute import hwcause
+from ...watch import hwcause
 from .commands import failed_nodes, hostnames, usable_nodes
-from ...execute.stream import Printer
+from ...logs.stream import Printer
 from ...record.events import EventLog
 from ...spec import JobBase
 from ...spec.select import node_procs

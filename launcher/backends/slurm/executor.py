@@ -1,6 +1,6 @@
 """The executor of a Slurm plan: login-node helpers, and one attempt as one batch job
 (sbatch, then follow the per-node logs until it ends). The scheduler commands it uses live in
-launcher/execute/slurm.py; following a job in slurm_follow.py."""
+commands.py; following a job in follow.py."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import subprocess
 
 from ...errors import Problem, UserError
 from ...record import fsmode
-from ...execute.base import make_run_dirs
+from ...transport.base import make_run_dirs
 from .commands import NO_ANSWER, sbatch_error, slurm_cmd
 
 
@@ -63,7 +63,7 @@ class SlurmExecutor:
 
     def run_plan(self, plan, printer, on_started):
         """One attempt: submit, follow the per-node logs until the job ends; its JobResult."""
-        from ...execute.slurm_follow import Follow
+        from .follow import Follow
         from . import sbatch
         req = sbatch.request(plan)
         self.stage(plan)

@@ -1,6 +1,6 @@
 """A plan as one Slurm batch job: the sbatch script, the node script and the secrets file.
 
-Pure, like plan.py: text only; execute/slurm.py writes the files and talks to Slurm.
+Pure: text only; executor.py writes the files and commands.py talks to Slurm.
 Layout of one attempt (suffix ".attemptN" from the second attempt on):
     run_dir/job<suffix>.sbatch      what sbatch gets (and `mlaunch render` writes)
     run_dir/node.sh                 every srun task runs it: torchrun --node-rank $SLURM_NODEID
@@ -8,7 +8,7 @@ Layout of one attempt (suffix ".attemptN" from the second attempt on):
     run_dir/output/node<k>-<host><suffix>.log   srun's --output: the ranks' words as printed,
                                     secrets too, readable by this user alone (0700 dirs)
     log_dir/node<k>-<host><suffix>.log   the same, masked, 0600: written by mlaunch as it
-                                    follows the job (execute/slurm_follow.py)
+                                    follows the job (backends/slurm/follow.py)
     log_dir/sbatch<suffix>.log      the batch script's own output (srun's messages)
 """
 from __future__ import annotations

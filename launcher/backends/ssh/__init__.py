@@ -2,8 +2,8 @@
 
 The handle is the driving process (base.py: its pid, its start time and, for a supervisor,
 the run id on its command line). Control work (connect checks, staging, teardown, preflight,
-`exec`) goes through fabric (launcher/execute/ssh.py); each node's output stream through an
-OpenSSH client that writes the node's log file (launcher/execute/openssh.py).
+`exec`) goes through fabric (launcher/transport/ssh.py); each node's output stream through an
+OpenSSH client that writes the node's log file (launcher/transport/openssh.py).
 Standard library only at module level (`mlaunch ps`).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ class SSHBackend(Backend):
 
     def transport_to(self, logins: list[str], ssh):
         """The unconnected transport to these logins ([user@]host[:port]) with cluster.ssh."""
-        from ...execute.ssh import SSHExecutor  # fabric is imported only when SSH is really needed
+        from ...transport.ssh import SSHExecutor  # fabric is imported only when SSH is really needed
         return SSHExecutor(logins, ssh)
 
     def reach_nodes(self, run, force: bool) -> Cancel:

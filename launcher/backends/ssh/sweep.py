@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ... import render
 from ..base import Cancel
-from ...execute.base import TEARDOWN_GRACE
+from ...transport.base import TEARDOWN_GRACE
 
 LEFT = re.compile(r"mlaunch-teardown: (\d+) left")
 

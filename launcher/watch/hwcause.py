@@ -93,7 +93,7 @@ def hardware_nodes(seen: dict[int, tuple[str, bool]], first_failure: int | None,
 
 
 def of_result(result) -> dict[int, str]:
-    """hardware_nodes() of an attempt's JobResult (execute/outcome.py)."""
+    """hardware_nodes() of an attempt's JobResult (session/outcome.py)."""
     torn = {o.rank for o in result.nodes if o.terminated}
     lost = {o.rank for o in result.nodes if o.exit is not None and o.exit.lost and not o.terminated}
     return hardware_nodes(result.hardware, result.first_failure, torn, lost, len(result.nodes))

@@ -1,7 +1,7 @@
 """Node output streams through the OpenSSH client: one `ssh` process per node.
 
 Each node's session is an `ssh` child that decrypts in C in its own process and writes a file
-the launcher moves into the node log unread (execute/spool.py, execute/spliced.py); paramiko
+the launcher moves into the node log unread (transport/spool.py, session/nodeoutput.py); paramiko
 decrypting every byte under the launcher's one GIL measured far slower at 64 hosts
 (bench/results/logpath-*). Each stream client is the master of its host's connection: the
 short scripts (staging, checks, the teardown) ride it as sessions of their own `ssh`

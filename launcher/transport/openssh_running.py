@@ -1,4 +1,4 @@
-"""One node's command in an `ssh` child (execute/openssh.py starts it): where its output is,
+"""One node's command in an `ssh` child (transport/openssh.py starts it): where its output is,
 its heartbeats sent, its end told apart from the connection's."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """paramiko's side of the SSH executor: its transport's settings, and the one line that
-explains why a login failed (execute/ssh.py asks paramiko where the OpenSSH client could not
+explains why a login failed (transport/ssh.py asks paramiko where the OpenSSH client could not
 log in)."""
 from __future__ import annotations
 

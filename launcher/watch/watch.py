@@ -16,7 +16,6 @@ from ..record import fsmode
 from ..record.events import EventLog
 from .health import HealthConfig, Monitor, Verdict, may_matter
 from ..plan.launch_plan import LaunchPlan, remote_bin
-from .base import Executor
 
 HANG_EXIT = 124       # as GNU timeout: the job made no progress in time
 NAN_EXIT = 65         # EX_DATAERR: the numbers diverged
@@ -65,7 +64,8 @@ def config_of(plan: LaunchPlan) -> HealthConfig:
 class Watch:
     """One attempt's health watch and event log."""
 
-    def __init__(self, plan: LaunchPlan, executor: Executor, say, clock):
+    def __init__(self, plan: LaunchPlan, executor, say, clock):
+        """executor: the attempt's transport (launcher/transport/base.py), for stack dumps."""
         self.plan, self.executor, self.say = plan, executor, say
         self.enabled = plan.job.health.enabled
         self.monitor = Monitor(config_of(plan), world_size(plan), clock)

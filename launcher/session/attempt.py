@@ -13,12 +13,12 @@ from ..record import fsmode
 from .. import render
 from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan
-from .base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
-from .console import Console
-from .spliced import NodeOutput
-from .stream import Printer
+from ..transport.base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
+from ..logs.console import Console
+from .nodeoutput import NodeOutput
+from ..logs.stream import Printer
 from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
-from .watch import EXIT_CODES, Watch
+from ..watch.watch import EXIT_CODES, Watch
 
 SETTLE_S = 10.0  # after teardown, how long nodes get to report before their sessions are cut
 AGENT_DRAIN_S = 1.0  # torchrun, its ranks gone, may copy their logs this long (templates/teardown.sh.j2)

@@ -69,8 +69,8 @@ class Exit:
 
 class Running(Protocol):
     """One started node command, under nodeprog/relay.py: its masked output goes into its
-    spool (execute/spool.py), moved from there into the node log unread; its stderr holds
-    the relay's lines (execute/spliced.py)."""
+    spool (transport/spool.py), moved from there into the node log unread; its stderr holds
+    the relay's lines (session/nodeoutput.py)."""
 
     spool: Spool
 

@@ -3,9 +3,9 @@
 Every node's session runs under nodeprog/relay.py (an OpenSSH client's session on an SSH node,
 a local process on this machine), which masks the node's output and copies the lines that
 matter (a health mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f.
-Here what the session wrote to its spool (execute/spool.py) is moved into the node log with
+Here what the session wrote to its spool (transport/spool.py) is moved into the node log with
 sendfile(2), by a thread of its own, never read into Python; only the relay's lines are read;
-the console follows the node logs at its pace (execute/console.py).
+the console follows the node logs at its pace (logs/console.py).
 """
 from __future__ import annotations
 
@@ -16,16 +16,14 @@ import threading
 import time
 from typing import Callable
 
-from ..plan.launch_plan import MASK, LaunchPlan, NodePlan
+from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..record import fsmode
 from ..record.events import said_removed
-from ..spec.secret_rules import mask_rules
 from ..view import nodeview
-from .base import LOST, Exit, Running
-from .spool import Spool
-from .health import MARKS as HEALTH_MARKS
-from .stream import LineSplitter, lines_of, text_of, _last_frame
-from .torchrun_out import ROOT_CAUSE, ROOT_CAUSE_LINES, TorchrunRootCause
+from ..transport.base import LOST, Exit, Running
+from ..transport.spool import Spool
+from ..logs.stream import LineSplitter, lines_of, text_of, _last_frame
+from ..logs.torchrun_out import TorchrunRootCause
 
 # A move of less than this waits (Spool.pause) before the next: the spool fills meanwhile, so
 # a flood moves in fewer, larger pieces (a wake-up, a removal check and a sendfile each) and a
@@ -36,15 +34,8 @@ TAIL_BYTES = 2**16      # read back from the node log's end for the summary's la
 OURS = "\x1f"           # leads every line the relay writes to stderr
 
 
-def relay_config(plan: LaunchPlan) -> dict:
-    """What nodeprog/relay.py masks and copies to the launcher, from the modules that read
-    those lines (the same secrets as plan.mask, the health watch's and torchrun's marks)."""
-    return {**mask_rules(plan.secrets, MASK), "marks": list(HEALTH_MARKS),
-            "after": [[ROOT_CAUSE, ROOT_CAUSE_LINES]], "sample": nodeview.MARK}
-
-
 class NodeOutput:
-    """One node's output, for the session (execute/job.py) that owns one per node: the spool
+    """One node's output, for the session (session/attempt.py) that owns one per node: the spool
     moved into the node log by a thread, the relay's lines to the live view (samples), the
     root cause and the health watch (watched(rank, host, text)).
 

@@ -1,5 +1,5 @@
 """SSH executor: one `ssh` client per node whose connection also carries the run's short
-scripts (execute/openssh.py); fabric and paramiko read the ssh_config and known_hosts files
+scripts (transport/openssh.py); fabric and paramiko read the ssh_config and known_hosts files
 and explain a failed login."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..errors import Problem, UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan, remote_python
 from ..spec import SSH
 from .base import STAGE_TIMEOUT_S, setup_failed, stage_text
-from . import spliced
+from .relay import relay_config
 from .openssh import READY, STAGED, OpenSSHStreams
 from .openssh_running import OpenSSHRunning
 from .ssh_paramiko import TAKES_FACTORY, KEEPALIVE_S, aead_first_transport, explain_connect_error, set_user_timeout
@@ -62,7 +62,7 @@ class SSHExecutor:
         return [explained.get(p.path, p) for p in failed.values()]
 
     def stage(self, plan: LaunchPlan) -> None:
-        self._relay_head = relay_head(remote_python(plan.job), spliced.relay_config(plan))
+        self._relay_head = relay_head(remote_python(plan.job), relay_config(plan))
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
         self._streams.spawn(_stream_command())   # a later attempt's sessions
         if failed := self._streams.await_ready(self._ssh.connect_timeout + 10):

@@ -14,13 +14,13 @@ import dataclasses
 import os
 import time
 
-from .base import LOST, Exit
-from .outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
-from ..backends.slurm.commands import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
+from ...transport.base import LOST, Exit
+from ...session.outcome import SIGINT_EXIT, TIMEOUT_EXIT, JobResult, NodeOutcome
+from .commands import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, job_info,
                     never_starts, node_outcomes)
-from .stream import NodeLog, lines_of
-from .tail import FileTail, log_iter
-from .torchrun_out import TorchrunRootCause
+from ...logs.stream import NodeLog, lines_of
+from ...logs.tail import FileTail, log_iter
+from ...logs.torchrun_out import TorchrunRootCause
 
 STATE_POLL_MAX_S = 2.0
 
@@ -98,7 +98,7 @@ class Follow:
         self.tails = [_Tail(self.req.raw_log(n.rank, n.host), n.rank) for n in nodes]
         self.logs = [NodeLog(n.log_path, self.plan.mask) for n in nodes]
         self.printer.say(f"slurm job {self.job_id} running on {', '.join(self.hosts)}")
-        from .watch import Watch
+        from ...watch.watch import Watch
         self.watch = Watch(self.plan, None, self.printer.say, time.monotonic)
         for n in nodes:
             self.watch.events.emit("node_start", node=n.rank, host=n.host, slurm_job=self.job_id)
@@ -192,7 +192,7 @@ class Follow:
         return result
 
     def _code(self, state: str, outcomes, first, result: JobResult) -> int:
-        from .watch import EXIT_CODES
+        from ...watch.watch import EXIT_CODES
         if result.health is not None:
             return EXIT_CODES[result.health.event]
         if self.never:

@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .health_world import TEE_PREFIX, read_world_size  # noqa: F401 (read_world_size: API)
+from .world_lines import TEE_PREFIX, read_world_size  # noqa: F401 (read_world_size: API)
 
 DICT_LINE = re.compile(r"(\{['\"](?:loss|step|train_loss|eval_loss)['\"].*\})\s*$")
 # The Trainer's bar has no description (ms-swift's says "Train:"); data preprocessing bars ("Running tokenizer on

@@ -3,7 +3,7 @@
 resolve() asks the OpenSSH client itself (`ssh -G`, templates/ssh_resolve.j2): it applies
 the config (Host aliases, HostName, Port, ProxyJump, Match) exactly as a node's stream client
 will, and connects nowhere. login() is one login through the stream client's own options
-(execute/openssh.py: the same config file, key, known_hosts policy, jump host and
+(transport/openssh.py: the same config file, key, known_hosts policy, jump host and
 ConnectTimeout) that runs `true`; what ssh said is the cause when it fails. Spare hosts use
 both at submit and in `mlaunch check` (preflight/spares.py); only backends run ssh.
 """

@@ -1,7 +1,7 @@
 """The console's share of node output: the node logs, read back at the console's pace, never
 more, by one thread that prints what it read.
 
-Node output is in the node logs first (execute/spliced.py), so a slow terminal never holds a
+Node output is in the node logs first (session/nodeoutput.py), so a slow terminal never holds a
 node, hence never a teardown: it only holds this thread, which then finds a log further ahead
 and skips to its newest lines, saying by how much; the logs hold every line. At teardown the
 console is abandoned, and one line at the end says what was not shown and where it is.

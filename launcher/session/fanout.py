@@ -9,8 +9,8 @@ import threading
 
 from .. import render
 from ..plan.launch_plan import LaunchPlan, NodePlan, remote_bin
-from .base import LOST, Exit
-from .stream import LineSplitter, Printer
+from ..transport.base import LOST, Exit
+from ..logs.stream import LineSplitter, Printer
 
 _TAGS = ("MLAUNCH_RUN_ID", "MLAUNCH_NODE_RANK", "MLAUNCH_NODE_ID", "CUDA_VISIBLE_DEVICES")
 

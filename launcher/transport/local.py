@@ -1,5 +1,5 @@
 """Local executor: every host is this machine, so node commands are plain subprocesses, each
-under nodeprog/relay.py as an SSH node's session is (one log path: execute/spliced.py)."""
+under nodeprog/relay.py as an SSH node's session is (one log path: session/nodeoutput.py)."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +14,7 @@ from ..errors import Problem
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from .base import Exit, make_run_dirs
 from .spool import Spool
-from .spliced import relay_config
+from .relay import relay_config
 
 
 class LocalRunning:

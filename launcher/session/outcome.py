@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import Exit
+from ..transport.base import Exit
 
 SIGINT_EXIT = 130    # the job's status after Ctrl-C (128 + SIGINT)
 TIMEOUT_EXIT = 124   # ... after its time limit, as timeout(1) exits
