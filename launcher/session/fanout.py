@@ -39,12 +39,15 @@ def run_everywhere(nodes: list[NodePlan], executor, printer: Printer) -> list[Ex
             exits[i] = Exit(LOST, lost=True, detail=f"could not start: {e}")
             return
         split = LineSplitter()
+        said = threading.Thread(target=_drain_err, args=(running,), daemon=True)
+        said.start()
         try:
-            while data := running.read():
+            for data in _output(running):
                 if lines := split.feed(data):
                     printer.node_lines(node.rank, node.host, lines)
             if rest := split.flush():
                 printer.node_lines(node.rank, node.host, rest)
+            said.join()
             exits[i] = running.wait()
         finally:
             running.close()
@@ -56,6 +59,25 @@ def run_everywhere(nodes: list[NodePlan], executor, printer: Printer) -> list[Ex
         while t.is_alive():
             t.join(0.2)   # short joins: Ctrl-C reaches the main thread
     return [e or Exit(LOST, lost=True, detail="no exit status") for e in exits]
+
+
+def _output(running):
+    """The node's output as it comes: its spool, polled until the session has ended and all
+    it wrote was taken (exec's output is short: read here, not moved into a node log)."""
+    while True:
+        ended = running.ended()   # before the take: what it wrote is in the spool then
+        data = running.spool.take()
+        if data:
+            yield data
+        elif ended:
+            return
+        running.spool.pause(bool(data))
+
+
+def _drain_err(running) -> None:
+    """The session's stderr (the relay's lines; exec reads none of them) to its end."""
+    while running.read_err():
+        pass
 
 
 def exit_table(nodes: list[NodePlan], exits: list[Exit]) -> list[str]:
