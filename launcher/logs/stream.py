@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import codecs
-import collections
 import functools
 import io
 import os
@@ -79,16 +78,6 @@ def lines_of(text: str) -> list[str]:
 def text_of(lines: list[str]) -> str:
     """lines as one text, each ending in "\n" (lines_of's inverse)."""
     return "".join(line + "\n" for line in lines)
-
-
-def _last_lines(text: str, n: int) -> list[str]:
-    """The last n lines of a text of whole lines, found from its end (no copy of the rest)."""
-    start = len(text) - 1
-    for _ in range(n):
-        start = text.rfind("\n", 0, start)
-        if start < 0:
-            break
-    return text[start + 1:-1].split("\n")
 
 
 def _last_frame(line: str) -> str:
@@ -247,52 +236,60 @@ def _role_tag(role: str) -> re.Pattern:
 
 
 class NodeLog:
-    """One node's full output in its log file, plus its last lines for the summary."""
+    """One node's log file and its one writer: masked texts appended, or a spool's bytes moved
+    in with sendfile(2) (which an O_APPEND file refuses: the writer keeps its own offset). A log
+    removed with its directory is made again; one that cannot be written is said once, and the
+    node's output from there on is on the console only (fd is then -1)."""
 
-    def __init__(self, path: str, mask: Callable[[str], str], keep: int = 12):
-        self.path = path
-        self._fd = self._open()
-        self._mask = mask
-        self.tail: collections.deque[str] = collections.deque(maxlen=keep)
-        self._failed = False
+    def __init__(self, path: str):
+        self.path, self._failed = path, False
+        self.fd = self._open()
+
+    def write(self, text: str) -> None:
+        """Append a text of whole lines that plan.mask has already been applied to."""
+        data = memoryview(text.encode("utf-8", "replace"))
+        try:
+            while data and self._reopen_if_removed():   # a regular file takes it all at once
+                data = data[os.write(self.fd, data):]
+        except OSError as e:
+            self._fail(e)
+
+    def move(self, spool) -> int:
+        """Move a spool's next bytes in (transport/spool.py); how many (1 where it failed)."""
+        try:
+            return spool.move_to(self.fd) if self._reopen_if_removed() else 1
+        except OSError as e:
+            self._fail(e)
+            return 1
 
     def _open(self) -> int:
-        # One os.write per text, no file object: `mlaunch logs -f` sees each chunk as soon as
-        # it arrives, without a line-buffered text file's work (bench/emit_cost.py: 0.49 ns a
-        # byte with the encode, against 0.53, on idle cores; a third less on a loaded machine).
-        return fsmode.private_fd(self.path, os.O_WRONLY | os.O_APPEND)
-
-    def write(self, lines: list[str]) -> None:
-        if lines:
-            self.write_masked(self._mask(text_of(lines)))
-
-    def write_masked(self, text: str) -> None:
-        """Append a text of whole lines that plan.mask has already been applied to."""
-        if not text:
-            return
-        self.tail.extend(_last_lines(text, self.tail.maxlen or 1))
         try:
-            self._reopen_if_removed()
-            data = memoryview(text.encode("utf-8", "replace"))
-            while data:   # a regular file takes it all at once unless the disk fills
-                data = data[os.write(self._fd, data):]
-        except OSError as e:  # a full disk or a lost directory must not lose the node
-            if not self._failed:
-                self._failed = True
-                print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
-                      "that node's output from here on is only on the console", file=sys.stderr)
+            fd = fsmode.private_fd(self.path, os.O_WRONLY)
+            os.lseek(fd, 0, os.SEEK_END)
+            return fd
+        except OSError as e:
+            self._fail(e)
+            return -1
 
-    def _reopen_if_removed(self) -> None:
-        # One fstat a chunk: a log removed with its directory would take every later line
+    def _reopen_if_removed(self) -> bool:
+        # One fstat a write: a log removed with its directory would take every later line
         # into an unlinked file; it is made again at its path instead.
-        if os.fstat(self._fd).st_nlink == 0:
+        if self.fd >= 0 and os.fstat(self.fd).st_nlink == 0:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             said_removed(os.path.dirname(self.path) or ".")
-            os.close(self._fd)
-            self._fd = -1   # if the open below fails, later writes fail quietly after the one line
-            self._fd = self._open()
+            self.close()
+            self.fd = self._open()
+        return self.fd >= 0
+
+    def _fail(self, e: OSError) -> None:
+        # A full disk or a lost directory must not lose the node.
+        self.close()
+        if not self._failed:
+            self._failed = True
+            print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
+                  "that node's output from here on is only on the console", flush=True, file=sys.stderr)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 import threading
 import time
 from typing import Callable
 
 from ..plan.launch_plan import LaunchPlan, NodePlan
-from ..record import fsmode
-from ..record.events import said_removed
 from ..view import nodeview
 from ..transport.base import LOST, Exit, Running
 from ..transport.spool import Spool
-from ..logs.stream import LineSplitter, lines_of, text_of, _last_frame
+from ..logs.stream import LineSplitter, NodeLog, lines_of, text_of, _last_frame
 from ..logs.torchrun_out import TorchrunRootCause
 
 # A move of less than this waits (Spool.pause) before the next: the spool fills meanwhile, so
@@ -47,8 +44,6 @@ class NodeOutput:
         self.node, self.running, self.path = node, running, node.log_path
         self.plan, self.view, self.unlogged, self.watched = plan, view, unlogged, watched
         self.cause = TorchrunRootCause()
-        self._fd = -1
-        self._failed = False
         self._unlogged = LineSplitter()
 
     def run(self) -> Exit:
@@ -71,9 +66,6 @@ class NodeOutput:
         if text:
             self.cause.see_text(text)
             self.watched(self.node.rank, self.node.host, text)
-
-    def active(self) -> None:
-        self.view.lines_seen(self.node.rank)
 
     def tail(self, keep: int = 12) -> list[str]:
         """The node log's last lines (the summary's), as the console would show them."""
@@ -109,34 +101,21 @@ class NodeOutput:
             self.seen(text_of(ours))
 
     def _move(self) -> None:
-        spool, last = self.running.spool, 0.0
-        self._fd = self._open()
+        spool, last, log = self.running.spool, 0.0, NodeLog(self.path)
         try:
             while True:
                 ended = self.running.ended()   # before the move: all the client wrote is there
-                moved = self._to_log(spool) if self._fd >= 0 else self._to_console(spool)
+                moved = log.move(spool) if log.fd >= 0 else self._to_console(spool)
                 if not moved and ended:
                     self._to_console(spool, end=True)
                     return
                 if moved and (now := time.monotonic()) - last > ACTIVE_EVERY_S:
                     last = now
-                    self.active()
+                    self.view.lines_seen(self.node.rank)
                 if moved < GATHER_BYTES:
                     spool.pause(moved > 0)
         finally:
-            if self._fd >= 0:
-                os.close(self._fd)
-
-    def _to_log(self, spool: Spool) -> int:
-        try:
-            if os.fstat(self._fd).st_nlink == 0:   # removed with its directory: made again
-                self._reopen()
-                if self._fd < 0:
-                    return 1
-            return spool.move_to(self._fd)
-        except OSError as e:   # a full disk: the node's output goes on, to the console only
-            self._fail(e)
-            return 1
+            log.close()
 
     def _to_console(self, spool: Spool, end: bool = False) -> int:
         data = spool.take()
@@ -144,33 +123,6 @@ class NodeOutput:
         if text:
             self.unlogged(text)
         return len(data)
-
-    def _open(self) -> int:
-        # sendfile(2) into a file opened O_APPEND is refused: this thread is the log's only writer.
-        try:
-            fd = fsmode.private_fd(self.path, os.O_WRONLY)
-            os.lseek(fd, 0, os.SEEK_END)
-            return fd
-        except OSError as e:
-            self._fail(e)
-            return -1
-
-    def _reopen(self) -> None:
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        said_removed(os.path.dirname(self.path) or ".")
-        os.close(self._fd)
-        self._fd = -1
-        self._fd = self._open()
-
-    def _fail(self, e: OSError) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        if not self._failed:
-            self._failed = True
-            print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
-                  "that node's output from here on is only on the console", flush=True,
-                  file=sys.stderr)
 
 
 def _with_cause(outcome: Exit, cause: TorchrunRootCause) -> Exit:

@@ -96,7 +96,7 @@ class Follow:
                       for n, h in zip(self.plan.nodes, self.hosts))
         self.plan = dataclasses.replace(self.plan, nodes=nodes)
         self.tails = [_Tail(self.req.raw_log(n.rank, n.host), n.rank) for n in nodes]
-        self.logs = [NodeLog(n.log_path, self.plan.mask) for n in nodes]
+        self.logs = [NodeLog(n.log_path) for n in nodes]
         self.printer.say(f"slurm job {self.job_id} running on {', '.join(self.hosts)}")
         from ...watch.watch import Watch
         self.watch = Watch(self.plan, None, self.printer.say, time.monotonic)
@@ -113,7 +113,7 @@ class Follow:
         rank = t.rank
         t.cause.see_text(text)
         text = self.plan.mask(text)   # once: node log, console, tail, watch
-        self.logs[rank].write_masked(text)
+        self.logs[rank].write(text)
         lines = lines_of(text)
         t.tail.extend(lines)
         self.printer.node_text(rank, self.hosts[rank], text, masked=True)
