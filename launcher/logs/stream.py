@@ -22,12 +22,8 @@ COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
 
 
 class LineSplitter:
-    """Bytes in, complete lines out; never a torn line.
-
-    A pty turns "\\n" into "\\r\\n"; progress bars redraw with a bare "\\r". Only the final
-    frame of a redrawn line is kept, plus one frame every PROGRESS_EVERY seconds so that a
-    long-running bar still shows signs of life.
-    """
+    """Bytes in, complete lines out; never a torn line. A progress bar redraws with a bare
+    "\\r": only the final frame of a line is kept, plus one every PROGRESS_EVERY seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -154,9 +150,8 @@ class Printer:
         if not text:
             return
         if "[" in text and (text[0] == "[" or "\n[" in text):  # torchrun's local-rank tags
-            # A tag inside a line (a line torchrun cut, torchrun_pieces) is rare: two C-speed
-            # counts tell that no "]:" is past the lines' own tags (a body's own "]:", e.g.
-            # torch's "[rank1]:", only takes the slower path), keeping whole lines at one match.
+            # A tag inside a line (torchrun_pieces) is rare: two counts tell that no "]:" is
+            # past the lines' own tags, and whole lines take one match each.
             whole = not self._cut and text.count("]:") <= text.count("\n[") + 1
             fn = self._whole_prefixed if whole else self._prefixed
             text = "".join([fn(rank, host, line) for line in lines_of(text)])
@@ -167,7 +162,7 @@ class Printer:
 
     def raw_lines(self, lines: list[str]) -> None:
         """Lines printed as they are (a console log that already has its prefixes)."""
-        self._write(self.mask("".join(line + "\n" for line in lines)))
+        self._write(self.mask(text_of(lines)))
 
     def say(self, line: str) -> None:
         """A launcher message (not from a node)."""
@@ -208,12 +203,10 @@ class Printer:
 def torchrun_pieces(line: str, m: re.Match) -> list[tuple[str, str, bool]]:
     """A torchrun --tee line (m: its tag) as (local rank, text, cut) pieces, most often one.
 
-    torchrun's tail threads read each rank's log file with readline(), which returns a part
-    of a line when the rank has written its text but not yet its "\n" (print() writes them
-    apart under PYTHONUNBUFFERED); the rest follows with the tag again, and another rank's line
-    can come in between: "[default0]:A[default1]:B" then "[default0]:". Such a line is split at
-    each tag of the same role; cut: the piece ended where a tag began. Consecutive pieces of one
-    rank are one line again."""
+    torchrun's tail threads readline() each rank's log, which returns a part of a line written
+    before its "\n"; the rest follows with the tag again, maybe after another rank's line:
+    "[default0]:A[default1]:B" then "[default0]:". Such a line is split at each tag of the same
+    role; cut: the piece ended where a tag began. Consecutive pieces of one rank are joined."""
     role, local, start = m.group(1), m.group(2), m.end()
     if line.find("[" + role, start) < 0:          # the common case: one whole line
         return [(local, line[start:], False)]

@@ -1,12 +1,8 @@
-"""One node's output on its one path: it never goes through the launcher's Python.
-
-Every node's session runs under nodeprog/relay.py (an OpenSSH client's session on an SSH node,
-a local process on this machine), which masks the node's output and copies the lines that
-matter (a health mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f.
-Here what the session wrote to its spool (transport/spool.py) is moved into the node log with
-sendfile(2), by a thread of its own, never read into Python; only the relay's lines are read;
-the console follows the node logs at its pace (logs/console.py).
-"""
+"""One node's output on its one path, never read into the launcher's Python: every node's
+session runs under nodeprog/relay.py, which masks it and copies the lines that matter (a
+health mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f. A thread
+moves the session's spool (transport/spool.py) into the node log with sendfile(2); only the
+relay's lines are read; the console follows the node logs at its pace (logs/console.py)."""
 from __future__ import annotations
 
 import collections
@@ -22,9 +18,8 @@ from ..transport.spool import Spool
 from ..logs.stream import LineSplitter, NodeLog, lines_of, text_of, _last_frame
 from ..logs.torchrun_out import TorchrunRootCause
 
-# A move of less than this waits (Spool.pause) before the next: the spool fills meanwhile, so
-# a flood moves in fewer, larger pieces (a wake-up, a removal check and a sendfile each) and a
-# trickle of lines costs few wake-ups a second. The node never waits: its client writes a file.
+# A move of less than this waits (Spool.pause) before the next: a flood moves in fewer, larger
+# pieces, a trickle of lines costs few wake-ups a second.
 GATHER_BYTES = 2**18
 ACTIVE_EVERY_S = 0.5    # the live view's "output seen" at most this often per node
 TAIL_BYTES = 2**16      # read back from the node log's end for the summary's last lines
@@ -32,12 +27,9 @@ OURS = "\x1f"           # leads every line the relay writes to stderr
 
 
 class NodeOutput:
-    """One node's output, for the session (session/attempt.py) that owns one per node: the spool
-    moved into the node log by a thread, the relay's lines to the live view (samples), the
-    root cause and the health watch (watched(rank, host, text)).
-
-    plan: its mask (the relay masked already; the launcher's mask is the same); view: the
-    live view; unlogged(text): output the node log could not take (it goes to the console)."""
+    """One node's output (session/attempt.py owns one per node): the spool moved into the node
+    log, the relay's lines to the live view (samples), the root cause and the health watch
+    (watched(rank, host, text)); unlogged(text): what the node log could not take."""
 
     def __init__(self, node: NodePlan, running: Running, plan: LaunchPlan, view: nodeview.LiveView,
                  unlogged: Callable[[str], None], watched: Callable[[int, str, str], None]):
@@ -54,11 +46,11 @@ class NodeOutput:
             mover.start()
             said = self._read_lines()
             mover.join()
-            return _with_cause(self.running.wait(said), self.cause)
+            return with_cause(self.running.wait(said), self.cause)
         except Exception as e:
             return Exit(LOST, lost=True, detail=f"stream error: {e}")
 
-    def seen(self, text: str) -> None:
+    def _seen(self, text: str) -> None:
         """The relay's lines (masked on the node): samples, the root cause, the health watch."""
         text, samples = nodeview.split_text(self.plan.mask(text))
         if samples:
@@ -89,7 +81,7 @@ class NodeOutput:
         if not text:
             return
         if text.startswith(OURS) and text.count("\n") == text.count("\n" + OURS) + 1:
-            self.seen(text[1:].replace("\n" + OURS, "\n"))   # the common case: every line ours
+            self._seen(text[1:].replace("\n" + OURS, "\n"))   # the common case: every line ours
             return
         ours = []
         for line in lines_of(text):
@@ -98,7 +90,7 @@ class NodeOutput:
             else:
                 said.append(line)
         if ours:
-            self.seen(text_of(ours))
+            self._seen(text_of(ours))
 
     def _move(self) -> None:
         spool, last, log = self.running.spool, 0.0, NodeLog(self.path)
@@ -125,7 +117,7 @@ class NodeOutput:
         return len(data)
 
 
-def _with_cause(outcome: Exit, cause: TorchrunRootCause) -> Exit:
+def with_cause(outcome: Exit, cause: TorchrunRootCause) -> Exit:
     """torchrun exits 1 whatever its worker returned: the worker's code from its report."""
     if outcome.code == 1 and cause.code not in (None, 0, 1):
         return Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")

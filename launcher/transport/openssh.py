@@ -24,7 +24,7 @@ from .base import LOST
 from .openssh_running import ACCEPTED, ALIVE_COUNT, ALIVE_S, OpenSSHRunning
 from .spool import Spool
 
-# Known to every OpenSSH since 6.5; the AEAD ciphers first, as for paramiko (ssh.AEAD_FIRST)
+# Known to every OpenSSH since 6.5; the AEAD ciphers first
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
 END_GRACE_S = 5.0   # a session ended before its script: this long to finish its login first
