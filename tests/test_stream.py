@@ -62,33 +62,34 @@ def test_printer_is_not_coloured_off_tty():
 
 def test_torchrun_root_cause_exit_code():
     c = TorchrunRootCause()
-    c.see(["Failures:", "  exitcode  : -15 (pid: 1)", "Root Cause (first observed failure):",
-           "[0]:", "  exitcode  : 3 (pid: 2)"])
+    c.see_text("Failures:\n  exitcode  : -15 (pid: 1)\nRoot Cause (first observed failure):\n"
+               "[0]:\n  exitcode  : 3 (pid: 2)\n")
     assert c.code == 3
     k = TorchrunRootCause()
-    k.see(["Root Cause (first observed failure):", "  exitcode  : -9 (pid: 3)"])
+    k.see_text("Root Cause (first observed failure):\n  exitcode  : -9 (pid: 3)\n")
     assert k.code == 137
 
 
-def test_node_log_masks_and_keeps_tail(tmp_path):
-    log = NodeLog(str(tmp_path / "n.log"), lambda t: t.replace("s3cr3t", "***"), keep=2)
-    log.write(["a", "b s3cr3t", "c"])
-    log.close()
-    assert (tmp_path / "n.log").read_text() == "a\nb ***\nc\n"
-    assert list(log.tail) == ["b ***", "c"]
-
-
 def test_text_forms_match_the_line_forms(tmp_path):
-    """The readers' text of whole lines: the same lines and tails as the lists."""
+    """The readers' text of whole lines: the same lines as the lists."""
     from launcher.logs.stream import lines_of, text_of
     s = LineSplitter()
     assert s.feed_text(b"a\r\nb\n\npart") == "a\nb\n\n" and s.flush_text() == "part\n"
     assert lines_of("a\n\nb\n") == ["a", "", "b"] and text_of(["a", "", "b"]) == "a\n\nb\n"
-    log = NodeLog(str(tmp_path / "n.log"), lambda t: t, keep=2)
-    log.write_masked("x\ny\nz\n")
-    log.write_masked("\n")
+
+
+def test_node_log_appends_and_is_made_again_once_removed(tmp_path):
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "n.log"
+    path.write_text("old\n")
+    log = NodeLog(str(path))
+    log.write("x\ny\n")
+    assert path.read_text() == "old\nx\ny\n"
+    path.unlink()
+    (tmp_path / "d").rmdir()
+    log.write("z\n")
     log.close()
-    assert list(log.tail) == ["z", ""] and (tmp_path / "n.log").read_text() == "x\ny\nz\n\n"
+    assert path.read_text() == "z\n"
 
 
 def test_torchrun_cut_lines_are_whole_again():

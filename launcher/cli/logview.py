@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..errors import UserError
 from ..logs.stream import Printer, lines_of
 from ..logs.tail import FileTail, log_iter
 from ..record.registry import console_path, locate
@@ -59,34 +60,31 @@ class View:
     def _require(self) -> None:
         """Every file this view reads exists: a missing log is said, never shown as empty."""
         if not self.tails:
-            raise _user(f"run {self.run.id} ({self.run.state}) has started no node"
+            raise UserError(f"run {self.run.id} ({self.run.state}) has started no node"
                         + (" yet; `mlaunch logs -f` waits for it" if self.run.active else ""))
         for t in self.tails:
             try:
                 t.path = locate(t.path, t.what)
             except LookupError as e:
-                raise _user(f"run {self.run.id}: {e}") from None
+                raise UserError(f"run {self.run.id}: {e}") from None
 
     def _tails(self) -> list[_Tail]:
         if self.node is None and self.attempt is None:
-            return [_Tail(console_path(self.run.id), self._raw, "console log")]
+            return [_Tail(console_path(self.run.id), self.printer.raw_lines, "console log")]
         attempts = self.reg.attempts(self.run.id)
         if not attempts:
             return []
         pick = attempts[-1] if self.attempt is None else next(
             (a for a in attempts if a.n == self.attempt), None)
         if pick is None:
-            raise _user(f"--attempt {self.attempt}: run {self.run.id} has attempts "
+            raise UserError(f"--attempt {self.attempt}: run {self.run.id} has attempts "
                         f"0..{attempts[-1].n}")
         self.seen_attempts = pick.n
         ranks = range(len(pick.log_paths)) if self.node is None else [self.node]
         if self.node is not None and not 0 <= self.node < len(pick.log_paths):
-            raise _user(f"--node {self.node}: run {self.run.id} has nodes 0..{len(pick.log_paths) - 1}")
+            raise UserError(f"--node {self.node}: run {self.run.id} has nodes 0..{len(pick.log_paths) - 1}")
         return [_Tail(pick.log_paths[k], self._node_emit(k), f"node {k}'s log (attempt {pick.n})")
                 for k in ranks]
-
-    def _raw(self, lines: list[str]) -> None:
-        self.printer.raw_lines(lines)
 
     def live(self) -> None:
         """Keep the run's per-node status lines (its live.json) under the stream, on a terminal."""
@@ -132,8 +130,3 @@ class View:
                 if text := t.flush():
                     t.emit(lines_of(text))
             self.tails = self._tails()
-
-
-def _user(msg: str):
-    from ..errors import UserError
-    return UserError(msg)

@@ -68,11 +68,6 @@ class Console:
         else:
             self.printer.node_text(rank, host, text, masked=True)
 
-    @property
-    def abandoned(self) -> bool:
-        """Teardown began: node output is no longer shown."""
-        return self._abandoned
-
     def abandon(self) -> None:
         """Stop showing node output (teardown): what comes later is only in the node logs;
         close() says so in one line."""

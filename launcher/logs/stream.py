@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import codecs
-import collections
 import functools
 import io
 import os
@@ -23,12 +22,8 @@ COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
 
 
 class LineSplitter:
-    """Bytes in, complete lines out; never a torn line.
-
-    A pty turns "\\n" into "\\r\\n"; progress bars redraw with a bare "\\r". Only the final
-    frame of a redrawn line is kept, plus one frame every PROGRESS_EVERY seconds so that a
-    long-running bar still shows signs of life.
-    """
+    """Bytes in, complete lines out; never a torn line. A progress bar redraws with a bare
+    "\\r": only the final frame of a line is kept, plus one every PROGRESS_EVERY seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -79,16 +74,6 @@ def lines_of(text: str) -> list[str]:
 def text_of(lines: list[str]) -> str:
     """lines as one text, each ending in "\n" (lines_of's inverse)."""
     return "".join(line + "\n" for line in lines)
-
-
-def _last_lines(text: str, n: int) -> list[str]:
-    """The last n lines of a text of whole lines, found from its end (no copy of the rest)."""
-    start = len(text) - 1
-    for _ in range(n):
-        start = text.rfind("\n", 0, start)
-        if start < 0:
-            break
-    return text[start + 1:-1].split("\n")
 
 
 def _last_frame(line: str) -> str:
@@ -165,9 +150,8 @@ class Printer:
         if not text:
             return
         if "[" in text and (text[0] == "[" or "\n[" in text):  # torchrun's local-rank tags
-            # A tag inside a line (a line torchrun cut, torchrun_pieces) is rare: two C-speed
-            # counts tell that no "]:" is past the lines' own tags (a body's own "]:", e.g.
-            # torch's "[rank1]:", only takes the slower path), keeping whole lines at one match.
+            # A tag inside a line (torchrun_pieces) is rare: two counts tell that no "]:" is
+            # past the lines' own tags, and whole lines take one match each.
             whole = not self._cut and text.count("]:") <= text.count("\n[") + 1
             fn = self._whole_prefixed if whole else self._prefixed
             text = "".join([fn(rank, host, line) for line in lines_of(text)])
@@ -178,7 +162,7 @@ class Printer:
 
     def raw_lines(self, lines: list[str]) -> None:
         """Lines printed as they are (a console log that already has its prefixes)."""
-        self._write(self.mask("".join(line + "\n" for line in lines)))
+        self._write(self.mask(text_of(lines)))
 
     def say(self, line: str) -> None:
         """A launcher message (not from a node)."""
@@ -219,12 +203,10 @@ class Printer:
 def torchrun_pieces(line: str, m: re.Match) -> list[tuple[str, str, bool]]:
     """A torchrun --tee line (m: its tag) as (local rank, text, cut) pieces, most often one.
 
-    torchrun's tail threads read each rank's log file with readline(), which returns a part
-    of a line when the rank has written its text but not yet its "\n" (print() writes them
-    apart under PYTHONUNBUFFERED); the rest follows with the tag again, and another rank's line
-    can come in between: "[default0]:A[default1]:B" then "[default0]:". Such a line is split at
-    each tag of the same role; cut: the piece ended where a tag began. Consecutive pieces of one
-    rank are one line again."""
+    torchrun's tail threads readline() each rank's log, which returns a part of a line written
+    before its "\n"; the rest follows with the tag again, maybe after another rank's line:
+    "[default0]:A[default1]:B" then "[default0]:". Such a line is split at each tag of the same
+    role; cut: the piece ended where a tag began. Consecutive pieces of one rank are joined."""
     role, local, start = m.group(1), m.group(2), m.end()
     if line.find("[" + role, start) < 0:          # the common case: one whole line
         return [(local, line[start:], False)]
@@ -247,52 +229,60 @@ def _role_tag(role: str) -> re.Pattern:
 
 
 class NodeLog:
-    """One node's full output in its log file, plus its last lines for the summary."""
+    """One node's log file and its one writer: masked texts appended, or a spool's bytes moved
+    in with sendfile(2) (which an O_APPEND file refuses: the writer keeps its own offset). A log
+    removed with its directory is made again; one that cannot be written is said once, and the
+    node's output from there on is on the console only (fd is then -1)."""
 
-    def __init__(self, path: str, mask: Callable[[str], str], keep: int = 12):
-        self.path = path
-        self._fd = self._open()
-        self._mask = mask
-        self.tail: collections.deque[str] = collections.deque(maxlen=keep)
-        self._failed = False
+    def __init__(self, path: str):
+        self.path, self._failed = path, False
+        self.fd = self._open()
+
+    def write(self, text: str) -> None:
+        """Append a text of whole lines that plan.mask has already been applied to."""
+        data = memoryview(text.encode("utf-8", "replace"))
+        try:
+            while data and self._reopen_if_removed():   # a regular file takes it all at once
+                data = data[os.write(self.fd, data):]
+        except OSError as e:
+            self._fail(e)
+
+    def move(self, spool) -> int:
+        """Move a spool's next bytes in (transport/spool.py); how many (1 where it failed)."""
+        try:
+            return spool.move_to(self.fd) if self._reopen_if_removed() else 1
+        except OSError as e:
+            self._fail(e)
+            return 1
 
     def _open(self) -> int:
-        # One os.write per text, no file object: `mlaunch logs -f` sees each chunk as soon as
-        # it arrives, without a line-buffered text file's work (bench/emit_cost.py: 0.49 ns a
-        # byte with the encode, against 0.53, on idle cores; a third less on a loaded machine).
-        return fsmode.private_fd(self.path, os.O_WRONLY | os.O_APPEND)
-
-    def write(self, lines: list[str]) -> None:
-        if lines:
-            self.write_masked(self._mask(text_of(lines)))
-
-    def write_masked(self, text: str) -> None:
-        """Append a text of whole lines that plan.mask has already been applied to."""
-        if not text:
-            return
-        self.tail.extend(_last_lines(text, self.tail.maxlen or 1))
         try:
-            self._reopen_if_removed()
-            data = memoryview(text.encode("utf-8", "replace"))
-            while data:   # a regular file takes it all at once unless the disk fills
-                data = data[os.write(self._fd, data):]
-        except OSError as e:  # a full disk or a lost directory must not lose the node
-            if not self._failed:
-                self._failed = True
-                print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
-                      "that node's output from here on is only on the console", file=sys.stderr)
+            fd = fsmode.private_fd(self.path, os.O_WRONLY)
+            os.lseek(fd, 0, os.SEEK_END)
+            return fd
+        except OSError as e:
+            self._fail(e)
+            return -1
 
-    def _reopen_if_removed(self) -> None:
-        # One fstat a chunk: a log removed with its directory would take every later line
+    def _reopen_if_removed(self) -> bool:
+        # One fstat a write: a log removed with its directory would take every later line
         # into an unlinked file; it is made again at its path instead.
-        if os.fstat(self._fd).st_nlink == 0:
+        if self.fd >= 0 and os.fstat(self.fd).st_nlink == 0:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             said_removed(os.path.dirname(self.path) or ".")
-            os.close(self._fd)
-            self._fd = -1   # if the open below fails, later writes fail quietly after the one line
-            self._fd = self._open()
+            self.close()
+            self.fd = self._open()
+        return self.fd >= 0
+
+    def _fail(self, e: OSError) -> None:
+        # A full disk or a lost directory must not lose the node.
+        self.close()
+        if not self._failed:
+            self._failed = True
+            print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
+                  "that node's output from here on is only on the console", flush=True, file=sys.stderr)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

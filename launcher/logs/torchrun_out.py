@@ -4,7 +4,7 @@ never reach the console: the console stops showing node output when the teardown
 from __future__ import annotations
 
 import re
-from .stream import lines_of, text_of
+from .stream import lines_of
 
 
 ROOT_CAUSE = "Root Cause"   # its report's header holds this, the exit code some lines below
@@ -24,9 +24,6 @@ class TorchrunRootCause:
     def __init__(self) -> None:
         self._in_block = False
         self.code: int | None = None
-
-    def see(self, lines: list[str]) -> None:
-        self.see_text(text_of(lines))
 
     def see_text(self, text: str) -> None:
         """Take in a text of whole lines (LineSplitter.feed_text)."""

@@ -1,22 +1,17 @@
-"""A node's output relayed for the log path that never copies it through the launcher's Python
-(python3 -c, argv: the command; session/nodeoutput.py is the launcher's side).
+"""A node's output relayed on the node (python3 -c, argv: the command; session/nodeoutput.py
+is the launcher's side): secrets masked, and the lines the launcher must see copied apart.
 
 Before the command starts, one frame on stdin (a length line, then that many bytes) says what
-to mask and what the launcher must see: {"literal": [[value, mark]...], "regex": [[pattern,
-replacement, gate...]...], "marks": [...], "after": [[mark, lines]...], "sample": marker},
-as render.relay_frame() writes it (entries of NUL-separated fields: no json to import, and no
-secret holds a NUL). The secrets' values travel there, in no argv and no file.
+to mask and what to copy: {"literal": [[value, mark]...], "regex": [[pattern, replacement,
+gate...]...], "marks": [...], "after": [[mark, lines]...], "sample": marker}, as
+render.relay_frame() writes it (NUL-separated fields: no json to import). The secrets' values
+travel there, in no argv and no file.
 
-stdout: everything the command printed, secrets masked, sample lines taken out: the launcher
-splices it into the node log unread. stderr: a copy of every line that holds a mark (and the
-`lines` after an `after` mark, and every sample line), each behind a 0x1f byte, "\\r" frames
-as lines of their own: what the health watch, the root cause and the live view read. The
-OpenSSH client's own words on that stderr have no 0x1f, so the two never mix.
-
-As zpipe.py, through the part wrapped.py: the command runs as a child in a session of its
-own, stdin inherited (the hang-up guard's heartbeat and the script), this process never a
-teardown's target; the exit is the command's. Plain bytes throughout: a chunk without a mark
-costs a few C-level scans.
+stdout: everything the command printed, masked, sample lines taken out: the node log's bytes.
+stderr: each line that holds a mark (and the `lines` after an `after` mark, and every sample),
+behind a 0x1f byte, "\\r" frames as lines of their own: what the health watch, the root cause
+and the live view read; the OpenSSH client's own words there have no 0x1f. The command runs as
+a child in a session of its own (wrapped.py), stdin inherited; the exit is the command's.
 """
 import fcntl
 import os
@@ -28,10 +23,8 @@ from .wrapped import end_as, send, spawn
 READ = 1 << 18
 # A read of less than GATHER waits before the next, long enough for about GATHER bytes at
 # the rate that read came (GATHER_S to GATHER_MAX_S): the command's pipe (made PIPE deep)
-# fills meanwhile, so a flood is relayed in a few large blocks (a read, the scans, a write
-# each) rather than in the command's 4-8 KB writes, and a trickle of lines costs at most 50
-# wake-ups a second. The command hardly ever waits: the pipe holds 20 ms of 50 MB/s, and
-# after a large read the next comes at once (a rate that jumps within one wait can fill it).
+# fills meanwhile, so a flood is relayed in a few large blocks, and a trickle of lines costs
+# at most 50 wake-ups a second.
 PIPE, GATHER, GATHER_S, GATHER_MAX_S = 1 << 20, 1 << 16, 0.005, 0.02
 HOLD = 1 << 20   # a line longer than this without an end goes out as it is
 OURS = b"\x1f"   # leads every line this program writes to stderr
@@ -41,17 +34,11 @@ def read_frame():
     """The config frame from stdin, read byte by byte up to its length line and then exactly,
     so that what follows (the script, the heartbeats) stays for the command."""
     head = b""
-    while not head.endswith(b"\n"):
-        byte = os.read(0, 1)
-        if not byte:
-            sys.exit(97)
-        head += byte
+    while not head.endswith(b"\n"):   # stdin ended early: exit 97
+        head += os.read(0, 1) or sys.exit(97)
     size, data = int(head), b""
     while len(data) < size:
-        more = os.read(0, size - len(data))
-        if not more:
-            sys.exit(97)
-        data += more
+        data += os.read(0, size - len(data)) or sys.exit(97)
     return parse_frame(data.decode("utf-8"))
 
 
@@ -76,9 +63,8 @@ def in_python(block, needle):
 
 
 def by_memmem():
-    """A substring test by the C library's memmem, 2-3x faster than Python's own search
-    for the marks (a 20 MB flood of log lines: "world" 4 ms against 11), or Python's where
-    ctypes or memmem is missing."""
+    """A substring test by the C library's memmem (faster than Python's own search for the
+    marks), or Python's where ctypes or memmem is missing."""
     try:
         import ctypes
         memmem = ctypes.CDLL(None).memmem
@@ -89,14 +75,11 @@ def by_memmem():
     return lambda block, needle: memmem(block, len(block), needle, len(needle)) is not None
 
 
-# Python's search until the output passes FAST_AFTER, then memmem: importing ctypes costs
-# ~2 ms of CPU, which a node that prints a few lines never wins back.
+# Python's search until the output passes FAST_AFTER, then memmem: importing ctypes costs more
+# CPU than a node that prints a few lines would save.
 FAST_AFTER = 1 << 20
-
-
 # Bytes that fill ordinary log text: a needle holding none of them has a gate, its rarest
-# byte, looked for first (a memchr: ~20x cheaper than the search, and a block of plain lines
-# mostly lacks it).
+# byte, looked for first (a memchr, far cheaper than the search).
 COMMON = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                    b" \t\n.,:;/-_=[]()'\"<>")
 
@@ -108,8 +91,8 @@ def needle(text):
 
 
 def compiled(pattern, cache={}):
-    """pattern compiled, re imported at the first block that needs it: ~5 ms of CPU spared
-    on every node whose output never holds what a regex masks (a URL's password)."""
+    """pattern compiled, re imported at the first block that needs it: spared on every node
+    whose output never holds what a regex masks (a URL's password)."""
     if pattern not in cache:
         import re
         cache[pattern] = re.compile(pattern)
@@ -253,15 +236,18 @@ def pump(relay, fd):
         # rest, which keeps any secret the cut would split, is masked with what follows.
         cut = cut or relay.safe_cut(data, len(data) - relay.overlap)
         block, rest = data[:cut], data[cut:]
-        out, seen = relay.split(relay.mask(block))
-        if seen:
-            send(2, seen)
-        send(1, out)
+        send(1, relayed(relay, block))
     if rest:
-        out, seen = relay.split(relay.mask(rest + b"\n"))
-        if seen:
-            send(2, seen)
+        out = relayed(relay, rest + b"\n")
         send(1, out[:-1] if out.endswith(b"\n") else out)
+
+
+def relayed(relay, block):
+    """block masked, its lines for the launcher sent to stderr; what goes to the node log."""
+    out, seen = relay.split(relay.mask(block))
+    if seen:
+        send(2, seen)
+    return out
 
 
 def main():

@@ -1,33 +1,25 @@
-"""One node's output on its one path: it never goes through the launcher's Python.
-
-Every node's session runs under nodeprog/relay.py (an OpenSSH client's session on an SSH node,
-a local process on this machine), which masks the node's output and copies the lines that
-matter (a health mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f.
-Here what the session wrote to its spool (transport/spool.py) is moved into the node log with
-sendfile(2), by a thread of its own, never read into Python; only the relay's lines are read;
-the console follows the node logs at its pace (logs/console.py).
-"""
+"""One node's output on its one path, never read into the launcher's Python: every node's
+session runs under nodeprog/relay.py, which masks it and copies the lines that matter (a
+health mark, torchrun's root cause, a sample) to the session's stderr behind 0x1f. A thread
+moves the session's spool (transport/spool.py) into the node log with sendfile(2); only the
+relay's lines are read; the console follows the node logs at its pace (logs/console.py)."""
 from __future__ import annotations
 
 import collections
 import os
-import sys
 import threading
 import time
 from typing import Callable
 
 from ..plan.launch_plan import LaunchPlan, NodePlan
-from ..record import fsmode
-from ..record.events import said_removed
 from ..view import nodeview
 from ..transport.base import LOST, Exit, Running
 from ..transport.spool import Spool
-from ..logs.stream import LineSplitter, lines_of, text_of, _last_frame
+from ..logs.stream import LineSplitter, NodeLog, lines_of, text_of, _last_frame
 from ..logs.torchrun_out import TorchrunRootCause
 
-# A move of less than this waits (Spool.pause) before the next: the spool fills meanwhile, so
-# a flood moves in fewer, larger pieces (a wake-up, a removal check and a sendfile each) and a
-# trickle of lines costs few wake-ups a second. The node never waits: its client writes a file.
+# A move of less than this waits (Spool.pause) before the next: a flood moves in fewer, larger
+# pieces, a trickle of lines costs few wake-ups a second.
 GATHER_BYTES = 2**18
 ACTIVE_EVERY_S = 0.5    # the live view's "output seen" at most this often per node
 TAIL_BYTES = 2**16      # read back from the node log's end for the summary's last lines
@@ -35,20 +27,15 @@ OURS = "\x1f"           # leads every line the relay writes to stderr
 
 
 class NodeOutput:
-    """One node's output, for the session (session/attempt.py) that owns one per node: the spool
-    moved into the node log by a thread, the relay's lines to the live view (samples), the
-    root cause and the health watch (watched(rank, host, text)).
-
-    plan: its mask (the relay masked already; the launcher's mask is the same); view: the
-    live view; unlogged(text): output the node log could not take (it goes to the console)."""
+    """One node's output (session/attempt.py owns one per node): the spool moved into the node
+    log, the relay's lines to the live view (samples), the root cause and the health watch
+    (watched(rank, host, text)); unlogged(text): what the node log could not take."""
 
     def __init__(self, node: NodePlan, running: Running, plan: LaunchPlan, view: nodeview.LiveView,
                  unlogged: Callable[[str], None], watched: Callable[[int, str, str], None]):
         self.node, self.running, self.path = node, running, node.log_path
         self.plan, self.view, self.unlogged, self.watched = plan, view, unlogged, watched
         self.cause = TorchrunRootCause()
-        self._fd = -1
-        self._failed = False
         self._unlogged = LineSplitter()
 
     def run(self) -> Exit:
@@ -59,11 +46,11 @@ class NodeOutput:
             mover.start()
             said = self._read_lines()
             mover.join()
-            return _with_cause(self.running.wait(said), self.cause)
+            return with_cause(self.running.wait(said), self.cause)
         except Exception as e:
             return Exit(LOST, lost=True, detail=f"stream error: {e}")
 
-    def seen(self, text: str) -> None:
+    def _seen(self, text: str) -> None:
         """The relay's lines (masked on the node): samples, the root cause, the health watch."""
         text, samples = nodeview.split_text(self.plan.mask(text))
         if samples:
@@ -71,9 +58,6 @@ class NodeOutput:
         if text:
             self.cause.see_text(text)
             self.watched(self.node.rank, self.node.host, text)
-
-    def active(self) -> None:
-        self.view.lines_seen(self.node.rank)
 
     def tail(self, keep: int = 12) -> list[str]:
         """The node log's last lines (the summary's), as the console would show them."""
@@ -97,7 +81,7 @@ class NodeOutput:
         if not text:
             return
         if text.startswith(OURS) and text.count("\n") == text.count("\n" + OURS) + 1:
-            self.seen(text[1:].replace("\n" + OURS, "\n"))   # the common case: every line ours
+            self._seen(text[1:].replace("\n" + OURS, "\n"))   # the common case: every line ours
             return
         ours = []
         for line in lines_of(text):
@@ -106,37 +90,24 @@ class NodeOutput:
             else:
                 said.append(line)
         if ours:
-            self.seen(text_of(ours))
+            self._seen(text_of(ours))
 
     def _move(self) -> None:
-        spool, last = self.running.spool, 0.0
-        self._fd = self._open()
+        spool, last, log = self.running.spool, 0.0, NodeLog(self.path)
         try:
             while True:
                 ended = self.running.ended()   # before the move: all the client wrote is there
-                moved = self._to_log(spool) if self._fd >= 0 else self._to_console(spool)
+                moved = log.move(spool) if log.fd >= 0 else self._to_console(spool)
                 if not moved and ended:
                     self._to_console(spool, end=True)
                     return
                 if moved and (now := time.monotonic()) - last > ACTIVE_EVERY_S:
                     last = now
-                    self.active()
+                    self.view.lines_seen(self.node.rank)
                 if moved < GATHER_BYTES:
                     spool.pause(moved > 0)
         finally:
-            if self._fd >= 0:
-                os.close(self._fd)
-
-    def _to_log(self, spool: Spool) -> int:
-        try:
-            if os.fstat(self._fd).st_nlink == 0:   # removed with its directory: made again
-                self._reopen()
-                if self._fd < 0:
-                    return 1
-            return spool.move_to(self._fd)
-        except OSError as e:   # a full disk: the node's output goes on, to the console only
-            self._fail(e)
-            return 1
+            log.close()
 
     def _to_console(self, spool: Spool, end: bool = False) -> int:
         data = spool.take()
@@ -145,35 +116,8 @@ class NodeOutput:
             self.unlogged(text)
         return len(data)
 
-    def _open(self) -> int:
-        # sendfile(2) into a file opened O_APPEND is refused: this thread is the log's only writer.
-        try:
-            fd = fsmode.private_fd(self.path, os.O_WRONLY)
-            os.lseek(fd, 0, os.SEEK_END)
-            return fd
-        except OSError as e:
-            self._fail(e)
-            return -1
 
-    def _reopen(self) -> None:
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        said_removed(os.path.dirname(self.path) or ".")
-        os.close(self._fd)
-        self._fd = -1
-        self._fd = self._open()
-
-    def _fail(self, e: OSError) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        if not self._failed:
-            self._failed = True
-            print(f"mlaunch: cannot write {self.path} ({e.strerror or e}); the run goes on, "
-                  "that node's output from here on is only on the console", flush=True,
-                  file=sys.stderr)
-
-
-def _with_cause(outcome: Exit, cause: TorchrunRootCause) -> Exit:
+def with_cause(outcome: Exit, cause: TorchrunRootCause) -> Exit:
     """torchrun exits 1 whatever its worker returned: the worker's code from its report."""
     if outcome.code == 1 and cause.code not in (None, 0, 1):
         return Exit(cause.code, detail=f"torchrun: a worker exited {cause.code}")

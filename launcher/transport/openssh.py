@@ -1,16 +1,11 @@
-"""Node output streams through the OpenSSH client: one `ssh` process per node.
-
-Each node's session is an `ssh` child that decrypts in C in its own process and writes a file
-the launcher moves into the node log unread (transport/spool.py, session/nodeoutput.py); paramiko
-decrypting every byte under the launcher's one GIL measured far slower at 64 hosts
-(bench/results/logpath-*). Each stream client is the master of its host's connection: the
-short scripts (staging, checks, the teardown) ride it as sessions of their own `ssh`
-children, with no login and no Python crypto. paramiko only explains a login that failed.
-
-Each client checks the host key itself, against the known_hosts files paramiko would read
-for the host under the same policy (strict: a known key only; else an unknown key is accepted
-into a file of the run's own, a changed one refused).
-"""
+"""Node output streams through the OpenSSH client: one `ssh` process per node, which decrypts
+in C in its own process and writes a file that the launcher moves into the node log unread
+(transport/spool.py, session/nodeoutput.py). Each stream client is the master of its host's
+connection: the short scripts (staging, checks, the teardown) ride it as sessions of their own
+`ssh` children. Each client checks the host key against the known_hosts files paramiko would
+read for the host, under the same policy (strict: a known key only; else an unknown key is
+accepted into a file of the run's own, a changed one refused). paramiko only explains a login
+that failed (transport/ssh_paramiko.py)."""
 from __future__ import annotations
 
 import os
@@ -29,7 +24,7 @@ from .base import LOST
 from .openssh_running import ACCEPTED, ALIVE_COUNT, ALIVE_S, OpenSSHRunning
 from .spool import Spool
 
-# Known to every OpenSSH since 6.5; the AEAD ciphers first, as for paramiko (ssh.AEAD_FIRST)
+# Known to every OpenSSH since 6.5; the AEAD ciphers first
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
 END_GRACE_S = 5.0   # a session ended before its script: this long to finish its login first
@@ -41,6 +36,9 @@ SILENT = ("not tried: the host stopped answering ssh keepalives (frozen, or its 
           "its node's hang-up guard ends what is left there")
 # ssh's words when connect() failed: "ssh: connect to host H port P: <strerror>"
 CONNECT_FAILED = re.compile(r"^ssh: connect to host .* port (\d+): (.+)$")
+# a host whose handshake never came (no banner): ssh's and paramiko's fix alike
+NO_SSHD = ("the machine takes connections but its sshd does not answer (frozen or overloaded): "
+           "check it, or raise cluster.ssh.connect_timeout")
 SOCKET_DIR_MAX = 60   # a control socket's path (dir/N.S, and ssh's 17-byte temporary suffix) fits sun_path
 
 
@@ -64,8 +62,7 @@ class OpenSSHStreams:
 
     def add(self, login: str, addr: HostAddr, port: int | None, known: list[str],
             jump: tuple[HostAddr, list[str]] | None) -> None:
-        """Remember how to reach login: its address, port, the known_hosts files paramiko
-        reads for it, the jump host and its files."""
+        """Remember how to reach login: its address, port, known_hosts files, jump host."""
         proxy = None
         if jump is not None:
             jaddr, jknown = jump
@@ -84,8 +81,8 @@ class OpenSSHStreams:
                 self._pending[login] = self._popen(login, command)
 
     def await_ready(self, timeout: float) -> dict[str, Problem]:
-        """Wait for every login spawn() began; a line for each host the client could not log
-        in to, by login (then every waiting session is ended: nothing is sent anywhere)."""
+        """Wait for every login spawn() began; by login, a line for each that failed (then
+        every waiting session is ended: nothing is sent anywhere)."""
         logins = list(self._pending)
         with ThreadPoolExecutor(max_workers=min(64, len(logins) or 1)) as pool:
             results = dict(zip(logins, pool.map(lambda h: self._await(h, timeout), logins)))
@@ -95,10 +92,9 @@ class OpenSSHStreams:
         return problems
 
     def stage(self, frames: dict[str, bytes], timeout: float, relay_head: bytes) -> dict[str, str]:
-        """Send each waiting session relay_head (the relay's interpreter and config, waited for
-        from login on), then its stage frame (templates/stage_step.sh.j2), then wait for
-        every one's staged line: by login, the last words of each whose stage failed (its
-        session has ended)."""
+        """Send each waiting session relay_head (the relay's interpreter and config), then its
+        stage frame (templates/stage_step.sh.j2); by login, the last words of each whose stage
+        failed (its session has ended)."""
         with ThreadPoolExecutor(max_workers=min(64, len(frames) or 1)) as pool:
             said = dict(zip(frames, pool.map(lambda h: self._await_staged(h, frames[h], timeout, relay_head),
                                              frames)))
@@ -126,20 +122,15 @@ class OpenSSHStreams:
         return self._started[login]
 
     def run(self, login: str, command: str, data: bytes, timeout: float) -> tuple[int, str]:
-        """command on login's host with data on its stdin, over the connection of the host's
-        stream client where one is open (else a login of its own): (exit code, output).
-        command merges the script's stderr into its stdout there; the client's own stderr
-        is kept apart (a host whose sshd allows one session a connection makes the client
-        say so, then log in by itself) and is the output only where the client failed.
-        Not tried where the node's session found the host silent: a login there would only
-        wait out ConnectTimeout (a teardown held up the next attempt that long)."""
+        """command on login's host with data on its stdin, over its stream client's connection
+        where one is open (else a login of its own): (exit code, output). The client's own
+        stderr is the output only where the client failed. Not tried where the node's session
+        found the host silent: a login there would only wait out ConnectTimeout."""
         if (node := self._started.get(login)) is not None and node.silent:
             return LOST, SILENT
         master = self._masters.get(login)
         sharing = self._control_argv(master[1], False) if master and master[0].poll() is None else []
-        argv = self._argv[login]
-        proc = subprocess.Popen([argv[0], *sharing, *argv[1:], command], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = self._client(login, sharing, command, subprocess.PIPE)
         try:
             out, said = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -154,9 +145,8 @@ class OpenSSHStreams:
 
     def end_sessions(self) -> None:
         """End sessions begun but never started: their stdin closes, so each ends on the node
-        as soon as its login is done (the bootstrap reads no script); killed only past
-        END_GRACE_S. A login cut half-way can leave a node's shell start-up undone (a stale
-        pyenv rehash lock hung every later login on the suite's hosts)."""
+        once its login is done; killed only past END_GRACE_S (a login cut half-way can leave a
+        node's shell start-up undone, e.g. a stale pyenv rehash lock)."""
         procs = [*(p[0] for p in self._pending.values()), *(r[0] for r in self._ready.values())]
         self._pending.clear()
         self._ready.clear()
@@ -178,17 +168,21 @@ class OpenSSHStreams:
         self.end_sessions()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def _popen(self, login: str, command: str) -> tuple[subprocess.Popen, Spool]:
+    def _client(self, login: str, sharing: list[str], command: str, stdout) -> subprocess.Popen:
         # A session of its own: the terminal's Ctrl-C reaches the launcher, which tears down
         # in order, and never the clients (they would drop every node's output at once).
-        argv, sharing, path = self._argv[login], [], None
+        argv = self._argv[login]
+        return subprocess.Popen([argv[0], *sharing, *argv[1:], command], stdin=subprocess.PIPE,
+                                stdout=stdout, stderr=subprocess.PIPE, start_new_session=True)
+
+    def _popen(self, login: str, command: str) -> tuple[subprocess.Popen, Spool]:
+        sharing, path = [], None
         if login in self._control:   # a socket of its own: an older master may still be ending
             path = f"{self._control[login]}.{self._serial}"
             self._serial += 1
             sharing = self._control_argv(path, True)
         spool = Spool(self._dir)
-        proc = subprocess.Popen([argv[0], *sharing, *argv[1:], command], stdin=subprocess.PIPE,
-                                stdout=spool.fd, stderr=subprocess.PIPE, start_new_session=True)
+        proc = self._client(login, sharing, command, spool.fd)
         if path is not None:
             self._masters[login] = (proc, path)
         return proc, spool
@@ -217,24 +211,16 @@ class OpenSSHStreams:
             self._staged.add(login)
             return None
         del self._ready[login]
-        if proc.poll() is None:
-            proc.kill()
-        code = proc.wait()
-        words = [ln for ln in (seen + proc.stderr.read()).decode("utf-8", "replace").splitlines()
-                 if ln.strip() and not ln.startswith(ACCEPTED)]
+        code, words = _ended(proc, seen)
         return f"no answer in {timeout:g}s" if timed_out else (words[-1] if words else f"exit {code}")
 
     def _refused(self, login: str, proc: subprocess.Popen, timed_out: float | None) -> Problem:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        said = [ln for ln in proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
-                if ln.strip() and not ln.startswith(ACCEPTED)]
+        code, said = _ended(proc)
         if not timed_out and (why := unreached_line(said, max(1, round(self._ssh.connect_timeout)))):
             self.unreached.add(login)
             return Problem(f"host {login}", why)
         what = f"had no answer in {timed_out:g}s" if timed_out else \
-            "cannot log in where paramiko did: " + (said[-1] if said else f"exit {proc.returncode}")
+            "cannot log in where paramiko did: " + (said[-1] if said else f"exit {code}")
         return Problem(f"host {login}", f"the OpenSSH client (ssh) {what}; fix ssh_config or the "
                        "key for this host")
 
@@ -260,13 +246,11 @@ def unreached_line(said: list[str], timeout_s: int) -> str | None:
     else (a refused key, a login that failed: paramiko explains those)."""
     for line in reversed(said):
         if "during banner exchange" in line:
-            return (f"no SSH banner in {timeout_s}s (ssh: {line}); the machine takes connections but "
-                    "its sshd does not answer (frozen or overloaded): check it, or raise "
-                    "cluster.ssh.connect_timeout")
+            return f"no SSH banner in {timeout_s}s (ssh: {line}); {NO_SSHD}"
         if (m := CONNECT_FAILED.match(line)) and m.group(2) == "Connection refused":
-            return refused_line(m.group(1))   # the words every path has given for it
+            return refused_line(m.group(1))
         if m:
-            return f"{line}; {_unreached_fix(m.group(2), m.group(1), timeout_s)}"
+            return f"{line}; {unreached_fix(m.group(2), m.group(1), timeout_s)}"
         if "Could not resolve hostname" in line:
             return f"{line}; fix the name in cluster.hosts or ssh_config, or add it to DNS or /etc/hosts"
     return None
@@ -277,8 +261,8 @@ def refused_line(port: int | str) -> str:
     return f"connection refused on port {port}: is sshd running there and the port open?"
 
 
-def _unreached_fix(cause: str, port: str, timeout_s: int) -> str:
-    """The fix for a connect() that failed with cause (ssh's strerror words)."""
+def unreached_fix(cause: str, port: int | str, timeout_s: int) -> str:
+    """The fix for a connect() that failed with cause (strerror's words), ssh's or paramiko's."""
     if cause == "No route to host":
         return "the machine is down or not on this network: check that it is up and reachable from here"
     if cause == "Connection timed out":
@@ -305,6 +289,15 @@ def _read_until(proc: subprocess.Popen, spool: Spool, find, timeout: float) -> t
             return seen, None, proc.poll() is None
         seen += chunk
     return seen, cut, False
+
+
+def _ended(proc: subprocess.Popen, seen: bytes = b"") -> tuple[int, list[str]]:
+    """A client that failed, ended: its exit code and its words (seen, then its stderr)."""
+    if proc.poll() is None:
+        proc.kill()
+    code = proc.wait()
+    text = (seen + proc.stderr.read()).decode("utf-8", "replace").strip()
+    return code, [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(ACCEPTED)]
 
 
 def _private_dir() -> str:

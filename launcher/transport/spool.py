@@ -1,19 +1,8 @@
-"""A node session's output as its `ssh` client writes it: into a regular file, not a pipe.
-
-Measured with 64 namespace hosts on this 2-core machine (bench/results/logpath-2026-12-04e.txt):
-the 64 clients spent 8.1-8.4 s of CPU on 1.28 GB written into pipes and 5.5-5.8 s written
-into regular files, and the flood's wall fell from 7.8-8.1 s to 6.4-6.7 s. A client that
-writes a file never meets a full pipe (no partial write, no wake-up of a reader per write,
-no poll again), and never waits for the launcher.
-
-The file is made in the SSH executor's 0700 directory (TMPDIR for local nodes) and unlinked
-at once: only its writer and this object hold it, and nothing is left behind whatever ends the
-launcher. What was taken
-is punched out of it as it goes, so it holds about the launcher's backlog, not the node's
-whole output. That backlog lives in TMPDIR: where TMPDIR fills up, the client's writes fail
-and it drops the rest of that node's stream (the ranks' own files, torchrun's tee, and the
-relay's copies of the lines the launcher reads go on). Readers poll it (it is a file: no wake-up on data), at most every POLL_MAX_S.
-"""
+"""A node session's output as its `ssh` client (or local process) writes it: into a regular
+file, not a pipe, so that the writer never meets a full pipe nor waits for the launcher
+(bench/results/logpath-*). The file is unlinked at once (nothing is left behind whatever ends
+the launcher), and what was taken is punched out of it as it goes: it holds about the
+launcher's backlog, in TMPDIR. Readers poll it, at most every POLL_MAX_S."""
 from __future__ import annotations
 
 import errno
@@ -26,10 +15,8 @@ import time
 from ..errors import UserError
 
 READ = 2**20          # bytes per read or move at most
-# Between polls of an idle spool: doubled while it stays idle, from POLL_MIN_S to at most
-# POLL_MAX_S (64 idle nodes: ~1,300 wake-ups a second). After bytes came, GATHER_S: a flood
-# gathers meanwhile and moves in a few large pieces, and the node never waits for it (its
-# client writes a file); the console follows the node logs every 50 ms in any case.
+# Between polls of an idle spool: doubled while it stays idle, POLL_MIN_S to POLL_MAX_S. After
+# bytes came, GATHER_S: a flood gathers meanwhile and moves in a few large pieces.
 POLL_MIN_S, POLL_MAX_S, GATHER_S = 0.001, 0.05, 0.02
 PUNCH_EVERY = 2**23   # punch out what was taken once this much has gathered
 
@@ -45,10 +32,7 @@ class Spool:
                             "free space there or set TMPDIR to a directory with room") from None
         os.unlink(path)
         self.fd, self.at = fd, 0
-        self._punched = 0
-        self._can_punch = True
-        self._sendfile = True
-        self._idle = POLL_MIN_S
+        self._punched, self._can_punch, self._sendfile, self._idle = 0, True, True, POLL_MIN_S
 
     def take(self, size: int = READ) -> bytes:
         """The next bytes written (up to size; b"" where none are there yet)."""

@@ -13,7 +13,7 @@ import paramiko
 
 from ..spec import SSH
 from ..spec.hosts import HostAddr, login_addr
-from .openssh import refused_line
+from .openssh import NO_SSHD, refused_line, unreached_fix
 
 # paramiko logs a transport's failure as a traceback at ERROR (a host that never sent its
 # banner: 20 lines); with no handler, Python's last resort prints it to the console. Every
@@ -60,9 +60,7 @@ def explain_connect_error(e: Exception, addr: HostAddr | str, ssh: SSH) -> str:
         return _no_connection(e, port)
     if isinstance(e, paramiko.SSHException) and ("banner" in str(e) or "No existing session" in str(e)):
         # "No existing session": the handshake had not finished when connect's timeout ran out
-        return (f"no SSH handshake in {ssh.connect_timeout:g}s (paramiko: {e}); the machine takes "
-                "connections but its sshd does not answer (frozen or overloaded): check it, or raise "
-                "cluster.ssh.connect_timeout")
+        return f"no SSH handshake in {ssh.connect_timeout:g}s (paramiko: {e}); {NO_SSHD}"
     if isinstance(e, (socket.timeout, TimeoutError)):
         return f"no answer within {ssh.connect_timeout:g}s: host down, or port {port} firewalled?"
     if isinstance(e, socket.gaierror):
@@ -77,10 +75,8 @@ def _no_connection(e: paramiko.ssh_exception.NoValidConnectionsError, port: int)
     if codes == {errno.ECONNREFUSED}:
         return refused_line(port)
     said = next((os.strerror(c) for c in codes if c), str(e))
-    if codes & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
-        return (f"{said} on port {port}; the machine is down or not on this network: check that it "
-                "is up and reachable from here")
-    return f"{said} on port {port}; check that the machine is up and port {port} is reachable from here"
+    route = codes & {errno.EHOSTUNREACH, errno.ENETUNREACH}
+    return f"{said} on port {port}; {unreached_fix('No route to host' if route else '', port, 0)}"
 
 
 def set_user_timeout(sock: object) -> None:

@@ -1,12 +1,9 @@
 """Following one Slurm job: its state, its per-node log files, Ctrl-C, and its JobResult.
 
-Slurm (slurmstepd on each node) writes each node's output to a file in the run's 0700
-directory (sbatch.RAW_DIR: unmasked, readable by this user alone); mlaunch reads it from the
-shared storage, masks it once (plan.mask), appends it to the node log (0600, in the log dir
-every other backend writes to) and prints each line with the live stream's
-`[node<k> <host> local<r>]` prefix. The raw file is removed once the job has left its nodes
-and every byte of it is in the node log.
-"""
+slurmstepd writes each node's output, unmasked, to a file in the run's 0700 directory
+(sbatch.RAW_DIR) on the shared storage; it is read from there, masked once (plan.mask),
+appended to the node log and printed with the node prefixes. The raw file is removed once the
+job has left its nodes and every byte of it is in the node log."""
 from __future__ import annotations
 
 import collections
@@ -21,6 +18,7 @@ from .commands import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, 
 from ...logs.stream import NodeLog, lines_of
 from ...logs.tail import FileTail, log_iter
 from ...logs.torchrun_out import TorchrunRootCause
+from ...session.nodeoutput import with_cause
 
 STATE_POLL_MAX_S = 2.0
 
@@ -96,7 +94,7 @@ class Follow:
                       for n, h in zip(self.plan.nodes, self.hosts))
         self.plan = dataclasses.replace(self.plan, nodes=nodes)
         self.tails = [_Tail(self.req.raw_log(n.rank, n.host), n.rank) for n in nodes]
-        self.logs = [NodeLog(n.log_path, self.plan.mask) for n in nodes]
+        self.logs = [NodeLog(n.log_path) for n in nodes]
         self.printer.say(f"slurm job {self.job_id} running on {', '.join(self.hosts)}")
         from ...watch.watch import Watch
         self.watch = Watch(self.plan, None, self.printer.say, time.monotonic)
@@ -113,7 +111,7 @@ class Follow:
         rank = t.rank
         t.cause.see_text(text)
         text = self.plan.mask(text)   # once: node log, console, tail, watch
-        self.logs[rank].write_masked(text)
+        self.logs[rank].write(text)
         lines = lines_of(text)
         t.tail.extend(lines)
         self.printer.node_text(rank, self.hosts[rank], text, masked=True)
@@ -173,11 +171,7 @@ class Follow:
         for n in self.plan.nodes:
             tail = self.tails[n.rank] if self.tails else None
             ex = exits.get(n.rank) or (Exit(0) if state == "COMPLETED" else Exit(143, detail="ended by Slurm"))
-            if not self.hosts:    # never allocated: the node never ran, it has no exit code
-                ex = None
-            cause = tail.cause.code if tail else None
-            if ex is not None and ex.code == 1 and cause not in (None, 0, 1):
-                ex = Exit(cause, detail=f"torchrun: a worker exited {cause}")
+            ex = with_cause(ex, tail.cause) if tail else None   # never allocated: no exit code
             outcomes.append(NodeOutcome(n.rank, hosts[n.rank], exit=ex, tail=list(tail.tail) if tail else [],
                                         terminated=first is not None and n.rank != first
                                         and ex is not None and ex.code != 0))
