@@ -29,7 +29,7 @@ def steps(chunks: list[bytes]) -> dict[str, float]:
     plan = build_plan(validate(script_job(["10.0.0.1", "10.0.0.2"], 1, "allreduce.py", [],
                                           os.path.join(tmp, "out"))))
     split, cause = LineSplitter(), TorchrunRootCause()
-    log = NodeLog(os.path.join(tmp, "node0.log"), plan.mask)
+    log = NodeLog(os.path.join(tmp, "node0.log"))
     printer = Printer(plan.mask, io.StringIO())
     watch = Watch(plan, None, printer.say, time.monotonic)
     spent: dict[str, float] = {}
@@ -44,7 +44,7 @@ def steps(chunks: list[bytes]) -> dict[str, float]:
         text, _ = timed("samples", nodeview.split_text, text)
         timed("root cause", cause.see_text, text)
         masked = timed("mask", plan.mask, text)
-        timed("node log", log.write_masked, masked)
+        timed("node log", log.write, masked)
         timed("health", watch.text, 0, "10.0.0.1", text)
     return spent
 

@@ -92,9 +92,9 @@ class _Session:
         with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
             started = list(pool.map(self._start, self.plan.nodes))
         threading.Thread(target=self._heartbeats, daemon=True).start()
-        if not all(started):
-            self._begin_teardown()
-        elif self.on_started is not None:
+        # A node that could not start has queued its failure: recording it (_record) makes it
+        # the first failure and tears the others down, so the attempt fails with its exit.
+        if all(started) and self.on_started is not None:
             self.on_started()
 
     def _heartbeats(self) -> None:
