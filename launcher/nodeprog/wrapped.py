@@ -67,6 +67,9 @@ def end_as(child):
     it as such)."""
     code = child.wait()
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):   # SIGKILL and SIGSTOP have no handler to reset
+            pass
         os.kill(os.getpid(), -code)
     sys.exit(code)
