@@ -64,7 +64,8 @@ class LaunchPlan:
     attempt: int = 0          # 0 for the first launch, n for the n-th automatic restart
     batch: batchplan.Decision | None = None   # the batch numbers rendered, and why
     tag: str = ""             # the attempt's MLAUNCH_RUN_ID on every process (attempt_tag)
-    made: tuple = ()          # build_plan's keywords that made it (replanned() keeps them)
+    made: tuple = ()          # build_plan's inputs that made it, the job as given (before the
+                              # batch was filled in) among them: replanned() keeps them
 
     def mask(self, text: str) -> str:
         """text with every secret value replaced, for anything printed or logged."""
@@ -80,7 +81,13 @@ class LaunchPlan:
         (attempt, resume_from, ...) or one on other hosts (job=), from the recorded plan
         rather than from the spec: its job already holds the batch preflight decided."""
         kw = {**dict(self.made), **changes}
-        return build_plan(kw.pop("job", self.job), **kw)
+        return build_plan(kw.pop("job"), **kw)
+
+    @property
+    def given_job(self) -> JobBase:
+        """The job as given to build_plan: batch fields left to mlaunch still unset, for
+        preflight to decide from the nodes' GPU memory."""
+        return dict(self.made)["job"]
 
 
 @dataclass(frozen=True)
@@ -148,11 +155,12 @@ def build_plan(job: JobBase, *, run_id: str | None = None, log_dir: str | None =
     if placement is None and job.cluster.scheduler != "ssh":
         raise ValueError(f"cluster.scheduler {job.cluster.scheduler}: its plan needs the backend's "
                          "placement: launcher.backends.backend_of(job).plan(job, ...)")
+    made = (("job", job), ("log_dir", log_dir), ("transformers", transformers),
+            ("placement", placement))
     decision = batchplan.resolve(job, memory)
     job = decision.job if decision else job
     run_id = check_run_id(new_run_id(job.name) if run_id is None else run_id)
-    made = (("run_id", run_id), ("log_dir", log_dir), ("transformers", transformers),
-            ("placement", placement))
+    made += (("run_id", run_id),)
     c = job.cluster
     addrs = node_addrs(job, placement)
     run_dir = run_dir_of(job, run_id)

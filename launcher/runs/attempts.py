@@ -74,7 +74,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
             printer.say(backend.no_preflight_note)
         report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
         versions = report.stack if report else {}
-        plan = plan.replanned(job=_plan_batch(job, report, opts, printer),
+        plan = plan.replanned(job=_plan_batch(plan.given_job, report, opts, printer),
                               transformers=versions.get("transformers"))
         rec.planned(plan_data(plan, backend.name))   # final: what every attempt is made from
         master = Master(plan, executor)
