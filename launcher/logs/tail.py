@@ -1,6 +1,6 @@
 """Reading a log file that another process is still writing: its new whole lines, from where
 the reader left off. One object for every reader of node output: the console's follower
-(logs/console.py), `mlaunch logs -f` and `attach` (cli/logview.py), and the Slurm job's
+(logs/console.py), `mlaunch logs -f` and `attach` (cli/logview.py), and a scheduler job's
 per-node files (backends/slurm/follow.py). log_iter is modelled on torchx's: a generator of
 lines from files that may still grow, until a predicate says to stop.
 """
