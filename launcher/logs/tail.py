@@ -1,7 +1,7 @@
 """Reading a log file that another process is still writing: its new whole lines, from where
 the reader left off. One object for every reader of node output: the console's follower
 (logs/console.py), `mlaunch logs -f` and `attach` (cli/logview.py), and a scheduler job's
-per-node files (backends/slurm/follow.py). log_iter is modelled on torchx's: a generator of
+per-node files (its follow in launcher/backends). log_iter is modelled on torchx's: a generator of
 lines from files that may still grow, until a predicate says to stop.
 """
 from __future__ import annotations
