@@ -40,6 +40,11 @@ def recorded(run) -> tuple[list[dict], list[str]]:
 def sweep(run, backend, kill_now: bool = False) -> Cancel:
     """TERM, grace, KILL for every attempt's processes on every host run used; what is left."""
     plans, tags = recorded(run)
+    if not plans and run.attempts:   # recorded by an mlaunch that kept no plans
+        return Cancel(problems=[f"run {run.id} started {run.attempts} attempt(s) but the registry "
+                                "holds no plan of it (an older mlaunch recorded it): its hosts are "
+                                "unknown here; end its processes on each of its hosts by hand "
+                                f"(each carries MLAUNCH_RUN_ID={run.id} in its environment)"])
     if not plans:
         return Cancel(how="no node was started (the registry holds no plan of the run)")
     nodes = {(n["login"], n["pidfile"]) for p in plans for n in p["nodes"]}
