@@ -13,6 +13,7 @@ import time
 import pytest
 
 from launcher.record.events import read_events
+from launcher.backends.base import proc_start
 from launcher.record.registry import Registry
 
 from .helpers import script_job, write_spec
@@ -63,12 +64,7 @@ def _tagged(tag: str) -> dict[int, bytes]:
 
 def _alive(pid: int) -> bool:
     """pid is a process that has not ended (a zombie not yet reaped has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+    return proc_start(pid) is not None
 
 
 def _node_pids(runs: Runs, run_id: str) -> set[int]:

@@ -15,6 +15,7 @@ import pytest
 
 import launcher.backends
 from launcher.backends import backend_for
+from launcher.backends.base import proc_start
 from launcher.record.registry import Registry
 from launcher.runs.attempts import SubmitOptions
 from launcher.spec import validate
@@ -82,12 +83,7 @@ def _run(backend, job, tmp_path, run_id: str, preflight: bool) -> tuple[int, obj
 
 def _alive(pid: int) -> bool:
     """pid is a process that has not ended (a zombie not yet reaped has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+    return proc_start(pid) is not None
 
 
 def _marker(log: str) -> re.Match:
