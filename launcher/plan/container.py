@@ -1,0 +1,86 @@
+"""cluster.container in the plan: each node's runtime line (the words before its torchrun),
+the container's name, and what removes it. Pure: the text comes from templates/container/.
+
+A node's container is named mlaunch-<run id>-a<attempt>-n<rank>: the attempt and rank always
+end the name, so no two (run, attempt, node) share one, and nodes of one machine's storage
+(namespace hosts, several nodes on a host) never collide. teardown, stop and the hang-up
+guard remove it by that name."""
+from __future__ import annotations
+
+import posixpath
+
+from .. import render
+
+RUNTIME_COMMAND = {"podman": ["podman"], "docker": ["docker"], "apptainer": ["apptainer"],
+                   "pyxis": []}
+# Variables not passed into the image: the host's PATH and the GPU list, which a runtime
+# that passes GPUs by device renumbers inside (CDI, --gpus: the container sees 0..n-1).
+HOST_ONLY = ("PATH",)
+
+
+def container_name(run_id: str, attempt: int, rank) -> str:
+    """The node's container name (rank may be a scheduler's ShellVar; None: one name for
+    every node of the job, which pyxis keeps per node)."""
+    if rank is None:
+        return f"mlaunch-{run_id}-a{attempt}"
+    return render.ShellVar(rank.var, f"mlaunch-{run_id}-a{attempt}-n") if isinstance(
+        rank, render.ShellVar) else f"mlaunch-{run_id}-a{attempt}-n{rank}"
+
+
+def command(job) -> list[str]:
+    """The runtime's command line on the nodes: container.command, else its name."""
+    k = job.cluster.container
+    return list(k.command) if k.command else list(RUNTIME_COMMAND[k.runtime])
+
+
+def mounts(job, run_dir: str) -> list[str]:
+    """SRC:DST[:OPT] bind mounts: the workdir, shared_dir, output_dir and the run dir at their
+    own paths (each only when no other covers it), then the user's."""
+    c = job.cluster
+    own = [p for p in (c.workdir, c.shared_dir, _abs(job.output_dir), run_dir) if p]
+    own = sorted(dict.fromkeys(posixpath.normpath(p) for p in own))
+    kept: list[str] = []
+    for p in own:
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(p)
+    return [f"{p}:{p}" for p in kept] + list(c.container.mounts)
+
+
+def _abs(path: str | None) -> str | None:
+    return path if path and path.startswith("/") else None
+
+
+def gpu_args(runtime: str, gpus: bool, devices: list[int] | None) -> list[str]:
+    """The runtime's words for the node's GPUs: podman's CDI devices, docker's --gpus."""
+    if not gpus or runtime not in ("podman", "docker"):
+        return []
+    if runtime == "podman":
+        return (["--device", "nvidia.com/gpu=all"] if devices is None else
+                [w for d in devices for w in ("--device", f"nvidia.com/gpu={d}")])
+    return ["--gpus", "all" if devices is None else '"device=%s"' % ",".join(map(str, devices))]
+
+
+def passes_gpu_list(runtime: str, gpus: bool, devices) -> bool:
+    """CUDA_VISIBLE_DEVICES goes in as the host has it, unless the runtime gave the container
+    just those devices (then it sees them as 0..n-1 and the host's indices would be wrong)."""
+    return not (gpus and devices is not None and runtime in ("podman", "docker"))
+
+
+def runtime_line(job, *, name, run_dir: str, env_names: list[str],
+                 devices: list[int] | None) -> str:
+    """The node's runtime line: its words before torchrun (pyxis: srun's options)."""
+    k = job.cluster.container
+    names = [n for n in env_names if n not in HOST_ONLY and (
+        n != "CUDA_VISIBLE_DEVICES" or passes_gpu_list(k.runtime, k.gpus, devices))]
+    return render.container_line(
+        k.runtime, command=command(job), name=name, pull=k.pull, image=k.image,
+        gpu_args=gpu_args(k.runtime, k.gpus, devices), mounts=mounts(job, run_dir),
+        workdir=job.cluster.workdir, env=names, args=list(k.args), gpus=k.gpus)
+
+
+def removal(job, name) -> str | None:
+    """Shell text that removes the node's container (None: the runtime names none to remove)."""
+    k = job.cluster.container
+    if k is None or k.runtime not in ("podman", "docker"):
+        return None
+    return render.container_rm(command(job), name)
