@@ -280,6 +280,16 @@ def remote_python(job: JobBase) -> str:
     return c.python or (posixpath.join(c.venv, "bin", "python") if c.venv else "python3")
 
 
+HOST_PYTHON = "python3"   # mlaunch's node programs on a container's host (stdlib only)
+
+
+def node_python(job: JobBase) -> str:
+    """The interpreter of mlaunch's own node programs (the relay, output_dir's helper, the
+    preflight probe) on the node's host: the job's interpreter, except under cluster.container,
+    where that one is inside the image and the host's python3 runs them."""
+    return HOST_PYTHON if job.cluster.container is not None else remote_python(job)
+
+
 def in_process(job: JobBase) -> bool:
     """The whole job is one process and its trainer runs that without torchrun."""
     return (job.cluster.torchrun == "auto" and world_size(job) == 1
