@@ -99,3 +99,22 @@ def wait_for(paths: list[str], proc=None, timeout: float = 300) -> None:
             pytest.fail(f"the run ended (exit {proc.returncode}) before {paths}: {out[-3000:]}")
         assert time.monotonic() < deadline, f"timed out waiting for {paths}"
         time.sleep(0.2)
+
+
+def files_holding(root: str, needle: str) -> list[str]:
+    """Every file under root whose bytes contain needle, past the image's and the containers'
+    file trees (overlay/: layers and merged roots, gigabytes of the image's own files)."""
+    found = []
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ("overlay", "overlay-layers", "merged", "diff")]
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    if needle.encode() in fh.read():
+                        found.append(path)
+            except OSError:
+                pass
+    return found
