@@ -129,3 +129,91 @@ def test_a_killed_launcher_leaves_nothing(hosts2, image, tmp_path):
     proc.kill()
     proc.communicate(timeout=limit(60))
     wait_nothing_left(hosts2, run_id, timeout=90)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from .training import build_tiny
+    require_trainer()
+    root = tmp_path_factory.mktemp("tiny")
+    return {**build_tiny(str(root)), "root": str(root)}
+
+
+def lf_in_image(tiny: dict, hs, image: str, out: str, tmp_path, **kw) -> dict:
+    """The tiny LLaMA-Factory LoRA job of the training tests, each node's torchrun in the image."""
+    from .training import lf_spec
+    spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10, save_steps=5, **kw)
+    spec["cluster"]["python"] = IMAGE_PYTHON
+    spec["cluster"]["container"] = container_block(image, tiny["root"], str(tmp_path))
+    spec["name"] = "lfbox" + secrets.token_hex(3)
+    return spec
+
+
+def test_llamafactory_lora_in_containers_resumes_after_a_killed_worker(make_hostset, image, tiny, tmp_path):
+    """Real LLaMA-Factory LoRA on 2 namespace hosts, each node's torchrun in a podman
+    container: a worker on host 1 killed after checkpoint-5 makes one automatic restart
+    (new containers) that resumes there; steps 6-10 have the losses of an uninterrupted run
+    in the same image, and no container or process of either run is left."""
+    from .training import (KILLED_OR_PEER, attempt_exit, held_at, losses, submit_timed, trainer_state,
+                           worker_killed)
+    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    with make_hostset(2) as hs:
+        ref = lf_in_image(tiny, hs, image, ref_out, tmp_path)
+        r = submit_timed(tmp_path, ref, timeout=900, preflight=True)   # preflight in the image passes
+        assert "preflight" in r.stdout and r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+        hold = str(tmp_path / "hold")
+        spec = held_at(lf_in_image(tiny, hs, image, out, tmp_path, max_restarts=1, restart_backoff_s=1),
+                       5, hold)
+        with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
+                           b"llamafactory.launcher", release=hold) as killed:
+            r2 = submit_timed(tmp_path, spec, timeout=900)
+        console = r2.stdout + r2.stderr
+        assert killed, "no worker was killed"
+        assert r2.returncode == 0, console[-4000:]
+        assert attempt_exit(console, 0) in KILLED_OR_PEER and attempt_exit(console, 1) == 0, console[-3000:]
+        assert f"resuming from {out}/checkpoint-5" in console
+        got, want = losses(trainer_state(out)), losses(trainer_state(ref_out))
+        assert trainer_state(out)["global_step"] == 10 and sorted(got) == list(range(1, 11))
+        for step in range(6, 11):
+            assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), (step, got, want)
+        for name in (ref["name"], spec["name"]):
+            wait_nothing_left(hs.hosts, name)
+
+
+PREFLIGHT_CASES = {
+    "runtime missing": ({"command": ["/nonexistent/podman"]}, None,
+                        "cluster.container: /nonexistent/podman is not installed on this node (runtime podman)",
+                        "install podman there, or set cluster.container.command to its path"),
+    "image missing, pull never": ({"image": "localhost/mlaunch-no-such-image:1", "pull": "never"}, None,
+                                  "cluster.container.image: localhost/mlaunch-no-such-image:1 is not on this node and pull is never",
+                                  "or set cluster.container.pull: missing"),
+    "trainer missing in the image": ({}, "swift", "ms-swift", "install it in the image"),
+}
+
+
+def test_preflight_refuses_each_container_problem_in_one_line(hosts2, image, tiny, tmp_path):
+    """submit's preflight, per node: the runtime is missing, the image is missing with
+    pull: never, the image lacks the trainer (ms-swift is not in the test image): each a
+    software/python row naming the problem and its fix, exit 2, nothing started."""
+    from .training import lf_spec
+    for label, (block, trainer, detail, fix) in PREFLIGHT_CASES.items():
+        spec = lf_spec(tiny, [h.ip for h in hosts2], 1, str(tmp_path / "out"), hs=hosts2)
+        if trainer == "swift":
+            spec.update(trainer="swift", model_type="qwen2", max_length=64,
+                        dataset=os.path.join(tiny["dataset_dir"], "tiny_alpaca.json"))
+            for key in ("dataset_dir", "cutoff_len"):
+                spec.pop(key)
+        spec["cluster"]["python"] = IMAGE_PYTHON
+        spec["cluster"]["container"] = {**container_block(image, tiny["root"]), **block}
+        spec["name"] = "pfbox" + secrets.token_hex(3)
+        env = {**os.environ, "MLAUNCH_HOME": str(tmp_path / "home")}
+        env.pop("MLAUNCH_DEBUG", None)
+        r = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit(300))
+        out = r.stdout + r.stderr
+        rows = [ln for ln in out.splitlines() if "✗ software/python on node0" in ln]
+        assert r.returncode == 2 and len(rows) == 1 and detail in rows[0], (label, out[-3000:])
+        assert fix in out.split(rows[0], 1)[1].splitlines()[1], (label, out[-3000:])
+        assert "Traceback" not in out
+        for h in hosts2:
+            assert containers_on(h, spec["name"]) == [], label

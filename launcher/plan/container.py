@@ -84,3 +84,58 @@ def removal(job, name) -> str | None:
     if k is None or k.runtime not in ("podman", "docker"):
         return None
     return render.container_rm(command(job), name)
+
+
+def probe_line(job, *, name: str, env_names: list[str], devices: list[int] | None) -> str:
+    """The runtime line of a preflight probe inside the image: the node's namespaces, GPUs and
+    environment, stdin open (the probe's source comes on it), no mounts, the image as found
+    (the checks before it pulled it when pull allows)."""
+    k = job.cluster.container
+    names = [n for n in env_names if n not in HOST_ONLY and (
+        n != "CUDA_VISIBLE_DEVICES" or passes_gpu_list(k.runtime, k.gpus, devices))]
+    return render.container_line(
+        k.runtime, command=command(job), name=name, pull="never", image=k.image, interactive=True,
+        gpu_args=gpu_args(k.runtime, k.gpus, devices), mounts=[], workdir=None, env=names,
+        args=list(k.args), gpus=k.gpus)
+
+
+def probe_checks(job) -> list[tuple[str, dict]]:
+    """(shell test, problem) pairs a node's preflight runs before the probe in the image, in
+    order: the runtime is installed, runs for this user, and the image is here or pulled as
+    cluster.container.pull allows. Each problem: {"container": [what is wrong, the fix]}."""
+    import shlex
+    k = job.cluster.container
+    cmd = command(job)
+    line, image = " ".join(shlex.quote(w) for w in cmd), shlex.quote(k.image)
+    shown = " ".join(cmd)
+    checks = [
+        (f"command -v {shlex.quote(cmd[0])}",
+         [f"cluster.container: {cmd[0]} is not installed on this node (runtime {k.runtime})",
+          f"install {k.runtime} there, or set cluster.container.command to its path"]),
+        (f"{line} info",
+         [f"cluster.container: `{shown} info` fails for this user on this node",
+          f"run `{shown} info` there and fix what it says (rootless podman: /etc/subuid; "
+          "docker: the docker group)"]),
+    ]
+    present = f"{line} image inspect {image}"
+    if k.pull == "never":
+        checks.append((present, [f"cluster.container.image: {k.image} is not on this node and "
+                                 "pull is never", f"`{shown} pull {k.image}` (or load it) on the "
+                                 "node, or set cluster.container.pull: missing"]))
+    else:
+        checks.append((f"{present} || {line} pull {image}",
+                       [f"cluster.container.image: {k.image} is not on this node and "
+                        f"`{shown} pull` failed", "check the image's name and the node's login to "
+                        "its registry"]))
+    import json
+    return [(t, json.dumps({"container": p})) for t, p in checks]
+
+
+def software_facts() -> tuple[str, ...]:
+    """The preflight facts that come from inside the image (launcher/nodeprog/facts.py keys)."""
+    return ("python", "torch", "trainer", "torchrun", "ext_locks", "pyspy", "gpu")
+
+
+PROBE_INNER = ('py=$1; p=$2; missing=0; if ! command -v "$py" >/dev/null 2>&1; then missing=1; '
+               'py=$(command -v python3 || command -v python) || { echo "$3"; exit 0; }; fi; '
+               'exec "$py" - "$p" "$missing"')

@@ -59,6 +59,9 @@ chmod 1777 "$ROOT/tmp"
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ROOT/etc/passwd"
 printf 'root:x:0:\n' > "$ROOT/etc/group"
 ln -sf python3.11 "$ROOT/usr/bin/python3"
+# Debian's own sitecustomize (/usr/lib/python3.11, before site-packages on sys.path) would
+# shadow the trainer venv's (tests/env/sitecustomize: the CPU resume fix) and the tests' hold hook.
+rm -f "$ROOT/usr/lib/python3.11/sitecustomize.py"
 
 log "copying the trainer venv's packages to /opt/trainer"
 mkdir -p "$ROOT/opt/trainer/bin"
@@ -78,6 +81,6 @@ log "importing $IMAGE"
 tar -C "$ROOT" -cf - . | podman import --change 'ENV PATH=/opt/trainer/bin:/usr/local/bin:/usr/bin:/bin' \
     - "$IMAGE" >/dev/null
 podman run --rm --network none "$IMAGE" /opt/trainer/bin/python -c \
-    'import torch, llamafactory; print("image ok: torch", torch.__version__, "llamafactory", llamafactory.__version__)' >&2 \
+    'import sitecustomize, torch, llamafactory; assert sitecustomize.__file__.startswith("/opt/trainer/"), sitecustomize.__file__; print("image ok: torch", torch.__version__, "llamafactory", llamafactory.__version__)' >&2 \
     || { podman rmi -f "$IMAGE" >/dev/null 2>&1; die "the image does not run its trainer"; }
 echo "$IMAGE"
