@@ -217,3 +217,23 @@ def test_preflight_refuses_each_container_problem_in_one_line(hosts2, image, tin
         assert "Traceback" not in out
         for h in hosts2:
             assert containers_on(h, spec["name"]) == [], label
+
+
+def test_gloo_all_reduce_through_srun_podman_on_the_slurm_cluster(slurm2, image, tmp_path):
+    """A script job under Slurm, each node's torchrun in `podman run` inside its srun task:
+    the all-reduce sums right on all 4 ranks and no container is left on either node."""
+    from .slurmjobs import slurm_script_job, submit as slurm_submit
+    spec = slurm_script_job(tmp_path, "allreduce.py", [], python=IMAGE_PYTHON,
+                            container={**container_block(image, str(tmp_path)), "runtime": "podman"},
+                            env={"OMP_NUM_THREADS": "1"})
+    spec["name"] = "srunbox" + secrets.token_hex(3)
+    r = slurm_submit(slurm2, tmp_path, spec, "--no-preflight", timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    logs = os.path.join(str(tmp_path / "out"), "logs")
+    text = "".join(open(os.path.join(d, f)).read() for d, _, fs in os.walk(logs) for f in fs
+                   if f.startswith("node"))
+    import re
+    assert sorted(re.findall(r"rank (\d)/4 node \d sum 6 expected 6", text)) == ["0", "1", "2", "3"], text[-3000:]
+    node_sh = [os.path.join(d, "node.sh") for d, _, fs in os.walk(str(tmp_path / "shared")) if "node.sh" in fs]
+    assert node_sh and "podman_here.sh run --rm --name mlaunch-" in open(node_sh[0]).read()
+    wait_nothing_left(slurm2.hs.hosts, spec["name"])
