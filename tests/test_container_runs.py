@@ -237,3 +237,19 @@ def test_gloo_all_reduce_through_srun_podman_on_the_slurm_cluster(slurm2, image,
     node_sh = [os.path.join(d, "node.sh") for d, _, fs in os.walk(str(tmp_path / "shared")) if "node.sh" in fs]
     assert node_sh and "podman_here.sh run --rm --name mlaunch-" in open(node_sh[0]).read()
     wait_nothing_left(slurm2.hs.hosts, spec["name"])
+
+
+def test_a_hang_torn_down_by_the_watchdog_leaves_nothing(hosts2, image, tmp_path):
+    """A rank that stops making steps inside its container: the hang watchdog ends the run
+    (exit 124) and no container and no process of it is left on either host."""
+    spec = script_job([h.ip for h in hosts2], 1, "health_job.py",
+                      ["--steps", "30", "--hang-rank", "1", "--hang-step", "4"], str(tmp_path / "out"),
+                      hs=hosts2, env={"OMP_NUM_THREADS": "1"})
+    spec["cluster"]["python"] = IMAGE_PYTHON
+    spec["cluster"]["container"] = container_block(image, str(tmp_path))
+    spec["name"] = "hangbox" + secrets.token_hex(3)
+    spec["health"] = {"hang_after_s": 10, "stack_dumps": False}
+    proc = submit(tmp_path, spec)
+    out, _ = proc.communicate(timeout=limit(300))
+    assert proc.returncode == 124 and "hang" in out, out[-3000:]
+    wait_nothing_left(hosts2, spec["name"])

@@ -178,3 +178,29 @@ def test_examples_with_containers_load():
     for name in ("qwen2-7b-lora-pyxis.yaml", "qwen2-7b-lora-apptainer.yaml"):
         job = load_spec(os.path.join(CONFIGS, "slurm", name))
         assert job.cluster.container is not None
+
+
+def test_stop_removes_every_recorded_attempts_containers_on_each_host():
+    """`stop` works from the registry's plans: each node's removal is recorded with it, and the
+    sweep of a host removes the containers of that host's nodes, every attempt's."""
+    from launcher.backends.ssh import sweep
+    from launcher.view.plandata import plan_data
+    p = plan(spec())
+    data = plan_data(p, "ssh")
+    assert data["nodes"][2]["container_rm"] == "podman rm -f mlaunch-R-a0-n2 >/dev/null 2>&1"
+
+    class Exec:
+        def run(self, host, script, timeout):
+            self.script = script
+            return 0, "mlaunch-teardown: 0 left"
+    ex = Exec()
+    sweep._host(ex, "h", ["/x/node0.pid"], ["R", "R+a1"], False,
+                ["podman rm -f mlaunch-R-a0-n2 >/dev/null 2>&1", "podman rm -f mlaunch-R-a1-n2 >/dev/null 2>&1"])
+    assert ex.script.count("podman rm -f mlaunch-R-a0-n2") == 1 and "mlaunch-R-a1-n2" in ex.script
+    assert ex.script.rindex("rm -f mlaunch-R-a0-n2") > ex.script.rindex("MLAUNCH_RUN_ID=R+a1")
+
+
+def test_plan_record_without_container_is_unchanged():
+    from launcher.view.plandata import plan_data
+    data = plan_data(plan(copy.deepcopy(load_yaml(SSH_LORA))), "ssh")
+    assert "container" not in data["nodes"][0] and "container_rm" not in data["nodes"][0]
