@@ -314,11 +314,13 @@ def swift_entry() -> str:
     return render("swift_entry.py.j2")
 
 
-def universal_script(env, bindir: str | None, python: str, checkpoint: str, world: int) -> str:
+def universal_script(env, bindir: str | None, python: str, checkpoint: str, world: int,
+                     container: str | None = None) -> str:
     """Shell text for node 0: convert checkpoint to DeepSpeed's universal checkpoint once,
-    unless it was saved at this world (runs/universal.py reads its status line)."""
+    unless it was saved at this world (runs/universal.py reads its status line); container:
+    a runtime line the conversion runs in (cluster.container)."""
     return render("universal.sh.j2", env=list(env), bindir=bindir, python=python,
-                  checkpoint=checkpoint, world=int(world))
+                  checkpoint=checkpoint, world=int(world), container=container)
 
 
 def universal_probe(checkpoint: str) -> str:

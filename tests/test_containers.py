@@ -204,3 +204,16 @@ def test_plan_record_without_container_is_unchanged():
     from launcher.view.plandata import plan_data
     data = plan_data(plan(copy.deepcopy(load_yaml(SSH_LORA))), "ssh")
     assert "container" not in data["nodes"][0] and "container_rm" not in data["nodes"][0]
+
+
+def test_a_universal_checkpoint_conversion_runs_in_the_image():
+    """A DeepSpeed resume at another world converts on node 0 with the image's DeepSpeed."""
+    from launcher.runs.universal import _in_image
+    from launcher import render
+    p = plan(spec())
+    line = _in_image(p.job, p)
+    assert line.startswith("podman run --rm --name mlaunch-R-universal --network host ")
+    text = render.universal_script(p.nodes[0].env, None, "/opt/conda/bin/python", "/o/checkpoint-5", 8,
+                                   container=line)
+    assert f"{line} /opt/conda/bin/python -m deepspeed.checkpoint.ds_to_universal" in text
+    assert _in_image(plan(copy.deepcopy(load_yaml(SSH_LORA))).job, plan(copy.deepcopy(load_yaml(SSH_LORA)))) is None
