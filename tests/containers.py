@@ -75,11 +75,21 @@ def wait_nothing_left(hosts, run_id: str, timeout: float = 60) -> None:
         pids = run_pids(run_id)
         boxes = {h.name: containers_on(h, run_id) for h in hosts}
         if not pids and not any(boxes.values()):
+            _forget_storage(hosts, boxes)
             return
         if time.monotonic() > deadline:
             cmds = {p: _cmdline(p) for p in sorted(pids)}
             pytest.fail(f"left by run {run_id}: processes {cmds}, containers {boxes}")
         time.sleep(0.5)
+
+
+def _forget_storage(hosts, boxes: dict) -> None:
+    """Remove the hosts' own container storage (tests/env/podman_here.sh) once none of their
+    containers is left: a test host's storage is never used again after its test."""
+    for h in hosts:
+        if not boxes.get(h.name):
+            for d in (f"/var/lib/mlh-containers/{h.name}", f"/run/mlh-containers/{h.name}"):
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def _cmdline(pid: int) -> str:

@@ -50,6 +50,7 @@ CASES = [
     (SSH_LORA, {"args": ["--name", "x"]}, "cluster.container.args[0]: '--name' is mlaunch's own"),
     (SLURM_LORA, {"runtime": "apptainer", "pull": "always"}, "cluster.container.pull: apptainer reads the image as given"),
     (SSH_LORA, {"command": []}, "cluster.container.command: empty"),
+    (SSH_LORA, {"args": ["--label=a\nb"]}, "cluster.container.args[0]: contains a newline or NUL character"),
 ]
 
 
