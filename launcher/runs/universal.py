@@ -51,8 +51,9 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
     if not needed(job, resume_from) or _settled(job, plan, executor, resume_from):
         return False
     node, world = plan.nodes[0], world_size(job)
+    box = _in_image(job, plan)
     script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world,
-                                     container=_in_image(job, plan))
+                                     **({"container": box} if box else {}))
     if plan.placement is not None:   # no node is held between attempts: a job of its own
         where = plan.placement.one_node_job
         run = lambda: executor.run_step(plan, "universal", script, CONVERT_TIMEOUT_S)  # noqa: E731
