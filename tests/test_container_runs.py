@@ -248,16 +248,25 @@ def test_gloo_all_reduce_through_srun_podman_on_the_slurm_cluster(slurm2, image,
 
 
 def test_a_hang_torn_down_by_the_watchdog_leaves_nothing(hosts2, image, tmp_path):
-    """A rank that stops making steps inside its container: the hang watchdog ends the run
-    (exit 124) and no container and no process of it is left on either host."""
+    """A rank that stops making steps inside its container: the hang watchdog dumps every
+    rank's stack with the host's py-spy, ends the run (exit 124), and no container and no
+    process of it is left on either host."""
+    import shutil
+    if not shutil.which("py-spy"):
+        pytest.skip("py-spy is not installed on this machine (the hosts' stack dumps need it)")
     spec = script_job([h.ip for h in hosts2], 1, "health_job.py",
                       ["--steps", "30", "--hang-rank", "1", "--hang-step", "4"], str(tmp_path / "out"),
                       hs=hosts2, env={"OMP_NUM_THREADS": "1"})
     spec["cluster"]["python"] = IMAGE_PYTHON
     spec["cluster"]["container"] = container_block(image, str(tmp_path))
     spec["name"] = "hangbox" + secrets.token_hex(3)
-    spec["health"] = {"hang_after_s": 10, "stack_dumps": False}
+    spec["health"] = {"hang_after_s": 10}
     proc = submit(tmp_path, spec)
     out, _ = proc.communicate(timeout=limit(300))
     assert proc.returncode == 124 and "hang" in out, out[-3000:]
     wait_nothing_left(hosts2, spec["name"])
+    # The host's py-spy read both ranks inside their containers before the teardown.
+    (run,) = os.listdir(str(tmp_path / "out" / "logs"))
+    stacks = tmp_path / "out" / "logs" / run / "stacks" / "attempt0"
+    assert sorted(os.listdir(stacks)) == ["node0-rank0.txt", "node1-rank1.txt"], out[-3000:]
+    assert "health_job.py" in (stacks / "node1-rank1.txt").read_text()

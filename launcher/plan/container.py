@@ -133,7 +133,7 @@ def probe_checks(job) -> list[tuple[str, dict]]:
 
 def software_facts() -> tuple[str, ...]:
     """The preflight facts that come from inside the image (launcher/nodeprog/facts.py keys)."""
-    return ("python", "torch", "trainer", "torchrun", "ext_locks", "pyspy", "gpu")
+    return ("python", "torch", "trainer", "torchrun", "ext_locks", "gpu")   # py-spy: the host's
 
 
 PROBE_INNER = ('py=$1; p=$2; missing=0; if ! command -v "$py" >/dev/null 2>&1; then missing=1; '
