@@ -33,16 +33,16 @@ fi
 
 # Test hosts are network namespaces with their own sshd; pdsh is a benchmark baseline; the
 # Slurm tests run Debian's slurmctld/slurmd (22.05) with munge over those hosts; the live
-# view's terminal test runs mlaunch in tmux.
+# view's terminal test runs mlaunch in tmux; the container tests run Debian's podman.
 need_apt=0
-for bin in sshd ssh ip nft iptables pkill pdsh slurmctld slurmd sbatch munged tmux; do
+for bin in sshd ssh ip nft iptables pkill pdsh slurmctld slurmd sbatch munged tmux podman; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_apt=1
 done
 if [ "$need_apt" = 1 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq openssh-server openssh-client iproute2 nftables iptables procps pdsh \
-      slurmctld slurmd slurm-client munge tmux >/dev/null
+      slurmctld slurmd slurm-client munge tmux podman >/dev/null
   else
     echo "run-tests: not root or no apt-get: multi-host tests will be skipped" >&2
   fi
@@ -54,6 +54,11 @@ python -m pip install -q -e '.[test]'
 # The "remote" trainer interpreters for the training tests: LLaMA-Factory and ms-swift on CPU.
 bash tests/env/make_trainer_venv.sh .venvs/trainer
 bash tests/env/make_swift_venv.sh .venvs/swift
+# The container tests' image: Debian's python3.11 and the trainer venv's packages, imported
+# into podman's storage once per machine (cached by its inputs; tests/env/make_trainer_image.sh).
+if command -v podman >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  bash tests/env/make_trainer_image.sh .venvs/trainer >/dev/null
+fi
 
 echo "run-tests: setup took $(( $(date +%s) - start ))s"
 set +e

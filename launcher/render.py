@@ -128,9 +128,9 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     return jinja2.FileSystemBytecodeCache(path)
 
 
-def render(name: str, **context: Any) -> str:
-    """Render templates/<name> with context."""
-    return environment().get_template(name).render(**context)
+def render(template: str, /, **context: Any) -> str:
+    """Render templates/<template> with context."""
+    return environment().get_template(template).render(**context)
 
 
 def node_script(**context: Any) -> str:
@@ -238,15 +238,18 @@ def exec_script(rank: int, host: str, argv: list[str], env: list[tuple[str, str]
 
 
 def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False,
-                    agents: list[str] | None = None, drain: float = 1.0) -> str:
+                    agents: list[str] | None = None, drain: float = 1.0,
+                    containers: list[str] | None = None) -> str:
     """Shell text that ends, on one host, every process whose environment holds `match`
     (NAME=value): SIGTERM (process group first), a grace period, then SIGKILL.
 
     agents: the pidfiles of node agents (torchrun) among pidfiles; once only they are left
-    they get `drain` seconds, not the rest of the grace (their ranks' log files keep all)."""
+    they get `drain` seconds, not the rest of the grace (their ranks' log files keep all);
+    containers: shell lines that remove the host's nodes' containers (cluster.container) once
+    their processes are gone."""
     return render("teardown.sh.j2", match=match, pidfiles=pidfiles,
                   grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM",
-                  agents=agents or [], drain=drain)
+                  agents=agents or [], drain=drain, containers=containers or [])
 
 
 def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: float = 20) -> str:
@@ -311,11 +314,13 @@ def swift_entry() -> str:
     return render("swift_entry.py.j2")
 
 
-def universal_script(env, bindir: str | None, python: str, checkpoint: str, world: int) -> str:
+def universal_script(env, bindir: str | None, python: str, checkpoint: str, world: int,
+                     container: str | None = None) -> str:
     """Shell text for node 0: convert checkpoint to DeepSpeed's universal checkpoint once,
-    unless it was saved at this world (runs/universal.py reads its status line)."""
+    unless it was saved at this world (runs/universal.py reads its status line); container:
+    a runtime line the conversion runs in (cluster.container)."""
     return render("universal.sh.j2", env=list(env), bindir=bindir, python=python,
-                  checkpoint=checkpoint, world=int(world))
+                  checkpoint=checkpoint, world=int(world), container=container)
 
 
 def universal_probe(checkpoint: str) -> str:
@@ -334,3 +339,15 @@ def python_script(python: str, source: str, args: list[str]) -> str:
 def command_line(argv: Any) -> str:
     """argv as one shell-quoted line, exactly as a node script execs it (for display)."""
     return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def container_line(runtime: str, **context: Any) -> str:
+    """One node's runtime line (templates/container/<runtime>.sh.j2): the shell words before
+    its torchrun, or for pyxis the options of the batch script's srun."""
+    text = render(f"container/{runtime}.sh.j2", **context)
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def container_rm(command: list[str], name: str) -> str:
+    """Shell text that removes one node's container by name, whatever its state."""
+    return render("container/rm.sh.j2", command=command, name=name).strip()

@@ -262,6 +262,8 @@ if P.get("master_addr"):   # node 0: torchrun's store listens here, so master_ad
     FACTS["master"] = lambda: own_address(P["master_addr"])
 if P.get("model_config"):
     FACTS["model_config"] = model_config_facts
+if P.get("only"):   # cluster.container: the software facts come from a run inside the image
+    FACTS = {k: fn for k, fn in FACTS.items() if k in P["only"]}
 
 
 def run(key, fn, box):

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from . import batch as batchplan
+from . import container as containers
 from .. import render
 from ..spec import JobBase
 from ..spec.secret_rules import mask_text, secret_env, secret_values
@@ -45,6 +46,8 @@ class NodePlan:
     log_path: str
     script: str          # the exact shell text run on the node
     display: str         # the same text with secret values masked
+    container: str = ""  # cluster.container: the runtime line before argv (pyxis: srun's options)
+    container_rm: str = ""   # shell text that removes the node's container by name ("" none)
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,16 @@ def remote_python(job: JobBase) -> str:
     return c.python or (posixpath.join(c.venv, "bin", "python") if c.venv else "python3")
 
 
+HOST_PYTHON = "python3"   # mlaunch's node programs on a container's host (stdlib only)
+
+
+def node_python(job: JobBase) -> str:
+    """The interpreter of mlaunch's own node programs (the relay, output_dir's helper, the
+    preflight probe) on the node's host: the job's interpreter, except under cluster.container,
+    where that one is inside the image and the host's python3 runs them."""
+    return HOST_PYTHON if job.cluster.container is not None else remote_python(job)
+
+
 def in_process(job: JobBase) -> bool:
     """The whole job is one process and its trainer runs that without torchrun."""
     return (job.cluster.torchrun == "auto" and world_size(job) == 1
@@ -302,14 +315,17 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     pidfile = posixpath.join(run.run_dir, f"node{rank}.pid")
-    hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE)
+    line, rm = _container(job, node_rank, run, list(env), devices)
+    hangup = render.teardown_script(f"MLAUNCH_NODE_ID={node_id}", [pidfile], HANGUP_GRACE,
+                                    containers=[rm] if rm else None)
     in_file = bool(placement and placement.secrets_in_file)
     ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=nnodes(job), host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
                hangup_after=f"{c.hangup_after_s:g}", solo=solo, placed=placement is not None,
                secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if in_file else None,
                sampler=None if placement else _sampler(job, run.run_id), setup=list(c.setup),
-               setup_exit=SETUP_EXIT,
+               setup_exit=SETUP_EXIT, container=None if _srun_side(job) else line or None,
+               container_rm=rm or None,
                private_dirs=render.private_dirs_script(run.run_dir, uses_default_base(job)))
     masked = [(k, MASK if secret_env(job, k, v) else v) for k, v in env.items()]
     if in_file:  # secret values stay in a 0600 file the node sources
@@ -320,7 +336,31 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                     workdir=c.workdir,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
-                    display=render.node_script(env=masked, **ctx))
+                    display=render.node_script(env=masked, **ctx), container=line,
+                    container_rm=rm)
+
+
+def _container(job: JobBase, node_rank, run: RunContext, env_names: list[str],
+               devices: list[int] | None) -> tuple[str, str]:
+    """The node's runtime line and the text that removes its container ("" without one)."""
+    if job.cluster.container is None:
+        return "", ""
+    name = containers.container_name(run.run_id.split(TAG_MARK)[0], run_attempt(run.run_id),
+                                     None if _srun_side(job) else node_rank)
+    line = containers.runtime_line(job, name=name, run_dir=run.run_dir, env_names=env_names,
+                                   devices=devices)
+    return line, containers.removal(job, name) or ""
+
+
+def run_attempt(tag: str) -> int:
+    """The attempt number in a process tag (attempt_tag): 0 for the run id itself."""
+    return int(tag.rsplit(TAG_MARK, 1)[1]) if TAG_MARK in tag else 0
+
+
+def _srun_side(job: JobBase) -> bool:
+    """The container is made by srun's own options (pyxis), not by the node script."""
+    k = job.cluster.container
+    return k is not None and k.runtime == "pyxis"
 
 
 def user_env(env: dict[str, str]) -> dict[str, str]:

@@ -11,7 +11,10 @@ from typing import Callable
 
 from .. import nodeprog, render
 from ..transport.base import Executor
-from ..plan.launch_plan import LaunchPlan, NodePlan, in_process, remote_bin, remote_python, torchrun_head
+from ..plan import container as containers
+from ..plan.launch_plan import (LaunchPlan, NodePlan, in_process, node_python, remote_bin, remote_python,
+                                torchrun_head)
+from ..spec.rules import node_devices
 from ..spec import LlamaFactoryJob, ScriptJob
 
 MARKER = "MLAUNCH-PREFLIGHT "  # prefix of the one JSON line a probe prints; login noise is ignored
@@ -116,13 +119,24 @@ def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
         return dict(pool.map(one, jobs))
 
 
-def py_script(ctx: Ctx, rank: int, program: str, params: dict) -> str:
+def py_script(ctx: Ctx, rank: int, program: str, params: dict, in_image: bool = False) -> str:
     """Shell text that runs node program launcher/nodeprog/<program>.py with the job's interpreter
-    and environment (so LD_LIBRARY_PATH, PYTHONPATH, ... are those the job will see)."""
-    node = ctx.nodes[rank]
-    return render.render("preflight/pyprobe.sh.j2", env=list(node.env), bindir=remote_bin(ctx.job),
-                         python=ctx.python, program=program, source=nodeprog.source(program),
-                         params=json.dumps({**params, "marker": MARKER.strip()}), marker=MARKER.strip())
+    and environment (so LD_LIBRARY_PATH, PYTHONPATH, ... are those the job will see).
+    Under cluster.container the job's interpreter is in the image: in_image runs the program
+    there (after the runtime and image checks), else on the host's python3."""
+    node, job = ctx.nodes[rank], ctx.job
+    box = {}
+    if in_image:
+        box = dict(container=containers.probe_line(
+            job, name=f"mlaunch-preflight-{ctx.nonce}-n{rank}", env_names=[k for k, _ in node.env],
+            devices=node_devices(job.cluster, rank)), checks=containers.probe_checks(job),
+            inner=containers.PROBE_INNER)
+    return render.render("preflight/pyprobe.sh.j2", env=list(node.env), bindir=remote_bin(job),
+                         python=ctx.python if in_image or job.cluster.container is None else node_python(job),
+                         program=program, source=nodeprog.source(program),
+                         params=json.dumps({**params, "marker": MARKER.strip()}), marker=MARKER.strip(),
+                         container=box.get("container"), checks=box.get("checks", []),
+                         inner=box.get("inner"))
 
 
 def facts_params(ctx: Ctx, rank: int) -> dict:
@@ -165,9 +179,54 @@ def input_specs(job) -> list[dict]:
 
 def gather_facts(ctx: Ctx) -> dict[int, dict | str]:
     """The cheap facts of every node in one round trip each: a dict, or why there is none."""
+    box = ctx.job.cluster.container
+    if box is not None and box.runtime in ("podman", "docker"):
+        return _facts_with_image(ctx)
     outs = on_nodes(ctx, lambda r: py_script(ctx, r, "facts", facts_params(ctx, r)),
                     ctx.pf.check_timeout_s)
     return {r: (o.json() or f"facts probe failed ({o.why()})") for r, o in outs.items()}
+
+
+class ContainerProblem(str):
+    """A node's facts when its container runtime or image failed the checks: what is wrong,
+    with the fix (software.check_python reports both)."""
+
+    def __new__(cls, detail: str, fix: str) -> "ContainerProblem":
+        obj = super().__new__(cls, detail)
+        obj.fix = fix
+        return obj
+
+
+def _facts_with_image(ctx: Ctx) -> dict[int, dict | str]:
+    """cluster.container: the host's facts (storage, network, ports) from the host's python3,
+    the software's (interpreter, torch, trainer, GPUs as the container sees them) from a run
+    inside the image; both at once."""
+    soft = containers.software_facts()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        host = pool.submit(on_nodes, ctx, lambda r: py_script(ctx, r, "facts", {
+            **facts_params(ctx, r), "only": [k for k in ALL_FACTS if k not in soft]}),
+            ctx.pf.check_timeout_s)
+        image = pool.submit(on_nodes, ctx, lambda r: py_script(ctx, r, "facts", {
+            **facts_params(ctx, r), "only": list(soft), "workdir": None}, in_image=True),
+            ctx.pf.check_timeout_s + IMAGE_START_S)
+        host_outs, image_outs = host.result(), image.result()
+    out: dict[int, dict | str] = {}
+    for r, o in host_outs.items():
+        h, i = o.json(), image_outs[r].json() if r in image_outs else None
+        if i is not None and "container" in i:
+            out[r] = ContainerProblem(*i["container"])
+        elif h is None or i is None:
+            why = o.why() if h is None else image_outs[r].why()
+            out[r] = f"facts probe failed ({why})"
+        else:
+            out[r] = {**h, **i}
+    return out
+
+
+# Every key of nodeprog/facts.py's FACTS (some only on node 0 or with a model).
+ALL_FACTS = ("python", "torch", "trainer", "torchrun", "host", "mesh_port", "out", "shared",
+             "inputs", "shm", "gpu", "ext_locks", "pyspy", "port", "master", "model_config")
+IMAGE_START_S = 60.0   # a container's start (and a pull's) on top of the probe's own limit
 
 
 def sh_script(name: str, **context) -> str:

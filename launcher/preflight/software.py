@@ -80,7 +80,13 @@ def _python_problem(ctx: Ctx, f, ref) -> tuple[str, str] | None:
     """(detail, fix) of the first missing piece of the node's stack, or None."""
     py = ctx.python
     if isinstance(f, str):
-        return f, f"run `{py} -c 'import torch'` on the node and fix what it reports"
+        fix = getattr(f, "fix", None)   # probe.ContainerProblem: the runtime or the image
+        return f, fix or f"run `{py} -c 'import torch'` on the node and fix what it reports"
+    image = ctx.job.cluster.container.image if ctx.job.cluster.container else None
+    if image:
+        inside = _in_image(ctx, f, ref)
+        if inside:
+            return inside
     if f.get("nopython"):
         return (f"no {py} and no python3 on PATH",
                 "install the training environment there, or point cluster.python / cluster.venv at it")
@@ -102,6 +108,23 @@ def _python_problem(ctx: Ctx, f, ref) -> tuple[str, str] | None:
         return (f"report_to {ctx.job.report_to}: {pkg} is not installed (the run would stop at start)",
                 f"{py} -m pip install {pkg}, or set report_to: none")
     return _torchrun_problem(ctx, f.get("torchrun", {}), torch_v)
+
+
+def _in_image(ctx: Ctx, f: dict, ref) -> tuple[str, str] | None:
+    """(detail, fix) of what the image lacks (cluster.container): its interpreter, torch, the
+    trainer; the fix is the image's, never a pip install on the node."""
+    image, py = ctx.job.cluster.container.image, ctx.python
+    fix = f"install it in the image {image}, or set cluster.container.image to one that has it"
+    if f.get("nopython"):
+        return f"image {image}: no {py} and no python3 in it", "set cluster.python to the image's interpreter"
+    if f["python"].get("missing"):
+        return f"image {image}: no interpreter at {py}", "set cluster.python to the image's interpreter"
+    if f.get("torch", {}).get("error"):
+        return f"image {image}: torch: {f['torch']['error']}", fix
+    tr = f.get("trainer", {})
+    if tr.get("error"):
+        return f"image {image}: {tr['error']}", fix
+    return None
 
 
 def _torchrun_problem(ctx: Ctx, t: dict, torch_v: str | None) -> tuple[str, str] | None:

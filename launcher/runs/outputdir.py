@@ -12,7 +12,7 @@ from .. import nodeprog
 from ..errors import UserError
 from ..logs.stream import Printer
 from ..nodeprog import checkpoints, outdir
-from ..plan.launch_plan import LaunchPlan, remote_python
+from ..plan.launch_plan import LaunchPlan, node_python
 from ..spec import JobBase
 from ..plan.trainers import TRAINERS
 
@@ -68,7 +68,7 @@ class Master:
     def __init__(self, plan: LaunchPlan, executor):
         self.plan, self.executor = plan, executor
         self.output_dir = plan.job.output_dir
-        self.python = remote_python(plan.job)   # cluster.python itself, e.g. /usr/bin/python3
+        self.python = node_python(plan.job)   # cluster.python itself, e.g. /usr/bin/python3
         if plan.placement is not None:  # no node is held: the helpers run on this login node
             self.python = sys.executable
         self._beat: threading.Event | None = None

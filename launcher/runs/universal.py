@@ -30,6 +30,18 @@ def needed(job: JobBase, resume_from: str | None) -> bool:
     return bool(resume_from and getattr(job, "deepspeed", None))
 
 
+def _in_image(job: JobBase, plan: LaunchPlan) -> str | None:
+    """The runtime line the conversion runs in under cluster.container (podman, docker,
+    apptainer: the node script's runtimes), named apart from the nodes' containers."""
+    box = job.cluster.container
+    if box is None or box.runtime == "pyxis":
+        return None
+    from ..plan import container as containers
+    node = plan.nodes[0]
+    return containers.runtime_line(job, name=f"mlaunch-{plan.run_id}-universal", run_dir=plan.run_dir,
+                                   env_names=[k for k, _ in node.env], devices=None)
+
+
 def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
             printer: Printer, events: EventLog) -> bool:
     """Whether the next attempt loads the universal checkpoint: converts resume_from on node 0
@@ -39,7 +51,9 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
     if not needed(job, resume_from) or _settled(job, plan, executor, resume_from):
         return False
     node, world = plan.nodes[0], world_size(job)
-    script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world)
+    box = _in_image(job, plan)
+    script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world,
+                                     **({"container": box} if box else {}))
     if plan.placement is not None:   # no node is held between attempts: a job of its own
         where = plan.placement.one_node_job
         run = lambda: executor.run_step(plan, "universal", script, CONVERT_TIMEOUT_S)  # noqa: E731

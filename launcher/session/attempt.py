@@ -263,7 +263,8 @@ class _Session:
         agents = [n.pidfile for n in nodes if "--nproc-per-node" in n.argv]  # torchrun's
         script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.tag}",
                                         [n.pidfile for n in nodes], TEARDOWN_GRACE, kill_now,
-                                        agents=agents, drain=AGENT_DRAIN_S)
+                                        agents=agents, drain=AGENT_DRAIN_S,
+                                        containers=[n.container_rm for n in nodes if n.container_rm])
         code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)
         return out.strip().splitlines()[-1] if out.strip() else f"exit {code}"
 

@@ -50,7 +50,8 @@ def check_cluster(c: Cluster) -> list[Problem]:
     """Hosts, processes per node, rendezvous address, devices, env names and the interpreter."""
     from .slurm_rules import check_scheduler
     from .spare_rules import check_spares
-    p: list[Problem] = check_scheduler(c, "ssh" in c.model_fields_set) + check_spares(c)
+    from .container_rules import check_container
+    p: list[Problem] = check_scheduler(c, "ssh" in c.model_fields_set) + check_spares(c) + check_container(c)
     if c.scheduler == "slurm":
         return p + _check_env(c) + check_env_refs(c.env)
     if not c.hosts:

@@ -45,6 +45,30 @@ class Slurm(Strict):
         "further #SBATCH options, long names without dashes: {gres: 'gpu:8', mem: 0}"))
 
 
+class Container(Strict):
+    """The image every node runs torchrun in (cluster.container); see container_rules.py and
+    docs/containers.md."""
+
+    image: str = Field(description=(
+        "a tag (registry/name:tag), a local image, or under Slurm a .sqsh (pyxis) / .sif (apptainer) file"))
+    runtime: Literal["podman", "docker", "pyxis", "apptainer"] = Field("podman", description=(
+        "podman | docker on SSH nodes; pyxis (enroot) | apptainer | podman under Slurm"))
+    mounts: list[str] = Field(default_factory=list, description=(
+        "SRC[:DST[:OPTIONS]] bind mounts beside the workdir, output_dir and shared_dir, which "
+        "mlaunch mounts itself"))
+    pull: Literal["missing", "always", "never"] = Field("missing", description=(
+        "podman/docker: pull the image when missing, before every run, or never (preflight "
+        "refuses a missing image)"))
+    args: list[str] = Field(default_factory=list, description=(
+        "further options for the runtime's run/exec, e.g. [--shm-size=16g]"))
+    gpus: bool = Field(True, description=(
+        "pass the node's GPUs in (podman: CDI nvidia.com/gpu, docker: --gpus, apptainer: --nv); "
+        "false on CPU nodes"))
+    command: list[str] | None = Field(None, description=(
+        "the runtime's command line on the nodes (default: its name, e.g. podman); e.g. "
+        "[sudo, -n, podman] or a wrapper script"))
+
+
 class Cluster(Strict):
     """The machines, the processes per machine, the rendezvous and the remote environment."""
 
@@ -89,6 +113,8 @@ class Cluster(Strict):
         "smaller of this and nvidia-smi's figure counts"))
     hangup_after_s: float = Field(30.0, ge=5, le=3600, description=(
         "a node whose launcher is silent this long (no heartbeat) ends its own processes"))
+    container: Container | None = Field(None, description=(
+        "run each node's torchrun inside this image (docs/containers.md)"))
     torchrun: Literal["auto", "always"] = Field("auto", description=(
         "auto: a job of one process (1 node x 1 GPU) of LLaMA-Factory without DeepSpeed runs "
         "in-process, without torchrun, as llamafactory-cli does; always: torchrun even then"))

@@ -14,7 +14,7 @@ from fabric import Config, Connection
 
 from .. import nodeprog, render
 from ..errors import Problem, UserError
-from ..plan.launch_plan import LaunchPlan, NodePlan, remote_python
+from ..plan.launch_plan import LaunchPlan, NodePlan, node_python
 from ..spec import SSH
 from .base import STAGE_TIMEOUT_S, setup_failed, stage_text
 from .relay import relay_config
@@ -62,7 +62,7 @@ class SSHExecutor:
         return [explained.get(p.path, p) for p in failed.values()]
 
     def stage(self, plan: LaunchPlan) -> None:
-        self._relay_head = relay_head(remote_python(plan.job), relay_config(plan))
+        self._relay_head = relay_head(node_python(plan.job), relay_config(plan))
         targets = [plan.nodes[0].login] if plan.shared else self._hosts
         self._streams.spawn(_stream_command())   # a later attempt's sessions
         if failed := self._streams.await_ready(self._ssh.connect_timeout + 10):

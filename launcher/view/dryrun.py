@@ -49,7 +49,8 @@ def signature(n: NodePlan) -> tuple:
         if a == "--node-rank":
             argv[i + 1] = "{rank}"
     env = tuple((k, part.sub("/node{rank}", v)) for k, v in n.env if k not in TAGS)
-    return tuple(argv), env, n.workdir
+    box = re.sub(rf"-n{n.rank}(?=[\s'])", "-n{rank}", n.container)
+    return tuple(argv), env, n.workdir, box
 
 
 def user_env(n: NodePlan) -> list[tuple[str, str]]:
@@ -73,8 +74,18 @@ def _body(n: NodePlan) -> list[str]:
                          + ", ".join(f"${{{r}}}" for r in refs)
                          + " (a ':' beside one at either end is added only when it is set)")
     cd = f"cd {render.command_line([n.workdir])} && " if n.workdir else ""
+    if n.container:
+        lines += _container(n)
+        cd = ""
     lines.append("  " + cd + render.command_line(n.argv))
     return lines
+
+
+def _container(n: NodePlan) -> list[str]:
+    """The node's runtime line (cluster.container), before the command it wraps."""
+    if n.container.startswith("--container-image"):
+        return ["  in the image, by srun's options: " + n.container]
+    return ["  in a container: " + n.container + " \\"]
 
 
 def _pattern(text: str, host: str) -> str:

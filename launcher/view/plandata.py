@@ -29,9 +29,15 @@ def plan_data(plan: LaunchPlan, backend: str, resume: str | None = None) -> dict
         "batch": memview.to_dict(plan.batch) if plan.batch else None,
         "nodes": [{"rank": n.rank, "host": n.host, "login": n.login, "argv": list(n.argv),
                    "env": dict(user_env(n)), "workdir": n.workdir, "pidfile": n.pidfile,
-                   "log": n.log_path} for n in plan.nodes],
+                   "log": n.log_path, **_container(n)} for n in plan.nodes],
         "files": [{"path": f.path, "note": f.note or None} for f in plan.files],
     }, plan.secrets, MASK)
+
+
+def _container(n) -> dict:
+    """A node's runtime line and the text that removes its container (cluster.container):
+    `stop` removes it from what the registry recorded."""
+    return {"container": n.container, "container_rm": n.container_rm} if n.container else {}
 
 
 def preflight_decides(plan: LaunchPlan) -> list[str]:

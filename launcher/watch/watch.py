@@ -146,7 +146,9 @@ class Watch:
         fsmode.private_dir(os.path.dirname(out_dir))
         fsmode.private_dir(out_dir)
         bindir = remote_bin(self.plan.job)
-        pyspy = posixpath.join(bindir, "py-spy") if bindir else "py-spy"
+        # Under cluster.container the job's bin/ is inside the image: the host's py-spy reads
+        # the ranks (processes of the host, in the container's namespaces).
+        pyspy = posixpath.join(bindir, "py-spy") if bindir and not self.plan.job.cluster.container else "py-spy"
         # Per node, by its own id: a host may run several nodes, and hosts may share /proc.
         def dump(node) -> str:
             env = dict(node.env)

@@ -73,11 +73,19 @@ def request(plan: LaunchPlan) -> SlurmRequest:
     script = render.render(
         "slurm.sbatch.j2", run_id=plan.tag, job_name=job.name, nodes=s.nodes,
         gpus=job.cluster.gpus_per_node, batch_log=batch_log, options=options,
-        secrets_file=secrets.path if secrets else None, raw_log=raw, node_script=node_path)
+        secrets_file=secrets.path if secrets else None, raw_log=raw, node_script=node_path,
+        container=_srun_container(plan))
     return SlurmRequest(script_path=posixpath.join(plan.run_dir, f"job{suffix}.sbatch"),
                         script=script, node_script=RenderedFile(node_path, plan.nodes[0].script),
                         secrets=secrets, batch_log=batch_log.replace("%%", "%"),
                         node_log_pattern=pattern, raw_log_pattern=raw)
+
+
+def _srun_container(plan: LaunchPlan) -> str | None:
+    """pyxis's options for the job's srun (cluster.container with runtime pyxis), else None:
+    other runtimes wrap torchrun inside the node script."""
+    k = plan.job.cluster.container
+    return plan.nodes[0].container if k is not None and k.runtime == "pyxis" else None
 
 
 def step_argv(plan: LaunchPlan, name: str) -> list[str]:

@@ -19,9 +19,9 @@ class SSHBackend(Backend):
     def transport(self, plan):
         """The unconnected transport to plan's hosts; the node relay runs on the spec's
         interpreter (`exec`, which stages nothing, too)."""
-        from ...plan.launch_plan import remote_python
+        from ...plan.launch_plan import node_python
         executor = self.transport_to([n.login for n in plan.nodes], plan.job.cluster.ssh)
-        executor.python = remote_python(plan.job)
+        executor.python = node_python(plan.job)
         return executor
 
     def transport_to(self, logins: list[str], ssh):

@@ -55,8 +55,11 @@ def sweep(run, backend, kill_now: bool = False) -> Cancel:
         if problems:
             return Cancel(problems=[str(p) for p in problems])
         pidfiles = sorted({pidfile for _, pidfile in nodes})
+        boxes = {h: sorted({n["container_rm"] for p in plans for n in p["nodes"]
+                            if n["login"] == h and n.get("container_rm")}) for h in hosts}
         with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-            outs = list(pool.map(lambda h: _host(executor, h, pidfiles, tags, kill_now), hosts))
+            outs = list(pool.map(lambda h: _host(executor, h, pidfiles, tags, kill_now, boxes[h]),
+                                 hosts))
     finally:
         executor.close()
     result = Cancel()
@@ -76,9 +79,11 @@ def _ssh_settings(plan: dict):
 
 
 def _host(executor, host: str, pidfiles: list[str], tags: list[str],
-          kill_now: bool) -> tuple[int, str]:
+          kill_now: bool, containers: list[str] = ()) -> tuple[int, str]:
     # Every rank's pidfile: a spare took a lost node's rank (each is signalled only while its
-    # leader's environment holds the run's tag: templates/teardown.sh.j2).
+    # leader's environment holds the run's tag: templates/teardown.sh.j2). The containers of
+    # every recorded attempt's nodes on this host (cluster.container) go with the last tag's.
     script = "\n".join(render.teardown_script(f"MLAUNCH_RUN_ID={tag}", pidfiles, TEARDOWN_GRACE,
-                                              kill_now) for tag in tags)
+                                              kill_now, containers=list(containers) if i == len(tags) - 1 else None)
+                       for i, tag in enumerate(tags))
     return executor.run(host, script, timeout=TEARDOWN_GRACE * len(tags) + 20)
