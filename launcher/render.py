@@ -334,3 +334,14 @@ def python_script(python: str, source: str, args: list[str]) -> str:
 def command_line(argv: Any) -> str:
     """argv as one shell-quoted line, exactly as a node script execs it (for display)."""
     return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def staging_push_argv(**context: Any) -> list[str]:
+    """The launcher's rsync that copies a staged item to one node (templates/staging_push.j2)."""
+    return [a for a in render("staging_push.j2", **context).splitlines() if a.strip()]
+
+
+def staging_pull_script(**context: Any) -> str:
+    """Shell text for a node that copies a staged item from another node, or from a path of
+    its own (templates/staging_pull.sh.j2)."""
+    return render("staging_pull.sh.j2", **context).strip()

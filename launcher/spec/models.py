@@ -7,6 +7,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr
 
 
 from .cluster_spec import SSH, Cluster, Procs, Slurm, Strict  # noqa: F401  (re-exported)
+from .staging import StageItem
 
 
 class Finetuning(Strict):
@@ -199,6 +200,9 @@ class JobBase(Strict):
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
     health: Health = Health()
+    staging: list[StageItem] = Field(default_factory=list, description=(
+        "what every node needs on its own disk (model, data, code), copied once before any node "
+        "starts, node to node, hash-checked: [{src, dst, what}]"))
     # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
     _notes: tuple[str, ...] = PrivateAttr(default=())
     # cluster.env names whose value came from `${NAME}`: secrets whatever their names.

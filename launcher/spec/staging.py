@@ -1,0 +1,89 @@
+"""`staging:`: what every node needs on its own disk (the model, the data, the code), where it
+comes from and where it goes (issue 54). Copied once to every node before any node starts,
+node to node, hash-checked (launcher/transport/staging.py does the copying; this module only
+says what the user wrote and what is wrong with it)."""
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Literal
+
+from pydantic import Field
+
+from ..errors import Problem
+from .cluster_spec import Strict
+
+NODE = "node:"   # a src held by a node of the run, not by this machine
+
+
+class StageItem(Strict):
+    """One thing every node needs locally."""
+
+    src: str = Field(description=(
+        "a directory or file on this machine (relative: beside the spec), or node:PATH, a path "
+        "on a node of the run that has it"))
+    dst: str = Field(description="the absolute path on every node")
+    what: Literal["files", "code"] = Field("files", description=(
+        "files: everything under src; code: what `git ls-files` lists in src (a git work tree)"))
+
+    @property
+    def on_node(self) -> bool:
+        """Whether a node, not this machine, holds the source."""
+        return self.src.startswith(NODE)
+
+    @property
+    def path(self) -> str:
+        """The source path (on this machine, or on the node for node:PATH)."""
+        return self.src[len(NODE):] if self.on_node else self.src
+
+
+def absolute_sources(raw: dict, base: str) -> None:
+    """staging[].src given relative: made absolute against the spec's directory (base), as
+    cluster.hostfile is, whatever directory mlaunch runs from."""
+    items = raw.get("staging")
+    if not isinstance(items, list):
+        return
+    for item in items:
+        src = item.get("src") if isinstance(item, dict) else None
+        if isinstance(src, str) and src and not src.startswith((NODE, "/")):
+            item["src"] = os.path.normpath(os.path.join(base, os.path.expanduser(src)))
+
+
+def check_staging(items: list[StageItem]) -> list[Problem]:
+    """One line per problem: a dst that is not an absolute path below /, two items at one dst
+    or one inside another, a local src that does not exist, code that is not a git work tree or
+    comes from a node."""
+    problems: list[Problem] = []
+    dsts: list[tuple[int, str]] = []
+    for i, item in enumerate(items):
+        where = f"staging[{i}]"
+        dst = posixpath.normpath(item.dst) if item.dst else ""
+        if not item.dst.startswith("/") or dst == "/":
+            problems.append(Problem(f"{where}.dst", f"{item.dst!r}: give an absolute path on the nodes "
+                                    "below / (e.g. /nvme/models/NAME)"))
+        else:
+            for j, other in dsts:
+                if dst == other or dst.startswith(other + "/") or other.startswith(dst + "/"):
+                    problems.append(Problem(f"{where}.dst", f"{item.dst!r} overlaps staging[{j}].dst "
+                                            f"{other!r}; give each item a directory of its own"))
+            dsts.append((i, dst))
+        problems += _source_problems(where, item)
+    return problems
+
+
+def _source_problems(where: str, item: StageItem) -> list[Problem]:
+    if item.on_node:
+        if not item.path.startswith("/"):
+            return [Problem(f"{where}.src", f"{item.src!r}: a node's path must be absolute (node:/data/x)")]
+        if item.what == "code":
+            return [Problem(f"{where}.what", "code is listed by `git ls-files` on this machine; "
+                            "give a src on this machine, or what: files")]
+        return []
+    if not os.path.exists(item.path):
+        return [Problem(f"{where}.src", f"{item.src!r} does not exist on this machine; fix the "
+                        f"path, or write node:{item.src} for a path a node of the run has")]
+    if item.what == "code" and not os.path.isdir(os.path.join(item.path, ".git")) \
+            and not os.path.isfile(os.path.join(item.path, ".git")):
+        return [Problem(f"{where}.what", f"code: {item.src!r} is not the top of a git work tree; "
+                        "give the work tree's top directory, or what: files")]
+    return []
