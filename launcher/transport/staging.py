@@ -21,7 +21,7 @@ from ..nodeprog import manifest as mf
 from ..plan.launch_plan import LaunchPlan, remote_python
 from ..plan.staging import LAUNCHER, Copy, needed_bytes, rounds, size_text
 from ..spec.hosts import login_addr
-from ..spec.staging import StageItem
+from ..spec.staging import StageItem, code_files
 
 PROBE_TIMEOUT_S = 600          # hashing a node:PATH source of many GB takes minutes
 COPY_TIMEOUT_S = 24 * 3600     # one copy of one item to one node
@@ -71,13 +71,11 @@ def stage(plan: LaunchPlan, executor, say) -> None:
 
 
 def _git_files(top: str) -> list[str]:
-    """What `git ls-files` lists in the work tree top (the code item's files)."""
-    r = subprocess.run(["git", "-C", top, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                       capture_output=True)
-    if r.returncode != 0:
-        raise UserError(f"staging: git ls-files in {top} failed: {r.stderr.decode(errors='replace').strip()}")
-    return [n for n in r.stdout.decode("utf-8", "surrogateescape").split("\0")
-            if n and os.path.isfile(os.path.join(top, n))]
+    """The code item's files (spec/staging.py code_files); UserError when git fails there."""
+    names = code_files(top)
+    if names is None:
+        raise UserError(f"staging: `git ls-files` failed in {top}; is git installed, and is it a work tree?")
+    return names
 
 
 def _probe(plan: LaunchPlan, executor, logins: list[str], items: list[Item]) -> None:
