@@ -14,6 +14,7 @@ make the manifest of a source on its own machine. Modes:
 * ``commit TMP DST DIGEST``: the copy at TMP hashed; when its digest is DIGEST, it replaces DST
   (renamed into place) and its manifest is written beside it as DST.mlaunch-manifest; else
   exit 3 with one line, TMP removed, DST untouched.
+* ``seal TMP DST``: the same for a copy this node made itself (tokenize_once): no digest to match.
 
 A manifest: {"digest": sha256 over the sorted (path, size, sha256) lines, "bytes": total,
 "files": {relative path: [size, sha256, mtime_ns]}}; a file item has the one path "".
@@ -120,10 +121,11 @@ def probe(items):
     return {"rsync": shutil.which("rsync") is not None, "items": out}
 
 
-def commit(tmp, dst, want):
-    """tmp into dst's place when its digest is want; its manifest beside it."""
+def commit(tmp, dst, want=None):
+    """tmp into dst's place when its digest is want (None: whatever it holds, for what the node
+    made itself); its manifest beside it."""
     man = manifest(tmp)
-    if man["digest"] != want:
+    if want is not None and man["digest"] != want:
         remove(tmp)
         print(f"mlaunch: the copy of {dst} on this node differs from its source "
               "(changed while it was copied?); submit again", file=sys.stderr)
@@ -159,6 +161,8 @@ def main(argv=None):
         return 0
     if argv[0] == "commit":
         return commit(argv[1], argv[2], argv[3])
+    if argv[0] == "seal":
+        return commit(argv[1], argv[2])
     print(f"mlaunch: manifest: unknown mode {argv[0]!r}", file=sys.stderr)
     return 2
 

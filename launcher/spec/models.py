@@ -219,6 +219,9 @@ class LlamaFactoryJob(JobBase):
     dataset: str | list[str]
     dataset_dir: str | None = None
     cutoff_len: int = Field(2048, ge=1)
+    tokenize_once: str | None = Field(None, description=(
+        "an absolute path on every node: the dataset is tokenized there once, on node 0, before "
+        "any rank starts, then staged to the other nodes (LLaMA-Factory's tokenized_path)"))
     finetuning: Finetuning
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"

@@ -72,6 +72,21 @@ def check_staging(items: list[StageItem]) -> list[Problem]:
     return problems
 
 
+def check_tokenize_once(job) -> list[Problem]:
+    """tokenize_once: an absolute path, and LLaMA-Factory's own tokenized_path or streaming not
+    given beside it in passthrough."""
+    path = getattr(job, "tokenize_once", None)
+    if path is None:
+        return []
+    if not path.startswith("/") or posixpath.normpath(path) == "/":
+        return [Problem("tokenize_once", f"{path!r}: give an absolute path on the nodes below / "
+                        "(e.g. /nvme/tokenized/NAME)")]
+    taken = [k for k in ("tokenized_path", "streaming") if job.passthrough.get(k)]
+    return [Problem(f"passthrough.{k}", f"{job.passthrough[k]!r} beside tokenize_once: remove "
+                    f"passthrough.{k} (tokenize_once sets tokenized_path and needs a dataset on disk)")
+            for k in taken]
+
+
 def _source_problems(where: str, item: StageItem) -> list[Problem]:
     if item.on_node:
         if not item.path.startswith("/"):

@@ -39,9 +39,11 @@ class Item:
     names: list[str] | None = None              # code: the files git lists
     nodes: dict[str, dict] = field(default_factory=dict)   # login -> its probe of this item
 
+    label: str = ""                             # how its line names it (default: staging[i])
+
     @property
     def where(self) -> str:
-        return f"staging[{self.index}] {self.spec.dst}"
+        return f"{self.label or f'staging[{self.index}]'} {self.spec.dst}"
 
     def lacking(self) -> list[str]:
         """The nodes whose copy is absent, changed, or another content than the source's."""
@@ -49,17 +51,21 @@ class Item:
                 if p["state"] != "current" or p["digest"] != self.source["digest"]]
 
 
-def stage(plan: LaunchPlan, executor, say) -> None:
-    """Every item of plan.job.staging on every node of plan, current; one line per item (say).
-    UserError before any copy when a source is missing or a node lacks disk or rsync; UserError
-    naming each node whose copy failed (nothing started then)."""
-    if not plan.job.staging:
-        return
+def stage(plan: LaunchPlan, executor, say) -> dict[str, str]:
+    """Every item of plan.job.staging on every node of plan, current; one line per item (say);
+    {dst: the source's digest}. UserError before any copy when a source is missing or a node
+    lacks disk or rsync; UserError naming each node whose copy failed (nothing started then)."""
+    return stage_items(plan, executor, [Item(i, s) for i, s in enumerate(plan.job.staging)], say)
+
+
+def stage_items(plan: LaunchPlan, executor, items: list[Item], say) -> dict[str, str]:
+    """stage() of these items."""
+    if not items:
+        return {}
     if not hasattr(executor, "rsync_shell"):
         raise UserError(f"staging: the {type(executor).__name__} transport cannot stage yet; "
                         "staging needs cluster.hosts reached over ssh")
     logins = list(dict.fromkeys(n.login for n in plan.nodes))
-    items = [Item(i, s) for i, s in enumerate(plan.job.staging)]
     for item in items:
         if not item.spec.on_node:
             item.names = _git_files(item.spec.path) if item.spec.what == "code" else None
@@ -68,6 +74,7 @@ def stage(plan: LaunchPlan, executor, say) -> None:
     _refuse_unfit(items)
     for item in items:
         _copy_item(plan, executor, item, say)
+    return {item.spec.dst: item.source["digest"] for item in items}
 
 
 def _git_files(top: str) -> list[str]:
