@@ -89,3 +89,32 @@ def test_relative_src_is_beside_the_spec_and_the_dry_run_shows_the_plan(tmp_path
     assert "staging[1] /nvme/data <- node:/data/alpaca: on a node of the run" in out
     assert f"staging[2] /nvme/work <- {code}: code, 1 files from git ls-files, 9 B, from this machine" in out
     assert os.path.isdir(model)
+
+
+def test_replicas_inventory_and_prune(tmp_path):
+    from launcher.nodeprog import replicas
+    out = tmp_path / "out"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "checkpoint-5" / "rng_state_1.pth").write_bytes(b"r")
+    (out / "checkpoint-10").mkdir()
+    part = out / ".mlaunch-replicas" / "checkpoint-5" / "part0"
+    part.mkdir(parents=True)
+    (part / "rng_state_0.pth").write_bytes(b"r")
+    (part / "trainer_state.json").write_text("{}")
+    (out / ".mlaunch-replicas" / "checkpoint-5" / "part0.mlaunch-manifest").write_text("{}")
+    (out / ".mlaunch-replicas" / "checkpoint-5" / "part2").mkdir()   # no manifest: a copy cut short
+    inv = replicas.inventory(str(out), [1], 3)
+    assert inv["own"] == {"5": {"complete": True, "state": False, "ranks": [1]},
+                          "10": {"complete": False, "state": False, "ranks": []}}
+    assert inv["replicas"] == {"5": {"0": [0]}}
+    assert replicas.prune(str(out), [10]) == ["checkpoint-5", ".mlaunch-replicas/checkpoint-5"]
+    assert sorted(os.listdir(out)) == [".mlaunch-replicas", "checkpoint-10"]
+
+
+def test_checkpoints_rules_and_dry_run_policy(tmp_path):
+    spec = script_job(["node-a", "node-b"], 1, "staged_job.py", [], str(tmp_path / "out"))
+    spec["checkpoints"] = {"replicas": 2}
+    r = mlaunch("validate", write_spec(tmp_path, spec))
+    assert r.returncode == 2
+    assert "checkpoints: replication reads LLaMA-Factory's checkpoint-N layout; trainer script" in r.stderr
+    assert "checkpoints.replicas: 2: each part goes to other nodes, and there are 2; give at most 1" in r.stderr

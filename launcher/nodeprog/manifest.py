@@ -14,6 +14,7 @@ make the manifest of a source on its own machine. Modes:
 * ``commit TMP DST DIGEST``: the copy at TMP hashed; when its digest is DIGEST, it replaces DST
   (renamed into place) and its manifest is written beside it as DST.mlaunch-manifest; else
   exit 3 with one line, TMP removed, DST untouched.
+* ``manifest PATH``: the manifest of PATH, as JSON (a source that a node holds).
 * ``seal TMP DST``: the same for a copy this node made itself (tokenize_once): no digest to match.
 
 A manifest: {"digest": sha256 over the sorted (path, size, sha256) lines, "bytes": total,
@@ -161,6 +162,9 @@ def main(argv=None):
         return 0
     if argv[0] == "commit":
         return commit(argv[1], argv[2], argv[3])
+    if argv[0] == "manifest":
+        print(json.dumps(manifest(argv[1])))
+        return 0
     if argv[0] == "seal":
         return commit(argv[1], argv[2])
     print(f"mlaunch: manifest: unknown mode {argv[0]!r}", file=sys.stderr)

@@ -7,7 +7,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr
 
 
 from .cluster_spec import SSH, Cluster, Procs, Slurm, Strict  # noqa: F401  (re-exported)
-from .staging import StageItem
+from .staging import CheckpointCopies, StageItem
 
 
 class Finetuning(Strict):
@@ -203,6 +203,9 @@ class JobBase(Strict):
     staging: list[StageItem] = Field(default_factory=list, description=(
         "what every node needs on its own disk (model, data, code), copied once before any node "
         "starts, node to node, hash-checked: [{src, dst, what}]"))
+    checkpoints: CheckpointCopies | None = Field(None, description=(
+        "{replicas: N}: each node's part of every complete checkpoint copied to N other nodes "
+        "(hosts without a shared disk); resume, spares and shrink find it there"))
     # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
     _notes: tuple[str, ...] = PrivateAttr(default=())
     # cluster.env names whose value came from `${NAME}`: secrets whatever their names.

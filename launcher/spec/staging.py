@@ -38,6 +38,30 @@ class StageItem(Strict):
         return self.src[len(NODE):] if self.on_node else self.src
 
 
+class CheckpointCopies(Strict):
+    """checkpoints: each node's part of every complete checkpoint kept on other nodes too, for
+    hosts that share no disk (launcher/transport/replicas.py)."""
+
+    replicas: int = Field(1, ge=1, le=16, description=(
+        "how many other nodes get a copy of each node's part of every complete checkpoint"))
+    poll_s: float = Field(2.0, gt=0, le=600, description="how often the nodes are asked for new checkpoints")
+
+
+def check_checkpoints(job) -> list[Problem]:
+    """checkpoints.replicas: fewer than the nodes, an output_dir, LLaMA-Factory's layout."""
+    if job.checkpoints is None:
+        return []
+    nodes = len(job.cluster.hosts or [])
+    out = []
+    if job.trainer != "llamafactory":
+        out.append(Problem("checkpoints", f"replication reads LLaMA-Factory's checkpoint-N layout; "
+                           f"trainer {job.trainer} is not covered yet: remove checkpoints:"))
+    if nodes and job.checkpoints.replicas >= nodes:
+        out.append(Problem("checkpoints.replicas", f"{job.checkpoints.replicas}: each part goes to other "
+                           f"nodes, and there are {nodes}; give at most {nodes - 1}"))
+    return out
+
+
 def absolute_sources(raw: dict, base: str) -> None:
     """staging[].src given relative: made absolute against the spec's directory (base), as
     cluster.hostfile is, whatever directory mlaunch runs from."""

@@ -141,11 +141,11 @@ def _copy_item(plan: LaunchPlan, executor, item: Item, say) -> None:
     t0, copies, failed = time.monotonic(), [], []
     for now in rounds([item.holder], lacking):
         with ThreadPoolExecutor(max_workers=len(now)) as pool:
-            done = list(pool.map(lambda c: (c, _copy(plan, executor, item, c)), now))
+            done = list(pool.map(lambda c: (c, copy_one(plan, executor, item, c)), now))
         for c, words in done:
             if words is not None and c.src != LAUNCHER and not item.spec.on_node:
                 said = words   # a node could not feed another: this machine copies it itself
-                words = _copy(plan, executor, item, Copy(LAUNCHER, c.dst))
+                words = copy_one(plan, executor, item, Copy(LAUNCHER, c.dst))
                 say(f"{item.where}: {c.src} could not feed {c.dst} ({said}); copied from here")
             (failed if words is not None else copies).append((c, words))
         if failed:
@@ -160,7 +160,7 @@ def _copy_item(plan: LaunchPlan, executor, item: Item, say) -> None:
         f"in place on {n - len(lacking)}")
 
 
-def _copy(plan: LaunchPlan, executor, item: Item, c: Copy) -> str | None:
+def copy_one(plan: LaunchPlan, executor, item: Item, c: Copy) -> str | None:
     """One copy, then its check and rename on the receiving node; None, or the failure's words."""
     dst, tmp = item.spec.dst, item.spec.dst + TMP
     is_dir = len(item.source["files"]) != 1 or "" not in item.source["files"]
@@ -180,14 +180,14 @@ def _copy(plan: LaunchPlan, executor, item: Item, c: Copy) -> str | None:
         from_path = item.spec.path if c.src == item.holder and item.spec.on_node else dst
         same = c.src == c.dst
         script = render.staging_pull_script(
-            link_dest=link, parent=posixpath.dirname(dst), shell=_node_shell(plan, c.src),
-            host=None if same else _node_host(c.src), src=from_path.rstrip("/") + slash, tmp=tmp + slash) + "\n"
+            link_dest=link, parent=posixpath.dirname(dst), shell=node_shell(plan, c.src), merge=False,
+            host=None if same else node_host(c.src), src=from_path.rstrip("/") + slash, tmp=tmp + slash) + "\n"
     script += nodeprog.script(remote_python(plan.job), "manifest", ["commit", tmp, dst, item.source["digest"]])
     code, out = executor.run(c.dst, script, COPY_TIMEOUT_S)
     return None if code == 0 else (_last(out) or f"exit {code}")
 
 
-def _node_shell(plan: LaunchPlan, login: str) -> str:
+def node_shell(plan: LaunchPlan, login: str) -> str:
     """The ssh command a node reaches login's node with: the run's user, port, key file and
     host-key policy (known_hosts: cluster.ssh's file, else the node's own)."""
     s, port = plan.job.cluster.ssh, login_addr(login).port
@@ -200,7 +200,7 @@ def _node_shell(plan: LaunchPlan, login: str) -> str:
     return render.command_line(argv)
 
 
-def _node_host(login: str) -> str:
+def node_host(login: str) -> str:
     """login as rsync names a remote host ([user@]name; a port is in the shell's -p)."""
     a = login_addr(login)
     return f"{a.user}@{a.name}" if a.user else a.name

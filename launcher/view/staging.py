@@ -10,7 +10,31 @@ from ..spec.staging import code_files
 
 
 def staging_lines(job, nodes: int) -> list[str]:
-    """The staging plan's lines, or none when the spec stages nothing."""
+    """The staging plan's lines and the checkpoint replication policy, or none."""
+    return _items(job, nodes) + _tokenize(job) + _copies(job)
+
+
+def _tokenize(job) -> list[str]:
+    path = getattr(job, "tokenize_once", None)
+    return [f"tokenize_once: LLaMA-Factory tokenizes the dataset once on node 0 into {path} before any "
+            "rank starts (skipped when made from the same inputs), then it is staged to every node; "
+            "the ranks load it (tokenized_path)"] if path else []
+
+
+def _copies(job) -> list[str]:
+    c = job.checkpoints
+    if c is None:
+        return []
+    limit = getattr(job, "passthrough", {}).get("save_total_limit")
+    keep = (f"save_total_limit {limit} applied on every node" if limit
+            else "no retention (save_total_limit not set): every checkpoint stays on every node")
+    return [f"checkpoints: each node's part of every complete checkpoint copied to the next "
+            f"{c.replicas} node(s) (hash-checked, polled every {c.poll_s:g} s) into "
+            f"{job.output_dir}/.mlaunch-replicas/; {keep}; a restart resumes the newest checkpoint "
+            "complete across copies, put together on node 0 and staged to every node"]
+
+
+def _items(job, nodes: int) -> list[str]:
     if not job.staging:
         return []
     n_rounds = len(rounds([""], [str(i) for i in range(nodes)]))
