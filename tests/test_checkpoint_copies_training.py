@@ -93,3 +93,48 @@ def test_zero2_full_bare_nodes_lost_node_resumes_on_a_spare_from_copies(make_hos
     print("[losses] step, bare nodes with a spare after the cut, uninterrupted: "
           + "; ".join(f"{s} {got[s]:.4f} {reference[s]:.4f} {rel[s]:+.3%}" for s in rel))
     assert all(abs(v) < 0.005 for v in rel.values()), rel
+
+
+def test_zero2_full_bare_nodes_lost_node_shrinks_3_to_2_from_copies(make_hostset, tmp_path, tiny):
+    """The same without a spare and min_nodes 2: the restart runs on nodes 0 and 2; node 1's part
+    of checkpoint-5 comes from its copy on node 2, node 0 puts the checkpoint together, converts it
+    to DeepSpeed's universal checkpoint and stages it to the other node; the run finishes at world
+    2 (grad_accum 3, global batch 6 kept) and every step's loss matches an uninterrupted world-2 run
+    of the same global batch (within 0.5 %, the bound of the shared-disk shrink tests)."""
+    sched = {"finetuning": {"type": "full"}, "deepspeed": {"stage": 2}, "max_steps": STEPS, "save_steps": CUT_AT}
+    where, logs = str(tmp_path / "hold"), str(tmp_path / "logs")
+    with make_hostset(3, private_disk=True) as hs:
+        a, b, c = hs.hosts
+        spec = held_at(_bare_spec(hs, tiny, [a, b, c], sched), CUT_AT, where)
+        spec["cluster"]["min_nodes"] = 2
+
+        def copied() -> bool:
+            return len(glob.glob(f"{where}/held-{CUT_AT}-rank*")) == 3 and any(
+                e["event"] == "checkpoint_copies" and e["checkpoint"] == f"checkpoint-{CUT_AT}" for e in _events(logs))
+
+        def cut(_console: str) -> None:
+            b.link_down()
+            open(os.path.join(where, "release"), "w").close()
+
+        code, rest = submit_and_cut(tmp_path, spec, copied, cut, "--no-preflight", "--log-dir", logs)
+        assert code == 0, rest[-5000:]
+        assert re.search(rf"shrink: lost node1 {re.escape(b.ip)} .*the next attempt runs on 2 nodes, world 3 -> 2 "
+                         r"processes, grad_accum 2 -> 3", rest), rest[-5000:]
+        assert re.search(rf"checkpoint-{CUT_AT}: complete across copies \(world 3\); put together on node0 "
+                         rf"{re.escape(a.ip)} from .*{re.escape(c.ip)}", rest), rest[-5000:]
+        ck = f"{hs.disk}/out/checkpoint-{CUT_AT}"
+        assert f"resume: {ck} was saved at world 3; converted to DeepSpeed's universal checkpoint" in rest, rest[-5000:]
+        for h in (a, c):   # both nodes of the shrunk world hold the conversion
+            own = os.path.join(hs.disk_of(h), "out", f"checkpoint-{CUT_AT}")
+            assert os.path.exists(os.path.join(own, f"global_step{CUT_AT}_universal", ".mlaunch-complete")), h.name
+        got = losses(trainer_state(os.path.join(hs.disk_of(a), "out")))
+        assert sorted(got) == list(range(1, STEPS + 1)), got
+    ref_out = str(tmp_path / "reference")
+    ref = lf_spec(tiny, ["localhost"], 2, ref_out, **sched) | {"batch": {"per_device": 1, "grad_accum": 3}}
+    r = submit_timed(tmp_path, ref, timeout=limit(900))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    reference = losses(trainer_state(ref_out))
+    rel = {s: got[s] / reference[s] - 1 for s in range(1, STEPS + 1)}
+    print("[losses] step, bare nodes shrunk 3 -> 2 after the cut, uninterrupted world 2: "
+          + "; ".join(f"{s} {got[s]:.4f} {reference[s]:.4f} {rel[s]:+.3%}" for s in rel))
+    assert all(abs(v) < 0.005 for v in rel.values()), rel
