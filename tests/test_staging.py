@@ -119,3 +119,23 @@ def test_a_disk_too_small_is_one_line_before_anything_is_copied_or_started(make_
             assert not os.path.exists(os.path.join(hs.disk_of(h), "small", "m"))
             assert not os.path.exists(os.path.join(hs.disk_of(h), "work"))
         assert "staged " not in r.stdout
+        # `mlaunch check`'s storage/staged row says the same per node, and what submit would copy
+        rows = {row.node: row for row in _staged_rows(_spec(hs, tmp_path, model, code, dst))}
+        assert rows[1].status == "fail" and "lacks 2.1 MB, more than the free space" in rows[1].detail, rows[1]
+        assert rows[0].status == "pass" and f"staging[0] {dst}: absent (submit copies 2.1 MB)" in rows[0].detail, rows[0]
+
+
+def _staged_rows(spec: dict):
+    """preflight's storage/staged rows of spec's job (what `mlaunch check` shows)."""
+    from launcher.backends import backend_of
+    from launcher.plan.launch_plan import build_plan
+    from launcher.preflight import staged
+    from launcher.preflight.probe import Ctx
+    from launcher.spec import validate
+    plan = build_plan(validate(spec))
+    ex = backend_of(plan.job).transport(plan)
+    assert ex.connect() == []
+    try:
+        return staged.check(Ctx(plan, ex))
+    finally:
+        ex.close()

@@ -56,13 +56,17 @@ def entries(root, names=None):
     return sorted(out)
 
 
-def manifest(root, names=None):
-    """The manifest of root (or of the listed names under it)."""
-    files = {}
+def manifest(root, names=None, known=None):
+    """The manifest of root (or of the listed names under it). known: an earlier manifest's
+    files of the same root; a file with the same size and mtime keeps its hash unread."""
+    files, known = {}, known or {}
     for rel, full in entries(root, names):
         st = os.lstat(full)
+        was = known.get(rel)
         if os.path.islink(full):
             files[rel] = [0, "link:" + os.readlink(full), st.st_mtime_ns]
+        elif was and was[0] == st.st_size and was[2] == st.st_mtime_ns and not was[1].startswith("link:"):
+            files[rel] = list(was)
         else:
             files[rel] = [st.st_size, file_hash(full), st.st_mtime_ns]
     return {"digest": digest(files), "bytes": sum(v[0] for v in files.values()), "files": files}

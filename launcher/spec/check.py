@@ -17,7 +17,7 @@ def check_job(job: JobBase) -> list[Problem]:
     """All cross-field problems of a validated job, in field order."""
     problems = check_cluster(job.cluster) + check_output_dir(job) + check_dataset(job)
     problems += check_batch_secrets(job) + check_setup_secrets(job.cluster.setup) + check_shrink(job)
-    problems += check_staging(job.staging) + check_tokenize_once(job) + check_checkpoints(job)
+    problems += check_staging(job) + check_tokenize_once(job) + check_checkpoints(job)
     if isinstance(job, LlamaFactoryJob):
         problems += check_batch(job) + check_finetuning(job) + check_deepspeed(job)
         problems += check_training(job) + check_passthrough(job)

@@ -52,7 +52,7 @@ def check_checkpoints(job) -> list[Problem]:
     if job.checkpoints is None:
         return []
     nodes = len(job.cluster.hosts or [])
-    out = []
+    out = _ssh_only(job, "checkpoints")
     if job.trainer != "llamafactory":
         out.append(Problem("checkpoints", f"replication reads LLaMA-Factory's checkpoint-N layout; "
                            f"trainer {job.trainer} is not covered yet: remove checkpoints:"))
@@ -74,11 +74,21 @@ def absolute_sources(raw: dict, base: str) -> None:
             item["src"] = os.path.normpath(os.path.join(base, os.path.expanduser(src)))
 
 
-def check_staging(items: list[StageItem]) -> list[Problem]:
+def _ssh_only(job, key: str) -> list[Problem]:
+    """Staging and checkpoint copies run over the ssh backend's connections: under another
+    scheduler, one line."""
+    if job.cluster.scheduler == "ssh":
+        return []
+    return [Problem(key, f"needs cluster.scheduler ssh (the nodes reached over ssh before they start); "
+                    f"under {job.cluster.scheduler}, stage by hand or remove {key}:")]
+
+
+def check_staging(job) -> list[Problem]:
     """One line per problem: a dst that is not an absolute path below /, two items at one dst
     or one inside another, a local src that does not exist, code that is not a git work tree or
-    comes from a node."""
-    problems: list[Problem] = []
+    comes from a node; another scheduler than ssh."""
+    items: list[StageItem] = job.staging
+    problems: list[Problem] = _ssh_only(job, "staging") if items else []
     dsts: list[tuple[int, str]] = []
     for i, item in enumerate(items):
         where = f"staging[{i}]"
@@ -106,7 +116,7 @@ def check_tokenize_once(job) -> list[Problem]:
         return [Problem("tokenize_once", f"{path!r}: give an absolute path on the nodes below / "
                         "(e.g. /nvme/tokenized/NAME)")]
     taken = [k for k in ("tokenized_path", "streaming") if job.passthrough.get(k)]
-    return [Problem(f"passthrough.{k}", f"{job.passthrough[k]!r} beside tokenize_once: remove "
+    return _ssh_only(job, "tokenize_once") + [Problem(f"passthrough.{k}", f"{job.passthrough[k]!r} beside tokenize_once: remove "
                     f"passthrough.{k} (tokenize_once sets tokenized_path and needs a dataset on disk)")
             for k in taken]
 

@@ -7,6 +7,7 @@ templates/staging_*.j2. Disk space is checked on every node before anything is c
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -65,16 +66,85 @@ def stage_items(plan: LaunchPlan, executor, items: list[Item], say) -> dict[str,
     if not hasattr(executor, "rsync_shell"):
         raise UserError(f"staging: the {type(executor).__name__} transport cannot stage yet; "
                         "staging needs cluster.hosts reached over ssh")
-    logins = list(dict.fromkeys(n.login for n in plan.nodes))
+    logins, t0 = list(dict.fromkeys(n.login for n in plan.nodes)), time.monotonic()
     for item in items:
         if not item.spec.on_node:
             item.names = _git_files(item.spec.path) if item.spec.what == "code" else None
-            item.source = mf.manifest(item.spec.path, item.names)
+            item.source = local_manifest(item.spec.path, item.names)
     _probe(plan, executor, logins, items)
     _refuse_unfit(items)
     for item in items:
-        _copy_item(plan, executor, item, say)
+        _copy_item(plan, executor, item, say, t0)
     return {item.spec.dst: item.source["digest"] for item in items}
+
+
+def local_manifest(path: str, names: list[str] | None) -> dict:
+    """The manifest of a source on this machine; a file whose size and mtime match the last
+    manifest made of the same path keeps its hash (a second submit of a 14 GB model reads no
+    byte of it). The last manifests: $MLAUNCH_HOME/manifests/, this user's."""
+    from ..record.registry import home
+    cache = os.path.join(home(), "manifests", hashlib.sha256(os.path.abspath(path).encode()).hexdigest() + ".json")
+    try:
+        with open(cache) as f:
+            known = json.load(f)["files"]
+    except (OSError, ValueError, KeyError):
+        known = None
+    man = mf.manifest(path, names, known)
+    try:
+        os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+        with open(cache + ".tmp", "w") as f:
+            json.dump(man, f)
+        os.replace(cache + ".tmp", cache)
+    except OSError:
+        pass   # no cache: the next submit hashes again
+    return man
+
+
+def node_states(plan: LaunchPlan, executor, ranks: list[int]) -> dict[int, list[tuple[str, str, int]] | str]:
+    """For `mlaunch check`: per node rank, each item's (label, state, bytes it lacks), state one
+    of current, absent, changed, other (another content than the source's), no-source,
+    no-room, no-rsync; or the probe's failure words. Copies nothing."""
+    items = [Item(i, s) for i, s in enumerate(plan.job.staging)]
+    for item in items:
+        if not item.spec.on_node:
+            item.source = local_manifest(item.spec.path, _git_files(item.spec.path) if item.spec.what == "code" else None)
+    out: dict[int, list[tuple[str, str, int]] | str] = {}
+    arg = json.dumps({"items": [{"dst": i.spec.dst, "src": i.spec.path if i.spec.on_node else None} for i in items]})
+    script = nodeprog.script(remote_python(plan.job), "manifest", ["probe", arg])
+
+    def one(r: int):
+        code, text = executor.run(plan.nodes[r].login, script, PROBE_TIMEOUT_S)
+        try:
+            return r, json.loads(text.strip().splitlines()[-1]) if code == 0 else _last(text) or f"exit {code}"
+        except (ValueError, IndexError):
+            return r, _last(text) or f"exit {code}"
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ranks)))) as pool:
+        found = dict(pool.map(one, ranks))
+    held = {}
+    for k, item in enumerate(items):   # a node: source's manifest, from the first node that has it
+        if item.spec.on_node:
+            held[k] = next((f["items"][k]["src"] for f in found.values()
+                            if isinstance(f, dict) and isinstance(f["items"][k]["src"], dict)), None)
+    for r, f in found.items():
+        if isinstance(f, str):
+            out[r] = f
+            continue
+        rows = []
+        for k, item in enumerate(items):
+            p, src = f["items"][k], item.source or held.get(k)
+            if src is None:
+                rows.append((item.where, "no-source", 0))
+                continue
+            need = needed_bytes(src["files"], p["files"])
+            state = ("current" if p["state"] == "current" and p["digest"] == src["digest"] else
+                     "other" if p["state"] == "current" else p["state"])
+            if state != "current" and need > p["free"]:
+                state = "no-room"
+            elif state != "current" and not f["rsync"]:
+                state = "no-rsync"
+            rows.append((item.where, state, 0 if state == "current" else need))
+        out[r] = rows
+    return out
 
 
 def _git_files(top: str) -> list[str]:
@@ -132,11 +202,13 @@ def _refuse_unfit(items: list[Item]) -> None:
         raise UserError(problems, header="staging: a node's disk is too small; nothing was copied or started:")
 
 
-def _copy_item(plan: LaunchPlan, executor, item: Item, say) -> None:
-    """item to every node that lacks it, in rounds; its one line (bytes, time, rate)."""
+def _copy_item(plan: LaunchPlan, executor, item: Item, say, t0: float) -> None:
+    """item to every node that lacks it, in rounds; its one line (bytes, time, rate). t0: when
+    staging began (an item in place everywhere says how long finding that out took)."""
     lacking, n = item.lacking(), len(item.nodes)
     if not lacking:
-        say(f"{item.where}: in place on all {n} nodes (manifests match), nothing copied")
+        say(f"{item.where}: in place on all {n} nodes (manifests match), nothing copied "
+            f"({size_text(item.source['bytes'])}; checked in {time.monotonic() - t0:.1f} s)")
         return
     t0, copies, failed = time.monotonic(), [], []
     for now in rounds([item.holder], lacking):
