@@ -118,3 +118,11 @@ def test_checkpoints_rules_and_dry_run_policy(tmp_path):
     assert r.returncode == 2
     assert "checkpoints: replication reads LLaMA-Factory's checkpoint-N layout; trainer script" in r.stderr
     assert "checkpoints.replicas: 2: each part goes to other nodes, and there are 2; give at most 1" in r.stderr
+
+
+def test_copies_lines_name_each_part_and_its_hosts():
+    from launcher.record.runevents import copies_lines
+    events = [{"event": "checkpoint_copies", "checkpoint": f"checkpoint-{n}",
+               "parts": {"0": ["a", "b"], "10": ["c", "a"], "2": ["b", "c"]}} for n in (5, 10, 15, 20)]
+    assert copies_lines(events + [{"event": "step"}]) == [
+        f"checkpoint-{n}: part0 on a, b; part2 on b, c; part10 on c, a" for n in (10, 15, 20)]

@@ -126,25 +126,27 @@ def node_states(plan: LaunchPlan, executor, ranks: list[int]) -> dict[int, list[
             held[k] = next((f["items"][k]["src"] for f in found.values()
                             if isinstance(f, dict) and isinstance(f["items"][k]["src"], dict)), None)
     for r, f in found.items():
-        if isinstance(f, str):
-            out[r] = f
-            continue
-        rows = []
-        for k, item in enumerate(items):
-            p, src = f["items"][k], item.source or held.get(k)
-            if src is None:
-                rows.append((item.where, "no-source", 0))
-                continue
-            need = needed_bytes(src["files"], p["files"])
-            state = ("current" if p["state"] == "current" and p["digest"] == src["digest"] else
-                     "other" if p["state"] == "current" else p["state"])
-            if state != "current" and need > p["free"]:
-                state = "no-room"
-            elif state != "current" and not f["rsync"]:
-                state = "no-rsync"
-            rows.append((item.where, state, 0 if state == "current" else need))
-        out[r] = rows
+        out[r] = f if isinstance(f, str) else _states(items, f, held)
     return out
+
+
+def _states(items: list[Item], f: dict, held: dict) -> list[tuple[str, str, int]]:
+    """One node's probe f as node_states' rows."""
+    rows = []
+    for k, item in enumerate(items):
+        p, src = f["items"][k], item.source or held.get(k)
+        if src is None:
+            rows.append((item.where, "no-source", 0))
+            continue
+        need = needed_bytes(src["files"], p["files"])
+        state = ("current" if p["state"] == "current" and p["digest"] == src["digest"] else
+                 "other" if p["state"] == "current" else p["state"])
+        if state != "current" and need > p["free"]:
+            state = "no-room"
+        elif state != "current" and not f["rsync"]:
+            state = "no-rsync"
+        rows.append((item.where, state, 0 if state == "current" else need))
+    return rows
 
 
 def _git_files(top: str) -> list[str]:
