@@ -83,10 +83,10 @@ def test_zero2_full_bare_nodes_lost_node_resumes_on_a_spare_from_copies(make_hos
         got = losses(state)
         assert state["global_step"] == STEPS and sorted(got) == list(range(1, STEPS + 1)), got
         run_id = re.search(r"job (\S+) succeeded", rest).group(1)
-        ps = mlaunch("ps", run_id)   # where each part of the newest checkpoints has copies
+        ps = mlaunch("ps", run_id)   # where each part of the newest checkpoints has copies: the spare's now
         assert ps.returncode == 0, ps.stderr
         assert "checkpoint copies:" in ps.stdout and re.search(
-            rf"checkpoint-{CUT_AT}: part0 on {re.escape(a.ip)}, {re.escape(b.ip)}; part1 on {re.escape(b.ip)}, "
+            rf"checkpoint-{STEPS}: part0 on {re.escape(a.ip)}, {re.escape(spare.ip)}; part1 on {re.escape(spare.ip)}, "
             rf"{re.escape(c.ip)}; part2 on {re.escape(c.ip)}, {re.escape(a.ip)}", ps.stdout), ps.stdout
     ref_out = str(tmp_path / "reference")
     ref = lf_spec(tiny, ["localhost"], 3, ref_out, **sched) | {"batch": {"per_device": 1, "grad_accum": 2}}

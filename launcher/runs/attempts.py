@@ -70,7 +70,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
     spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = backend.connect(plan)
     try:
-        backend.stage_inputs(plan, executor, printer)   # staging: before any check reads the model or data
+        bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data
         if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
             printer.say(backend.no_preflight_note)
         report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
@@ -218,8 +218,8 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         time.sleep(job.restart_backoff_s)
         job, plan, executor = backend.next_attempt(job, plan, executor, result, printer, events)
         master.executor, master.plan = executor, plan
-        backend.stage_inputs(plan, executor, printer)   # a spare gets the model, data and code
-        if job.checkpoints:   # no shared disk: the newest checkpoint complete across copies, on every node
+        bare.stage(backend, plan, executor, printer)   # a spare gets the model, data and code
+        if getattr(job, "checkpoints", None):   # no shared disk: the newest checkpoint complete across copies, on every node
             found = bare.newest(plan, executor, printer, master, saved_world)
         else:
             found = master.discover() if TRAINERS[job.trainer].resumable else None
@@ -228,7 +228,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
             printer.say(f"restart {attempt}/{limit} not needed: {done}")
             return 0, done
         universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
-        if universal and job.checkpoints:   # node 0 converted it: every node reads the conversion
+        if universal and getattr(job, "checkpoints", None):   # node 0 converted it: every node reads the conversion
             bare.spread(plan, executor, printer, resume_from)
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"

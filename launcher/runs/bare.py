@@ -9,11 +9,18 @@ from typing import Iterator
 from ..logs.stream import Printer
 
 
+def stage(backend, plan, executor, printer: Printer) -> None:
+    """The backend's staging (staging:, tokenize_once) of plan's nodes, where the spec asks
+    for any: before preflight, and again before a restart (a spare has nothing yet)."""
+    if getattr(plan.job, "staging", None) or getattr(plan.job, "tokenize_once", None):
+        backend.stage_inputs(plan, executor, printer)
+
+
 @contextlib.contextmanager
 def copies(plan, executor, printer: Printer, events, saved_world: dict[str, int]) -> Iterator[None]:
     """While the block runs (an attempt), each node's part of every complete checkpoint is
     copied to checkpoints.replicas other nodes; nothing without `checkpoints:`."""
-    if not plan.job.checkpoints or not plan.job.output_dir:
+    if not getattr(plan.job, "checkpoints", None) or not plan.job.output_dir:
         yield
         return
     from ..transport.replicas import Replicator
