@@ -35,14 +35,14 @@ fi
 # Slurm tests run Debian's slurmctld/slurmd (22.05) with munge over those hosts; the live
 # view's terminal test runs mlaunch in tmux; the container tests run Debian's podman.
 need_apt=0
-for bin in sshd ssh ip nft iptables pkill pdsh slurmctld slurmd sbatch munged tmux podman; do
+for bin in sshd ssh ip nft iptables pkill pdsh slurmctld slurmd sbatch munged tmux podman rsync; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_apt=1
 done
 if [ "$need_apt" = 1 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq openssh-server openssh-client iproute2 nftables iptables procps pdsh \
-      slurmctld slurmd slurm-client munge tmux podman >/dev/null
+      slurmctld slurmd slurm-client munge tmux podman rsync >/dev/null
   else
     echo "run-tests: not root or no apt-get: multi-host tests will be skipped" >&2
   fi

@@ -351,3 +351,26 @@ def container_line(runtime: str, **context: Any) -> str:
 def container_rm(command: list[str], name: str) -> str:
     """Shell text that removes one node's container by name, whatever its state."""
     return render("container/rm.sh.j2", command=command, name=name).strip()
+
+
+def staging_push_argv(**context: Any) -> list[str]:
+    """The launcher's rsync that copies a staged item to one node (templates/staging_push.j2)."""
+    return [a for a in render("staging_push.j2", **context).splitlines() if a.strip()]
+
+
+def staging_pull_script(**context: Any) -> str:
+    """Shell text for a node that copies a staged item from another node, or from a path of
+    its own (templates/staging_pull.sh.j2)."""
+    return render("staging_pull.sh.j2", **context).strip()
+
+
+def tokenize_script(env, bindir: str | None, python: str, dst: str, out: str, yaml: str,
+                    fingerprint: str, seal: str) -> str:
+    """Shell text for one node: LLaMA-Factory tokenizes the dataset once into dst (yaml: the
+    run's YAML for it, out: its throwaway output_dir), sealed with its manifest (seal: the
+    manifest program's text); prints one "mlaunch-tokenize <status>" line."""
+    if "\nMLAUNCH_TOKENIZE_YAML\n" in f"\n{yaml}\n":
+        raise ValueError("the YAML holds the heredoc terminator")
+    return render("tokenize.sh.j2", env=list(env), bindir=bindir, python=python, dst=dst, out=out,
+                  yaml=yaml.rstrip("\n"), fingerprint=fingerprint, seal=seal,
+                  program=render("llamafactory_tokenize.py.j2").rstrip("\n"))

@@ -83,7 +83,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture
 def make_hostset() -> Iterator[Callable[..., ContextManager[_hosts.HostSet]]]:
-    """Factory: ``with make_hostset(n, tag=None, isolated_home=False) as hs:``.
+    """Factory: ``with make_hostset(n, tag=None, isolated_home=False, private_disk=False) as hs:``
+    (private_disk: hosts that share no disk at ``hs.disk``, see hostkit/sshd.py make_hosts).
 
     Skips the test when hosts cannot be built here.  Any HostSet the test
     left open is torn down when the test ends."""

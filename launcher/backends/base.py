@@ -112,6 +112,13 @@ class Backend:
             raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
         return executor
 
+    def stage_inputs(self, plan, executor, printer) -> None:
+        """cluster's staging: every staged item current on every node of plan, before
+        preflight and before any node starts (transport/staging.py)."""
+        from ..transport.staging import stage
+        from ..transport.tokenize import tokenize_once
+        tokenize_once(plan, executor, printer.say, stage(plan, executor, printer.say))
+
     def run_attempt(self, plan, executor, printer, on_started):
         """One attempt on every node: start, stream, fail fast, tear down; its JobResult."""
         from ..session.attempt import run_job

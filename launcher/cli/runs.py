@@ -138,9 +138,11 @@ def _ps_one(r, as_json: bool) -> None:
         gone = str(e)
     snap = read_snapshot(log_dir)
     rows = _registry().attempts(r.id)
-    changes = _with_world(runevents.attempt_lines(runevents.read(log_dir)) if log_dir else [], rows)
+    events = runevents.read(log_dir) if log_dir else []
+    changes = _with_world(runevents.attempt_lines(events), rows)
+    copies = runevents.copies_lines(events)
     if as_json:
-        click.echo(json.dumps({**r.public(), "live": snap, "attempts": changes,
+        click.echo(json.dumps({**r.public(), "live": snap, "attempts": changes, "checkpoint_copies": copies,
                                "attempt_rows": [a.__dict__ for a in rows]}))
         return
     _table([r])
@@ -148,6 +150,8 @@ def _ps_one(r, as_json: bool) -> None:
         click.echo(f"ended: {r.reason}")
     if changes:   # which hosts each attempt ran on, and why that changed
         click.echo("\n".join(["", "attempts:"] + [f"  {line}" for line in changes]))
+    if copies:   # checkpoints: {replicas: N}: where each part of the newest checkpoints is
+        click.echo("\n".join(["", "checkpoint copies:"] + [f"  {line}" for line in copies]))
     if gone:
         click.echo(f"no node samples: {gone}")
         return

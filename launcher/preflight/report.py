@@ -15,7 +15,7 @@ _ANSI = {"pass": "32", "fail": "31", "skip": "2"}
 CHECKS = (
     "ssh", "allocation", "software/python", "software/versions", "software/jit-lock", "gpu",
     "network/port-free", "network/master-addr", "network/port-reachable", "network/hostname", "network/ifname",
-    "storage/output", "storage/shared", "storage/inputs",
+    "storage/output", "storage/shared", "storage/inputs", "storage/staged",
     "clock", "container/shm", "collective", "collective/transport",
 )
 

@@ -11,7 +11,7 @@ from ..transport.base import Executor
 from ..plan.launch_plan import LaunchPlan
 from ..spec import world_size
 from ..spec.hosts import HostAddr, parse_host
-from . import clock, collective, gpu, ifname, master, network, software, spares, storage
+from . import clock, collective, gpu, ifname, master, network, software, spares, staged, storage
 from .probe import Ctx, cleanup, gather_facts
 from .report import CheckResult, Report, sort_results
 
@@ -46,6 +46,8 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
         mesh, samples = mesh_job.result(), clock_job.result()
     cleanup(ctx)
     results += judge(ctx, facts, mesh, samples)
+    if not fast_only:   # `check` only: submit stages before its preflight
+        results += staged.check(ctx)
     if not fast_only:
         results += _collective(ctx, results, printer)
     return Report(sort_results(results), time.monotonic() - t0,

@@ -131,6 +131,15 @@ def attempt_lines(events: list[dict]) -> list[str]:
     return [line for _, _, line in sorted(out)]
 
 
+def copies_lines(events: list[dict], last: int = 3) -> list[str]:
+    """Where the newest checkpoints have copies (checkpoint_copies events of `checkpoints:
+    {replicas: N}`): one line per checkpoint, each part and the hosts that hold it."""
+    rows = [e for e in events if e.get("event") == "checkpoint_copies"]
+    return [f"{e['checkpoint']}: " + "; ".join(f"part{p} on {', '.join(h)}" for p, h in
+                                             sorted(e.get("parts", {}).items(), key=lambda x: int(x[0])))
+            for e in rows[-last:]]
+
+
 def _fields(e: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("time", "run_id", "attempt", "event"))
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import finished
+from . import bare, finished
 from . import universal as universal_ckpt
 from ..errors import UserError
 from ..session.attempt import JobResult
@@ -70,6 +70,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
     spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = backend.connect(plan)
     try:
+        bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data
         if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
             printer.say(backend.no_preflight_note)
         report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
@@ -193,6 +194,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         printer.say(notice)
     # --resume on other hosts or GPUs than saved it: converted before attempt 0 (issue 50)
     universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
+    saved_world: dict[str, int] = {}   # checkpoint number -> the world that saved it (bare.copies)
     while True:
         plan = plan.replanned(job=job, resume_from=resume_from, attempt=attempt, universal=universal,
                               overwrite=_overwrite_why(opts, attempt, resume_from, master))
@@ -200,7 +202,8 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         rec.planned(data)   # before any node starts: stop finds every host this attempt uses
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
-        result = backend.run_attempt(plan, executor, printer, started)
+        with bare.copies(plan, executor, printer, events, saved_world):   # checkpoints: {replicas: N}
+            result = backend.run_attempt(plan, executor, printer, started)
         rec.attempt_ended(attempt, result.code, result.interrupted)
         for line in describe_result(plan, result).splitlines():
             printer.say(line)
@@ -215,12 +218,18 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         time.sleep(job.restart_backoff_s)
         job, plan, executor = backend.next_attempt(job, plan, executor, result, printer, events)
         master.executor, master.plan = executor, plan
-        found = master.discover() if TRAINERS[job.trainer].resumable else None
+        bare.stage(backend, plan, executor, printer)   # a spare gets the model, data and code
+        if getattr(job, "checkpoints", None):   # no shared disk: the newest checkpoint complete across copies, on every node
+            found = bare.newest(plan, executor, printer, master, saved_world)
+        else:
+            found = master.discover() if TRAINERS[job.trainer].resumable else None
         resume_from = found.latest if found else None
         if found and (done := finished.complete_line(job, found)):
             printer.say(f"restart {attempt}/{limit} not needed: {done}")
             return 0, done
         universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
+        if universal and getattr(job, "checkpoints", None):   # node 0 converted it: every node reads the conversion
+            bare.spread(plan, executor, printer, resume_from)
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))

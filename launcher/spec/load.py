@@ -89,12 +89,14 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
         raise SpecError(f"{source}: the spec is {kind}; expected a mapping of fields "
                         "(name:, cluster:, trainer:, ...) at the top level")
     from . import overrides as ov
+    from .staging import absolute_sources
     changed = ov.apply(raw, overrides)
     base = os.path.dirname(os.path.abspath(source)) if not source.startswith("<") else os.getcwd()
     read_here = _launcher_file_notes(raw)   # before they are made absolute below
     problems, notes = _expand_hostfile(raw, base)
     notes = changed + notes
     _absolute_ds_config(raw, base)
+    absolute_sources(raw, base)
     notes = read_here + notes
     if problems:
         raise ov.name_in(SpecError(problems, header=f"{source}: invalid job spec"), overrides)

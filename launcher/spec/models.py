@@ -7,6 +7,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr
 
 
 from .cluster_spec import SSH, Cluster, Container, Procs, Slurm, Strict  # noqa: F401  (re-exported)
+from .staging import CheckpointCopies, StageItem
 
 
 class Finetuning(Strict):
@@ -199,6 +200,12 @@ class JobBase(Strict):
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
     health: Health = Health()
+    staging: list[StageItem] = Field(default_factory=list, description=(
+        "what every node needs on its own disk (model, data, code), copied once before any node "
+        "starts, node to node, hash-checked: [{src, dst, what}]"))
+    checkpoints: CheckpointCopies | None = Field(None, description=(
+        "{replicas: N}: each node's part of every complete checkpoint copied to N other nodes "
+        "(hosts without a shared disk); resume, spares and shrink find it there"))
     # What loading read past or selected (hostfile keys, include/exclude), for the dry run.
     _notes: tuple[str, ...] = PrivateAttr(default=())
     # cluster.env names whose value came from `${NAME}`: secrets whatever their names.
@@ -215,6 +222,9 @@ class LlamaFactoryJob(JobBase):
     dataset: str | list[str]
     dataset_dir: str | None = None
     cutoff_len: int = Field(2048, ge=1)
+    tokenize_once: str | None = Field(None, description=(
+        "an absolute path on every node: the dataset is tokenized there once, on node 0, before "
+        "any rank starts, then staged to the other nodes (LLaMA-Factory's tokenized_path)"))
     finetuning: Finetuning
     batch: Batch
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"

@@ -143,6 +143,15 @@ class OpenSSHStreams:
                             if not ln.startswith(ACCEPTED))
         return proc.returncode, text
 
+    def shell(self, login: str) -> tuple[str, str]:
+        """(the ssh command, the host) that another program (rsync -e) reaches login with:
+        this run's client options, riding the host's stream connection where one is open."""
+        master = self._masters.get(login)
+        sharing = self._control_argv(master[1], False) if master and master[0].poll() is None else []
+        argv = self._argv[login]
+        cut = len(argv) - 1 - argv[::-1].index("--")
+        return render.command_line([argv[0], *sharing, *argv[1:cut]]), argv[cut + 1]
+
     def end_sessions(self) -> None:
         """End sessions begun but never started: their stdin closes, so each ends on the node
         once its login is done; killed only past END_GRACE_S (a login cut half-way can leave a

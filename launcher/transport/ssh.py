@@ -87,6 +87,10 @@ class SSHExecutor:
         # The script's own session, on the host's stream connection
         return self._streams.run(host, bootstrap_command(merge_stderr=True), render.framed(script), timeout)
 
+    def rsync_shell(self, host: str) -> tuple[str, str]:
+        """(rsync's -e command, the host name) for a copy to host over the run's connection."""
+        return self._streams.shell(host)
+
     def close(self) -> None:
         for conn in self._conns.values():
             conn.close()

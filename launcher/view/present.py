@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import memview
+from .staging import staging_lines
 from ..plan.launch_plan import LaunchPlan
 from ..spec import LlamaFactoryJob, SwiftJob, world_size, world_text
 from ..spec.hosts import HostAddr, parse_host
@@ -40,6 +41,7 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     lines.append(restart_line(job))
     lines += spare_lines(job) + shrink_lines(job)
+    lines += staging_lines(job, len(plan.nodes))
     lines += list(placed)
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")

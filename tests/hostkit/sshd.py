@@ -354,6 +354,13 @@ class HostSet:
         self.closed = False
         self._ns_planned: list[str] = []
         self._veth_planned: list[str] = []
+        # make_hosts(..., private_disk=True): a path every host sees as its own disk
+        self.disk: str | None = None
+
+    def disk_of(self, host: "Host") -> str:
+        """Where, seen from here, host's private disk (hs.disk inside host) lives."""
+        assert self.disk is not None, "make_hosts(..., private_disk=True) has no disk"
+        return os.path.join(self.dir, "disks", host.name)
 
     def __repr__(self) -> str:
         return (f"HostSet(tag={self.tag!r}, subnet={self.subnet}, "
@@ -520,7 +527,7 @@ def _sshd_config(h: Host, hostkey: str, authorized_keys: str, pidfile: str) -> s
 
 @contextlib.contextmanager
 def make_hosts(n: int, tag: str | None = None, *,
-               isolated_home: bool = False) -> Iterator[HostSet]:
+               isolated_home: bool = False, private_disk: bool = False) -> Iterator[HostSet]:
     """Bring up `n` hosts; tear everything down on exit (even on error).
 
     isolated_home=False: root logs in with its real home (/root, like a
@@ -529,8 +536,14 @@ def make_hosts(n: int, tag: str | None = None, *,
     isolated_home=True: each host gets its own empty home directory for root
     (an /etc/netns/<ns>/passwd overlay), so nothing from /root is sourced,
     sessions start much faster and PATH is sshd's default
-    (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)."""
-    hs = _build(n, tag, isolated_home)
+    (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin).
+    private_disk=False: every host sees this machine's whole filesystem (a shared disk).
+    private_disk=True: hosts that share no disk at one path, ``hs.disk`` (a directory of the
+    set's temp dir): inside each host a directory of its own (``hs.disk_of(host)`` from here)
+    is bind-mounted there, in the host's private mount namespace, so a file one host writes
+    under hs.disk is on that host alone; this machine (the launcher's) sees its own directory
+    there. Put the models, data and outputs jobs use under it; everything else stays shared."""
+    hs = _build(n, tag, isolated_home, private_disk)
     try:
         yield hs
     except BaseException:
@@ -539,7 +552,8 @@ def make_hosts(n: int, tag: str | None = None, *,
     hs.close()
 
 
-def _build(n: int, tag: str | None, isolated_home: bool = False) -> HostSet:
+def _build(n: int, tag: str | None, isolated_home: bool = False,
+           private_disk: bool = False) -> HostSet:
     reason = skip_reason()
     if reason is not None:
         raise RuntimeError(reason)
@@ -586,10 +600,26 @@ def _build(n: int, tag: str | None, isolated_home: bool = False) -> HostSet:
 
     try:
         _populate(hs, n, ns_names, veths, isolated_home)
+        if private_disk:
+            _private_disks(hs)
     except BaseException:
         hs.close(raise_errors=False)
         raise
     return hs
+
+
+def _private_disks(hs: HostSet) -> None:
+    """hs.disk made, and on each host its own directory bind-mounted over it (make_hosts's
+    private_disk). The hosts' mount namespaces are slaves of this machine's, so the bind stays
+    inside the host; it ends with the host's PID 1."""
+    hs.disk = os.path.join(hs.dir, "disk")
+    os.makedirs(hs.disk, mode=0o755)
+    for h in hs.hosts:
+        own = hs.disk_of(h)
+        os.makedirs(own, mode=0o755)
+        r = h.in_mounts(["mount", "--bind", own, hs.disk])
+        if r.returncode != 0:
+            raise RuntimeError(f"private disk of {h.name}: mount --bind failed: {r.stderr.strip()}")
 
 
 def _passwd_with_home(home: str) -> str:

@@ -1,0 +1,128 @@
+"""staging: the spec section's rules (one line each, exit 2), its fan-out rounds and the
+dry-run's lines (issue 54). No host needed."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from launcher.nodeprog import manifest as mf
+from launcher.plan.staging import needed_bytes, rounds
+
+from .helpers import mlaunch, script_job, write_spec
+
+
+def _spec(tmp_path, staging) -> str:
+    spec = script_job(["node-a", "node-b", "node-c"], 1, "staged_job.py", [], str(tmp_path / "out"))
+    spec["staging"] = staging
+    return write_spec(tmp_path, spec)
+
+
+def test_rounds_double_the_holders_each_round():
+    got = [[(c.src, c.dst) for c in r] for r in rounds([""], ["a", "b", "c", "d", "e", "f", "g", "h"])]
+    assert got == [[("", "a")], [("", "b"), ("a", "c")], [("", "d"), ("a", "e"), ("b", "f"), ("c", "g")],
+                   [("", "h")]]
+    assert rounds(["x"], []) == []
+
+
+def test_needed_bytes_counts_what_the_node_lacks_or_holds_otherwise():
+    src = {"a": [10, "h1", 0], "b": [20, "h2", 0], "c": [5, "h3", 0]}
+    assert needed_bytes(src, {}) == 35
+    assert needed_bytes(src, {"a": [10, "h1"], "b": [20, "old"]}) == 25
+
+
+def test_manifest_commit_refuses_a_copy_that_differs(tmp_path):
+    src, tmp, dst = tmp_path / "src", tmp_path / "d.tmp", tmp_path / "d"
+    for d in (src, tmp):
+        d.mkdir()
+        (d / "f").write_text("same")
+    want = mf.manifest(str(src))["digest"]
+    (tmp / "f").write_text("other")
+    assert mf.commit(str(tmp), str(dst), want) == 3
+    assert not tmp.exists() and not dst.exists()
+    tmp.mkdir()
+    (tmp / "f").write_text("same")
+    assert mf.commit(str(tmp), str(dst), want) == 0
+    assert (dst / "f").read_text() == "same" and mf.stored(str(dst))["digest"] == want
+    assert mf.probe([{"dst": str(dst)}])["items"][0]["state"] == "current"
+    (dst / "f").write_text("edited on the node")
+    assert mf.probe([{"dst": str(dst)}])["items"][0]["state"] == "changed"
+
+
+def test_rules_one_line_each(tmp_path):
+    (tmp_path / "notgit").mkdir()
+    r = mlaunch("validate", _spec(tmp_path, [
+        {"src": str(tmp_path / "nothere"), "dst": "/nvme/m"},
+        {"src": str(tmp_path), "dst": "relative/x"},
+        {"src": str(tmp_path / "notgit"), "dst": "/nvme/m/inner", "what": "code"},
+        {"src": "node:/data/a", "dst": "/nvme/d", "what": "code"},
+        {"src": "node:data/a", "dst": "/nvme/e"},
+    ]))
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = r.stderr
+    assert "Traceback" not in err
+    assert f"staging[0].src: '{tmp_path}/nothere' does not exist on this machine; fix the path, or write node:" in err
+    assert "staging[1].dst: 'relative/x': give an absolute path on the nodes below /" in err
+    assert "staging[2].dst: '/nvme/m/inner' overlaps staging[0].dst '/nvme/m'; give each item a directory of its own" in err
+    assert f"staging[2].what: code: '{tmp_path}/notgit' is not the top of a git work tree" in err
+    assert "staging[3].what: code is listed by `git ls-files` on this machine" in err
+    assert "staging[4].src: 'node:data/a': a node's path must be absolute" in err
+
+
+def test_relative_src_is_beside_the_spec_and_the_dry_run_shows_the_plan(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "w.bin").write_bytes(b"x" * 3000)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print(1)\n")
+    subprocess.run(["git", "init", "-q", str(code)], check=True)
+    subprocess.run(["git", "-C", str(code), "add", "train.py"], check=True)
+    path = _spec(tmp_path, [{"src": "./model", "dst": "/nvme/m"},
+                            {"src": "node:/data/alpaca", "dst": "/nvme/data"},
+                            {"src": "code", "dst": "/nvme/work", "what": "code"}])
+    r = mlaunch("submit", "--dry-run", path, cwd="/")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "staging: before any node starts, to each of the 3 nodes that lacks it" in out
+    assert "(2 rounds at most)" in out
+    assert f"staging[0] /nvme/m <- {model}: 3.0 kB in 1 files, from this machine" in out
+    assert "staging[1] /nvme/data <- node:/data/alpaca: on a node of the run" in out
+    assert f"staging[2] /nvme/work <- {code}: code, 1 files from git ls-files, 9 B, from this machine" in out
+    assert os.path.isdir(model)
+
+
+def test_replicas_inventory_and_prune(tmp_path):
+    from launcher.nodeprog import replicas
+    out = tmp_path / "out"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "checkpoint-5" / "rng_state_1.pth").write_bytes(b"r")
+    (out / "checkpoint-10").mkdir()
+    part = out / ".mlaunch-replicas" / "checkpoint-5" / "part0"
+    part.mkdir(parents=True)
+    (part / "rng_state_0.pth").write_bytes(b"r")
+    (part / "trainer_state.json").write_text("{}")
+    (out / ".mlaunch-replicas" / "checkpoint-5" / "part0.mlaunch-manifest").write_text("{}")
+    (out / ".mlaunch-replicas" / "checkpoint-5" / "part2").mkdir()   # no manifest: a copy cut short
+    inv = replicas.inventory(str(out), [1], 3)
+    assert inv["own"] == {"5": {"complete": True, "state": False, "ranks": [1]},
+                          "10": {"complete": False, "state": False, "ranks": []}}
+    assert inv["replicas"] == {"5": {"0": [0]}}
+    assert replicas.prune(str(out), [10]) == ["checkpoint-5", ".mlaunch-replicas/checkpoint-5"]
+    assert sorted(os.listdir(out)) == [".mlaunch-replicas", "checkpoint-10"]
+
+
+def test_checkpoints_rules_and_dry_run_policy(tmp_path):
+    spec = script_job(["node-a", "node-b"], 1, "staged_job.py", [], str(tmp_path / "out"))
+    spec["checkpoints"] = {"replicas": 2}
+    r = mlaunch("validate", write_spec(tmp_path, spec))
+    assert r.returncode == 2
+    assert "checkpoints: replication reads LLaMA-Factory's checkpoint-N layout; trainer script" in r.stderr
+    assert "checkpoints.replicas: 2: each part goes to other nodes, and there are 2; give at most 1" in r.stderr
+
+
+def test_copies_lines_name_each_part_and_its_hosts():
+    from launcher.record.runevents import copies_lines
+    events = [{"event": "checkpoint_copies", "checkpoint": f"checkpoint-{n}",
+               "parts": {"0": ["a", "b"], "10": ["c", "a"], "2": ["b", "c"]}} for n in (5, 10, 15, 20)]
+    assert copies_lines(events + [{"event": "step"}]) == [
+        f"checkpoint-{n}: part0 on a, b; part2 on b, c; part10 on c, a" for n in (10, 15, 20)]
