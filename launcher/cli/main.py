@@ -214,6 +214,8 @@ def _register() -> None:
     register(cli)  # ps, logs, stop, attach
     from .exec_cmd import exec_cmd
     cli.add_command(exec_cmd)
+    from .init_cmd import init_cmd
+    cli.add_command(init_cmd)
 
 
 _register()

@@ -1,0 +1,99 @@
+"""Issue 56, first contact round two: a LLaMA-Factory user's own YAML (validate names each key's
+place, `mlaunch init --from-llamafactory` writes the spec, LLaMA-Factory-style overrides),
+refused submits that are not runs, hints, flags and aliases, overrides echoed, SSH failure lines,
+reports keyed by run, and the trainers' own rules."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from .helpers import CONFIGS, load_yaml, mlaunch
+from .lf_examples import OWN, example
+
+CORPUS = os.path.join(CONFIGS, "lf-examples")
+
+
+def write_lf(folder, name: str) -> str:
+    """LLaMA-Factory's example `name` as its own YAML, with its DeepSpeed file beside it."""
+    data = example(name)
+    if "deepspeed" in data:
+        from .test_lf_examples import auto_ds_config
+        ds = os.path.join(folder, data["deepspeed"])
+        os.makedirs(os.path.dirname(ds), exist_ok=True)
+        stem = os.path.basename(ds).removesuffix("_config.json")
+        with open(ds, "w") as fh:
+            json.dump(auto_ds_config(stem), fh)
+    path = os.path.join(folder, f"{name}.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)
+    return path
+
+
+# ---- item 3: a LLaMA-Factory YAML given as is ----------------------------------------------
+
+def test_validate_names_the_place_of_each_key_of_a_llamafactory_yaml(tmp_path):
+    r = mlaunch("validate", write_lf(str(tmp_path), "qwen3_lora_sft"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert "a LLaMA-Factory YAML, not an mlaunch job spec" in lines[0]
+    assert "mlaunch init --from-llamafactory" in lines[0]
+    for want in ("per_device_train_batch_size: 1 → batch.per_device: 1", "bf16: true → precision: bf16",
+                 "learning_rate: 0.0001 → training.learning_rate: 0.0001",
+                 "model_name_or_path: Qwen/Qwen3-4B-Instruct-2507 → model: Qwen/Qwen3-4B-Instruct-2507",
+                 "lora_rank: 8 → finetuning.lora_rank: 8", "num_train_epochs: 3.0 → training.epochs: 3.0",
+                 "plot_loss: true → passthrough.plot_loss (given to LLaMA-Factory as is)"):
+        assert f"mlaunch: {want}" in lines, (want, lines)
+    assert len(lines) == 1 + len(example("qwen3_lora_sft"))       # every key, none cut off
+    assert "unknown key" not in r.stderr and "trainer: required" not in r.stderr
+
+
+def comparable(spec: dict, drop: tuple[str, ...] = ()) -> dict:
+    from launcher.spec import validate
+    out = validate(spec).model_dump(by_alias=True, exclude={"name", "cluster"})
+    for key in drop:
+        out["training"].pop(key)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(OWN))
+def test_init_from_llamafactory_writes_the_corpus_spec(tmp_path, name):
+    """Each LLaMA-Factory example, given to init as is, becomes the spec the acceptance corpus
+    holds for it (checked against LLaMA-Factory's own parser in test_lf_examples), validated."""
+    lf = write_lf(str(tmp_path), name)
+    r = mlaunch("init", "--from-llamafactory", lf, "--hosts", "node0,node1", "--gpus-per-node", "4",
+                "--workdir", "/mnt/shared/work")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text(r.stdout)
+    assert mlaunch("validate", str(job)).returncode == 0
+    got = yaml.safe_load(r.stdout)
+    assert got["cluster"] == {"hosts": ["node0", "node1"], "gpus_per_node": 4, "workdir": "/mnt/shared/work"}
+    # The preprocess example states no ddp_timeout: mlaunch's own default then, not the Trainer's.
+    drop = ("ddp_timeout",) if name == "qwen3_preprocess" else ()
+    assert comparable(got, drop) == comparable(load_yaml(os.path.join(CORPUS, f"{name}.yaml")), drop)
+
+
+def test_init_refuses_a_file_that_is_no_llamafactory_yaml(tmp_path):
+    r = mlaunch("init", "--from-llamafactory", os.path.join(CONFIGS, "quickstart.yaml"), "--hosts", "a",
+                "--gpus-per-node", "1")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a LLaMA-Factory training YAML" in r.stderr
+
+
+def test_llamafactory_style_overrides_set_the_field_they_map_to(tmp_path):
+    job = os.path.join(CONFIGS, "lf-examples", "qwen3_lora_sft.yaml")
+    r = mlaunch("validate", job, "learning_rate=1e-5", "num_train_epochs=1", "per_device_train_batch_size=2")
+    assert r.returncode == 0, r.stderr
+    assert ("note: override training.learning_rate=1.0e-05 (the spec says 0.0001; learning_rate is "
+            "llamafactory's name for it)") in r.stdout
+    from launcher.spec import load_spec
+    from launcher.spec.overrides import parse
+    spec = load_spec(job, parse(("learning_rate=1e-5", "num_train_epochs=1", "per_device_train_batch_size=2")))
+    assert (spec.training.learning_rate, spec.training.epochs, spec.batch.per_device) == (1e-5, 1, 2)
+    r = mlaunch("validate", job, "bf16=false")
+    assert r.returncode == 2 and "override bf16=false: bf16 is llamafactory's key for the spec's precision" in r.stderr
+    swift = os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-lora.yaml")
+    r = mlaunch("validate", swift, "lr=2e-5")
+    assert r.returncode == 0 and "override training.learning_rate=2.0e-05" in r.stdout, r.stderr
