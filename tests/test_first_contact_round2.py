@@ -97,3 +97,47 @@ def test_llamafactory_style_overrides_set_the_field_they_map_to(tmp_path):
     swift = os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-lora.yaml")
     r = mlaunch("validate", swift, "lr=2e-5")
     assert r.returncode == 0 and "override training.learning_rate=2.0e-05" in r.stdout, r.stderr
+
+
+# ---- item 5: refused submits are not runs ---------------------------------------------------
+
+def script_spec(tmp_path, name: str, hosts: list[str]) -> str:
+    from .helpers import write_spec
+    return write_spec(tmp_path, {"name": name, "trainer": "script", "script": {"path": "/abs/x.py"},
+                                 "cluster": {"hosts": hosts, "gpus_per_node": 1},
+                                 "output_dir": str(tmp_path / "out")}, f"{name}.yaml")
+
+
+def registered(home: str, name: str, state: str, attempts: int, log_dir: str | None) -> str:
+    """A run as the registry holds it (an older mlaunch's refused submit: failed, 0 attempts)."""
+    from launcher.record.registry import Registry
+    reg = Registry(os.path.join(home, "runs.db"))
+    run_id = f"{name}-{state}-{attempts}"
+    reg.create(run_id, name=name, backend="ssh", hosts=["a"], spec={}, detached=False,
+               supervisor=(1, None), log_dir=log_dir, output_dir=None)
+    if attempts:
+        reg.attempt_started(run_id, 0, "a0", [], None)
+    reg.set_state(run_id, state, only_from=("starting", "running"), exit_code=0 if state == "succeeded" else 2)
+    reg.close()
+    return run_id
+
+
+def test_a_refused_submit_is_no_run_and_a_job_name_finds_the_run_that_ran(tmp_path):
+    """Unreachable hosts refuse the submit (nothing started): no row, no console log; `ps NAME`
+    and `logs NAME` keep resolving to the job's last run that ran. A refusal an older mlaunch
+    registered (failed, no attempt, no log dir) is hidden from `ps --all` and never chosen."""
+    home = str(tmp_path / "home")
+    os.makedirs(home)
+    env = {"MLAUNCH_HOME": home}
+    logs = tmp_path / "ran-logs"
+    logs.mkdir()
+    ran = registered(home, "qs", "succeeded", 1, str(logs))
+    old_refusal = registered(home, "qs", "failed", 0, str(tmp_path / "never-made"))
+    r = mlaunch("submit", script_spec(tmp_path, "qs", ["nohost.invalid"]), "--run-id", "qs-refused", env=env)
+    assert r.returncode == 2 and "nothing was started" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    listed = mlaunch("ps", "--all", "--json", env=env)
+    assert [row["id"] for row in json.loads(listed.stdout)] == [ran], listed.stdout
+    one = mlaunch("ps", "qs", "--json", env=env)
+    assert json.loads(one.stdout)["id"] == ran, one.stdout
+    assert not os.path.exists(os.path.join(home, "runs", "qs-refused"))
+    assert mlaunch("ps", old_refusal, env=env).returncode == 0    # by its id, still there

@@ -57,6 +57,7 @@ def run_request(request, opts: SubmitOptions, backend, out: TextIO | None = None
         code, reason = _aborted(e)
         if isinstance(e, UserError):
             rec.note(e.lines())
+            rec.refused = True   # a refusal before any attempt started: no run (Recorder.end)
         rec.ended_because(reason)
         raise
     finally:
