@@ -141,3 +141,76 @@ def test_a_refused_submit_is_no_run_and_a_job_name_finds_the_run_that_ran(tmp_pa
     assert json.loads(one.stdout)["id"] == ran, one.stdout
     assert not os.path.exists(os.path.join(home, "runs", "qs-refused"))
     assert mlaunch("ps", old_refusal, env=env).returncode == 0    # by its id, still there
+
+
+# ---- item 8: hints that point the right way ------------------------------------------------
+
+def lf_spec_problems(*overrides: str) -> list[str]:
+    r = mlaunch("validate", os.path.join(CORPUS, "qwen3_lora_sft.yaml"), *overrides)
+    assert r.returncode == 2, r.stdout
+    return [line.removeprefix("mlaunch: ").split(" (set by the override")[0] for line in r.stderr.splitlines()[1:]]
+
+
+def test_hints_point_the_right_way():
+    got = lf_spec_problems("training.max_restarts=2", "cluster.nodes=2", "finetuning.type=LoRA",
+                           "training.grad_accum=2")
+    assert got == [
+        "cluster.nodes: unknown key: the nodes are the list cluster.hosts: [node0, node1] (under Slurm: "
+        "cluster.slurm.nodes: N); write that instead",
+        "finetuning.type: 'LoRA' is not one of lora, oft, freeze, full; did you mean 'lora'?",
+        "training.max_restarts: unknown key: max_restarts is a top-level key; move it out of training:",
+        "training.grad_accum: unknown key: it belongs at batch.grad_accum; move it there"], got
+    got = lf_spec_problems("trainer=torchrun")
+    assert got == ["trainer: 'torchrun' is not one of llamafactory, swift, script: any script started "
+                   "by torchrun is `trainer: script` with `script: {path: train.py, args: [...]}`"], got
+
+
+def test_script_args_as_one_string_gets_the_list_of_its_words(tmp_path):
+    """The fix offered, pasted back, gives the script its four arguments."""
+    from .helpers import write_spec
+    data = {"name": "t", "trainer": "script", "script": {"path": "/abs/x.py", "args": "--epochs 3 --lr 3e-4"},
+            "cluster": {"hosts": ["a"], "gpus_per_node": 1}, "output_dir": "/tmp/o"}
+    r = mlaunch("validate", write_spec(tmp_path, data))
+    line = r.stderr.splitlines()[1]
+    assert line == ("mlaunch: script.args: '--epochs 3 --lr 3e-4' is one value, not a list: write "
+                    "`args: [--epochs, 3, --lr, 3e-4]` (4 arguments, as a shell splits them)"), line
+    data["script"]["args"] = yaml.safe_load(line.split("`args: ")[1].split("`")[0])
+    from launcher.spec import validate
+    assert validate(data).script.args == ["--epochs", "3", "--lr", "3e-4"]
+
+
+def test_an_unset_secret_reference_says_export_never_write_it(monkeypatch):
+    r = mlaunch("validate", os.path.join(CORPUS, "qwen3_lora_sft.yaml"), 'cluster.env={HF_TOKEN: "${MLAUNCH_T56}"}')
+    assert "export MLAUNCH_T56=… in the shell that runs mlaunch (the value never goes into the spec file)" \
+        in r.stderr and "write the value" not in r.stderr, r.stderr
+
+
+def test_memory_refusal_names_the_flag_that_exists():
+    from .test_batchplan import unfit_64_line
+    assert unfit_64_line().endswith("(or --force-unfit)")
+
+
+# ---- item 9: flags and other tools' words -----------------------------------------------------
+
+@pytest.mark.parametrize("word,ours", [("launch", "submit"), ("run", "submit"), ("status", "ps"),
+                                       ("queue", "ps"), ("cancel", "stop")])
+def test_other_tools_words_run_our_commands(word, ours):
+    r = mlaunch(word, "--help")
+    assert r.returncode == 0 and r.stdout.startswith(f"Usage: mlaunch {ours} "), r.stdout[:80]
+
+
+def test_aliases_are_listed_and_a_launch_dry_runs(tmp_path):
+    assert "launch = submit" in mlaunch("--help").stdout
+    r = mlaunch("launch", os.path.join(CONFIGS, "quickstart.yaml"), "--dry-run")
+    assert r.returncode == 0 and "mlaunch plan: job quickstart" in r.stdout, r.stderr
+
+
+def test_check_takes_overrides_and_old_flag_names_say_the_new_one(tmp_path):
+    r = mlaunch("check", os.path.join(CONFIGS, "quickstart.yaml"), "cluster.hosts=[nohost.invalid]", "--json",
+                env={"MLAUNCH_HOME": str(tmp_path)})
+    assert r.returncode == 1 and "nohost.invalid" in r.stdout and "Traceback" not in r.stderr, r.stderr
+    r = mlaunch("submit", os.path.join(CONFIGS, "quickstart.yaml"), "--dry-run", "--force")
+    assert r.returncode == 0
+    assert "mlaunch: note: submit --force is the old name of --force-unfit; it still works" in r.stderr
+    r = mlaunch("report", "nothing-here", "--output-dir", str(tmp_path))
+    assert "mlaunch: note: report --output-dir is the old name of --runs-under; it still works" in r.stderr

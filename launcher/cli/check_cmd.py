@@ -6,13 +6,15 @@ import os
 import sys
 
 
-def check_command(job_path: str, *, as_json: bool, run_id: str | None = None) -> int:
+def check_command(job_path: str, *, as_json: bool, run_id: str | None = None,
+                  overrides: tuple[str, ...] = ()) -> int:
     """Every check, one table (or JSON) on stdout; 0 all pass, 1 any fail."""
     from ..backends import backend_of
     from ..preflight import spares
     from ..preflight.runner import Ctx, run_ctx, unreachable_ranks
     from ..spec import load_spec
-    job = load_spec(job_path)
+    from ..spec.overrides import parse
+    job = load_spec(job_path, parse(overrides))
     backend = backend_of(job)
     plan = backend.plan(job, run_id=run_id)
     spare_probe = spares.begin(plan)   # refuses a spare that is a node under another name
