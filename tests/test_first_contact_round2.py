@@ -214,3 +214,48 @@ def test_check_takes_overrides_and_old_flag_names_say_the_new_one(tmp_path):
     assert "mlaunch: note: submit --force is the old name of --force-unfit; it still works" in r.stderr
     r = mlaunch("report", "nothing-here", "--output-dir", str(tmp_path))
     assert "mlaunch: note: report --output-dir is the old name of --runs-under; it still works" in r.stderr
+
+
+# ---- item 6: overrides echoed, and refused where a resume would not use them ----------------
+
+def test_a_live_submit_echoes_its_overrides(tmp_path):
+    r = mlaunch("submit", os.path.join(CORPUS, "qwen3_lora_sft.yaml"), "cluster.hosts=[nohost.invalid]",
+                "learning_rate=1e-5", env={"MLAUNCH_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "nothing was started" in r.stderr, r.stderr
+    assert r.stdout.splitlines()[:2] == [
+        "note: override cluster.hosts=[nohost.invalid] (the spec says [node0, node1])",
+        "note: override training.learning_rate=1.0e-05 (the spec says 0.0001; learning_rate is llamafactory's "
+        "name for it)"], r.stdout
+
+
+@pytest.mark.parametrize("args", [("submit", "--resume"), ("resume",), ("submit", "--resume=/o/checkpoint-4")])
+def test_an_optimizer_override_on_resume_is_refused_with_the_reason(tmp_path, args):
+    """The HF Trainer restores lr and the optimizer's settings from optimizer.pt: the override
+    would only be written down (issue 56 saw 1e-3 go on under a recorded 5e-4)."""
+    cmd, *flags = args
+    r = mlaunch(cmd, os.path.join(CORPUS, "qwen3_lora_sft.yaml"), *flags, "--dry-run", "training.learning_rate=5e-4",
+                "passthrough.weight_decay=0.1", env={"MLAUNCH_HOME": str(tmp_path)})
+    assert r.returncode == 2, r.stdout
+    lines = r.stderr.splitlines()
+    assert [line.split(" with ")[0] for line in lines] == ["mlaunch: override training.learning_rate",
+                                                            "mlaunch: override passthrough.weight_decay"], lines
+    assert "restores its optimizer state (learning rate and optimizer settings) from the checkpoint" in lines[0]
+
+
+def test_a_schedule_override_on_resume_is_taken(tmp_path):
+    """A new lr_scheduler or warmup takes effect on resume (made again over the saved base rate)."""
+    r = mlaunch("resume", os.path.join(CORPUS, "qwen3_lora_sft.yaml"), "--dry-run", "training.lr_scheduler=linear",
+                env={"MLAUNCH_HOME": str(tmp_path)})
+    assert r.returncode == 0 and "note: override training.lr_scheduler=linear (the spec says cosine)" in r.stdout
+
+
+def test_resume_auto_refuses_an_optimizer_override_once_it_finds_a_checkpoint():
+    from launcher.errors import UserError
+    from launcher.runs.attempts import SubmitOptions, refuse_restored_overrides, check_flags
+    from launcher.spec import load_spec
+    from launcher.spec.overrides import parse
+    job = load_spec(os.path.join(CORPUS, "qwen3_lora_sft.yaml"), parse(("learning_rate=5e-4",)))
+    opts = SubmitOptions(resume="auto", overridden=job._overridden)
+    check_flags(job, opts)   # nothing to refuse yet: auto may start fresh
+    with pytest.raises(UserError, match="override training.learning_rate with resume from /o/checkpoint-4: "):
+        refuse_restored_overrides(job, opts, "resume from /o/checkpoint-4")

@@ -112,8 +112,12 @@ def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, ov
             raise UserError(f"{flag} only goes with --dry-run")
     spec = _load(job, overrides)
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
-                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
+                         max_restarts=max_restarts, preflight=not no_preflight, force=force,
+                         overridden=spec._overridden)
     if not dry_run:
+        for note in spec._notes:   # every submit says what its overrides changed, as --dry-run does
+            if note.startswith("override "):
+                click.echo(f"note: {note}")
         sys.exit(launch(spec, opts, detach=detach))
     from .dryrun import dry_run as show
     decision = check_offline(spec, opts)   # a dry run refuses what submit would refuse
@@ -133,6 +137,9 @@ def submit(job: str | None, overrides: tuple[str, ...], **kw) -> None:
     from ..spec.overrides import is_override
     if job is not None and is_override(job) and not os.path.exists(job):  # `--resume job.yaml k=v`
         job, overrides = None, (job, *overrides)
+    resume = kw["resume"]
+    if resume and is_override(resume) and not os.path.exists(resume):   # `--resume k=v`: a flag, then an override
+        kw["resume"], overrides = "latest", (resume, *overrides)
     job, kw["resume"] = _job_after_resume(job, kw["resume"])
     _run_submit(job, overrides=overrides, **kw)
 

@@ -90,6 +90,7 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
                         "(name:, cluster:, trainer:, ...) at the top level")
     from . import overrides as ov
     _refuse_llamafactory_yaml(raw, source)
+    keys = ov.applied_keys(raw, overrides)
     changed = ov.apply(raw, overrides)
     base = os.path.dirname(os.path.abspath(source)) if not source.startswith("<") else os.getcwd()
     read_here = _launcher_file_notes(raw)   # before they are made absolute below
@@ -100,9 +101,11 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
     if problems:
         raise ov.name_in(SpecError(problems, header=f"{source}: invalid job spec"), overrides)
     try:
-        return validate(raw, source, notes)
+        job = validate(raw, source, notes)
     except SpecError as e:
         raise ov.name_in(e, overrides) from None
+    job._overridden = keys
+    return job
 
 
 def _refuse_llamafactory_yaml(raw: dict, source: str) -> None:

@@ -203,6 +203,8 @@ class JobBase(Strict):
     _notes: tuple[str, ...] = PrivateAttr(default=())
     # cluster.env names whose value came from `${NAME}`: secrets whatever their names.
     _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
+    # The spec keys that KEY=VALUE overrides on the command line set (dotted, the spec's names).
+    _overridden: tuple[str, ...] = PrivateAttr(default=())
 
 
 class LlamaFactoryJob(JobBase):

@@ -95,6 +95,12 @@ def apply(raw: dict, overrides: tuple[Override, ...]) -> list[str]:
     return notes
 
 
+def applied_keys(raw: dict, overrides: tuple[Override, ...]) -> tuple[str, ...]:
+    """The spec keys the overrides set, in the spec's own names (`learning_rate` on a
+    LLaMA-Factory job is training.learning_rate)."""
+    return tuple(trainer_key(raw, o.key)[0] or o.key for o in overrides)
+
+
 def trainer_key(raw: dict, key: str) -> tuple[str, str]:
     """(the spec key, "") for an override written with the trainer's own name for a field
     (LLaMA-Factory's `learning_rate` -> training.learning_rate, ms-swift's `lr` too) that maps
