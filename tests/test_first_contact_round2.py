@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -259,3 +262,58 @@ def test_resume_auto_refuses_an_optimizer_override_once_it_finds_a_checkpoint():
     check_flags(job, opts)   # nothing to refuse yet: auto may start fresh
     with pytest.raises(UserError, match="override training.learning_rate with resume from /o/checkpoint-4: "):
         refuse_restored_overrides(job, opts, "resume from /o/checkpoint-4")
+
+
+# ---- item 7: one line with the fix for every way SSH fails --------------------------------------
+
+SILENT_SSHD = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+               "s.bind(('0.0.0.0',22)); s.listen(16); print('listening', flush=True)\nheld=[]\n"
+               "while True:\n    c,_=s.accept(); held.append(c)\n")
+
+
+@pytest.mark.multihost
+def test_every_ssh_failure_is_one_line_with_its_fix_and_check_counts_its_connects(make_hostset, tmp_path):
+    """Node 1 takes TCP on port 22 and never says a word (a listening socket in its namespace),
+    then it asks for a key mlaunch does not hold, then its host key is unknown: `check` and
+    `submit` each print one line naming the host and the fix, no library traceback; check's
+    time counts the connect it waited for (it said "in 0.0s" after 14 s)."""
+    from .helpers import script_job, write_spec
+    with make_hostset(2) as hs:
+        a, b = hs.hosts
+        job = script_job([a.ip, b.ip], 1, "tick_job.py", [str(tmp_path)], str(tmp_path / "out"), hs=hs)
+        spec = write_spec(tmp_path, job)
+        env = {"MLAUNCH_HOME": str(tmp_path / "home")}
+        b.stop_sshd()
+        silent = b.popen([sys.executable, "-c", SILENT_SSHD], stdout=subprocess.PIPE, text=True)
+        try:
+            assert silent.stdout.readline() == "listening\n"
+            check = mlaunch("check", spec, env=env)
+            sub = mlaunch("submit", spec, env=env)
+        finally:
+            silent.kill()
+            silent.wait()
+        b.start_sshd()
+        stranger = tmp_path / "stranger_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+        auth = mlaunch("submit", spec, f"cluster.ssh.key_file={stranger}", env=env)
+        empty = tmp_path / "known_hosts"
+        empty.write_text("")
+        hostkey = mlaunch("submit", spec, f"cluster.ssh.known_hosts={empty}", env=env)
+    for r in (check, sub, auth, hostkey):
+        text = r.stdout + r.stderr
+        assert "Traceback" not in text and "paramiko." not in text and "File \"" not in text, text[-3000:]
+    assert check.returncode == 1, check.stdout + check.stderr
+    seconds = float(re.search(r"preflight on 2 nodes in ([\d.]+)s", check.stdout)[1])
+    assert seconds >= 3, check.stdout   # the 3 s connect_timeout it waited out on node 1
+    assert re.search(rf"✗ ssh on node1 {re.escape(b.ip)}: no SSH (banner|handshake) in 3s.*\n    fix: .*raise "
+                     r"cluster\.ssh\.connect_timeout", check.stdout), check.stdout
+    assert sub.returncode == 2 and "nothing was started anywhere" in sub.stderr, sub.stderr
+    (line,) = [ln for ln in sub.stderr.splitlines() if f"host {b.ip}:" in ln]
+    assert re.search(r"no SSH (banner|handshake) in 3s .*the machine takes connections but its sshd does "
+                     r"not answer .*raise cluster\.ssh\.connect_timeout", line), line
+    assert auth.returncode == 2 and "nothing was started anywhere" in auth.stderr, auth.stderr
+    lines = [ln for ln in auth.stderr.splitlines() if f"host {a.ip}:" in ln or f"host {b.ip}:" in ln]
+    assert len(lines) == 2 and all("authentication failed" in ln and "key_file" in ln for ln in lines), lines
+    assert hostkey.returncode == 2, hostkey.stderr
+    lines = [ln for ln in hostkey.stderr.splitlines() if f"host {a.ip}:" in ln or f"host {b.ip}:" in ln]
+    assert len(lines) == 2 and all("ssh-keyscan" in ln for ln in lines), hostkey.stderr
