@@ -317,3 +317,102 @@ def test_every_ssh_failure_is_one_line_with_its_fix_and_check_counts_its_connect
     assert hostkey.returncode == 2, hostkey.stderr
     lines = [ln for ln in hostkey.stderr.splitlines() if f"host {a.ip}:" in ln or f"host {b.ip}:" in ln]
     assert len(lines) == 2 and all("ssh-keyscan" in ln for ln in lines), hostkey.stderr
+
+
+# ---- item 4: reports keyed by run and attempt ---------------------------------------------------
+
+@pytest.mark.training
+def test_reports_of_two_runs_sharing_an_output_dir_keep_each_runs_own_steps(tmp_path):
+    """Run A trains 8 steps; run B resumes A's checkpoint-8 to 12 in the same output_dir (one
+    trainer_log.jsonl holds both). A's report: its 8 steps and its own last loss; B's: the
+    resume marked, its steps 9-12; A against B: a folder of its own, A's report.png untouched."""
+    from .training import build_tiny, lf_spec, require_trainer, submit_timed
+    require_trainer()
+    pytest.importorskip("matplotlib")
+    tiny = build_tiny(str(tmp_path / "tiny"))
+    out = str(tmp_path / "out")
+    home = {"MLAUNCH_HOME": str(tmp_path / "home")}
+    os.environ.update(home)   # submit_timed's mlaunch reads it
+    try:
+        a = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 1, out, max_steps=8, save_steps=4, name="share"))
+        assert a.returncode == 0, a.stdout[-3000:]
+        b = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 1, out, max_steps=12, save_steps=4, name="share"),
+                         "--resume")
+        assert b.returncode == 0, b.stdout[-3000:]
+    finally:
+        os.environ.pop("MLAUNCH_HOME")
+    run_a, run_b = sorted(os.listdir(os.path.join(out, "logs")))
+    logged = [r for r in map(json.loads, open(os.path.join(out, "trainer_log.jsonl"))) if "loss" in r]
+    steps = [r["current_steps"] for r in logged]
+    assert steps[:8] == list(range(1, 9)) and steps[-1] == 12, steps
+    a_loss = {r["current_steps"]: r["loss"] for r in logged[:8]}
+    b_loss = {r["current_steps"]: r["loss"] for r in logged[8:]}   # from 8: transformers logs it again
+    b_first = logged[8]["current_steps"]
+
+    rep_a = mlaunch("report", os.path.join(out, "logs", run_a), env=home)
+    assert rep_a.returncode == 0, rep_a.stderr
+    data_a = json.load(open(os.path.join(out, "logs", run_a, "report", "series.json")))["runs"][0]
+    assert data_a["loss"] == [[s, a_loss[s]] for s in range(1, 9)]
+    assert "| steps | 8 / 8 |" in rep_a.stdout and f"| final loss | {a_loss[8]:.4f} (step 8) |" in rep_a.stdout
+    assert "shared with 1 other run(s)" in rep_a.stdout
+    png_a = os.path.join(out, "logs", run_a, "report", "report.png")
+    before = open(png_a, "rb").read()
+
+    rep_b = mlaunch("report", os.path.join(out, "logs", run_b), env=home)
+    assert rep_b.returncode == 0, rep_b.stderr
+    data_b = json.load(open(os.path.join(out, "logs", run_b, "report", "series.json")))["runs"][0]
+    assert data_b["loss"] == [[s, b_loss[s]] for s in range(b_first, 13)]
+    assert data_b["resumed_from"] == {"checkpoint": f"{out}/checkpoint-8", "step": 8}
+    assert f"| resumed from | {out}/checkpoint-8 |" in rep_b.stdout
+    assert f"| steps | 12 / 12 (this run's steps {b_first}–12) |" in rep_b.stdout
+
+    vs = mlaunch("report", os.path.join(out, "logs", run_a), os.path.join(out, "logs", run_b), env=home)
+    assert vs.returncode == 0, vs.stderr
+    folder = os.path.join(out, "logs", run_a, f"report-vs-{run_b}")
+    assert vs.stdout.rstrip().endswith(f"plot: {folder}/report.png")
+    pair = json.load(open(os.path.join(folder, "series.json")))["runs"]
+    assert [len(d["loss"]) for d in pair] == [8, 13 - b_first]
+    assert open(png_a, "rb").read() == before
+    import shutil
+    keep = os.environ.get("MLAUNCH_TEST_KEEP_PNG")
+    if keep:   # to look at it
+        shutil.copy(os.path.join(folder, "report.png"), os.path.join(keep, "vs.png"))
+        shutil.copy(os.path.join(out, "logs", run_b, "report", "report.png"), os.path.join(keep, "b.png"))
+
+
+def test_a_flat_loss_is_not_zoomed_into_its_noise_and_empty_panels_are_left_out(tmp_path):
+    pytest.importorskip("matplotlib")
+    from launcher.view.report import plot, _readable
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    _readable(ax, [2.00, 2.01, 1.99, 2.005])          # a 1 % wiggle
+    lo, hi = ax.get_ylim()
+    assert hi - lo >= 0.2 * 2.01                       # drawn as the wiggle it is
+    _readable(ax, [1e-3] * 5, from_zero=True)          # a constant learning rate
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 1e-3
+    plt.close(fig)
+    data = [{"run_id": "r", "loss": [[1, 2.0], [2, 1.9]], "lr": [],
+             "throughput": {"unit": "samples/s", "window_s": 10, "points": []}, "restarts": [],
+             "resumed_from": None}]
+    png = str(tmp_path / "p.png")
+    plot(data, png)
+    import matplotlib.image
+    h, w = matplotlib.image.imread(png).shape[:2]
+    assert h < 400   # one panel (loss), not three: nothing to draw for lr and samples/s
+
+
+def test_a_script_jobs_report_reads_the_steps_it_printed(tmp_path):
+    """A script that prints HF-style dicts: the report has its steps and its last loss, no `?`."""
+    from launcher.record.runlog import RunPaths, read_run
+    from launcher.view.report import figures, markdown
+    logs = tmp_path / "logs" / "s-20261205-000000-abcd"
+    logs.mkdir(parents=True)
+    lines = [str({"loss": round(2.0 / i, 4), "learning_rate": 1e-4, "global_step/max_steps": f"{i}/3"})
+             for i in (1, 2, 3)]
+    (logs / "node0-localhost.log").write_text("starting\n" + "\n".join(lines) + "\n")
+    run = read_run(RunPaths(logs.name, str(logs), None))
+    assert [(s.step, s.loss) for s in run.steps] == [(1, 2.0), (2, 1.0), (3, 0.6667)]
+    md = markdown(run, figures(run), None, "series.json")
+    assert "| steps | 3 |" in md and "| final loss | 0.6667 (step 3) |" in md and "| ? " not in md, md
