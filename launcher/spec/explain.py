@@ -37,6 +37,9 @@ RENAMED = {
                                     "`cutoff_len: N` (max_length is ms-swift's)",
     ("swift", "cutoff_len"): "ms-swift's name for it is max_length; write `max_length: N` "
                              "(cutoff_len is LLaMA-Factory's)",
+    ("swift", "report_to"): "for ms-swift it is one of its own arguments: write it under passthrough, "
+                            "e.g. `passthrough: {report_to: tensorboard}` (top-level report_to is "
+                            "LLaMA-Factory's)",
 }
 # `trainer:` values people bring from other tools, with the trainer that runs them.
 OTHER_TRAINER_WORDS = {

@@ -29,7 +29,7 @@ DROPPED = {
     "overwrite_output_dir": "mlaunch guards output_dir: `mlaunch submit --overwrite` starts fresh",
     "resume_from_checkpoint": "`mlaunch submit --resume` (or --resume=PATH) continues a run",
     "run_name": "mlaunch names each run by its run id",
-    "fsdp_config": "set with fsdp (fsdp.layer_cls for transformer_layer_cls_to_wrap)",
+    "fsdp_config": "read with fsdp (its layer classes, backward_prefetch, cpu_ram_efficient_loading)",
 }
 
 
@@ -194,6 +194,10 @@ def _fsdp(spec: dict, value: Any, given: dict, base: str) -> list[str]:
     layers = cfg.get("transformer_layer_cls_to_wrap") if isinstance(cfg, dict) else None
     if layers:
         block["layer_cls"] = [layers] if isinstance(layers, str) else list(layers)
+    for key in ("backward_prefetch", "cpu_ram_efficient_loading"):
+        value = cfg.get(key, cfg.get(f"fsdp_{key}")) if isinstance(cfg, dict) else None
+        if value is not None:
+            block[key] = value.lower() if isinstance(value, str) else value
     spec["fsdp"] = block
     return []
 
