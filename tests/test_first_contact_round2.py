@@ -416,3 +416,157 @@ def test_a_script_jobs_report_reads_the_steps_it_printed(tmp_path):
     assert [(s.step, s.loss) for s in run.steps] == [(1, 2.0), (2, 1.0), (3, 0.6667)]
     md = markdown(run, figures(run), None, "series.json")
     assert "| steps | 3 |" in md and "| final loss | 0.6667 (step 3) |" in md and "| ? " not in md, md
+
+
+# ---- items 10 and 11: leftovers and the trainers' own rules ------------------------------------
+
+@pytest.mark.parametrize("typo", ["slot=4", "SLOTS=4", "Slots=4"])
+def test_a_hostfile_slots_typo_is_refused_not_read_past(tmp_path, typo):
+    """DeepSpeed refuses the line; mlaunch read it past and ran 2 × gpus_per_node."""
+    from launcher.errors import SpecError
+    from launcher.spec import load_spec
+    (tmp_path / "hostfile").write_text(f"node0 slots=4\nnode1 {typo}\n")
+    spec = load_yaml(os.path.join(CORPUS, "qwen3_lora_sft.yaml"))
+    spec["cluster"] = {"hostfile": "hostfile", "workdir": "/mnt/shared/work"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError) as err:
+        load_spec(str(path))
+    assert [str(p) for p in err.value.problems] == [
+        f"{tmp_path}/hostfile:2: {typo!r}: did you mean slots=4? (DeepSpeed and OpenMPI "
+        "read only `slots=`, lower case)"], err.value.problems
+
+
+def test_example_configs_hold_no_secret_value(monkeypatch):
+    for path in (os.path.join(CONFIGS, "seed000-qwen2-7b-lora.yaml"), os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")):
+        assert load_yaml(path)["cluster"]["env"]["HF_TOKEN"] == "${HF_TOKEN}", path
+    r = mlaunch("validate", os.path.join(CONFIGS, "seed000-qwen2-7b-lora.yaml"), env={"HF_TOKEN": ""})
+    assert r.returncode == 0   # set (empty) in the shell: taken from it
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    import subprocess as sp
+    r = sp.run([sys.executable, "-m", "launcher.cli", "validate", os.path.join(CONFIGS, "seed000-qwen2-7b-lora.yaml")],
+               env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "export HF_TOKEN=… in the shell that runs mlaunch" in r.stderr, r.stderr
+
+
+def test_a_relative_resume_path_says_where_it_was_looked_for():
+    from types import SimpleNamespace
+    from launcher.errors import UserError
+    from launcher.nodeprog.checkpoints import Discovery, Skipped
+    from launcher.runs.outputdir import _explicit
+    from launcher.spec import load_spec
+    job = load_spec(os.path.join(CORPUS, "qwen3_lora_sft.yaml"))
+    master = SimpleNamespace(plan=SimpleNamespace(nodes=[SimpleNamespace(host="node0")]),
+                             discover=lambda checkpoint: Discovery(None, None, (Skipped(checkpoint, checkpoint,
+                                                                                        "no such directory"),), False))
+    with pytest.raises(UserError) as err:
+        _explicit(job, master, "checkpoint-4", None)
+    assert str(err.value) == (
+        "--resume checkpoint-4: no such directory on node0 node0, looked for relative to /mnt/shared/work, not "
+        "output_dir; for the checkpoint of this job give --resume=saves/qwen3-4b/lora/sft/checkpoint-4; give a "
+        "complete checkpoint, or --resume to take the latest complete one in saves/qwen3-4b/lora/sft")
+
+
+def swift_problems(*overrides: str) -> list[str]:
+    r = mlaunch("validate", os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-lora.yaml"), *overrides)
+    return [ln.removeprefix("mlaunch: ").split(" (set by the override")[0] for ln in r.stderr.splitlines()[1:]]
+
+
+def test_swift_start_rules_in_validate():
+    assert swift_problems("passthrough.packing=true") == [
+        "passthrough.packing: ms-swift's packing needs flash attention and the job has no attn_impl (sdpa or "
+        "eager); add `attn_impl: flash_attn` to passthrough (flash-attn installed on the nodes), or remove packing"]
+    assert swift_problems("passthrough.packing=true", "passthrough.attn_impl=flash_attn") == []
+    assert swift_problems("stage=rlhf", "rlhf_type=grpo", "passthrough.num_generations=3") == [
+        "passthrough.num_generations: num_generations 3 does not divide the generation batch 64 (per_device 1 × "
+        "world 8 × grad_accum 8); ms-swift refuses it at start. Give num_generations one of [2, 4, 8, 16, 32, 64], "
+        "or a batch it divides"]
+    assert swift_problems("stage=rlhf", "rlhf_type=grpo") == []   # its default 8 divides 64
+    assert swift_problems("report_to=tensorboard") == [
+        "report_to: unknown key: for ms-swift it is one of its own arguments: write it under passthrough, e.g. "
+        "`passthrough: {report_to: tensorboard}` (top-level report_to is LLaMA-Factory's)"]
+
+
+def test_the_grpo_rule_is_swifts_own_arithmetic():
+    """The same numbers through ms-swift's own argument mixin, where the swift venv is here."""
+    from .training import require_swift
+    python = require_swift()
+    code = ("from swift.rlhf_trainers.args_mixin import GRPOArgumentsMixin as M\n"
+            "class A(M):\n  pass\n"
+            "a=A.__new__(A); a.num_generations=3; a.world_size=8; a.per_device_train_batch_size=1\n"
+            "a.gradient_accumulation_steps=8; a.generation_batch_size=None; a.steps_per_generation=None\n"
+            "try:\n  a._init_generation_batch_params(); print('ok')\nexcept ValueError as e:\n  print('refused', e)\n")
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if "ImportError" in r.stderr or "cannot import" in r.stderr:
+        pytest.skip(f"ms-swift's mixin has another name here: {r.stderr[-200:]}")
+    assert r.stdout.startswith("refused generation_batch_size (64) must be evenly divisible by num_generations (3)"), \
+        r.stdout + r.stderr[-2000:]
+
+
+def test_stage_dpo_on_an_sft_dataset_is_refused_by_validate(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dataset_info.json").write_text(json.dumps({
+        "alpaca_demo": {"file_name": "a.json"}, "pairs": {"file_name": "p.json", "ranking": True,
+                                                           "columns": {"chosen": "c", "rejected": "r"}}}))
+    job = os.path.join(CORPUS, "qwen3_lora_sft.yaml")
+    r = mlaunch("validate", job, f"dataset_dir={data}", "dataset=alpaca_demo", "stage=dpo")
+    assert r.returncode == 2 and (
+        f"mlaunch: dataset: alpaca_demo: stage dpo needs a preference dataset (ranking: true, with chosen/rejected) "
+        f"({data}/dataset_info.json); pick a dataset of that form, or the stage its form trains") in r.stderr, r.stderr
+    assert mlaunch("validate", job, f"dataset_dir={data}", "dataset=pairs", "stage=dpo").returncode == 0
+    r = mlaunch("validate", job, f"dataset_dir={data}", "dataset=pairs")
+    assert r.returncode == 2 and "a ranking dataset (ranking: true) cannot train stage sft" in r.stderr
+
+
+def test_lora_dropout_defaults_to_each_trainers_own():
+    from launcher.spec import Job
+    from pydantic import TypeAdapter
+    schema = TypeAdapter(Job).json_schema(by_alias=True)
+    field = schema["$defs"]["Finetuning"]["properties"]["lora_dropout"]
+    assert field["default"] is None and "ms-swift 0.05" in field["description"]
+    r = mlaunch("submit", os.path.join(CORPUS, "qwen3_lora_sft.yaml"), "--dry-run", "--full")
+    assert "lora_dropout: 0.0" in r.stdout, r.stdout[-2000:]
+    r = mlaunch("submit", os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-lora.yaml"), "--dry-run", "--full")
+    assert "--lora_dropout 0.05" in " ".join(r.stdout.split()), r.stdout[-2000:]
+
+
+def test_fsdp_prefetch_and_ram_efficient_loading_are_rendered():
+    r = mlaunch("submit", os.path.join(CORPUS, "qwen3_lora_sft.yaml"), "--dry-run", "--full",
+                "fsdp={sharding: full_shard, backward_prefetch: backward_pre, cpu_ram_efficient_loading: true}")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("fsdp_config:"))
+    assert json.loads(line.split(":", 1)[1]) == {"use_orig_params": True, "backward_prefetch": "backward_pre",
+                                                  "cpu_ram_efficient_loading": True}, line
+
+
+def test_init_keeps_the_fsdp_examples_settings(tmp_path):
+    lf = dict(example("qwen3_lora_sft"), fsdp="full_shard auto_wrap",
+              fsdp_config={"backward_prefetch": "BACKWARD_PRE", "cpu_ram_efficient_loading": True,
+                           "transformer_layer_cls_to_wrap": "Qwen3DecoderLayer"})
+    path = tmp_path / "lf.yaml"
+    path.write_text(yaml.safe_dump(lf))
+    r = mlaunch("init", "--from-llamafactory", str(path), "--hosts", "a,b", "--gpus-per-node", "8", "--workdir", "/w")
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["fsdp"] == {"sharding": "full_shard", "auto_wrap": True, "offload": False,
+                                                "layer_cls": ["Qwen3DecoderLayer"], "backward_prefetch": "backward_pre",
+                                                "cpu_ram_efficient_loading": True}
+
+
+def test_check_says_a_liger_kernel_the_nodes_lack(tmp_path):
+    """LLaMA-Factory imports liger_kernel at start when enable_liger_kernel is on: `check` names the package."""
+    from .training import require_trainer
+    python = require_trainer()
+    probe = subprocess.run([python, "-c", "import importlib.util as u; print(bool(u.find_spec('liger_kernel')))"],
+                           capture_output=True, text=True)
+    if probe.stdout.strip() != "False":
+        pytest.skip("liger_kernel is installed in the trainer venv here")
+    spec = load_yaml(os.path.join(CONFIGS, "quickstart.yaml"))
+    spec["cluster"]["python"] = python
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = mlaunch("check", str(path), "passthrough.enable_liger_kernel=true", env={"MLAUNCH_HOME": str(tmp_path / "h")})
+    assert r.returncode == 1
+    assert ("✗ software/python on node0 localhost: passthrough enable_liger_kernel: true needs liger-kernel, not "
+            "installed (LLaMA-Factory would stop at start on every rank)") in r.stdout, r.stdout
+    assert f"fix: {python} -m pip install liger-kernel, or turn the option off" in r.stdout
