@@ -570,3 +570,22 @@ def test_check_says_a_liger_kernel_the_nodes_lack(tmp_path):
     assert ("✗ software/python on node0 localhost: passthrough enable_liger_kernel: true needs liger-kernel, not "
             "installed (LLaMA-Factory would stop at start on every rank)") in r.stdout, r.stdout
     assert f"fix: {python} -m pip install liger-kernel, or turn the option off" in r.stdout
+
+
+@pytest.mark.multihost
+def test_slurms_own_kill_is_not_called_mlaunchs(slurm2, tmp_path):
+    """Node 1's rank exits 3; srun's --kill-on-bad-exit ends node 0's: the node table says srun did."""
+    from .slurmjobs import slurm_script_job, submit
+    spec = slurm_script_job(tmp_path, "fail_or_sleep.py", ["1", "3", "2"], nproc=1)
+    r = submit(slurm2, tmp_path, spec)
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr
+    assert re.search(r"^\[mlaunch\] 1 +\S+ +exit 3$", r.stdout, re.M), r.stdout[-2000:]
+    assert re.search(r"^\[mlaunch\] 0 +\S+ +terminated by srun \(--kill-on-bad-exit after node1 failed\)",
+                     r.stdout, re.M), r.stdout[-2000:]
+    assert "terminated by mlaunch" not in r.stdout
+
+
+def test_a_node_mlaunch_ended_still_says_mlaunch():
+    from launcher.session.outcome import NodeOutcome
+    from launcher.transport.base import Exit
+    assert NodeOutcome(0, "a", Exit(143), terminated=True).result == "terminated by mlaunch (exit 143)"

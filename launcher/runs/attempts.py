@@ -164,7 +164,11 @@ def _plan_batch(job: JobBase, report, opts: SubmitOptions, printer: Printer) -> 
                                                        unasked=meminputs.NO_PREFLIGHT))
     if decision is None:
         return job
-    if decision.chosen or decision.problems or decision.estimate:
+    no_gpu = report is not None and not (report.memory or {}).get("gpu_mib")
+    if no_gpu and not decision.chosen and not decision.problems:   # CPU nodes: no GPU memory plan
+        printer.say(f"batch: per_device {decision.per_device} × grad_accum {decision.grad_accum} "
+                    "(the nodes have no GPU: no GPU memory plan)")
+    elif decision.chosen or decision.problems or decision.estimate:
         for line in memview.lines(decision):
             printer.say(line)
     refuse_unfit(decision, opts.force)
