@@ -334,8 +334,13 @@ def test_reports_of_two_runs_sharing_an_output_dir_keep_each_runs_own_steps(tmp_
     home = {"MLAUNCH_HOME": str(tmp_path / "home")}
     os.environ.update(home)   # submit_timed's mlaunch reads it
     try:
-        a = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 1, out, max_steps=8, save_steps=4, name="share"))
+        a = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 1, out, max_steps=8, save_steps=4, name="share"),
+                         preflight=True)
         assert a.returncode == 0, a.stdout[-3000:]
+        # item 10: CPU nodes get one batch line, not a GPU memory plan
+        assert "memory plan (per GPU)" not in a.stdout, a.stdout[-3000:]
+        assert ("batch: per_device 2 × grad_accum 1 (the nodes have no GPU: no GPU memory plan)"
+                in a.stdout), a.stdout[-3000:]
         b = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 1, out, max_steps=12, save_steps=4, name="share"),
                          "--resume")
         assert b.returncode == 0, b.stdout[-3000:]
