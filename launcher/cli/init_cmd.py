@@ -27,7 +27,10 @@ def init_cmd(lf_yaml: str, hosts: str, gpus_per_node: int, name: str | None, wor
     validated; its problems, if any, follow on stderr (exit 2)."""
     from ..spec.from_lf import looks_like_llamafactory, to_spec
     from ..spec.load import _UniqueKeyLoader, read_text
-    raw = yaml.load(read_text(lf_yaml, "LLaMA-Factory YAML"), Loader=_UniqueKeyLoader)
+    try:
+        raw = yaml.load(read_text(lf_yaml, "LLaMA-Factory YAML"), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise UserError(f"{lf_yaml}: not YAML: {' '.join(str(e).split())}") from None
     if not looks_like_llamafactory(raw):
         raise UserError(f"{lf_yaml}: not a LLaMA-Factory training YAML (no model_name_or_path with "
                         "stage or finetuning_type, or it has trainer:); for an mlaunch spec run "
