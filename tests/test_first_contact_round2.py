@@ -492,6 +492,7 @@ def test_swift_start_rules_in_validate():
         "`passthrough: {report_to: tensorboard}` (top-level report_to is LLaMA-Factory's)"]
 
 
+@pytest.mark.training
 def test_the_grpo_rule_is_swifts_own_arithmetic():
     """The same numbers through ms-swift's own argument mixin, where the swift venv is here."""
     from .training import require_swift
@@ -558,6 +559,7 @@ def test_init_keeps_the_fsdp_examples_settings(tmp_path):
                                                 "cpu_ram_efficient_loading": True}
 
 
+@pytest.mark.training
 def test_check_says_a_liger_kernel_the_nodes_lack(tmp_path):
     """LLaMA-Factory imports liger_kernel at start when enable_liger_kernel is on: `check` names the package."""
     from .training import require_trainer
