@@ -149,7 +149,7 @@ def test_pydantic_errors_in_mlaunchs_voice(path, value, expected):
 
 def test_relative_paths_are_named_with_where_they_resolve():
     job = load_spec(os.path.join(CONFIGS, "quickstart.yaml"))
-    assert ("cluster.python '.venvs/trainer/bin/python' is relative: the nodes resolve it in the "
+    assert ("cluster.python '.venvs/quickstart/bin/python' is relative: the nodes resolve it in the "
             "directory each node starts in: the one you run mlaunch from for local nodes, the SSH "
             "user's home on other machines (cluster.workdir chooses one)") in job._notes
     mixed = load_spec(os.path.join(CONFIGS, "hostfile-mixed-lora.yaml"))

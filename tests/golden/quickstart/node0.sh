@@ -7,7 +7,7 @@ export OMP_NUM_THREADS=1
 export MLAUNCH_RUN_ID=GOLDEN
 export MLAUNCH_NODE_RANK=0
 export MLAUNCH_NODE_ID=GOLDEN.node0
-export PATH=.venvs/trainer/bin:"$PATH"
+export PATH=.venvs/quickstart/bin:"$PATH"
 # The run's directories are this user's and 0700 (pidfiles, rank logs): one that is a link or
 # belongs to another user is refused before anything is made in it or changed (mkdir makes no
 # directory through a link; the tests after it are on the name itself, so the chmod acts on
@@ -92,4 +92,4 @@ kill -TERM 0'
 if command -v setsid >/dev/null 2>&1; then
   env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" /tmp/mlaunch-user/.mlaunch/GOLDEN/node0.pid.sampler </dev/null &
 fi
-exec .venvs/trainer/bin/torchrun --nnodes 1 --nproc-per-node 2 --node-rank 0 --master-addr localhost --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch-user/.mlaunch/GOLDEN/torchrun/node0 -m llamafactory.launcher /tmp/mlaunch-user/.mlaunch/GOLDEN/llamafactory.yaml
+exec .venvs/quickstart/bin/torchrun --nnodes 1 --nproc-per-node 2 --node-rank 0 --master-addr localhost --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch-user/.mlaunch/GOLDEN/torchrun/node0 -m llamafactory.launcher /tmp/mlaunch-user/.mlaunch/GOLDEN/llamafactory.yaml
