@@ -596,3 +596,19 @@ def test_a_node_mlaunch_ended_still_says_mlaunch():
     from launcher.session.outcome import NodeOutcome
     from launcher.transport.base import Exit
     assert NodeOutcome(0, "a", Exit(143), terminated=True).result == "terminated by mlaunch (exit 143)"
+
+
+def test_a_submit_refused_for_checkpoints_in_output_dir_is_no_run(tmp_path):
+    """Checkpoints exist: refused after the record was opened (the connect, the look at output_dir);
+    no row, so `ps lf` and `report lf` never pick it (they said "log dir ... does not exist")."""
+    from .helpers import write_spec
+    from .test_resume_guard import checkpoint, lf_job
+    out = tmp_path / "out"
+    checkpoint(out, 5)
+    env = {"MLAUNCH_HOME": str(tmp_path / "home")}
+    r = mlaunch("submit", write_spec(tmp_path, lf_job(tmp_path, str(out))), "--no-preflight", env=env)
+    assert r.returncode == 2 and "already holds checkpoints" in r.stderr, r.stderr
+    assert json.loads(mlaunch("ps", "--all", "--json", env=env).stdout) == []
+    for cmd in ("ps", "report", "logs"):
+        got = mlaunch(cmd, "lf", env=env)
+        assert got.returncode == 2 and "does not exist" not in got.stderr, (cmd, got.stderr)
