@@ -612,3 +612,36 @@ def test_a_submit_refused_for_checkpoints_in_output_dir_is_no_run(tmp_path):
     for cmd in ("ps", "report", "logs"):
         got = mlaunch(cmd, "lf", env=env)
         assert got.returncode == 2 and "does not exist" not in got.stderr, (cmd, got.stderr)
+
+
+SWIFT_CORPUS = os.path.join(CONFIGS, "swift-examples")
+
+
+def swift_examples() -> dict:
+    return json.load(open(os.path.join(SWIFT_CORPUS, "examples.json"), encoding="utf-8"))
+
+
+# multi-node-accelerate's ZeRO-3 is in accelerate's config file, not on its command line.
+@pytest.mark.parametrize("name", sorted(n for n, e in swift_examples().items()
+                                        if e["entry"].startswith("swift.") and n != "multi-node-accelerate"))
+def test_init_from_swift_writes_the_corpus_spec(name):
+    """Each ms-swift example's command line, given to init, becomes the spec the swift corpus
+    holds for it (checked against ms-swift's own parser in test_swift_examples)."""
+    import shlex
+    from launcher.spec import validate
+    example = swift_examples()[name]
+    want = load_yaml(os.path.join(SWIFT_CORPUS, f"{name}.yaml"))
+    cmd = example["entry"].replace(".", " ") + " " + shlex.join(example["argv"])
+    r = mlaunch("init", "--from-swift", cmd, "--hosts", ",".join(want["cluster"]["hosts"]),
+                "--gpus-per-node", str(want["cluster"]["gpus_per_node"]), "--workdir", "/data/work")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    got = yaml.safe_load(r.stdout)
+    same = lambda spec: validate(spec).model_dump(by_alias=True, exclude={"name", "cluster"})  # noqa: E731
+    assert same(got) == same(want)
+
+
+def test_init_from_swift_refuses_what_it_does_not_convert():
+    r = mlaunch("init", "--from-swift", "megatron sft --model m --dataset d", "--hosts", "a", "--gpus-per-node", "8")
+    assert r.returncode == 2 and "Megatron-SWIFT command lines are not converted (yet)" in r.stderr
+    r = mlaunch("init", "--from-swift", "python train.py", "--hosts", "a", "--gpus-per-node", "8")
+    assert r.returncode == 2 and "not an ms-swift command line" in r.stderr
