@@ -288,6 +288,10 @@ def fsdp_args(fsdp: Any) -> dict:
     config: dict = {"use_orig_params": True}
     if fsdp.auto_wrap and fsdp.layer_cls:
         config["transformer_layer_cls_to_wrap"] = list(fsdp.layer_cls)
+    if getattr(fsdp, "backward_prefetch", None):
+        config["backward_prefetch"] = fsdp.backward_prefetch
+    if getattr(fsdp, "cpu_ram_efficient_loading", None) is not None:
+        config["cpu_ram_efficient_loading"] = fsdp.cpu_ram_efficient_loading
     return {"options": " ".join(options), "config": config}
 
 

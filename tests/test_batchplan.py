@@ -64,7 +64,7 @@ def unfit_64_line() -> str:
     assert gib("0.39b", 64, True) * memory.GIB <= usable < gib("0.39b", 64, False) * memory.GIB
     return (f"batch: estimated {gib('0.39b', 64, False):.1f} GiB per GPU of 100.0 (90.0 usable) with "
             f"per_device 64, gradient checkpointing off: set training.gradient_checkpointing: true, or "
-            f"per_device {ok} with grad_accum {64 // ok} (or --force)")
+            f"per_device {ok} with grad_accum {64 // ok} (or --force-unfit)")
 
 
 GRID = list(itertools.product(MODELS, [1, 2, 8, 16], [24, 80, 140.4], ["lora", "full-z3", "full-z2"]))
@@ -167,7 +167,7 @@ def test_refusal_nothing_fits_names_the_levers():
     assert str(p).startswith("batch: nothing fits in 80.0 GiB per GPU (72.0 usable with 10% kept free): "
                              "even per_device 1 with gradient checkpointing on needs an estimated ")
     assert str(p).endswith("; use deepspeed stage 3 (model states ÷ GPUs), deepspeed offload_optimizer: "
-                           "cpu, finetuning type lora, a shorter cutoff_len (or --force)")
+                           "cpu, finetuning type lora, a shorter cutoff_len (or --force-unfit)")
     # 8 GPUs with ZeRO-3 make it fit
     assert not resolve(validate(job(1, 8, batch={"global": 64}, ft={"type": "full"}, ds={"stage": 3})),
                        inputs("7b", 80)).problems
@@ -318,7 +318,7 @@ def test_refusal_without_global_suggests_a_bound():
     d = resolve(j, inputs("0.39b", 24))
     (p,) = d.problems
     m = re.fullmatch(r"batch: estimated ([\d.]+) GiB per GPU of 24\.0 \(21\.6 usable\) with per_device 64, "
-                     r"gradient checkpointing on: per_device ≤ (\d+) \(or --force\)", str(p))
+                     r"gradient checkpointing on: per_device ≤ (\d+) \(or --force-unfit\)", str(p))
     assert m, str(p)
     assert float(m[1]) == round(d.estimate.total / memory.GIB, 1)
     n = int(m[2])

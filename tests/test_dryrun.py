@@ -94,7 +94,7 @@ def test_nodes_with_other_process_counts_do_not_fold():
     assert [[n.rank for n in g] for g in dryrun.groups(nodes)] == [[0, 2, 3], [1]]
     text = describe_plan(dataclasses.replace(plan, nodes=nodes))
     assert "nodes 2, 3: as node 0, with --node-rank 2, 3" in text
-    assert "node 1: 192.168.1.11 (ssh train@192.168.1.11:22)\n  processes: 2, all GPUs of the host" in text
+    assert "node 1: 192.168.1.11 (ssh train@192.168.1.11:22)\n  processes: 2, on cuda:0–1 by LOCAL_RANK (CUDA_VISIBLE_DEVICES not set; CPU on a host without GPUs)" in text
 
 
 def test_nodes_with_other_env_do_not_fold():

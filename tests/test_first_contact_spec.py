@@ -85,7 +85,7 @@ def test_uneven_world_arithmetic_reads_as_one_product():
     data["cluster"]["gpus_per_node"] = [4, 1, 2]
     data["cluster"].pop("master_addr", None)
     data["batch"] = {"per_device": 2, "grad_accum": 4, "global": 64}
-    assert lines(data) == ["batch.global: 64 ≠ (4+1+2) = 7 GPUs × 2 per device × 4 accumulation = 56; "
+    assert lines(data) == ["batch.global: 64 ≠ 7 GPUs (4+1+2 on 3 nodes) × 2 per device × 4 accumulation = 56; "
                            "set global to 56, change per_device/grad_accum, or omit global"]
 
 

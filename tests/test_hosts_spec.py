@@ -254,9 +254,9 @@ def test_mixed_slots_per_node_counts(tmp_path):
     plan = build_plan(job, run_id="R")
     assert [n.argv[n.argv.index("--nproc-per-node") + 1] for n in plan.nodes] == ["2", "1"]
     text = describe_plan(plan)
-    assert "world: 2 nodes × (2+1) processes = 3\n" in text
+    assert "world: 2 nodes: 2+1 = 3 processes\n" in text
     r = mlaunch("validate", path)
-    assert r.returncode == 0 and r.stdout.endswith("ok (script, 2 nodes × (2+1) processes = 3)\n")
+    assert r.returncode == 0 and r.stdout.endswith("ok (script, 2 nodes: 2+1 = 3 processes)\n")
 
 
 def test_mixed_slots_batch_and_ds_config(tmp_path):
@@ -267,7 +267,7 @@ def test_mixed_slots_batch_and_ds_config(tmp_path):
     data["cluster"]["hostfile"] = "hosts"
     data["batch"] = {"per_device": 2, "grad_accum": 4, "global": 32}
     assert load_problems(write_spec(tmp_path, data)) == [
-        "batch.global: 32 ≠ (2+1) = 3 GPUs × 2 per device × 4 accumulation = 24; set global to "
+        "batch.global: 32 ≠ 3 GPUs (2+1 on 2 nodes) × 2 per device × 4 accumulation = 24; set global to "
         "24, change per_device/grad_accum, or omit global"]
     data["batch"]["global"] = 24
     plan = build_plan(load_spec(write_spec(tmp_path, data)), run_id="R")
@@ -277,7 +277,7 @@ def test_mixed_slots_batch_and_ds_config(tmp_path):
             ds["gradient_accumulation_steps"]) == (24, 2, 4)
     lf = yaml.safe_load(files["llamafactory.yaml"])
     assert (lf["per_device_train_batch_size"], lf["gradient_accumulation_steps"]) == (2, 4)
-    assert "global batch: 24 = 2 nodes × (2+1) GPUs × 2 per device × 4 accumulation" in describe_plan(plan)
+    assert "global batch: 24 = 3 GPUs (2+1 on 2 nodes) × 2 per device × 4 accumulation" in describe_plan(plan)
 
 
 def test_gpus_per_node_as_a_list():
@@ -538,11 +538,11 @@ def test_dry_run_of_the_mixed_hostfile_example():
     assert r.returncode == 0, r.stderr
     head = r.stdout.splitlines()[1:6]
     assert head == [
-        "world: 3 nodes × (4+1+2) processes = 7",
+        "world: 3 nodes: 4+1+2 = 7 processes",
         "note: cluster.hostfile 'hosts-mixed.txt' is relative: mlaunch reads it from the spec's directory",
         "note: hostfile hosts-mixed.txt: max_slots= ignored on line 2; mlaunch reads only slots=",
         "note: exclude 'gpu-b:1': 3 of 3 hosts, 7 slots; kept slots become CUDA_VISIBLE_DEVICES",
-        "global batch: 56 = 3 nodes × (4+1+2) GPUs × 2 per device × 4 accumulation"]
+        "global batch: 56 = 7 GPUs (4+1+2 on 3 nodes) × 2 per device × 4 accumulation"]
     for title in ("node 0: gpu-a (ssh train@gpu-a:22)\n  processes: 4, GPUs 0,1,2,3 (CUDA_VISIBLE_DEVICES)",
                   "node 1: gpu-b (ssh train@gpu-b:22)\n  processes: 1, GPUs 0 (CUDA_VISIBLE_DEVICES)",
                   "node 2: gpu-c (ssh train@gpu-c:2222)\n  processes: 2, GPUs 0,1 (CUDA_VISIBLE_DEVICES)"):

@@ -189,10 +189,10 @@ def test_resume_path_is_checked_then_used(tmp_path):
     job = write_spec(tmp_path, lf_job(tmp_path, str(out)))
     r = mlaunch("submit", job, f"--resume={out}/checkpoint-10", "--no-preflight")
     assert r.returncode == 2 and not (tmp_path / "seen.yaml").exists()
-    assert (f"mlaunch: --resume {out}/checkpoint-10: no trainer_state.json (interrupted save?); give a "
-            f"complete checkpoint, or --resume to take the latest complete one in {out}") in r.stderr
+    assert (f"mlaunch: --resume {out}/checkpoint-10: no trainer_state.json (interrupted save?) on node0 "
+            f"localhost; give a complete checkpoint, or --resume to take the latest complete one in {out}") in r.stderr
     r = mlaunch("submit", job, f"--resume={tmp_path}/nowhere", "--no-preflight")
-    assert r.returncode == 2 and f"--resume {tmp_path}/nowhere: no such directory;" in r.stderr
+    assert r.returncode == 2 and f"--resume {tmp_path}/nowhere: no such directory on node0 localhost;" in r.stderr
     r = mlaunch("submit", job, f"--resume={other}/checkpoint-3", "--no-preflight")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resuming from {other}/checkpoint-3 (--resume PATH)" in r.stdout

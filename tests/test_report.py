@@ -100,7 +100,7 @@ def test_report_of_a_restarted_run(runs, tmp_path):
 def test_report_overlays_two_runs_and_finds_runs_by_id(runs, tmp_path):
     out, plain = runs
     run_id = os.listdir(os.path.join(plain, "logs"))[0]
-    r = mlaunch("report", out, run_id, "--output-dir", plain, "--out", str(tmp_path / "cmp"))
+    r = mlaunch("report", out, run_id, "--runs-under", plain, "--out", str(tmp_path / "cmp"))
     assert r.returncode == 0, r.stderr
     data = json.load(open(tmp_path / "cmp" / "series.json"))["runs"]
     assert [len(d["loss"]) for d in data] == [STEPS, 10]
@@ -109,7 +109,7 @@ def test_report_overlays_two_runs_and_finds_runs_by_id(runs, tmp_path):
     # A log dir works as RUN too; an unknown id is one line, exit 2.
     logs = os.path.join(plain, "logs", run_id)
     assert mlaunch("report", logs, "--out", str(tmp_path / "one")).returncode == 0
-    bad = mlaunch("report", "nosuch-run", "--output-dir", plain)
+    bad = mlaunch("report", "nosuch-run", "--runs-under", plain)
     assert bad.returncode == 2 and bad.stderr == f"mlaunch: run nosuch-run: no node logs found under {plain}/logs\n"
 
 

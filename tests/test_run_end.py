@@ -256,20 +256,22 @@ def test_health_check_at_min_nodes_says_min_nodes_and_no_min_nodes_stays_generic
         "a host of the next attempt fails its health check and no spare host is left")
 
 
-def test_registry_and_ps_show_why_a_refused_run_ended(tmp_path):
-    """A submit refused after it registered the run (here: --resume of a trainer that writes
-    no checkpoints): the registry row has the reason, `ps RUN` prints it, `--json` has it."""
-    spec = write_spec(tmp_path, {"name": "t", "trainer": "script", "script": {"path": "/abs/x.py"},
+def test_a_refused_submit_says_why_and_is_no_run(tmp_path):
+    """A submit refused after it opened the run's record (here: --resume of a trainer that writes
+    no checkpoints): the terminal says why; the registry keeps no run (issue 56), so `ps`
+    never lists it and neither its id nor its job name finds it."""
+    spec = write_spec(tmp_path, {"name": "t-refused", "trainer": "script", "script": {"path": "/abs/x.py"},
                                  "cluster": {"hosts": ["localhost"], "gpus_per_node": 1},
                                  "output_dir": str(tmp_path / "out")})
     r = mlaunch("submit", spec, "--resume", "--no-preflight", "--run-id", "end-refused")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     why = "--resume needs a trainer that writes checkpoints; trainer script does not"
     assert f"mlaunch: {why}" in r.stderr.splitlines(), r.stderr
-    ps = mlaunch("ps", "end-refused")
-    assert ps.returncode == 0 and f"ended: {why}" in ps.stdout.splitlines(), ps.stdout
-    row = json.loads(mlaunch("ps", "end-refused", "--json").stdout)
-    assert (row["state"], row["exit_code"], row["reason"]) == ("failed", 2, why)
+    for ref in ("end-refused", "t-refused"):
+        ps = mlaunch("ps", ref)
+        assert ps.returncode == 2 and "no run with this id prefix or job name" in ps.stderr, ps.stderr
+    assert "end-refused" not in mlaunch("ps", "--all").stdout
+    assert not os.path.exists(os.path.join(os.environ["MLAUNCH_HOME"], "runs", "end-refused"))
 
 
 def test_registry_opened_before_the_reason_column_gets_it(tmp_path):

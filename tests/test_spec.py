@@ -162,7 +162,7 @@ def test_hostfile_uneven_slots(tmp_path):
     data["cluster"]["hostfile"] = "hosts"
     with pytest.raises(SpecError) as err:
         load_spec(write_spec(tmp_path, data))
-    assert ("batch.global: 256 ≠ (4+8) = 12 GPUs × 2 per device × 8 accumulation = 192; "
+    assert ("batch.global: 256 ≠ 12 GPUs (4+8 on 2 nodes) × 2 per device × 8 accumulation = 192; "
             "set global to 192") in str(err.value)
     data["batch"]["global"] = 192
     assert load_spec(write_spec(tmp_path, data)).cluster.gpus_per_node == [4, 8]

@@ -102,7 +102,7 @@ def test_env_reference_unset_is_one_line(monkeypatch):
     monkeypatch.delenv("MLAUNCH_TEST_UNSET", raising=False)
     assert problems(mutate("cluster.env", {"HF_TOKEN": "${MLAUNCH_TEST_UNSET}"})) == [
         "cluster.env.HF_TOKEN: ${MLAUNCH_TEST_UNSET} is not set in this shell: "
-        "export MLAUNCH_TEST_UNSET=… or write the value"]
+        "export MLAUNCH_TEST_UNSET=… in the shell that runs mlaunch (the value never goes into the spec file)"]
 
 
 def test_env_reference_masked_in_dry_run(tmp_path):

@@ -34,8 +34,24 @@ JOB = JobPath()
 OVERRIDES = dict(nargs=-1, metavar="[KEY=VALUE]...")
 
 
+# Other tools' words for mlaunch's commands (Slurm, torchx, SkyPilot, ...): each runs ours.
+ALIASES = {"launch": "submit", "run": "submit", "status": "ps", "queue": "ps", "cancel": "stop"}
+# Flags renamed for clarity: the old name still works and says the new one.
+OLD_FLAGS = {("submit", "--force"): "--force-unfit", ("resume", "--force"): "--force-unfit",
+             ("plan", "--force"): "--force-unfit", ("stop", "--force"): "--kill",
+             ("report", "--output-dir"): "--runs-under"}
+
+
 class _Group(click.Group):
-    """The command list shows each command's whole first sentence, wrapped, never cut off."""
+    """The command list shows each command's whole first sentence, wrapped, never cut off;
+    other tools' words for a command (ALIASES) run it."""
+
+    def get_command(self, ctx, cmd_name):
+        return super().get_command(ctx, ALIASES.get(cmd_name, cmd_name))
+
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        return (cmd.name if cmd is not None else name), cmd, rest
 
     def format_commands(self, ctx, formatter):
         rows = []
@@ -47,6 +63,8 @@ class _Group(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+            with formatter.section("Aliases"):
+                formatter.write_text(", ".join(f"{a} = {c}" for a, c in ALIASES.items()))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,8 +112,12 @@ def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, ov
             raise UserError(f"{flag} only goes with --dry-run")
     spec = _load(job, overrides)
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
-                         max_restarts=max_restarts, preflight=not no_preflight, force=force)
+                         max_restarts=max_restarts, preflight=not no_preflight, force=force,
+                         overridden=spec._overridden)
     if not dry_run:
+        for note in spec._notes:   # every submit says what its overrides changed, as --dry-run does
+            if note.startswith("override "):
+                click.echo(f"note: {note}")
         sys.exit(launch(spec, opts, detach=detach))
     from .dryrun import dry_run as show
     decision = check_offline(spec, opts)   # a dry run refuses what submit would refuse
@@ -115,6 +137,9 @@ def submit(job: str | None, overrides: tuple[str, ...], **kw) -> None:
     from ..spec.overrides import is_override
     if job is not None and is_override(job) and not os.path.exists(job):  # `--resume job.yaml k=v`
         job, overrides = None, (job, *overrides)
+    resume = kw["resume"]
+    if resume and is_override(resume) and not os.path.exists(resume):   # `--resume k=v`: a flag, then an override
+        kw["resume"], overrides = "latest", (resume, *overrides)
     job, kw["resume"] = _job_after_resume(job, kw["resume"])
     _run_submit(job, overrides=overrides, **kw)
 
@@ -151,12 +176,15 @@ def resume(job: str, overrides: tuple[str, ...], **kw) -> None:
 
 @cli.command()
 @click.argument("job", type=JOB)
+@click.argument("overrides", **OVERRIDES)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout.")
 @click.option("--run-id", help="Use this run id instead of a fresh one.")
-def check(job: str, as_json: bool, run_id: str | None) -> None:
-    """Run the preflight checklist on every node: one table; exit 0 if all pass, 1 if any fails."""
+def check(job: str, overrides: tuple[str, ...], as_json: bool, run_id: str | None) -> None:
+    """Run the preflight checklist on every node: one table; exit 0 if all pass, 1 if any fails.
+
+    KEY=VALUE after JOB overrides the spec, as for validate and submit."""
     from .check_cmd import check_command
-    sys.exit(check_command(job, as_json=as_json, run_id=run_id))
+    sys.exit(check_command(job, as_json=as_json, run_id=run_id, overrides=overrides))
 
 
 @cli.command()
@@ -214,6 +242,8 @@ def _register() -> None:
     register(cli)  # ps, logs, stop, attach
     from .exec_cmd import exec_cmd
     cli.add_command(exec_cmd)
+    from .init_cmd import init_cmd
+    cli.add_command(init_cmd)
 
 
 _register()
@@ -222,6 +252,7 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line per problem and exit 2, no traceback."""
     try:
+        _old_flag_notes(sys.argv[1:] if argv is None else argv)
         cli.main(args=argv, prog_name="mlaunch", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         # Outside a running job (connecting, backing off before a restart): nothing to tear down.
@@ -238,6 +269,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+
+
+def _old_flag_notes(args: list[str]) -> None:
+    """A note on stderr for each renamed flag given by its old name (it still works)."""
+    if not args:
+        return
+    cmd = ALIASES.get(args[0], args[0])
+    for arg in args[1:]:
+        flag = arg.split("=", 1)[0]
+        new = OLD_FLAGS.get((cmd, flag))
+        if new:
+            click.echo(f"mlaunch: note: {cmd} {flag} is the old name of {new}; it still works", err=True)
 
 
 if __name__ == "__main__":

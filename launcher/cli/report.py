@@ -12,7 +12,8 @@ from ..errors import UserError
 @click.argument("run")
 @click.argument("run_b", required=False)
 @click.option("--report-dir", "--out", "out", type=click.Path(file_okay=False), metavar="DIR",
-              help="Where to write report.md, report.png, series.json (default: <RUN's log dir>/report).")
+              help="Where to write report.md, report.png, series.json (default: <RUN's log dir>/report; "
+                   "with RUN_B: <RUN's log dir>/report-vs-<RUN_B>).")
 @click.option("--runs-under", "--output-dir", "output_dir", metavar="OUTPUT_DIR",
               help="Look a RUN given as a run id up under OUTPUT_DIR/logs/ (a job's output_dir) "
                    "instead of the registry; the report still goes to --report-dir.")
@@ -28,9 +29,17 @@ def report(run: str, run_b: str | None, out: str | None, output_dir: str | None,
     paths = [_paths(r, output_dir) for r in (run, run_b) if r]   # the runs first: a typo says so
     require_matplotlib()
     read = [read_run(p) for p in paths]
-    text, png = write_report(read, out or os.path.join(read[0].paths.log_dir, "report"), window_s)
+    text, png = write_report(read, out or _default_dir(read), window_s)
     click.echo(text, nl=False)
     click.echo(f"plot: {png}")
+
+
+def _default_dir(read) -> str:
+    """<RUN's log dir>/report; RUN against RUN_B in a folder of its own (it never overwrites
+    RUN's own report): <RUN's log dir>/report-vs-<RUN_B's id>."""
+    if len(read) == 1:
+        return os.path.join(read[0].paths.log_dir, "report")
+    return os.path.join(read[0].paths.log_dir, f"report-vs-{read[1].paths.run_id}")
 
 
 def _paths(ref: str, output_dir: str | None):

@@ -117,7 +117,7 @@ def ps(run: str | None, show_all: bool, as_json: bool) -> None:
     reg = _registry()
     if run is not None:
         return _ps_one(_resolve(reg, run), as_json)
-    runs = [refresh(reg, r) for r in reg.runs(include_final=show_all)]
+    runs = [refresh(reg, r) for r in reg.runs(include_final=show_all) if not r.never_started]
     if not show_all:
         # A lost run is listed until someone has stopped it (its nodes swept).
         runs = [r for r in runs if r.active or (r.state == "lost" and not r.stop_requested)]

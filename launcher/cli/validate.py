@@ -66,11 +66,9 @@ def check_path(value: str) -> None:
 
 def _summary(spec) -> str:
     """trainer, the world, and the scheduler when there is one: what validate's ok line says."""
-    from ..spec import node_procs, world_size, world_text
-    mixed = len(set(node_procs(spec.cluster))) > 1
-    total = f" = {world_size(spec)}" if mixed else ""
+    from ..spec import world_text
     via = f", {spec.cluster.scheduler}" if spec.cluster.scheduler != "ssh" else ""
-    return f"{spec.trainer}, {world_text(spec.cluster, 'processes')}{total}{via}"
+    return f"{spec.trainer}, {world_text(spec.cluster, 'processes')}{via}"
 
 
 def _json_wanted() -> bool:

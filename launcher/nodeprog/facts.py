@@ -98,10 +98,14 @@ def trainer_facts():
         out["transformers"] = version("transformers")
     except PackageNotFoundError:
         pass
+    import importlib.util
     if P.get("tracker"):   # report_to's package: transformers raises at start without it
-        import importlib.util
         if not any(importlib.util.find_spec(m) for m in P["tracker"]):
             out["tracker_missing"] = P["tracker"][0]
+    # liger/unsloth/badam...: the trainer imports their package at start when the option is on
+    missing = [[opt, pip] for opt, mod, pip in P.get("features") or () if not importlib.util.find_spec(mod)]
+    if missing:
+        out["features_missing"] = missing
     return out
 
 

@@ -167,10 +167,10 @@ def _explain(job, shape, inputs, cands, pick, chosen, budget, gpu) -> tuple[list
     if "per_device" in chosen:
         return why, [Problem("batch", f"nothing fits in {room}: even per_device {pick.micro_batch} with "
                              f"gradient checkpointing {_onoff(pick.checkpointing)} needs an estimated "
-                             f"{est:.1f} GiB ({_top(job, shape, pick)}); use {fixes(job)} (or --force)")]
+                             f"{est:.1f} GiB ({_top(job, shape, pick)}); use {fixes(job)} (or --force-unfit)")]
     return why, [Problem("batch", f"estimated {est:.1f} GiB per GPU of {gpu:.1f} ({budget / memory.GIB:.1f} "
                          f"usable) with per_device {pick.micro_batch}, gradient checkpointing "
-                         f"{_onoff(pick.checkpointing)}: {_fix(job, shape, pick, budget)} (or --force)")]
+                         f"{_onoff(pick.checkpointing)}: {_fix(job, shape, pick, budget)} (or --force-unfit)")]
 
 
 def _fix(job, shape, pick: Candidate, budget: float) -> str:

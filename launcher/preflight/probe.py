@@ -23,6 +23,19 @@ TRAINER_PACKAGES = {"llamafactory": "llamafactory", "swift": "ms-swift"}
 # report_to -> the modules transformers' callback imports (any one of them will do).
 TRACKER_MODULES = {"tensorboard": ["tensorboard", "tensorboardX"], "wandb": ["wandb"],
                    "mlflow": ["mlflow"], "swanlab": ["swanlab"]}
+# LLaMA-Factory options (passthrough) that import a package of their own at start, with the
+# module it imports and the pip name: a node without it stops the run on every rank.
+FEATURE_MODULES = {"enable_liger_kernel": ("liger_kernel", "liger-kernel"), "use_unsloth": ("unsloth", "unsloth"),
+                   "use_badam": ("badam", "badam"), "use_galore": ("galore_torch", "galore-torch"),
+                   "use_apollo": ("apollo_torch", "apollo-torch"), "use_adam_mini": ("adam_mini", "adam-mini")}
+
+
+def features(job) -> list[list[str]]:
+    """[option, module, pip name] of each package-backed option the job turns on."""
+    pt = getattr(job, "passthrough", None) or {}
+    if getattr(job, "trainer", None) != "llamafactory":
+        return []
+    return [[k, *FEATURE_MODULES[k]] for k in FEATURE_MODULES if pt.get(k) is True]
 
 
 @dataclass
@@ -148,6 +161,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
         "torchrun": torchrun_head(job)[0] if len(torchrun_head(job)) == 1 and remote_bin(job) else None,
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
         "tracker": TRACKER_MODULES.get(getattr(job, "report_to", "none")),
+        "features": features(job),
         "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,
         "master_addr": ctx.master_addr if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),

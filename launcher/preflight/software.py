@@ -107,6 +107,11 @@ def _python_problem(ctx: Ctx, f, ref) -> tuple[str, str] | None:
         pkg = tr["tracker_missing"]
         return (f"report_to {ctx.job.report_to}: {pkg} is not installed (the run would stop at start)",
                 f"{py} -m pip install {pkg}, or set report_to: none")
+    if tr.get("features_missing"):
+        opts = ", ".join(f"{o}: true needs {p}" for o, p in tr["features_missing"])
+        pips = " ".join(p for _, p in tr["features_missing"])
+        return (f"passthrough {opts}, not installed (LLaMA-Factory would stop at start on every rank)",
+                f"{py} -m pip install {pips}, or turn the option off")
     return _torchrun_problem(ctx, f.get("torchrun", {}), torch_v)
 
 

@@ -140,6 +140,8 @@ class Recorder:
         self.reason: str | None = None   # why the run ended (ended_because), stored by end()
         self.unwritable: str | None = None   # why the registry took no write, once it did not
         self._told = False
+        self.started_any = False   # an attempt started (or a scheduler queued one)
+        self.refused = False       # the submit was refused before anything started: no run
 
     def begin(self, plan: LaunchPlan, job: JobBase, out: TextIO) -> TextIO:
         """Register the run (state starting); return the stream the printer writes to."""
@@ -188,6 +190,7 @@ class Recorder:
         """Every node of this attempt has started; or (queued) a scheduler holds the attempt
         under handle (its job id): `submit -d` returns then. data: the attempt's plan as
         view/plandata.py gives it, recorded with the attempt."""
+        self.started_any = True
         if handle:
             # Lists accumulate across attempts (a chained restart's executor starts afresh).
             for k, v in handle.items():
@@ -253,8 +256,12 @@ class Recorder:
         self._write(self.reg.set_state, self.run_id, "restarting", only_from=("running",))
 
     def end(self, code: int, interrupted: bool = False) -> None:
-        """The run is over: its final state and exit code."""
+        """The run is over: its final state and exit code. A refused submit (nothing started)
+        is no run: its row and console log are removed; the terminal has said why."""
         if self.reg is None:
+            return
+        if self.refused and not self.started_any:
+            self._forget()
             return
         stopped = interrupted or code == STOPPED_EXIT
         state = "stopped" if stopped else "succeeded" if code == 0 else "failed"
@@ -267,6 +274,17 @@ class Recorder:
         self._told = told
         if self.console is not None:
             self.console.close()
+
+
+    def _forget(self) -> None:
+        if self.console is not None:
+            self.console.close()
+            try:
+                os.unlink(self.console.path)
+                os.rmdir(os.path.dirname(self.console.path))
+            except OSError:   # a supervisor.log beside it, or already gone: left as it is
+                pass
+        self._write(self.reg.forget, self.run_id)
 
 
 def say(line: str) -> None:

@@ -141,6 +141,13 @@ class Run:
     def active(self) -> bool:
         return self.state in ACTIVE
 
+    @property
+    def never_started(self) -> bool:
+        """A submit refused before anything started, as an older mlaunch registered it (a
+        failed run with no attempt and no log directory): no run, never shown or chosen."""
+        return (self.state == "failed" and not self.attempts
+                and not (self.log_dir and os.path.isdir(self.log_dir)))
+
     def public(self) -> dict:
         """The row as `ps --json` shows it: everything but the spec snapshot."""
         d = dict(self.__dict__)
@@ -259,6 +266,13 @@ class Registry:
     def set_handle(self, run_id: str, handle: dict) -> None:
         self._db.execute("UPDATE runs SET handle=? WHERE id=?", (json.dumps(handle), run_id))
 
+    def forget(self, run_id: str) -> None:
+        """Remove a run that never started (a refused submit: issue 56): not a run, so `ps`
+        never lists it and a job name never resolves to it."""
+        with self._tx():
+            self._db.execute("DELETE FROM attempts WHERE run_id=?", (run_id,))
+            self._db.execute("DELETE FROM runs WHERE id=? AND attempts=0", (run_id,))
+
     def request_stop(self, run_id: str) -> None:
         self._db.execute("UPDATE runs SET stop_requested=1 WHERE id=?", (run_id,))
 
@@ -295,10 +309,11 @@ class Registry:
         ids = [r[0] for r in self._db.execute(
             "SELECT id FROM runs WHERE substr(id, 1, ?) = ? ORDER BY created DESC LIMIT 11",
             (len(ref), ref)).fetchall()]
-        by_name = self._db.execute("SELECT id FROM runs WHERE name=? ORDER BY created DESC LIMIT 1",
-                                   (ref,)).fetchone()
-        if by_name:
-            return self.get(by_name[0])
+        for (named,) in self._db.execute("SELECT id FROM runs WHERE name=? ORDER BY created DESC",
+                                         (ref,)).fetchall():
+            run = self.get(named)
+            if run is not None and not run.never_started:   # a refused submit is no run
+                return run
         if len(ids) == 1:
             return self.get(ids[0])
         return ids or None

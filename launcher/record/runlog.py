@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from . import runevents
+from . import runevents, runshare
 from ..errors import UserError
 
 RUN_ID = re.compile(r"^(?P<name>.+)-(?P<time>\d{8}-\d{6})-[0-9a-f]{4}$")
@@ -73,6 +73,8 @@ class Run:
     trainer_figure: float | None = None   # the trainer's own samples/s of its last attempt
     sources: list[str] = field(default_factory=list)
     health: list[str] | None = None   # the launcher's health events, one line each; None: no events.jsonl
+    resumed_from: str | None = None   # the checkpoint its first attempt resumed (submit --resume)
+    shared_with: int = 0              # other runs whose step records share its output_dir
 
 
 def resolve_run(ref: str, output_dir: str | None = None) -> RunPaths:
@@ -100,7 +102,15 @@ def read_run(paths: RunPaths) -> Run:
     events = runevents.read(paths.log_dir)
     restarts = [_restart(a, text, runevents.restarts(events).get(a), runevents.first_failure(events, a - 1))
                 for a in attempts if a > 0]
-    steps, sources = step_records(out, {r.step for r in restarts}) if out else ([], [])
+    shared = runshare.sharing(out, paths.log_dir) if out else []
+    cuts = {r.step for r in restarts} | runshare.resumed_at(shared)
+    steps, sources = step_records(out, cuts) if out else ([], [])
+    total = _total_steps(out)
+    if len(shared) > 1 and steps:   # other runs wrote into this output_dir: keep this run's own
+        steps, total = _own_steps(out, steps, shared, paths.run_id)
+    if not steps and (printed := _printed_steps(logs, text)):
+        # No trainer log (a script job): the {"step": N, "loss": x} lines rank 0 printed.
+        steps, sources = printed, [logs[min(k for k in logs if k[1] == 0)]] if any(k[1] == 0 for k in logs) else []
     if not steps and (recorded := runevents.step_events(events)):
         # No trainer log (a script job): the steps and losses the launcher's health watch saw.
         steps = [Step(*r) for r in {r[0]: r for r in recorded}.values()]
@@ -110,12 +120,92 @@ def read_run(paths: RunPaths) -> Run:
     return Run(
         paths=paths, job=_job_name(paths.run_id), nodes=len({r for _, r in logs}),
         world=_first_int(WORLD, every), global_batch=_first_int(GLOBAL_BATCH, every),
-        total_steps=_total_steps(out), steps=steps,
+        total_steps=total, steps=steps,
         restarts=restarts,
         checkpoints=checkpoints(out) if out else [],
         wall_s=runevents.wall_s(events) or _wall(paths, text),
         trainer_figure=_trainer_figure(out), sources=sources,
-        health=runevents.health_lines(events) if events else None)
+        health=runevents.health_lines(events) if events else None,
+        resumed_from=next((e.get("resume_from") for e in events if e.get("event") == "run_start"), None),
+        shared_with=len(shared) - 1 if len(shared) > 1 else 0)
+
+
+def _own_steps(output_dir: str, steps: list[Step], shared: list[str], run_id: str) -> tuple[list[Step], int | None]:
+    """The steps of run_id's own launches (segment = its attempt), and the planned total its
+    last record states (runshare says which launches of the shared file are whose)."""
+    order: dict[int, list[Step]] = {}
+    for st in steps:
+        if st.segment >= 0:
+            order.setdefault(st.segment, []).append(st)
+    own = runshare.own_segments(list(order.items()), runshare.launches(shared), run_id)
+    mine = [Step(st.step, st.loss, st.lr, st.elapsed, own[st.segment]) for st in steps if st.segment in own]
+    last = mine[-1].step if mine else None
+    totals = [t for step, t in _totals(output_dir) if step == last]
+    return mine, (totals[-1] if totals else None)
+
+
+def _totals(output_dir: str) -> list[tuple[int, int]]:
+    """(step, planned total) of every LLaMA-Factory / ms-swift record in output_dir."""
+    paths = [os.path.join(output_dir, "trainer_log.jsonl")] + \
+        sorted(glob.glob(os.path.join(output_dir, "v*-*", "logging.jsonl")))
+    out = []
+    for r in (r for p in paths for r in runevents.jsonl(p)):
+        if "current_steps" in r and "total_steps" in r:
+            out.append((int(r["current_steps"]), int(r["total_steps"])))
+        elif "global_step/max_steps" in r:
+            a, _, b = str(r["global_step/max_steps"]).partition("/")
+            if a.isdigit() and b.isdigit():
+                out.append((int(a), int(b)))
+    return out
+
+
+def _printed_steps(logs: dict, text: dict) -> list[Step]:
+    """The JSON step lines (`{"step": 3, "loss": 0.25}`, the form the health watch reads from a
+    script) of rank 0's log of each attempt; the last of a step wins. Elapsed: their "time"
+    key's seconds from the attempt's first line, when they carry one."""
+    steps: dict[int, Step] = {}
+    for (attempt, rank) in sorted(logs):
+        if rank != 0:
+            continue
+        t0 = None
+        for line in text[(attempt, rank)].splitlines():
+            d = _dict_line(line)
+            step = _step_of(d) if d else None
+            if step is None:
+                continue
+            t = _float(d.get("time"))
+            t0 = t if t0 is None else t0
+            steps[step] = Step(step, _float(d.get("loss")), _float(d.get("lr", d.get("learning_rate"))),
+                               None if t is None else t - t0, attempt)
+    return [steps[k] for k in sorted(steps)]
+
+
+def _dict_line(line: str) -> dict | None:
+    """A line that is a JSON object or a Python dict literal (the HF Trainer prints those)."""
+    line = line.strip()
+    if not (line.startswith("{") and line.endswith("}") and "step" in line):
+        return None
+    import ast
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            d = parse(line)
+            return d if isinstance(d, dict) else None
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return None
+
+
+def _step_of(d: dict) -> int | None:
+    """`step`, or ms-swift's `global_step/max_steps` "3/8"; None for neither."""
+    step = d.get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    head = str(d.get("global_step/max_steps", "")).partition("/")[0]
+    return int(head) if head.isdigit() else None
+
+
+def _float(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def step_records(output_dir: str, resumed_at: set[int] = frozenset()) -> tuple[list[Step], list[str]]:

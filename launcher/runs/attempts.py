@@ -35,6 +35,17 @@ class SubmitOptions:
     max_restarts: int | None = None  # overrides the spec's max_restarts
     preflight: bool = True
     force: bool = False              # launch although the memory estimate says it will not fit
+    overridden: tuple = ()           # the spec keys KEY=VALUE set on the command line
+
+
+# Settings the trainer restores from a checkpoint's optimizer state when it resumes (the HF
+# Trainer loads optimizer.pt, whose param_groups hold lr, weight_decay, betas, eps; the LR
+# scheduler keeps the saved base learning rate): an override of one of them on a resume would
+# be written down and not used, so it is refused with the reason. A new lr_scheduler or warmup
+# does take effect (the schedule is made again from the arguments, over the saved base rate).
+RESTORED_ON_RESUME = ("training.learning_rate", "passthrough.weight_decay", "passthrough.optim",
+                      "passthrough.adam_beta1", "passthrough.adam_beta2", "passthrough.adam_epsilon",
+                      "passthrough.optim_args", "passthrough.optim_target_modules")
 
 
 
@@ -57,6 +68,7 @@ def run_request(request, opts: SubmitOptions, backend, out: TextIO | None = None
         code, reason = _aborted(e)
         if isinstance(e, UserError):
             rec.note(e.lines())
+            rec.refused = True   # a refusal before any attempt started: no run (Recorder.end)
         rec.ended_because(reason)
         raise
     finally:
@@ -80,6 +92,8 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
         rec.planned(plan_data(plan, backend.name))   # final: what every attempt is made from
         master = Master(plan, executor)
         resume_from, before = starting_point(plan.job, master, opts, printer)
+        if resume_from:   # --resume=auto found one: the same refusal as --resume's
+            refuse_restored_overrides(plan.job, opts, f"resume from {resume_from}")
         if resume_from and (done := finished.complete_line(plan.job, master.last)):
             printer.say(done)
             rec.ended_because(done)
@@ -101,6 +115,20 @@ def check_flags(job: JobBase, opts: SubmitOptions) -> None:
     if opts.resume and opts.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
     _check_resumable(job, opts)
+    if opts.resume not in (None, "auto"):   # auto: a fresh start when no checkpoint is found
+        refuse_restored_overrides(job, opts, "--resume")
+
+
+def refuse_restored_overrides(job: JobBase, opts: SubmitOptions, resumed: str) -> None:
+    """An override of an optimizer or scheduler setting on a resume: refused, with why (the
+    trainer restores them from the checkpoint, so the run would go on with the saved ones)."""
+    keys = [k for k in opts.overridden if k in RESTORED_ON_RESUME]
+    if keys:
+        raise UserError([f"override {k} with {resumed}: the trainer restores its optimizer state (learning "
+                         "rate and optimizer settings) from the checkpoint, so training would go on with "
+                         "the checkpoint's value and this one would only be written down; drop the "
+                         "override to resume, or start a new run with it (--overwrite, or another "
+                         "output_dir)" for k in keys])
 
 
 def check_offline(job: JobBase, opts: SubmitOptions, unasked: str | None = None, shown=None):
@@ -137,7 +165,11 @@ def _plan_batch(job: JobBase, report, opts: SubmitOptions, printer: Printer) -> 
                                                        unasked=meminputs.NO_PREFLIGHT))
     if decision is None:
         return job
-    if decision.chosen or decision.problems or decision.estimate:
+    no_gpu = report is not None and not (report.memory or {}).get("gpu_mib")
+    if no_gpu and not decision.chosen and not decision.problems:   # CPU nodes: no GPU memory plan
+        printer.say(f"batch: per_device {decision.per_device} × grad_accum {decision.grad_accum} "
+                    "(the nodes have no GPU: no GPU memory plan)")
+    elif decision.chosen or decision.problems or decision.estimate:
         for line in memview.lines(decision):
             printer.say(line)
     refuse_unfit(decision, opts.force)

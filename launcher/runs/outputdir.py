@@ -55,7 +55,14 @@ def _explicit(job: JobBase, master: "Master", path: str, printer: Printer) -> st
     named = master.discover(checkpoint=path)
     if not named.latest:
         why = named.skipped[0].reason if named.skipped else "not usable"
-        raise UserError(f"--resume {path}: {why}; give a complete checkpoint, or --resume to take "
+        node = master.plan.nodes[0]
+        where = f" on node0 {node.host}"
+        if not path.startswith(("/", "~")):   # say where a relative PATH was looked for
+            cwd = job.cluster.workdir or "the directory each node starts in (the SSH login's home; " \
+                                         "this directory for local nodes)"
+            where += (f", looked for relative to {cwd}, not output_dir; for the checkpoint of this job "
+                      f"give --resume={job.output_dir.rstrip('/')}/{path}")
+        raise UserError(f"--resume {path}: {why}{where}; give a complete checkpoint, or --resume to take "
                         f"the latest complete one in {job.output_dir}")
     printer.say(f"resuming from {named.latest} (--resume PATH)")
     return named.latest

@@ -18,6 +18,7 @@ class NodeOutcome:
     exit: Exit | None = None
     terminated: bool = False     # it was still running when mlaunch tore the job down
     tail: list[str] = field(default_factory=list)
+    ended_by: str = "mlaunch"    # who ended a terminated node (a scheduler's own kill: srun's)
 
     @property
     def result(self) -> str:
@@ -26,11 +27,11 @@ class NodeOutcome:
         # mlaunch decided this node's end: a session that closed before its exit status came
         # through (a loaded host, a cut session) does not make it a failure of its own.
         if self.terminated and self.exit.lost:
-            return f"terminated by mlaunch ({self.exit.detail or 'connection lost'} before its exit status)"
+            return f"terminated by {self.ended_by} ({self.exit.detail or 'connection lost'} before its exit status)"
         if self.exit.lost:
             return self.exit.detail or "connection lost"
         if self.terminated:
-            return f"terminated by mlaunch (exit {self.exit.code})"
+            return f"terminated by {self.ended_by} (exit {self.exit.code})"
         return f"exit {self.exit.code}"
 
 

@@ -168,8 +168,8 @@ def _spec_owned(out: DsConfig, job: Any, size: int) -> None:
                                         f"in {out.sources[key]} but batch.{name} is left to mlaunch; "
                                         f'set it to "auto" or give batch.{name}'))
     if pd is not None and ga is not None:
-        from .select import world_text
-        _set(out, "train_batch_size", size * pd * ga, f"{world_text(job.cluster)} "
+        from .select import world_factor
+        _set(out, "train_batch_size", size * pd * ga, f"{world_factor(job.cluster)} "
              f"× {pd} per device × {ga} accumulation", fix)
     elif b.global_ is not None:
         _set(out, "train_batch_size", b.global_, "batch.global", fix)

@@ -37,6 +37,29 @@ RENAMED = {
                                     "`cutoff_len: N` (max_length is ms-swift's)",
     ("swift", "cutoff_len"): "ms-swift's name for it is max_length; write `max_length: N` "
                              "(cutoff_len is LLaMA-Factory's)",
+    ("swift", "report_to"): "for ms-swift it is one of its own arguments: write it under passthrough, "
+                            "e.g. `passthrough: {report_to: tensorboard}` (top-level report_to is "
+                            "LLaMA-Factory's)",
+}
+# `trainer:` values people bring from other tools, with the trainer that runs them.
+OTHER_TRAINER_WORDS = {
+    **{w: "any script started by torchrun is `trainer: script` with `script: {path: train.py, args: [...]}`"
+       for w in ("torchrun", "torch", "python", "accelerate", "deepspeed", "pytorch", "ddp", "fsdp", "hf", "transformers")},
+    **{w: "did you mean 'llamafactory'?" for w in ("llama-factory", "llama_factory", "llamafactory-cli", "lf")},
+    **{w: "did you mean 'swift'?" for w in ("ms-swift", "ms_swift", "msswift", "megatron", "megatron-swift")},
+}
+# Keys written under one section that belong at another place of the spec.
+MOVED = {
+    "max_restarts": "max_restarts", "restart_backoff_s": "restart_backoff_s", "output_dir": "output_dir",
+    "precision": "precision", "report_to": "report_to", "min_nodes": "cluster.min_nodes",
+    "nodes": "cluster.hosts (the node list; under Slurm cluster.slurm.nodes)",
+    "num_nodes": "cluster.hosts (the node list; under Slurm cluster.slurm.nodes)",
+    "nnodes": "cluster.hosts (the node list; under Slurm cluster.slurm.nodes)",
+    "nproc_per_node": "cluster.gpus_per_node", "gpus": "cluster.gpus_per_node",
+    "num_gpus": "cluster.gpus_per_node", "grad_accum": "batch.grad_accum",
+    "per_device": "batch.per_device", "global": "batch.global", "deepspeed": "deepspeed",
+    "epochs": "training.epochs", "max_steps": "training.max_steps",
+    "learning_rate": "training.learning_rate", "seed": "training.seed",
 }
 DDP_WHY = ("mlaunch runs plain DDP when `deepspeed` (and `fsdp`) are left out; remove ddp "
            "(and any deepspeed block)")
@@ -116,6 +139,8 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
     if kind in ("literal_error", "union_tag_invalid"):
         choices = list(TRAINER_MODELS) if kind == "union_tag_invalid" else _choices(e)
         why = NOT_OFFERED.get((trainer, ".".join(map(str, loc)), given))
+        if kind == "union_tag_invalid" and str(given).lower() in OTHER_TRAINER_WORDS:
+            why = OTHER_TRAINER_WORDS[str(given).lower()]
         return (f"{shown} is not one of {', '.join(choices)}"
                 + (f": {why}" if why else _did_you_mean(str(given), choices)))
     if kind == "union_tag_not_found":
@@ -160,7 +185,15 @@ def _unknown_hint(loc: list, trainer: Any) -> str:
         return f": {RENAMED[(trainer, loc[0])]}"
     if loc == ["env"]:
         return ": the environment of every rank is cluster.env; move the block under cluster:"
-    return ""
+    place, here = MOVED.get(str(loc[-1])), ".".join(map(str, loc))
+    if not place or place.split(" ")[0] == here or (len(loc) == 1 and "." not in place):
+        return ""
+    if place.startswith("cluster.hosts"):
+        return (": the nodes are the list cluster.hosts: [node0, node1] (under Slurm: "
+                "cluster.slurm.nodes: N); write that instead")
+    if "." not in place:
+        return f": {place} is a top-level key; move it out of {loc[0]}:"
+    return f": it belongs at {place}; move it there"
 
 
 def _mapping_text(shown: str, given: Any, trainer: Any, loc: list) -> str:
@@ -273,7 +306,8 @@ def _choices(e: dict) -> list[str]:
 
 
 def _did_you_mean(word: Any, choices: list[str]) -> str:
-    match = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    same_case = [c for c in choices if c.lower() == str(word).lower()]   # `LoRA` for lora
+    match = same_case or difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
     return f"; did you mean {match[0]!r}?" if match else ""
 
 

@@ -52,6 +52,10 @@ def generic(kind: str, given: Any, shown: str, path: str, forms: list[str], desc
     wrong = WRONG.get(kind, "is not accepted")
     if kind == "list_type" and isinstance(given, (str, int, float)) and not isinstance(given, bool):
         leaf = path.rpartition(".")[2]
+        words = _split_words(given)
+        if len(words) > 1:   # `args: '--epochs 3 --lr 3e-4'`: one list item per word, as a shell splits it
+            return (f"{shown} is one value, not a list: write `{leaf}: [{', '.join(words)}]` "
+                    f"({len(words)} arguments, as a shell splits them)")
         return f"{shown} is one value, not a list: write `{leaf}: [{given}]`" + _about(description)
     if not forms:
         forms = [" and ".join(f"a value {sym} {ctx[k]}" for k, sym in _CTX if k in (ctx or {}))
@@ -70,3 +74,12 @@ def missing(path: str, forms: list[str], description: str | None) -> str:
 
 def _about(description: str | None) -> str:
     return f"; {description}" if description else ""
+
+
+def _split_words(given) -> list[str]:
+    """The words of a command-line string as a shell splits them ([] if it cannot)."""
+    import shlex
+    try:
+        return shlex.split(given) if isinstance(given, str) else []
+    except ValueError:
+        return []

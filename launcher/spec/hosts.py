@@ -128,8 +128,14 @@ def parse_hostfile(text: str, name: str, shown: str | None = None
                 count = int(value)
             elif not eq or not _KEY.fullmatch(key) or key == "slots":
                 bad = token
+            elif _slots_typo(key):   # DeepSpeed refuses the line: read past, 2 x 8 would run as ...
+                problems.append(Problem(f"{name}:{n}", f"{token!r}: did you mean slots={value}? "
+                                        "(DeepSpeed and OpenMPI read only `slots=`, lower case)"))
+                bad = ""
             else:
                 ignored.setdefault(key, []).append(n)
+        if bad == "":
+            continue
         if bad is not None or "=" in host:
             problems.append(Problem(f"{name}:{n}", f"expected `host slots=N`, got {line!r}"))
             continue
@@ -142,6 +148,14 @@ def parse_hostfile(text: str, name: str, shown: str | None = None
     notes = [f"{shown or name}: {key}= ignored on {_lines(ns)}; mlaunch reads only slots="
              for key, ns in ignored.items()]
     return hosts, slots, problems, notes
+
+
+def _slots_typo(key: str) -> bool:
+    """`slot=4`, `SLOTS=2`, `Slots=8`, `slost=2`: slots= misspelt (OpenMPI's max_slots is not)."""
+    import difflib
+    k = key.lower()
+    return not k.startswith("max") and (k.startswith("slot") or
+                                         difflib.SequenceMatcher(None, k, "slots").ratio() >= 0.8)
 
 
 def _lines(ns: list[int]) -> str:

@@ -24,7 +24,34 @@ def check_llamafactory(job: LlamaFactoryJob) -> list[Problem]:
     """Every LLaMA-Factory-specific rule of a validated job."""
     return (_check_template(job) + _check_preference(job) + _check_stage(job) + _check_fsdp(job)
             + _check_quant_sharding(job) + _check_distributed(job) + _check_ray(job)
-            + check_optimizers(job))
+            + check_optimizers(job) + _check_dataset_form(job))
+
+
+def _check_dataset_form(job: LlamaFactoryJob) -> list[Problem]:
+    """A dataset of the wrong form for the stage (an SFT set for dpo, a ranking set for sft):
+    LLaMA-Factory's own refusal ("not applicable in the current training stage"), which
+    preflight makes on node 0; here already when dataset_dir's dataset_info.json is on this
+    machine (the quickstart's, a shared mount), so validate says it too."""
+    import json
+    import os
+    from ..nodeprog.inputs import form_error
+    info = os.path.join(job.dataset_dir, "dataset_info.json") if job.dataset_dir else None
+    if not info or not os.path.isfile(info):
+        return []
+    try:
+        with open(info, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return []   # preflight says what is wrong with the file, on the node that reads it
+    names = [job.dataset] if isinstance(job.dataset, str) else list(job.dataset)
+    out = []
+    for name in (n.strip() for n in names):
+        entry = data.get(name) if isinstance(data, dict) else None
+        why = form_error(entry, job.stage) if isinstance(entry, dict) else None
+        if why:
+            out.append(Problem("dataset", f"{name}: {why} ({info}); pick a dataset of that form, or "
+                               f"the stage its form trains"))
+    return out
 
 
 def _check_template(job: LlamaFactoryJob) -> list[Problem]:

@@ -90,6 +90,8 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
                         "(name:, cluster:, trainer:, ...) at the top level")
     from . import overrides as ov
     from .staging import absolute_sources
+    _refuse_llamafactory_yaml(raw, source)
+    keys = ov.applied_keys(raw, overrides)
     changed = ov.apply(raw, overrides)
     base = os.path.dirname(os.path.abspath(source)) if not source.startswith("<") else os.getcwd()
     read_here = _launcher_file_notes(raw)   # before they are made absolute below
@@ -101,9 +103,23 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
     if problems:
         raise ov.name_in(SpecError(problems, header=f"{source}: invalid job spec"), overrides)
     try:
-        return validate(raw, source, notes)
+        job = validate(raw, source, notes)
     except SpecError as e:
         raise ov.name_in(e, overrides) from None
+    job._overridden = keys
+    return job
+
+
+def _refuse_llamafactory_yaml(raw: dict, source: str) -> None:
+    """A LLaMA-Factory YAML given as is: where each of its keys goes, and the command that
+    writes the spec from it, instead of `trainer: required` and a line per unknown key."""
+    from .from_lf import LlamaFactoryYaml, looks_like_llamafactory, places
+    if looks_like_llamafactory(raw):
+        shown = source if not source.startswith("<") else "lf.yaml"
+        raise LlamaFactoryYaml(places(raw), header=(
+            f"{source}: a LLaMA-Factory YAML, not an mlaunch job spec; `mlaunch init "
+            f"--from-llamafactory {shown} --hosts HOST1,HOST2 --gpus-per-node N > job.yaml` writes "
+            "the spec. Where each key goes:"))
 
 
 def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None,

@@ -17,7 +17,7 @@ class Finetuning(Strict):
     lora_rank: int = Field(8, ge=1)
     lora_alpha: int | None = Field(None, ge=1, description=(
         "default: the trainer's (LLaMA-Factory 2 x lora_rank, ms-swift 32)"))
-    lora_dropout: float = Field(0.0, ge=0, lt=1, description=(
+    lora_dropout: float | None = Field(None, ge=0, lt=1, description=(
         "default: the trainer's (LLaMA-Factory 0.0, ms-swift 0.05)"))
     lora_target: str | list[str] = "all"
     use_dora: bool = Field(False, description="weight-decomposed LoRA (DoRA)")
@@ -123,6 +123,12 @@ class Fsdp(Strict):
     offload: bool = Field(False, description="parameters and gradients on the CPU")
     layer_cls: list[str] | None = Field(None, description=(
         "decoder layer classes to wrap; default: the model's _no_split_modules"))
+    backward_prefetch: Literal["backward_pre", "backward_post", "no_prefetch"] | None = Field(None, description=(
+        "fsdp_config backward_prefetch: fetch the next layer's weights during backward "
+        "(LLaMA-Factory's FSDP examples: backward_pre); not given: not rendered, the Trainer's default"))
+    cpu_ram_efficient_loading: bool | None = Field(None, description=(
+        "fsdp_config cpu_ram_efficient_loading: only rank 0 loads the weights into CPU memory "
+        "(LLaMA-Factory's FSDP examples: true); not given: not rendered, the Trainer's default"))
 
 
 class Preference(Strict):
@@ -210,6 +216,8 @@ class JobBase(Strict):
     _notes: tuple[str, ...] = PrivateAttr(default=())
     # cluster.env names whose value came from `${NAME}`: secrets whatever their names.
     _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
+    # The spec keys that KEY=VALUE overrides on the command line set (dotted, the spec's names).
+    _overridden: tuple[str, ...] = PrivateAttr(default=())
 
 
 class LlamaFactoryJob(JobBase):

@@ -65,6 +65,12 @@ def apply(raw: dict, overrides: tuple[Override, ...]) -> list[str]:
     A key through something that is not a mapping is a SpecError naming the override."""
     notes, bad = [], []
     for o in overrides:
+        key, why = trainer_key(raw, o.key)
+        if why:
+            bad.append(Problem(f"override {o.text}", why))
+            continue
+        alias = f"; {o.key} is {raw.get('trainer')}'s name for it" if key != o.key else ""
+        o = Override(key, o.value, o.text)
         parts = o.key.split(".")
         node: Any = raw
         for i, part in enumerate(parts[:-1]):
@@ -83,10 +89,53 @@ def apply(raw: dict, overrides: tuple[Override, ...]) -> list[str]:
             was = "not in the spec" if old is _UNSET else f"the spec says {_short(old)}"
             secret = any(SECRET_NAME.search(part) for part in parts)
             shown, was = ("***", "") if secret else (_short(o.value), f" ({was})")
-            notes.append(f"override {o.key}={shown}{was}")
+            notes.append(f"override {o.key}={shown}{was[:-1] + alias + ')' if was else alias}")
     if bad:
         raise SpecError(bad, header="invalid override on the command line")
     return notes
+
+
+def applied_keys(raw: dict, overrides: tuple[Override, ...]) -> tuple[str, ...]:
+    """The spec keys the overrides set, in the spec's own names (`learning_rate` on a
+    LLaMA-Factory job is training.learning_rate)."""
+    return tuple(trainer_key(raw, o.key)[0] or o.key for o in overrides)
+
+
+def trainer_key(raw: dict, key: str) -> tuple[str, str]:
+    """(the spec key, "") for an override written with the trainer's own name for a field
+    (LLaMA-Factory's `learning_rate` -> training.learning_rate, ms-swift's `lr` too) that maps
+    one to one; ("", why) for a trainer key whose value changes form (bf16 -> precision);
+    (key, "") for any other key, which the spec's own rules then judge."""
+    trainer = raw.get("trainer") if isinstance(raw, dict) else None
+    if "." in key or trainer not in ("llamafactory", "swift"):
+        return key, ""
+    from .models import TRAINER_MODELS
+    fields = {f.alias or n for n, f in TRAINER_MODELS[trainer].model_fields.items()}
+    if key in fields:
+        return key, ""
+    if trainer == "llamafactory":
+        from .from_lf import one_to_one
+        from .rules import LLAMAFACTORY_OWNED as owned
+    else:
+        from .swift_rules import SWIFT_OWNED as owned
+        one_to_one = _swift_one_to_one
+    field = one_to_one(key)
+    if field:
+        return field, ""
+    if key in owned:
+        field = owned[key].split()[0]
+        return "", (f"{key} is {trainer}'s key for the spec's {owned[key]}, whose value is written "
+                    f"differently; override that field, e.g. {field}=... (`mlaunch schema` shows its form)")
+    return key, ""
+
+
+def _swift_one_to_one(key: str) -> str | None:
+    from .swift_rules import SWIFT_OWNED
+    field = SWIFT_OWNED.get(key)
+    return field if field and key not in ("torch_dtype", "bf16", "fp16", "deepspeed", "quant_bits",
+                                          "quant_method", "gradient_checkpointing", "tuner_type",
+                                          "train_type", "target_modules", "freeze_parameters_ratio") \
+        and re.fullmatch(r"[a-z_]+(\.[a-z_]+)?", field) else None
 
 
 def name_in(error: SpecError, overrides: tuple[Override, ...]) -> SpecError:

@@ -41,24 +41,27 @@ def world_size(job: JobBase) -> int:
 
 
 def world_text(c: Cluster, unit: str = "GPUs") -> str:
-    """`4 nodes × 4 GPUs`, `1 node × 1 GPU`, or `2 nodes × (2+1) GPUs` when the counts differ."""
+    """`4 nodes × 4 GPUs`, `1 node × 1 GPU`, or `3 nodes: 4+1+2 = 7 GPUs` when the counts
+    differ (`3 nodes × (4+1+2) GPUs` read as 3 × 7)."""
     procs = node_procs(c)
     nodes = f"{len(procs)} node{'' if len(procs) == 1 else 's'}"
     if len(set(procs)) <= 1:
         n = procs[0] if procs else 0
         return f"{nodes} × {n} {_ONE.get(unit, unit) if n == 1 else unit}"
-    shown = "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
-    return f"{nodes} × ({shown}) {unit}"
+    return f"{nodes}: {_sum_text(procs)} = {sum(procs)} {unit}"
 
 
-def world_factor(c: Cluster) -> str:
+def world_factor(c: Cluster, unit: str = "GPUs") -> str:
     """The world as the first factor of a product: `4 nodes × 4 GPUs` when every node runs the
-    same count, else `(4+1+2) = 7 GPUs`; `3 nodes × (4+1+2) GPUs × 2` would read as 3 × 7 × 2."""
+    same count, else `7 GPUs (4+1+2 on 3 nodes)`; `3 nodes × (4+1+2) GPUs × 2` would read as 3 × 7 × 2."""
     procs = node_procs(c)
     if len(set(procs)) <= 1:
-        return world_text(c)
-    shown = "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
-    return f"({shown}) = {sum(procs)} GPUs"
+        return world_text(c, unit)
+    return f"{sum(procs)} {unit} ({_sum_text(procs)} on {len(procs)} nodes)"
+
+
+def _sum_text(procs: list[int]) -> str:
+    return "+".join(map(str, procs)) if len(procs) <= 16 else f"{procs[0]}+{procs[1]}+…"
 
 
 _ONE = {"GPUs": "GPU", "processes": "process"}   # world_text's units, for a count of 1

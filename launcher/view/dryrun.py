@@ -63,7 +63,11 @@ def user_env(n: NodePlan) -> list[tuple[str, str]]:
 def _body(n: NodePlan) -> list[str]:
     env = dict(n.env)
     nproc = _flag(n.argv, "--nproc-per-node") or "?"
-    gpus = f"GPUs {env[GPUS]} ({GPUS})" if GPUS in env else "all GPUs of the host"
+    # Without CUDA_VISIBLE_DEVICES each process takes the GPU of its LOCAL_RANK: cuda:0..N-1.
+    count = int(nproc) if nproc.isdigit() else 0
+    on = f"cuda:0–{count - 1}" if count > 1 else "cuda:0"
+    gpus = (f"GPUs {env[GPUS]} ({GPUS})" if GPUS in env else
+            f"on {on} by LOCAL_RANK ({GPUS} not set; CPU on a host without GPUs)")
     lines = [f"  processes: {nproc}, {gpus}"]
     extra = user_env(n)
     if extra:

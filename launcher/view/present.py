@@ -4,7 +4,8 @@ from __future__ import annotations
 from . import memview
 from .staging import staging_lines
 from ..plan.launch_plan import LaunchPlan
-from ..spec import LlamaFactoryJob, SwiftJob, world_size, world_text
+from ..spec import LlamaFactoryJob, SwiftJob, node_procs, world_size, world_text
+from ..spec.select import world_factor
 from ..spec.hosts import HostAddr, parse_host
 from ..plan.trainers import TRAINERS, global_batch
 
@@ -17,7 +18,8 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
     job = plan.job
     size = world_size(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
-             f"world: {world_text(job.cluster, 'processes')} = {size}"]
+             f"world: {world_text(job.cluster, 'processes')}"
+             + (f" = {size}" if len(set(node_procs(job.cluster))) <= 1 else "")]
     lines += [f"note: {n}" for n in job._notes]
     if isinstance(job, SwiftJob) and job.megatron:
         b, m = job.batch, job.megatron
@@ -28,7 +30,7 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     elif isinstance(job, (LlamaFactoryJob, SwiftJob)):
         b = job.batch
-        lines.append(f"global batch: {global_batch(job)} = {world_text(job.cluster)} × "
+        lines.append(f"global batch: {global_batch(job)} = {world_factor(job.cluster)} × "
                      f"{b.per_device} per device × {b.grad_accum} accumulation")
     if plan.batch is not None:
         lines += memview.lines(plan.batch)

@@ -71,17 +71,28 @@ def windows(steps: list[Step], global_batch: int | None,
 
 def markdown(run: Run, fig: Figures, png: str | None, series: str) -> str:
     """The summary a person reads: one table of figures, the restarts, the checkpoints."""
-    gpus = f"{run.nodes} × {run.world // run.nodes}" if run.world and run.nodes else f"{run.nodes} × ?"
-    steps = f"{fig.final_step if fig.final_step is not None else '?'}" + (
-        f" / {run.total_steps}" if run.total_steps else "")
+    gpus = f"{run.nodes} × {run.world // run.nodes}" if run.world and run.nodes else \
+        f"{run.nodes} node{'s' if run.nodes != 1 else ''} (processes per node not in the logs)"
+    none = "n/a: no step records (a script reports its steps by printing {\"step\": N, \"loss\": x} lines)"
+    steps = (f"{fig.final_step}" + (f" / {run.total_steps}" if run.total_steps else "")
+             if fig.final_step is not None else none)
+    first = min((s.step for s in run.steps), default=None)
+    if first is not None and first > 1 and fig.final_step is not None:
+        steps += f" (this run's steps {first}–{fig.final_step})"
     rows = [("job", run.job), ("run", run.paths.run_id),
             ("nodes × GPUs", gpus + (f" (world {run.world})" if run.world else "")),
-            ("global batch", str(run.global_batch) if run.global_batch else "? (not in the logs)"),
+            ("global batch", str(run.global_batch) if run.global_batch else "n/a (not in the logs)"),
             ("steps", steps), ("wall time", _duration(run.wall_s)),
             (f"{fig.unit} (steady state)", _steady(run, fig)),
             ("restarts", str(len(run.restarts))),
             ("checkpoints", str(len(run.checkpoints))),
-            ("final loss", f"{fig.final_loss:.4f} (step {fig.final_step})" if fig.final_loss is not None else "?")]
+            ("final loss", f"{fig.final_loss:.4f} (step {fig.final_step})" if fig.final_loss is not None
+             else "n/a: no loss in the step records")]
+    if run.resumed_from:
+        rows.insert(5, ("resumed from", run.resumed_from))
+    if run.shared_with:
+        rows.append(("output_dir", f"shared with {run.shared_with} other run(s): only this run's own "
+                                   "steps are shown"))
     lines = [f"# mlaunch report: {run.paths.run_id}", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     if run.restarts:
@@ -106,45 +117,84 @@ def series(run: Run, fig: Figures) -> dict:
             "lr": [[s.step, s.lr] for s in run.steps if s.lr is not None],
             "throughput": {"unit": fig.unit, "window_s": fig.window_s, "points": [list(w) for w in fig.windows]},
             "restarts": [{"attempt": r.attempt, "step": r.step, "checkpoint": r.checkpoint,
-                          "reason": r.reason} for r in run.restarts]}
+                          "reason": r.reason} for r in run.restarts],
+            "resumed_from": ({"checkpoint": run.resumed_from, "step": _ckpt_step(run.resumed_from)}
+                             if run.resumed_from else None)}
 
 
 def plot(data: list[dict], path: str) -> None:
-    """The PNG: loss, learning rate and throughput against step; restarts as labelled lines."""
+    """The PNG: loss, learning rate and throughput against step (a panel with nothing to draw
+    is left out); restarts and a resume as labelled lines."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    panels = ["loss"] + (["lr"] if any(d["lr"] for d in data) else []) + \
+        (["throughput"] if any(d["throughput"]["points"] for d in data) else [])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.7 * len(panels) + 0.5), sharex=True, squeeze=False)
+    ax_of = dict(zip(panels, axes[:, 0]))
     for i, d in enumerate(data):
         color, name = f"C{i}", d["run_id"] if len(data) > 1 else "loss"
-        for ax, key in zip(axes, ("loss", "lr")):
-            pts = d[key]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="." if len(pts) < 60 else None,
-                    label=name if key == "loss" else None)
-        xs, ys = _broken(d["throughput"]["points"], [r["step"] for r in d["restarts"] if r["step"] is not None])
-        axes[2].plot(xs, ys, color=color, marker="o")
-        for r in d["restarts"]:
-            if r["step"] is None:
+        for key in ("loss", "lr"):
+            if key in ax_of:
+                pts = d[key]
+                ax_of[key].plot([p[0] for p in pts], [p[1] for p in pts], color=color,
+                                marker="." if len(pts) < 60 else None, label=name if key == "loss" else None)
+        if "throughput" in ax_of:
+            xs, ys = _broken(d["throughput"]["points"], [r["step"] for r in d["restarts"] if r["step"] is not None])
+            ax_of["throughput"].plot(xs, ys, color=color, marker="o")
+        marks = [(r["step"], f"restart {r['attempt']}: " + (os.path.basename(r["checkpoint"]) if r["checkpoint"]
+                                                              else "fresh")) for r in d["restarts"]]
+        if d.get("resumed_from") and d["resumed_from"]["step"] is not None:
+            marks.insert(0, (d["resumed_from"]["step"],
+                             f"resumed from {os.path.basename(d['resumed_from']['checkpoint'])}"))
+        for step, label in marks:
+            if step is None:
                 continue
-            for ax in axes:
-                ax.axvline(r["step"], color=color, linestyle="--", alpha=0.7)
-            label = f"restart {r['attempt']}: " + (os.path.basename(r["checkpoint"]) if r["checkpoint"] else "fresh")
-            axes[0].annotate(label, (r["step"], 0.97), xycoords=("data", "axes fraction"), rotation=90,
-                             xytext=(-3, 0), textcoords="offset points", va="top", ha="right",
-                             fontsize=8, color=color)
-    if not any(d["throughput"]["points"] for d in data):
-        axes[2].text(0.5, 0.5, f"no window of ≥ {data[0]['throughput']['window_s']:g} s in the step records "
-                     "(they carry whole seconds)",
-                     transform=axes[2].transAxes, ha="center", va="center", fontsize=9)
-    axes[0].set_ylabel("loss")
-    axes[1].set_ylabel("learning rate")
-    axes[2].set_ylabel(data[0]["throughput"]["unit"] + f"\n(windows ≥ {data[0]['throughput']['window_s']:g} s)")
-    axes[2].set_xlabel("step")
-    axes[0].legend(loc="upper right", fontsize=8)
-    axes[0].set_title(" vs ".join(d["run_id"] for d in data), fontsize=10)
+            for ax in ax_of.values():
+                ax.axvline(step, color=color, linestyle="--", alpha=0.7)
+            ax_of["loss"].annotate(label, (step, 0.97), xycoords=("data", "axes fraction"), rotation=90,
+                                   xytext=(-3, 0), textcoords="offset points", va="top", ha="right",
+                                   fontsize=8, color=color)
+    _readable(ax_of["loss"], [p[1] for d in data for p in d["loss"]])
+    ax_of["loss"].set_ylabel("loss")
+    if "lr" in ax_of:
+        _readable(ax_of["lr"], [p[1] for d in data for p in d["lr"]], from_zero=True)
+        ax_of["lr"].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3), useOffset=False)
+        ax_of["lr"].set_ylabel("learning rate")
+    if "throughput" in ax_of:
+        ax_of["throughput"].set_ylabel(data[0]["throughput"]["unit"]
+                                       + f"\n(windows ≥ {data[0]['throughput']['window_s']:g} s)")
+    axes[-1, 0].set_xlabel("step")
+    from matplotlib.ticker import MaxNLocator
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))   # steps are whole
+    if ax_of["loss"].get_legend_handles_labels()[0]:
+        ax_of["loss"].legend(loc="upper right", fontsize=8)
+    ax_of["loss"].set_title(" vs ".join(d["run_id"] for d in data), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# The loss axis spans at least this fraction of the loss's size: a 1 % wiggle stays a wiggle.
+MIN_SPAN = 0.2
+
+
+def _readable(ax, values: list, from_zero: bool = False) -> None:
+    """y limits a person can read: a flat or nearly flat series is not zoomed into its noise
+    (the span is at least MIN_SPAN of its size); from_zero: the axis starts at 0 (a rate)."""
+    vals = [v for v in values if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")]
+    if not vals:
+        return
+    lo, hi = min(vals), max(vals)
+    size = max(abs(lo), abs(hi)) or 1.0
+    if from_zero and lo >= 0:
+        ax.set_ylim(0, hi * 1.15 if hi > 0 else 1.0)
+        return
+    if hi - lo < MIN_SPAN * size:
+        mid = (hi + lo) / 2
+        lo, hi = mid - MIN_SPAN * size / 2, mid + MIN_SPAN * size / 2
+    pad = (hi - lo) * 0.05
+    ax.set_ylim(lo - pad, hi + pad)
 
 
 def write_report(runs: list[Run], out_dir: str, window_s: float = MIN_WINDOW_S) -> tuple[str, str]:
@@ -186,9 +236,14 @@ def _steady(run: Run, fig: Figures) -> str:
     return f"n/a: no window of ≥ {fig.window_s:g} s in the step records{own}"
 
 
+def _ckpt_step(path: str | None) -> int | None:
+    from ..record.runshare import checkpoint_step
+    return checkpoint_step(path)
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
-        return "?"
+        return "n/a (no events.jsonl and no timestamps in the logs)"
     m, s = divmod(int(round(seconds)), 60)
     h, m = divmod(m, 60)
     return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s" if m else f"{seconds:.1f} s"

@@ -167,6 +167,9 @@ class Follow:
             self.interrupted = True
         hosts = self.hosts or [n.host for n in self.plan.nodes]
         exits, first = node_outcomes(_all_lines(self.req.batch_log), state)
+        # The other nodes of a failed task end by srun's own kill (--kill-on-bad-exit), not by
+        # mlaunch; a scancel mlaunch sent (Ctrl-C, stop) is mlaunch's.
+        by = "mlaunch (scancel)" if self.interrupted else f"srun (--kill-on-bad-exit after node{first} failed)"
         outcomes = []
         for n in self.plan.nodes:
             tail = self.tails[n.rank] if self.tails else None
@@ -174,7 +177,7 @@ class Follow:
             ex = with_cause(ex, tail.cause) if tail else None   # never allocated: no exit code
             outcomes.append(NodeOutcome(n.rank, hosts[n.rank], exit=ex, tail=list(tail.tail) if tail else [],
                                         terminated=first is not None and n.rank != first
-                                        and ex is not None and ex.code != 0))
+                                        and ex is not None and ex.code != 0, ended_by=by))
         result = JobResult(code=0, nodes=outcomes, interrupted=self.interrupted, first_failure=first,
                            health=self.verdict, never_starts=self.never)
         result.code = self._code(state, outcomes, first, result)
