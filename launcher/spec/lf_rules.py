@@ -147,8 +147,5 @@ def _check_distributed(job: LlamaFactoryJob) -> list[Problem]:
 
 
 def _check_ray(job: LlamaFactoryJob) -> list[Problem]:
-    keys = [k for k in job.passthrough if k in RAY_KEYS or k.startswith("ray_")]
-    if keys:
-        return [Problem(f"passthrough.{keys[0]}", "Ray jobs are out of scope: mlaunch starts torchrun "
-                        f"on cluster.hosts itself; remove {', '.join(keys)}")]
-    return []
+    from .ray_rules import lf_ray_keys
+    return lf_ray_keys(job.passthrough)
