@@ -61,12 +61,11 @@ class RayCluster:
                                 f"--ray-client-server-port={CLIENT_PORT}",
                                 f"--temp-dir={self.dir}/tmp"])
         for h in self.hs.hosts[1:]:
-            # Workers take the head's temp dir; their sockets need names of their own there
-            # (one file system for every host).
-            sockets = os.path.join(self.dir, f"s{h.index}")
-            os.makedirs(sockets)
-            self._start(h, [f"--address={self.gcs}", f"--raylet-socket-name={sockets}/raylet",
-                            f"--plasma-store-socket-name={sockets}/plasma"])
+            # Workers take the head's temp dir (one file system for every host); Ray numbers
+            # each node's sockets there (raylet, raylet.1, ...).
+            # One at a time: two nodes starting at once may pick the same socket name.
+            self._start(h, [f"--address={self.gcs}"])
+            self._wait_started(h, timeout)
         self.wait_nodes(len(self.hs), timeout)
         return self
 
@@ -81,6 +80,17 @@ class RayCluster:
                                          stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         finally:
             log.close()
+
+    def _wait_started(self, h, timeout: float) -> None:
+        """Until `ray start` on h says its node runs (its own line)."""
+        path, end = os.path.join(self.dir, f"{h.name}.out"), time.monotonic() + timeout
+        while True:
+            with open(path, errors="replace") as f:
+                if "Ray runtime started" in f.read():
+                    return
+            if self.procs[h.name].poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"ray start on {h.name} did not start\n{self.logs()}")
+            time.sleep(0.2)
 
     def alive_nodes(self) -> int:
         """Ray's count of live nodes, asked from the head host."""

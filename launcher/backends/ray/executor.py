@@ -89,8 +89,9 @@ class RayExecutor:
         return lost_ips(result, self.ips)
 
     @property
-    def master(self) -> str:
-        return self.ips[self.logins[0]]
+    def master_addr(self) -> str | None:
+        """Bundle 0's Ray node IP once placed: every node's torchrun dials it."""
+        return self.ips.get(self.logins[0]) if self.logins else None
 
     # ---- the Executor interface -------------------------------------------------------------
     def stage(self, plan: LaunchPlan) -> None:
@@ -114,7 +115,7 @@ class RayExecutor:
         head = self._relay_head or render.relay_frame({})
         key = f"{node.rank}.{os.getpid()}.{id(node)}"
         ray.get(agent.start.remote(key, argv, head + render.framed(node.script),
-                                   {MASTER_VAR: self.master}), timeout=CALL_SLACK_S)
+                                   {MASTER_VAR: self.master_addr}), timeout=CALL_SLACK_S)
         return RayRunning(agent, key, Spool(tempfile.gettempdir()))
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
@@ -141,7 +142,7 @@ class RayExecutor:
 
     def _call_run(self, host: str, script: str, timeout: float):
         return self.agents[host].run.remote(["/bin/sh", "-c", render.bootstrap()],
-                                            render.framed(script), timeout, {MASTER_VAR: self.master})
+                                            render.framed(script), timeout, {MASTER_VAR: self.master_addr})
 
     def _result(self, ref, timeout: float) -> tuple[int, str]:
         try:
