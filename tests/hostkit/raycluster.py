@@ -154,7 +154,8 @@ class RayCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not os.environ.get("MLAUNCH_KEEP_RAY_LOGS"):   # set: the nodes' logs stay for a look
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _COUNT = """
