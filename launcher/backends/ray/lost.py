@@ -24,10 +24,12 @@ def fits(want: dict[str, float]) -> int:
 
 
 def lost_ips(result, ips: dict[str, str]) -> list[str]:
-    """The Ray node IPs of the last attempt's nodes that were lost (not torn down by mlaunch)."""
+    """The Ray node IPs of the last attempt's nodes whose agent was lost (its actor died, or
+    Ray stopped answering for it), also where a peer's failure was reported first: a node
+    mlaunch tore down reports an exit code, never a lost agent."""
     out = []
     for o in result.nodes:
-        if o.exit is not None and o.exit.lost and not o.terminated and o.host in ips:
+        if o.exit is not None and o.exit.lost and o.host in ips:
             out.append(ips[o.host])
     return list(dict.fromkeys(out))
 
