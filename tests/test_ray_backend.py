@@ -73,3 +73,31 @@ def test_stop_of_a_detached_run_leaves_nothing_and_the_cluster_runs_the_next_job
                ray_script_job(ray3, tmp_path / "next", "allreduce.py", []))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert len(re.findall(r"sum 15 expected 15", r.stdout)) == 6
+
+
+def test_ctrl_c_of_a_foreground_run_tears_it_down_on_every_ray_node(ray3, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from .helpers import ROOT, limit
+    spec = ray_script_job(ray3, tmp_path, "fail_or_sleep.py", ["-1", "0", "0"])
+    env = {**os.environ, "MLAUNCH_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp_path, spec),
+                             "--no-preflight"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen, deadline = [], time.monotonic() + limit(240)
+    while len([ln for ln in seen if re.search(r"\] ready rank \d pid", ln)]) < 6:
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "".join(seen)[-3000:]
+        seen.append(line)
+    run_id = next(re.search(r"run (\S+): 3 nodes", ln).group(1) for ln in seen if re.search(r"run \S+: 3 nodes", ln))
+    procs = run_procs(ray3, run_id)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=limit(240))
+    assert proc.returncode == 130, "".join(seen)[-2000:] + out[-3000:] + err
+    assert "interrupted: tearing down" in out
+    assert still_alive(procs) == {h.name: set() for h in ray3.hs}
+    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    state = ray_state(ray3, run_id)
+    assert state["agents"] == [] and set(state["groups"]) <= {"REMOVED"} and state["alive"] == 3, state

@@ -107,4 +107,4 @@ def lf_ray_keys(passthrough: dict) -> list[Problem]:
 SWIFT_USE_RAY = ("ms-swift's own Ray mode would start a Ray job on every rank; " + INSTEAD +
                  ", and remove use_ray")
 USE_RAY_ENV = ("LLaMA-Factory would start Ray on every rank instead of training under "
-               "mlaunch's torchrun; " + INSTEAD + ", and remove it")
+               "mlaunch's torchrun; for a Ray cluster " + INSTEAD)
