@@ -101,3 +101,18 @@ def test_ctrl_c_of_a_foreground_run_tears_it_down_on_every_ray_node(ray3, tmp_pa
     assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
     state = ray_state(ray3, run_id)
     assert state["agents"] == [] and set(state["groups"]) <= {"REMOVED"} and state["alive"] == 3, state
+
+
+def test_check_and_exec_run_through_the_ray_agents(ray3, tmp_path):
+    """`mlaunch check` on the placed bundles, the collective included (its master is bundle 0's
+    Ray node), and `mlaunch exec` on every bundle with node prefixes; nothing of either left."""
+    path = write_spec(tmp_path, ray_script_job(ray3, tmp_path, "allreduce.py", [], nproc=1))
+    env = {"MLAUNCH_HOME": str(tmp_path / "home")}
+    r = mlaunch("check", path, env=env, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert re.search(r"^collective +✓ 3 ranks \(gloo\): correct", r.stdout, re.M), r.stdout
+    assert re.search(r"^network/port-reachable +✓ +✓ +✓", r.stdout, re.M), r.stdout
+    r = mlaunch("exec", path, "--", "hostname", env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    names = dict(re.findall(r"^\[node(\d) bundle\d\] (\S+)$", r.stdout, re.M))
+    assert sorted(names.values()) == sorted(h.name for h in ray3.hs), r.stdout
