@@ -57,7 +57,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"load factor {_loadfactor.load_factor():g} (wait limits x that; {_loadfactor.ENV})"
 
 
-HOST_FIXTURES = {"make_hostset", "hosts2", "slurm2", "slurm3"}   # each needs namespace hosts (or Slurm)
+HOST_FIXTURES = {"make_hostset", "hosts2", "slurm2", "slurm3", "ray3"}   # each needs namespace hosts (or Slurm)
 SLURM_FIXTURES = {"slurm2", "slurm3"}
 
 
@@ -128,6 +128,22 @@ def slurm2(make_hostset):
 def slurm3(make_hostset):
     """slurm2's cluster with 3 nodes (a 2-node job that can leave one out)."""
     yield from _slurm_cluster(make_hostset, 3)
+
+
+@pytest.fixture(scope="module")
+def ray3():
+    """A real 3-node Ray cluster (tests/hostkit/raycluster.py: `ray start --head` in one
+    namespace host, `ray start --address` in two more), one per test file: starting one costs
+    about 20 s here. Skips with the reason where it cannot run (no ray, not root)."""
+    try:
+        from .hostkit import raycluster as _ray
+    except ImportError:
+        from hostkit import raycluster as _ray
+    reason = _hosts.skip_reason() or _ray.skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with _hosts.make_hosts(3) as hs, _ray.make_ray(hs, cpus=2) as cluster:
+        yield cluster
 
 
 def _slurm_cluster(make_hostset, n: int):

@@ -6,6 +6,7 @@ Tests and fixtures import this module (``from . import hosts`` or, with tests/ o
 * hostkit/namespaces.py  network namespaces, veths, bridge, subnets, registry, cleanup
 * hostkit/sshd.py        Host and HostSet: a namespace with its own hostname and sshd
 * hostkit/slurm.py       a real Slurm cluster (slurmctld + one slurmd per host) over a HostSet
+* hostkit/raycluster.py  a real Ray cluster (`ray start --head` in host 0, a worker per other host)
 """
 from __future__ import annotations
 

@@ -61,7 +61,8 @@ OWN = {
        for ds in ("ds_z0", "ds_z2", "ds_z2_offload", "ds_z3_offload", "ds_z3_fp8")},
 }
 # Examples that mlaunch refuses, with the start of the one line it prints.
-REFUSED = {"qwen3_lora_sft_ray": "passthrough.ray_num_workers: Ray jobs are out of scope"}
+REFUSED = {"qwen3_lora_sft_ray": "passthrough.ray_num_workers: LLaMA-Factory's own Ray mode would "
+                                 "start a Ray job on every rank; set cluster.scheduler: ray"}
 
 
 def example(name: str) -> dict:

@@ -31,7 +31,7 @@ def lines(data: dict) -> list[str]:
 
 def test_the_walk_finds_every_directory_of_specs():
     assert {os.path.dirname(p) for p in SPECS} == {CONFIGS, *(os.path.join(CONFIGS, d) for d in
-                                                   ("lf-examples", "swift-examples", "slurm"))}
+                                                   ("lf-examples", "swift-examples", "slurm", "ray"))}
     assert len(SPECS) >= 45
 
 

@@ -45,7 +45,8 @@ NO_DS = {"deepspeed": None}
 REFUSALS = [
     (dict(cluster={**seed000()["cluster"], "env": {"USE_RAY": "1"}}),
      "cluster.env.USE_RAY: LLaMA-Factory would start Ray on every rank instead of training under "
-     "mlaunch's torchrun; mlaunch does not run Ray jobs; remove it"),
+     "mlaunch's torchrun; for a Ray cluster set cluster.scheduler: ray and cluster.ray: {address: "
+     "..., nodes: N} (mlaunch places one bundle per node and runs torchrun in each); remove it"),
     (dict(cluster={**seed000()["cluster"], "env": {"RDZV_ID": "x"}}),
      "cluster.env.RDZV_ID: it switches llamafactory-cli to an elastic torchrun of its own"),
     (dict(cluster={**seed000()["cluster"], "env": {"MIN_NNODES": "1"}}),
@@ -103,8 +104,10 @@ REFUSALS = [
     (dict(stage="pt", passthrough={"train_on_prompt": True}),
      "passthrough.train_on_prompt: only valid for stage sft (stage is pt)"),
     (dict(passthrough={"ray_num_workers": 4, "ray_init_kwargs": {}}),
-     "passthrough.ray_num_workers: Ray jobs are out of scope: mlaunch starts torchrun on cluster.hosts "
-     "itself; remove ray_num_workers, ray_init_kwargs"),
+     "passthrough.ray_num_workers: LLaMA-Factory's own Ray mode would start a Ray job on every rank; "
+     "set cluster.scheduler: ray and cluster.ray: {address: ..., nodes: N} (mlaunch places one bundle "
+     "per node and runs torchrun in each), and remove ray_num_workers, ray_init_kwargs "
+     "(ray_num_workers -> cluster.ray.nodes × cluster.gpus_per_node; ray_init_kwargs -> cluster.ray.address)"),
     (dict(passthrough={"report_to": "wandb"}), "passthrough.report_to: mlaunch owns this key; set report_to instead"),
     (dict(passthrough={"ddp_timeout": 10}), "passthrough.ddp_timeout: mlaunch owns this key; set training.ddp_timeout"),
     (dict(passthrough={"pref_beta": 0.2}), "passthrough.pref_beta: mlaunch owns this key; set preference.beta"),

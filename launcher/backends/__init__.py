@@ -25,6 +25,7 @@ TABLE = {
     "local": "launcher.backends.local:LocalBackend",
     "ssh": "launcher.backends.ssh:SSHBackend",
     "slurm": "launcher.backends.slurm:SlurmBackend",
+    "ray": "launcher.backends.ray:RayBackend",
 }
 
 

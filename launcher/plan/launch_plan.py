@@ -79,6 +79,13 @@ class LaunchPlan:
         """The scheduler's placement the plan was made with; None: the spec's hosts."""
         return dict(self.made).get("placement")
 
+    @property
+    def unheld(self) -> bool:
+        """A scheduler's nodes, held by no session of mlaunch's between attempts (Slurm): the
+        output_dir helpers run on this machine, a command for node 0 is a job of its own. A
+        plan on hosts, or on places the backend holds (Ray's bundles), is not."""
+        return self.placement is not None and not self.placement.guarded
+
     def replanned(self, **changes) -> "LaunchPlan":
         """This plan made again with some of build_plan's inputs changed: the next attempt's
         (attempt, resume_from, ...) or one on other hosts (job=), from the recorded plan
@@ -101,13 +108,17 @@ class Placement:
 
     nodes: int                # how many node ranks
     master: str               # the master address, as the node's shell reads it
-    rank_var: str             # the variable that holds the node's rank
-    host: str = "(allocated)"   # each node's host until the allocation names it
+    rank_var: str             # the variable that holds the node's rank; "": ranks are fixed
+                              # (node i is the backend's i-th place), rendered as numbers
+    host: str = "(allocated)"   # each node's host until the allocation names it ({rank}: its rank)
     secrets_in_file: bool = True   # the scheduler keeps what it runs: secret values go to a
                                    # 0600 file the node sources, never into the script
     # No node is held between attempts: output_dir's helpers run on this (login) node, and a
     # command for node 0 (a checkpoint's conversion) is a one-node job of its own, this one.
     one_node_job: str = "a one-node job"
+    # mlaunch, not the scheduler, ends the node's processes: the node keeps its pidfile, its
+    # hang-up guard and the live view's sampler, as a host's session does (Ray's bundles).
+    guarded: bool = False
 
 
 # A run id names files and directories (logs/<id>/, the run dir) and is matched, as a fixed
@@ -234,7 +245,7 @@ def uses_default_base(job: JobBase) -> bool:
 def node_addrs(job: JobBase, placement: Placement | None = None) -> list[HostAddr]:
     """Each node rank's host; a placed rank's is a placeholder until the allocation names it."""
     if placement is not None:
-        return [HostAddr(placement.host)] * placement.nodes
+        return [HostAddr(placement.host.format(rank=r)) for r in range(placement.nodes)]
     return host_addrs(job.cluster.hosts)
 
 
@@ -321,9 +332,11 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
     in_file = bool(placement and placement.secrets_in_file)
     ctx = dict(run_id=run.run_id, rank=node_rank, nnodes=nnodes(job), host=host, bindir=bindir,
                run_dir=run.run_dir, workdir=c.workdir, pidfile=pidfile, argv=argv, hangup=hangup,
-               hangup_after=f"{c.hangup_after_s:g}", solo=solo, placed=placement is not None,
+               hangup_after=f"{c.hangup_after_s:g}", solo=solo,
+               placed=placement is not None and not placement.guarded,
                secrets_file=posixpath.join(run.run_dir, SECRETS_FILE) if in_file else None,
-               sampler=None if placement else _sampler(job, run.run_id), setup=list(c.setup),
+               sampler=None if placement and not placement.guarded else _sampler(job, run.run_id),
+               setup=list(c.setup),
                setup_exit=SETUP_EXIT, container=None if _srun_side(job) else line or None,
                container_rm=rm or None,
                private_dirs=render.private_dirs_script(run.run_dir, uses_default_base(job)))
@@ -387,4 +400,4 @@ def nnodes(job: JobBase) -> int:
 def _per_node(prefix: str, rank: int, placement: Placement | None) -> str:
     """prefix + the node rank; for a placed node the rank its shell reads from the
     placement's variable."""
-    return render.ShellVar(placement.rank_var, prefix) if placement else f"{prefix}{rank}"
+    return render.ShellVar(placement.rank_var, prefix) if placement and placement.rank_var else f"{prefix}{rank}"

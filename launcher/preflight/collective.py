@@ -33,6 +33,8 @@ def collective_plan(ctx: Ctx, run_id: str, log_dir: str) -> LaunchPlan:
     if scheduler != "ssh":   # a scheduler's allocation: its nodes, reached by the check's transport
         cluster.pop(scheduler, None)
         cluster["hosts"] = [n.host for n in ctx.nodes]
+        if getattr(ctx.executor, "master_addr", None):   # placed by the transport (Ray)
+            cluster["master_addr"] = ctx.master_addr
     env = {k: v for k, v in cluster.get("env", {}).items() if k != "NCCL_DEBUG_FILE"}
     cluster["env"] = {**env, **NCCL_INFO}   # the lines must reach stdout, not a file
     pf = ctx.pf

@@ -103,7 +103,10 @@ class Ctx:
 
     @property
     def master_addr(self) -> str:
-        return self.job.cluster.master_addr or self.nodes[0].host
+        """cluster.master_addr, else the master the transport placed (a Ray backend's bundle
+        0's node), else hosts[0]."""
+        placed = getattr(self.executor, "master_addr", None)
+        return self.job.cluster.master_addr or placed or self.nodes[0].host
 
     @property
     def master_port(self) -> int:

@@ -76,7 +76,7 @@ class Master:
         self.plan, self.executor = plan, executor
         self.output_dir = plan.job.output_dir
         self.python = node_python(plan.job)   # cluster.python itself, e.g. /usr/bin/python3
-        if plan.placement is not None:  # no node is held: the helpers run on this login node
+        if plan.unheld:  # no node is held: the helpers run on this login node
             self.python = sys.executable
         self._beat: threading.Event | None = None
         self.last: checkpoints.Discovery | None = None   # the latest discover()

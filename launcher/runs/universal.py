@@ -54,7 +54,7 @@ def prepare(job: JobBase, plan: LaunchPlan, executor, resume_from: str | None,
     box = _in_image(job, plan)
     script = render.universal_script(node.env, remote_bin(job), remote_python(job), resume_from, world,
                                      **({"container": box} if box else {}))
-    if plan.placement is not None:   # no node is held between attempts: a job of its own
+    if plan.unheld:   # no node is held between attempts: a job of its own
         where = plan.placement.one_node_job
         run = lambda: executor.run_step(plan, "universal", script, CONVERT_TIMEOUT_S)  # noqa: E731
     else:
@@ -87,7 +87,7 @@ def _settled(job: JobBase, plan: LaunchPlan, executor, resume_from: str) -> bool
     only where the conversion script would cost more (under a scheduler it is a job of its own) or
     must not run (a form not verified at another world: UserError when the worlds differ)."""
     why, world = _unverified(job), world_size(job)
-    if not (why or plan.placement is not None):
+    if not (why or plan.unheld):
         return False
     saved = saved_world(executor, plan, resume_from)
     if saved == world or (why and saved is None):   # an unverified form is never converted

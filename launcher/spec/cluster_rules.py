@@ -12,6 +12,7 @@ from ..errors import Problem
 from .env_refs import check_env_refs
 from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
 from .models import Cluster, JobBase
+from .ray_rules import USE_RAY_ENV
 from .select import node_procs
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -33,8 +34,7 @@ MLAUNCH_ENV = ("MLAUNCH_RUN_ID", "MLAUNCH_NODE_ID", "MLAUNCH_NODE_RANK", "MLAUNC
 # Variables that make a trainer's own launcher start processes or a cluster beside mlaunch's
 # torchrun (llamafactory-cli and `swift sft` read them): each rank would launch again.
 LAUNCHER_ENV = {
-    "USE_RAY": "LLaMA-Factory would start Ray on every rank instead of training under mlaunch's "
-               "torchrun; mlaunch does not run Ray jobs",
+    "USE_RAY": USE_RAY_ENV,
     "RDZV_ID": "it switches llamafactory-cli to an elastic torchrun of its own; mlaunch runs one "
                "static rendezvous (use max_restarts for fault tolerance)",
     "MIN_NNODES": "elastic node counts belong to llamafactory-cli's own torchrun; mlaunch starts "
@@ -48,10 +48,19 @@ LAUNCHER_ENV = {
 
 def check_cluster(c: Cluster) -> list[Problem]:
     """Hosts, processes per node, rendezvous address, devices, env names and the interpreter."""
+    from .ray_rules import check_ray
     from .slurm_rules import check_scheduler
     from .spare_rules import check_spares
     from .container_rules import check_container
-    p: list[Problem] = check_scheduler(c, "ssh" in c.model_fields_set) + check_spares(c) + check_container(c)
+    ssh_given = "ssh" in c.model_fields_set
+    p: list[Problem] = check_scheduler(c, ssh_given) + check_ray(c, ssh_given)
+    if c.scheduler == "ray":
+        if c.container is not None:
+            p.append(Problem("cluster.container", "a container under scheduler ray is not supported: "
+                             "run the Ray nodes themselves in the image (KubeRay: the pod's image) "
+                             "and remove cluster.container"))
+        return p + _check_env(c) + check_env_refs(c.env) + (check_spares(c) if not c.spare_hosts else [])
+    p += check_spares(c) + check_container(c)
     if c.scheduler == "slurm":
         return p + _check_env(c) + check_env_refs(c.env)
     if not c.hosts:

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .ray_spec import Ray
+
 
 Procs = Annotated[int, Field(ge=1, le=1024)]
 
@@ -72,9 +74,11 @@ class Container(Strict):
 class Cluster(Strict):
     """The machines, the processes per machine, the rendezvous and the remote environment."""
 
-    scheduler: Literal["ssh", "slurm"] = Field("ssh", description=(
-        "ssh: mlaunch starts every host over SSH; slurm: one sbatch job, nodes from the allocation"))
+    scheduler: Literal["ssh", "slurm", "ray"] = Field("ssh", description=(
+        "ssh: mlaunch starts every host over SSH; slurm: one sbatch job, nodes from the "
+        "allocation; ray: one bundle per node on a Ray cluster (cluster.ray)"))
     slurm: Slurm | None = None
+    ray: Ray | None = None
     hosts: list[str] | None = Field(None, description=(
         "node 0 first: host, user@host, host:port or [v6addr]:port; or use hostfile"))
     hostfile: str | None = Field(None, description=(

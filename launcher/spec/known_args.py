@@ -37,9 +37,11 @@ def check(trainer: str, entry: str, keys, what: str) -> list[Problem]:
     known = names(trainer, entry)
     if known is None:
         return []
+    from .ray_rules import is_lf_ray_key
     p = []
     for key in keys:
-        if key not in known:
+        if key not in known and not (trainer == "llamafactory" and is_lf_ray_key(key)):
+            # a Ray-mode key has its own line (ray_rules.lf_ray_keys): what to write instead
             p.append(Problem(f"passthrough.{key}", f"not an argument of {what}; "
                              + _hint(trainer, entry, key, known)))
     return p

@@ -15,9 +15,6 @@ from .select import world_size
 # Stages whose datasets must be pairwise rankings (LLaMA-Factory loads DPO data as "rm").
 RANKING_STAGES = ("dpo", "rm")
 PREF_STAGES = ("dpo", "kto")
-# Ray's keys (LLaMA-Factory's RayArguments): a Ray job starts its own workers.
-RAY_KEYS = ("use_ray", "ray_num_workers", "ray_run_name", "ray_storage_path", "ray_storage_filesystem",
-            "ray_init_kwargs", "resources_per_worker", "placement_strategy")
 
 
 def check_llamafactory(job: LlamaFactoryJob) -> list[Problem]:
@@ -174,8 +171,7 @@ def _check_distributed(job: LlamaFactoryJob) -> list[Problem]:
 
 
 def _check_ray(job: LlamaFactoryJob) -> list[Problem]:
-    keys = [k for k in job.passthrough if k in RAY_KEYS or k.startswith("ray_")]
-    if keys:
-        return [Problem(f"passthrough.{keys[0]}", "Ray jobs are out of scope: mlaunch starts torchrun "
-                        f"on cluster.hosts itself; remove {', '.join(keys)}")]
-    return []
+    """LLaMA-Factory's RayArguments (its own Ray job would start its own workers): one line
+    saying what to write instead (ray_rules.py)."""
+    from .ray_rules import lf_ray_keys
+    return lf_ray_keys(job.passthrough)

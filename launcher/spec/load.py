@@ -188,6 +188,9 @@ def _expand_hostfile(raw: dict, base: str) -> tuple[list[Problem], list[str]]:
     if cluster.get("scheduler") == "slurm":
         return [Problem("cluster.hostfile", "with scheduler slurm the nodes come from the "
                         "allocation; remove hostfile and set cluster.slurm.nodes")], []
+    if cluster.get("scheduler") == "ray":
+        return [Problem("cluster.hostfile", "with scheduler ray the nodes are bundles Ray "
+                        "places; remove hostfile and set cluster.ray.nodes")], []
     if cluster.get("hosts"):
         return [Problem("cluster.hostfile", "give hosts or hostfile, not both")], []
     path = os.path.join(base, os.path.expanduser(str(cluster["hostfile"])))

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BeforeValidator, Field, PrivateAttr
 
 
-from .cluster_spec import SSH, Cluster, Container, Procs, Slurm, Strict  # noqa: F401  (re-exported)
+from .cluster_spec import SSH, Cluster, Container, Procs, Ray, Slurm, Strict  # noqa: F401  (re-exported)
 from .staging import CheckpointCopies, StageItem
 
 

@@ -17,7 +17,8 @@ from .models import Cluster, JobBase
 def node_procs(c: Cluster) -> list[int]:
     """Processes of every node, in rank order (gpus_per_node, one count or one per host)."""
     g = c.gpus_per_node
-    n = (c.slurm.nodes or 0) if c.scheduler == "slurm" and c.slurm else len(c.hosts or [])
+    n = ((c.slurm.nodes or 0) if c.scheduler == "slurm" and c.slurm else
+         (c.ray.nodes or 0) if c.scheduler == "ray" and c.ray else len(c.hosts or []))
     return list(g) if isinstance(g, list) else [g or 0] * n
 
 
@@ -34,7 +35,7 @@ def world_size(job: JobBase) -> int:
     Slurm, which refuses a list): that problem has its own line, and rules sized from this world
     (batch, layout) wait for it."""
     c = job.cluster
-    if isinstance(c.gpus_per_node, list) and (c.scheduler == "slurm" or
+    if isinstance(c.gpus_per_node, list) and (c.scheduler in ("slurm", "ray") or
                                               len(c.gpus_per_node) != len(c.hosts or [])):
         return 0
     return sum(node_procs(c))

@@ -49,7 +49,7 @@ OWNED_SBATCH = {
 def check_scheduler(c: Cluster, ssh_given: bool) -> list[Problem]:
     """The scheduler's own fields: a slurm block only with scheduler slurm, and its rules."""
     if c.scheduler != "slurm":
-        if c.slurm is not None:
+        if c.slurm is not None and c.scheduler != "ray":   # ray's rules say it for ray
             return [Problem("cluster.slurm", "given but cluster.scheduler is ssh; set "
                             "`scheduler: slurm`, or remove the slurm block")]
         return []

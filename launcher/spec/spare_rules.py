@@ -114,7 +114,7 @@ def _check_min_nodes(c: Cluster) -> list[Problem]:
     if not n:
         return []   # no hosts: that problem has its own line
     if c.min_nodes > n:
-        of = "cluster.slurm.nodes" if c.scheduler == "slurm" else "cluster.hosts"
+        of = {"slurm": "cluster.slurm.nodes", "ray": "cluster.ray.nodes"}.get(c.scheduler, "cluster.hosts")
         return [Problem("cluster.min_nodes", f"{c.min_nodes} is more than the {n} nodes of "
                         f"{of}; give at most {n}, or leave it out")]
     if c.min_nodes < n and isinstance(c.gpus_per_node, list):

@@ -164,6 +164,9 @@ def _passthrough_problem(job: SwiftJob, key: str, value) -> str | None:
         return "ms-swift 4.x rejects --train_type (renamed --tuner_type); set finetuning.type instead"
     if key == "use_cpu":
         return USE_CPU_WHY
+    if key == "use_ray":
+        from .ray_rules import SWIFT_USE_RAY
+        return SWIFT_USE_RAY
     if key == "rlhf_type":
         return (f"`swift {job.stage}` has no --rlhf_type, so every node would stop at start; set "
                 f"stage: rlhf and rlhf_type: {value} instead")

@@ -120,7 +120,7 @@ def _footer(plan: LaunchPlan) -> list[str]:
     every = plan.job.health.sample_every_s
     sampler = ([f"  a GPU sampler for the live view (nvidia-smi every {every:g}s, over the node's own "
                 "session; health.sample_every_s: 0 turns it off);"]
-               if every and plan.placement is None else [])
+               if every and not plan.unheld else [])
     return [f"every node also: {defaults}{', PATH=' + path + ':$PATH' if path else ''}, the MLAUNCH_* "
             "process tags,", *_setup(plan),
             f"  a hang-up guard ({plan.job.cluster.hangup_after_s:g}s without the launcher ends the node's "

@@ -99,10 +99,12 @@ def shrink_lines(job) -> list[str]:
     procs = node_procs(c)
     n = len(procs)
     unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will shrink"
-    how = ("when the excluded nodes leave fewer usable nodes in the partition, the restart job "
-           "asks for fewer (sbatch --nodes)" if c.scheduler != "ssh" else
-           "a node lost with no spare left is dropped and the restart runs on the healthy hosts "
-           "(node 0 kept when healthy)")
+    how = {"slurm": "when the excluded nodes leave fewer usable nodes in the partition, the "
+                    "restart job asks for fewer (sbatch --nodes)",
+           "ray": "when fewer live Ray nodes than asked can hold a bundle, the restart places "
+                  "fewer bundles"}.get(c.scheduler, "a node lost with no spare left is dropped "
+                                       "and the restart runs on the healthy hosts (node 0 kept "
+                                       "when healthy)")
     lines = [f"elastic shrink: down to {c.min_nodes} nodes (cluster.min_nodes), world "
              f"{c.min_nodes * procs[0]}: {how}" + unused]
     if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
@@ -122,6 +124,8 @@ def shrink_lines(job) -> list[str]:
 def _how(plan: LaunchPlan, login: str) -> str:
     if plan.local:
         return "local, no ssh"
+    if plan.job.cluster.scheduler == "ray":
+        return "a Ray bundle, no ssh"
     ssh = plan.job.cluster.ssh
     a = parse_host(login)
     a = a if isinstance(a, HostAddr) else HostAddr(login)

@@ -1,0 +1,95 @@
+# mlaunch run GOLDEN: node 1 of 2 on bundle1
+export PYTHONUNBUFFERED=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export HF_TOKEN='***'
+export MLAUNCH_RUN_ID=GOLDEN
+export MLAUNCH_NODE_RANK=1
+export MLAUNCH_NODE_ID=GOLDEN.node1
+export PATH=/opt/venvs/train/bin:"$PATH"
+# The run's directories are this user's and 0700 (pidfiles, rank logs): one that is a link or
+# belongs to another user is refused before anything is made in it or changed (mkdir makes no
+# directory through a link; the tests after it are on the name itself, so the chmod acts on
+# this user's directory, never on a link's target). The shell's own tests, a program only to
+# make a missing one and one chmod for all: every node runs this in each session, and each
+# program costs ~1 ms of CPU.
+for d in /tmp/mlaunch-user /tmp/mlaunch-user/.mlaunch /tmp/mlaunch-user/.mlaunch/GOLDEN; do
+  [ -d "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null
+  [ -L "$d" ] && { echo "mlaunch: $d on $(hostname) is a link (to $(readlink -- "$d")), not a directory of $(id -un)'s; remove it, or set cluster.workdir to a directory of yours" >&2; exit 96; }
+  [ -d "$d" ] || { echo "mlaunch: cannot create $d on $(hostname) (in a directory of $(stat -c %U -- "${d%/*}")'s)" >&2; exit 96; }
+  [ -O "$d" ] || { echo "mlaunch: $d on $(hostname) belongs to $(stat -c %U -- "$d") (uid $(stat -c %u -- "$d")), not to $(id -un) (uid $(id -u)); remove it as its owner, or set cluster.workdir to a directory of yours" >&2; exit 96; }
+done
+chmod 700 -- /tmp/mlaunch-user /tmp/mlaunch-user/.mlaunch /tmp/mlaunch-user/.mlaunch/GOLDEN || exit 96
+echo $$ > /tmp/mlaunch-user/.mlaunch/GOLDEN/node1.pid
+# Hang-up guard: the launcher holds this session's stdin open and sends a heartbeat byte
+# every few seconds. When stdin closes (Ctrl-C, crash, dropped session) or stays silent for
+# 30s (a network partition the kernel has not noticed), every process of this
+# node is ended: SIGTERM, a grace period, then SIGKILL. The job reads nothing from stdin.
+hangup='# mlaunch teardown of MLAUNCH_NODE_ID=GOLDEN.node1 on this host: only this user'"'"'s processes whose environment
+# holds exactly that entry (a fixed string, the whole entry: never a pattern, never a prefix).
+match=MLAUNCH_NODE_ID=GOLDEN.node1
+job_pids() {
+  for f in $(grep -lzxF -e "$match" /proc/[0-9]*/environ 2>/dev/null); do
+    d=${f%/environ}; [ -O "$d" ] && [ "${d#/proc/}" != "$$" ] && echo "${d#/proc/}"
+  done
+}
+# The live view'"'"'s sampler (templates/sampler.sh.j2) holds nothing to save, and nvidia-smi in it
+# takes 0.2-1 s to end on a SIGTERM (measured on an H200 host): its session is KILLed first.
+s=$(cat /tmp/mlaunch-user/.mlaunch/GOLDEN/node1.pid.sampler 2>/dev/null)
+if [ -n "$s" ] && [ -O "/proc/$s" ] && grep -qzxF -e "$match" "/proc/$s/environ" 2>/dev/null; then
+  kill -s KILL -- "-$s" 2>/dev/null
+fi
+leader=$(cat /tmp/mlaunch-user/.mlaunch/GOLDEN/node1.pid 2>/dev/null)
+# Signal the group only while its leader is still ours: a stale pid may have been reused.
+if [ -n "$leader" ] && [ -O "/proc/$leader" ] && grep -qzxF -e "$match" "/proc/$leader/environ" 2>/dev/null; then
+  kill -s TERM -- "-$leader" 2>/dev/null
+fi
+p=$(job_pids); [ -n "$p" ] && kill -TERM $p 2>/dev/null
+now() { read -r up _ < /proc/uptime 2>/dev/null; case "$up" in *.[0-9][0-9]) echo "${up%.*}${up#*.}" ;; *) echo 0 ;; esac; }
+t0=$(now); i=0
+while [ -n "$(job_pids)" ] && [ "$i" -lt 50 ] && [ $(( $(now) - t0 )) -lt 500 ]; do
+  sleep 0.1; i=$((i+1))
+done
+p=$(job_pids); [ -n "$p" ] && kill -KILL $p 2>/dev/null
+sleep 0.05
+echo "mlaunch-teardown: $(job_pids | wc -l) left"
+'
+exec 3<&0 </dev/null
+(while [ -n "$(timeout 30 head -c 1 <&3 2>/dev/null)" ]; do :; done
+ exec env -u MLAUNCH_RUN_ID -u MLAUNCH_NODE_ID /bin/sh -c "$hangup") >/dev/null 2>&1 &
+exec 3<&-
+# The live view's GPU/CPU samples (health.sample_every_s; templates/sampler.sh.j2), in a
+# session of its own so that it can end all of itself (its pid, the session's, in the pidfile's
+# .sampler for the teardown). Without MLAUNCH_IN_PROCESS: the stack
+# dump takes a process with it for the job's one rank.
+sampler='main=$1
+[ -z "$2" ] || echo $$ > "$2"
+if nvidia-smi -L >/dev/null 2>&1; then
+  nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} \
+    --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits \
+    -lms 2000 2>/dev/null </dev/null |
+    while IFS= read -r row; do printf "\036mlaunch-gpu %s\n" "$row"; done &
+else
+  while :; do
+    read -r _ u n s i w q sq st _ </proc/stat
+    mt=0 ma=0
+    while read -r k v _; do
+      case $k in MemTotal:) mt=$v ;; MemAvailable:) ma=$v ;; esac
+    done </proc/meminfo
+    printf "\036mlaunch-cpu %s %s %s %s\n" $((u + n + s + q + sq + ${st:-0})) $((i + w)) "$mt" "$ma"
+    sleep 2 >/dev/null 2>&1
+  done </dev/null &
+fi
+exec >/dev/null 2>&1
+alive() {
+  [ -r "/proc/$1/status" ] || { kill -0 "$1" 2>/dev/null; return; }
+  while read -r k v _; do [ "$k" = State: ] && break; done <"/proc/$1/status" 2>/dev/null
+  [ "$k" = State: ] && [ "$v" != Z ]
+}
+while alive "$main"; do sleep 0.5; done
+kill -TERM 0'
+if command -v setsid >/dev/null 2>&1; then
+  env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" /tmp/mlaunch-user/.mlaunch/GOLDEN/node1.pid.sampler </dev/null &
+fi
+exec /opt/venvs/train/bin/torchrun --nnodes 2 --nproc-per-node 8 --node-rank 1 --master-addr "${MLAUNCH_MASTER_ADDR}" --master-port 29500 --max-restarts 0 --tee 3 --log-dir /tmp/mlaunch-user/.mlaunch/GOLDEN/torchrun/node1 -m llamafactory.launcher /tmp/mlaunch-user/.mlaunch/GOLDEN/llamafactory.yaml
