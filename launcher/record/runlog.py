@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from . import runevents
+from . import phases as phase_log, runevents
 from ..errors import UserError
 
 RUN_ID = re.compile(r"^(?P<name>.+)-(?P<time>\d{8}-\d{6})-[0-9a-f]{4}$")
@@ -73,6 +73,7 @@ class Run:
     trainer_figure: float | None = None   # the trainer's own samples/s of its last attempt
     sources: list[str] = field(default_factory=list)
     health: list[str] | None = None   # the launcher's health events, one line each; None: no events.jsonl
+    phases: list = field(default_factory=list)   # its phase timeline (record/phases.py's Phase)
 
 
 def resolve_run(ref: str, output_dir: str | None = None) -> RunPaths:
@@ -115,7 +116,8 @@ def read_run(paths: RunPaths) -> Run:
         checkpoints=checkpoints(out) if out else [],
         wall_s=runevents.wall_s(events) or _wall(paths, text),
         trainer_figure=_trainer_figure(out), sources=sources,
-        health=runevents.health_lines(events) if events else None)
+        health=runevents.health_lines(events) if events else None,
+        phases=phase_log.timeline(events))
 
 
 def step_records(output_dir: str, resumed_at: set[int] = frozenset()) -> tuple[list[Step], list[str]]:

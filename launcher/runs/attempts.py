@@ -11,6 +11,7 @@ from . import finished
 from . import universal as universal_ckpt
 from ..errors import UserError
 from ..session.attempt import JobResult
+from ..record import phases
 from ..record.events import EventLog
 from ..watch.health import timeout_notice
 from ..logs.stream import Printer
@@ -67,16 +68,21 @@ def run_request(request, opts: SubmitOptions, backend, out: TextIO | None = None
 def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
             rec: Recorder, backend) -> int:
     from ..preflight import spares as spare_check   # here: the dry run imports no ssh module
+    marks = phases.Pending()   # written once the run starts (_attempts): a refusal leaves none
+    marks.mark("connect")
     spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = backend.connect(plan)
     try:
         if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
             printer.say(backend.no_preflight_note)
+        if opts.preflight and backend.preflight_at_submit:
+            marks.mark("preflight")
         report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
         versions = report.stack if report else {}
         plan = plan.replanned(job=_plan_batch(plan.given_job, report, opts, printer),
                               transformers=versions.get("transformers"))
         rec.planned(plan_data(plan, backend.name))   # final: what every attempt is made from
+        marks.mark("checkpoint")
         master = Master(plan, executor)
         resume_from, before = starting_point(plan.job, master, opts, printer)
         if resume_from and (done := finished.complete_line(plan.job, master.last)):
@@ -88,7 +94,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
         master.ignore = () if resume_from else before
         master.lock(printer)
         try:
-            return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend)
+            return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend, marks)
         finally:
             master.unlock()
     finally:
@@ -158,13 +164,16 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer):
     return report
 
 
-def _attempts(plan, executor, printer, opts, master, resume_from, rec, backend) -> int:
+def _attempts(plan, executor, printer, opts, master, resume_from, rec, backend,
+              marks: phases.Pending | None = None) -> int:
     """The first launch and up to max_restarts relaunches, each resuming from a checkpoint.
 
     However the run ends (done, failed, out of restarts, a restart refused, Ctrl-C, a bug),
     events.jsonl gets exactly one run_end (code, reason, attempts) and the registry the same
     reason: `ps RUN` says why without anyone reading the console log."""
     events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), plan.run_id)
+    if marks is not None:
+        marks.flush(events)
     events.emit("run_start", job=plan.job.name, nodes=len(plan.nodes), world_size=world_size(plan),
                 resume_from=resume_from, backend=backend.name)
     history: list[tuple[int, JobResult, str | None]] = []
@@ -201,7 +210,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
         result = backend.run_attempt(plan, executor, printer, started)
-        rec.attempt_ended(attempt, result.code, result.interrupted)
+        rec.attempt_ended(attempt, result.code, result.interrupted, events.path)
         for line in describe_result(plan, result).splitlines():
             printer.say(line)
         history.append((attempt, result, resume_from))
@@ -211,10 +220,12 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         rec.restarting()
         events.attempt = attempt
         reason = getattr(result.health, "event", None) or _lost_or_exit(result)
-        printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
-        time.sleep(job.restart_backoff_s)
+        events.emit(phases.PHASE, phase="backoff", reached=result.last_step, cause=reason)
+        _back_off(job, result, printer, attempt, limit)
+        events.emit(phases.PHASE, phase="decide")
         job, plan, executor = backend.next_attempt(job, plan, executor, result, printer, events)
         master.executor, master.plan = executor, plan
+        events.emit(phases.PHASE, phase="checkpoint")
         found = master.discover() if TRAINERS[job.trainer].resumable else None
         resume_from = found.latest if found else None
         if found and (done := finished.complete_line(job, found)):
@@ -224,6 +235,18 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
+
+
+def _back_off(job: JobBase, result: JobResult, printer: Printer, attempt: int, limit: int) -> None:
+    """restart_backoff_s before a restart on the same hosts (a crash may be transient: a port
+    still held, a file system catching up); none when a lost or failing node is replaced
+    by a spare or dropped (shrink): the next attempt runs without it, and waiting helps nothing."""
+    from . import spares
+    if spares.will_replace(job, result):
+        printer.say(f"node failure: restart {attempt}/{limit} now, without the failed node")
+        return
+    printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
+    time.sleep(job.restart_backoff_s)
 
 
 def _final_reason(attempt: int, result: JobResult, limit: int) -> str:

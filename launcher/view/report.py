@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..record.runlog import Run, Step
+from . import timeline
 
 MIN_WINDOW_S = 10.0   # step records carry whole seconds: a window this long is within 10 %
 MISSING = ("mlaunch report draws with matplotlib, which is not installed here: "
@@ -93,7 +94,7 @@ def markdown(run: Run, fig: Figures, png: str | None, series: str) -> str:
         lines += ["", "## Checkpoints", ""] + [f"- {c}" for c in run.checkpoints]
     health = ["(no events.jsonl in the log dir)"] if run.health is None else \
         [f"- {h}" for h in run.health] or ["none: no hang, NaN or world-size event"]
-    lines += ["", "## Health events", ""] + health
+    lines += ["", "## Health events", ""] + health + timeline.markdown(run.phases)
     lines += ["", "## Files", "", f"- plot: {png}" if png else "- plot: (not drawn)", f"- series: {series}",
               f"- logs: {run.paths.log_dir}"] + [f"- step records: {s}" for s in run.sources]
     return "\n".join(lines) + "\n"
@@ -106,7 +107,8 @@ def series(run: Run, fig: Figures) -> dict:
             "lr": [[s.step, s.lr] for s in run.steps if s.lr is not None],
             "throughput": {"unit": fig.unit, "window_s": fig.window_s, "points": [list(w) for w in fig.windows]},
             "restarts": [{"attempt": r.attempt, "step": r.step, "checkpoint": r.checkpoint,
-                          "reason": r.reason} for r in run.restarts]}
+                          "reason": r.reason} for r in run.restarts],
+            "phases": timeline.series(run.phases)}
 
 
 def plot(data: list[dict], path: str) -> None:
@@ -114,7 +116,11 @@ def plot(data: list[dict], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    extra = timeline.rows(data)   # the phase timeline's axis below the step axes (view/timeline.py)
+    fig, axes = plt.subplots(3 + extra, 1, figsize=(9, 8 + 3 * extra), gridspec_kw={"height_ratios": [3, 2, 2] + [2] * extra})
+    for ax in axes[:2]:
+        ax.sharex(axes[2])
+        ax.tick_params(labelbottom=False)
     for i, d in enumerate(data):
         color, name = f"C{i}", d["run_id"] if len(data) > 1 else "loss"
         for ax, key in zip(axes, ("loss", "lr")):
@@ -142,6 +148,8 @@ def plot(data: list[dict], path: str) -> None:
     axes[2].set_xlabel("step")
     axes[0].legend(loc="upper right", fontsize=8)
     axes[0].set_title(" vs ".join(d["run_id"] for d in data), fontsize=10)
+    if extra:
+        timeline.draw(axes[3], data)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
