@@ -132,7 +132,7 @@ def plot(data: list[dict], path: str) -> None:
         for r in d["restarts"]:
             if r["step"] is None:
                 continue
-            for ax in axes:
+            for ax in axes[:3]:
                 ax.axvline(r["step"], color=color, linestyle="--", alpha=0.7)
             label = f"restart {r['attempt']}: " + (os.path.basename(r["checkpoint"]) if r["checkpoint"] else "fresh")
             axes[0].annotate(label, (r["step"], 0.97), xycoords=("data", "axes fraction"), rotation=90,

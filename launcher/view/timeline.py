@@ -76,16 +76,19 @@ def draw(ax, data: list[dict]) -> None:
 
 
 def _names_on_bars(ax, data: list[dict]) -> None:
-    """Each phase's name and length on its bar where a bar has room (a tenth of the axis)."""
+    """Each phase's name and length on its bar where a bar has room (a twelfth of the axis),
+    its length alone on a narrower one (a fortieth); the legend names the rest."""
     ends = [p[2] + p[3] for d in data for p in d.get("phases", [])]
     span = max(ends, default=1.0) or 1.0
     y = 0
     for d in data:
         for a in sorted({p[0] for p in d.get("phases", [])}):
             for _, name, start, secs in (p for p in d["phases"] if p[0] == a):
-                if secs >= span / 10:
+                if secs >= span / 12:
                     ax.text(start + secs / 2, y, f"{name}\n{secs:.1f} s", ha="center", va="center",
                             fontsize=7)
+                elif secs >= span / 40:
+                    ax.text(start + secs / 2, y, f"{secs:.1f}", ha="center", va="center", fontsize=6)
             y += 1
 
 
