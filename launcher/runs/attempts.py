@@ -221,9 +221,17 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         events.attempt = attempt
         reason = getattr(result.health, "event", None) or _lost_or_exit(result)
         events.emit(phases.PHASE, phase="backoff", reached=result.last_step, cause=reason)
-        _back_off(job, result, printer, attempt, limit)
+        later = _replaceable(job)
+        if not later:
+            _back_off(job, printer, attempt, limit)
         events.emit(phases.PHASE, phase="decide")
+        hosts = [n.host for n in plan.nodes]
         job, plan, executor = backend.next_attempt(job, plan, executor, result, printer, events)
+        if later and [n.host for n in plan.nodes] == hosts:   # the same hosts again: wait
+            events.emit(phases.PHASE, phase="backoff")
+            _back_off(job, printer, attempt, limit)
+        elif later:
+            printer.say(f"node failure: restart {attempt}/{limit} now, without the failed node")
         master.executor, master.plan = executor, plan
         events.emit(phases.PHASE, phase="checkpoint")
         found = master.discover() if TRAINERS[job.trainer].resumable else None
@@ -237,14 +245,17 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
                                                        if resume_from else "no complete checkpoint; fresh start"))
 
 
-def _back_off(job: JobBase, result: JobResult, printer: Printer, attempt: int, limit: int) -> None:
-    """restart_backoff_s before a restart on the same hosts (a crash may be transient: a port
-    still held, a file system catching up); none when a lost or failing node is replaced
-    by a spare or dropped (shrink): the next attempt runs without it, and waiting helps nothing."""
-    from . import spares
-    if spares.will_replace(job, result):
-        printer.say(f"node failure: restart {attempt}/{limit} now, without the failed node")
-        return
+def _replaceable(job: JobBase) -> bool:
+    """Whether a failed node may be left out of the next attempt (a spare, or a shrink). Then
+    the back-off waits only when the next attempt runs on the same hosts after all: a crash
+    may be transient there (a port still held, a file system catching up), while a node that
+    was replaced or dropped takes no part, and waiting for it helps nothing."""
+    from . import shrink
+    return bool(job.cluster.spare_hosts) or shrink.allowed(job)
+
+
+def _back_off(job: JobBase, printer: Printer, attempt: int, limit: int) -> None:
+    """restart_backoff_s, said."""
     printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
     time.sleep(job.restart_backoff_s)
 

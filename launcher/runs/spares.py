@@ -30,13 +30,6 @@ def lost_ranks(result: JobResult) -> dict[int, str]:
             if o.exit is not None and o.exit.lost and not o.terminated}
 
 
-def will_replace(job: JobBase, result: JobResult) -> bool:
-    """Whether the next attempt runs without a node of this one: one was lost or showed a
-    hardware cause, and a spare can take its place or the job may shrink (reconnect's rule)."""
-    bad = {**hwcause.of_result(result), **lost_ranks(result)}
-    return bool(bad) and (len(bad) <= len(job.cluster.spare_hosts) or shrink.allowed(job))
-
-
 def reconnect(job: JobBase, plan: LaunchPlan, result: JobResult, printer: Printer,
               events: EventLog, rebuild, transport) -> tuple[JobBase, LaunchPlan, object]:
     """Connect to every host of the next attempt and check its health (hostcheck.py),
