@@ -271,9 +271,10 @@ class _Session:
     def _teardown_host(self, host: str, kill_now: bool) -> str:
         nodes = [n for n in self.plan.nodes if n.login == host]
         agents = [n.pidfile for n in nodes if "--nproc-per-node" in n.argv]  # torchrun's
+        logs = [n.argv[n.argv.index("--log-dir") + 1] for n in nodes if "--log-dir" in n.argv[:-1]]
         script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.tag}",
                                         [n.pidfile for n in nodes], TEARDOWN_GRACE, kill_now,
-                                        agents=agents, drain=AGENT_DRAIN_S)
+                                        agents=agents, drain=AGENT_DRAIN_S, agent_logs=logs)
         code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)
         return out.strip().splitlines()[-1] if out.strip() else f"exit {code}"
 
