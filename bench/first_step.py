@@ -9,7 +9,9 @@ the launcher is started to rank 0's first step (an all-reduce: every rank has re
   nopre       `mlaunch submit --no-preflight`
 
 The variants alternate, --runs each; medians with the range, ratios against pdsh. For
-mlaunch, its phases (launcher/record/phases.py) too, as medians.
+mlaunch, its phases (launcher/record/phases.py) too, as medians. Node-side CPU: every session
+each host's sshd served in the run (its reaped children's CPU, after the sessions ended), per
+host: mlaunch's minus pdsh's is what mlaunch costs a node beyond torchrun's own.
 
   python bench/first_step.py --hosts 8 --runs 5 [--tree /other/launcher/tree,...]
 """
@@ -34,6 +36,7 @@ from launcher.record import phases  # noqa: E402
 from launcher.record.events import read_events  # noqa: E402
 from tests.helpers import free_port, script_job, write_spec  # noqa: E402
 from tests.hosts import make_hosts  # noqa: E402
+from bench.flood_cpu import reaped_cpu  # noqa: E402
 
 JOB = os.path.join(ROOT, "bench", "first_step_job.py")
 STEP1 = re.compile(r"(\{\"step\": 1, .*\})")
@@ -98,16 +101,23 @@ def main() -> None:
         for i in range(args.runs):
             for case in cases:
                 v, tree = case
+                sshds = [h.sshd_pid for h in hs.hosts[:args.hosts]]
+                c0 = reaped_cpu(sshds)
                 try:
                     s, ph = by_hand(hs, args.hosts, tmp) if v == "pdsh" else \
                         mlaunch(hs, args.hosts, tmp, tree, v == "mlaunch")
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     print(f"run {i} {v} {tree}: FAILED {str(e)[:300]}", flush=True)
                     continue
+                deadline = time.monotonic() + 30   # every session reaped by its sshd
+                while time.monotonic() < deadline and any(len(h.pids()) > 1 for h in hs.hosts[:args.hosts]):
+                    time.sleep(0.05)
+                ph["(node CPU s per host)"] = (reaped_cpu(sshds) - c0) / args.hosts
                 got[case].append(s)
                 for k, x in ph.items():
                     parts[case][k].append(x)
-                print(f"run {i} {v:8s} {tree:12s} {s:6.2f} s", flush=True)
+                print(f"run {i} {v:8s} {tree:12s} {s:6.2f} s   node CPU per host "
+                      f"{ph['(node CPU s per host)']:.3f} s", flush=True)
     base = statistics.median(got[("pdsh", "")]) if got[("pdsh", "")] else None
     print()
     for case in cases:

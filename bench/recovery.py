@@ -102,7 +102,7 @@ def elastic(hs, tmp: str) -> tuple[float, dict]:
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = (f"env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 {torchrun} --nnodes 3:5 --nproc-per-node 1 "
            f"--max-restarts 3 --rdzv-backend c10d --rdzv-endpoint {a.ip}:{port} "
-           f"--rdzv-id bench{port} {sys.executable} {JOB} {STEPS_AFTER}")
+           f"--rdzv-id bench{port} {JOB} {STEPS_AFTER}")
     env = {**os.environ, "PDSH_RCMD_TYPE": "ssh",
            "PDSH_SSH_ARGS_APPEND": f"-i {hs.key_file} -o UserKnownHostsFile={hs.known_hosts} "
                                    "-o BatchMode=yes -o StrictHostKeyChecking=yes"}
