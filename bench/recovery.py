@@ -65,6 +65,17 @@ def wait_ready(lines, n: int) -> None:
     raise RuntimeError("the job ended before every node stepped")
 
 
+def wait_world(lines, world: int) -> None:
+    """Until rank 0 has stepped 3 times in a world of `world` (an all-reduce: every rank has)."""
+    for line in lines:
+        m = re.search(r"(\{\"step\".*\})", line)
+        if m:
+            d = json.loads(m.group(1))
+            if d["world"] == world and d["step"] >= 3:
+                return
+    raise RuntimeError(f"the job ended before a world of {world} stepped")
+
+
 def first_new_step(text: str) -> float:
     m = NEW_STEP.search(text)
     if not m:
@@ -108,7 +119,7 @@ def elastic(hs, tmp: str) -> tuple[float, dict]:
                                    "-o BatchMode=yes -o StrictHostKeyChecking=yes"}
     proc = subprocess.Popen(["pdsh", "-l", "root", "-w", ",".join(h.ip for h in (a, b, c, d)), cmd],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_ready(proc.stdout, 1)   # rank 0 says it at step 3: every rank has stepped (all-reduce)
+    wait_world(proc.stdout, 4)   # a node that joined late makes torchrun form the world again
     t_kill = time.time()
     hard_kill(d)
     try:
