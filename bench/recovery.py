@@ -87,8 +87,8 @@ def mlaunch(hs, mode: str, tmp: str, tree: str) -> tuple[float, dict]:
     a, b, c, d, e = hs.hosts
     out = os.path.join(tmp, f"out-{mode}-{time.time_ns()}")
     extra = {"spare_hosts": [e.ip]} if mode == "spare" else {"min_nodes": 3}
-    spec = script_job([h.ip for h in (a, b, c, d)], 1, "steps.py", [str(STEPS_AFTER)], out, hs=hs,
-                      **extra) | {"max_restarts": 1, "name": f"recovery-{mode}"}
+    spec = script_job([h.ip for h in (a, b, c, d)], 1, "steps.py", [str(STEPS_AFTER), out + ".marker"],
+                      out, hs=hs, **extra) | {"max_restarts": 1, "name": f"recovery-{mode}"}
     spec["script"]["path"] = JOB
     env = {**os.environ, "PYTHONPATH": tree, "MLAUNCH_HOME": os.path.join(tmp, "home")}
     proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)],
@@ -113,7 +113,7 @@ def elastic(hs, tmp: str) -> tuple[float, dict]:
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = (f"env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 {torchrun} --nnodes 3:5 --nproc-per-node 1 "
            f"--max-restarts 3 --rdzv-backend c10d --rdzv-endpoint {a.ip}:{port} "
-           f"--rdzv-id bench{port} {JOB} {STEPS_AFTER}")
+           f"--rdzv-id bench{port} {JOB} {STEPS_AFTER} {os.path.join(tmp, f'elastic-{port}.marker')}")
     env = {**os.environ, "PDSH_RCMD_TYPE": "ssh",
            "PDSH_SSH_ARGS_APPEND": f"-i {hs.key_file} -o UserKnownHostsFile={hs.known_hosts} "
                                    "-o BatchMode=yes -o StrictHostKeyChecking=yes"}
