@@ -43,8 +43,8 @@ class Phase:
 
 class Pending:
     """Phase marks made before the run's event log is written (connect, preflight, the resume
-    point): flushed, with the times they were made, just before run_start, so that a refused
-    submit leaves no events.jsonl."""
+    point): written just after run_start (which stays the log's first line), each with the
+    time it was made, so that a refused submit leaves no events.jsonl."""
 
     def __init__(self) -> None:
         self.marks: list[tuple[str, str, dict]] = []
@@ -72,7 +72,9 @@ def _t(e: dict) -> datetime | None:
 def timeline(events: list[dict], now: datetime | None = None) -> list[Phase]:
     """Every phase of the run, in order. The last one ends at run_end; without one (a run
     still going) at `now`, marked open (None: at the last event, for a run read afterwards)."""
-    marks = [(t, e) for e in events if e.get("event") == PHASE and (t := _t(e))]
+    marks = sorted(((t, i, e) for i, e in enumerate(events) if e.get("event") == PHASE and (t := _t(e))),
+                   key=lambda m: (m[0], m[1]))   # by time: the pre-start marks follow run_start
+    marks = [(t, e) for t, _, e in marks]
     if not marks:
         return []
     origin = marks[0][0]

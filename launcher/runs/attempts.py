@@ -172,10 +172,10 @@ def _attempts(plan, executor, printer, opts, master, resume_from, rec, backend,
     events.jsonl gets exactly one run_end (code, reason, attempts) and the registry the same
     reason: `ps RUN` says why without anyone reading the console log."""
     events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), plan.run_id)
-    if marks is not None:
-        marks.flush(events)
     events.emit("run_start", job=plan.job.name, nodes=len(plan.nodes), world_size=world_size(plan),
                 resume_from=resume_from, backend=backend.name)
+    if marks is not None:   # run_start stays the first line; these carry their own earlier times
+        marks.flush(events)
     history: list[tuple[int, JobResult, str | None]] = []
     try:
         code, reason = _loop(plan, executor, printer, opts, master, resume_from, rec, events,
