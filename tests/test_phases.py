@@ -187,6 +187,7 @@ def test_ps_names_the_phase_going_on_and_warns_of_one_far_slower_than_last_run(t
             {"time": t(49), "run_id": new, "attempt": 0, "event": "phase", "phase": "start"},
             {"time": t(41), "run_id": new, "attempt": 0, "event": "phase", "phase": "rendezvous"}])
         r = runs.cli("ps", new)
+        js = runs.cli("ps", new, "--json")
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -199,3 +200,5 @@ def test_ps_names_the_phase_going_on_and_warns_of_one_far_slower_than_last_run(t
     assert re.fullmatch(rf"warning: rendezvous took \d+ s, 4\.0 s in the job's previous run {old} "
                         r"\(more than 2×\)", warnings[1]), warnings
     assert len(warnings) == 2, r.stdout
+    lines = json.loads(js.stdout)["phase_lines"]   # a moment later: the open phase has grown
+    assert lines[0].startswith("phase: rendezvous ") and lines[1] == warnings[0] and len(lines) == 3

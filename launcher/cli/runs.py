@@ -142,7 +142,8 @@ def _ps_one(r, as_json: bool) -> None:
     changes = _with_world(runevents.attempt_lines(runevents.read(log_dir)) if log_dir else [], rows)
     if as_json:
         click.echo(json.dumps({**r.public(), "live": snap, "attempts": changes,
-                               "attempt_rows": [a.__dict__ for a in rows]}))
+                               "attempt_rows": [a.__dict__ for a in rows],
+                               "phase_lines": _phase_lines(r, log_dir)}))
         return
     _table([r])
     if r.reason:   # why it ended: its run_end event's reason, or the refusal before any attempt
