@@ -62,7 +62,7 @@ def by_hand(hs, n: int, tmp: str) -> tuple[float, dict]:
            f"-i {hs.key_file} -o UserKnownHostsFile={hs.known_hosts} -o BatchMode=yes -o StrictHostKeyChecking=yes"}
     t0 = time.time()
     r = subprocess.run(["pdsh", "-f", str(max(32, n)), "-l", "root", "-w", ",".join(h.ip for h in hosts), cmd],
-                       env=env, capture_output=True, text=True, timeout=600)
+                       env=env, capture_output=True, text=True, timeout=240)
     if r.returncode != 0:
         raise RuntimeError(f"pdsh exit {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     return first_step(r.stdout, t0), {}
@@ -75,7 +75,7 @@ def mlaunch(hs, n: int, tmp: str, tree: str, preflight: bool) -> tuple[float, di
     env = {**os.environ, "PYTHONPATH": tree, "MLAUNCH_HOME": os.path.join(tmp, "home")}
     argv = [sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)] + ([] if preflight else ["--no-preflight"])
     t0 = time.time()
-    r = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=240)
     if r.returncode != 0:
         raise RuntimeError(f"mlaunch exit {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     found = glob.glob(f"{out}/logs/*/events.jsonl")
