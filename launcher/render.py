@@ -239,17 +239,20 @@ def exec_script(rank: int, host: str, argv: list[str], env: list[tuple[str, str]
 
 def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False,
                     agents: list[str] | None = None, drain: float = 1.0,
-                    containers: list[str] | None = None) -> str:
+                    containers: list[str] | None = None, agent_logs: list[str] | None = None) -> str:
     """Shell text that ends, on one host, every process whose environment holds `match`
     (NAME=value): SIGTERM (process group first), a grace period, then SIGKILL.
 
     agents: the pidfiles of node agents (torchrun) among pidfiles; once only they are left
     they get `drain` seconds, not the rest of the grace (their ranks' log files keep all);
+    agent_logs: the agents' --log-dir directories: the drain ends as soon as no agent holds
+    a file under one (every line copied);
     containers: shell lines that remove the host's nodes' containers (cluster.container) once
     their processes are gone."""
     return render("teardown.sh.j2", match=match, pidfiles=pidfiles,
                   grace=0 if kill_now else grace, first_signal="KILL" if kill_now else "TERM",
-                  agents=agents or [], drain=drain, containers=containers or [])
+                  agents=agents or [], drain=drain, containers=containers or [],
+                  agent_logs=agent_logs or [])
 
 
 def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: float = 20) -> str:

@@ -58,6 +58,39 @@ def test_an_agent_gets_the_drain_once_its_ranks_are_gone_not_the_grace(tmp_path)
     assert job_pids(run_id) == set()
 
 
+# An agent as torchrun --tee: TERM ignored, its rank's log file under its --log-dir open until
+# the rank is gone (then it has copied every line and closes it), then it lingers.
+COPYING = ("import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+           "f = open(os.path.join(sys.argv[2], 'rank.log'), 'w')\nrank = int(sys.argv[3])\n"
+           "open(sys.argv[1], 'w').close()\n"
+           "while os.path.exists(f'/proc/{rank}') and open(f'/proc/{rank}/stat').read().split()[2] != 'Z':\n"
+           "    time.sleep(0.02)\n"
+           "f.close()\ntime.sleep(600)\n")
+
+
+def test_the_drain_ends_once_the_agent_holds_no_file_of_its_log_dir(tmp_path):
+    """drain 600 s, grace 600 s: the agent closes its log file once its rank is gone, and the
+    script KILLs it then (a wait of the drain would outlast the test's timeout)."""
+    run_id = own_name("td-")
+    logs = tmp_path / "torchrun" / "node0"
+    logs.mkdir(parents=True)
+    rank = _start(run_id, MEEK, str(tmp_path / "rank"))
+    ready = tmp_path / "agent"
+    agent = subprocess.Popen([sys.executable, "-c", COPYING, str(ready), str(logs), str(rank.pid)],
+                             start_new_session=True, env={**os.environ, "MLAUNCH_RUN_ID": run_id})
+    deadline = time.monotonic() + limit(30)
+    while not ready.exists():
+        assert time.monotonic() < deadline and agent.poll() is None
+        time.sleep(0.02)
+    pidfile = tmp_path / "agent.pid"
+    pidfile.write_text(str(agent.pid))
+    r = _teardown(run_id, pidfiles=[str(pidfile)], grace=600, agents=[str(pidfile)], drain=600,
+                  agent_logs=[str(tmp_path / "torchrun")])
+    assert r.returncode == 0 and r.stdout.strip() == "mlaunch-teardown: 0 left", r.stdout + r.stderr
+    assert rank.wait(limit(10)) == -15 and agent.wait(limit(10)) == -9
+    assert job_pids(run_id) == set()
+
+
 def test_the_samplers_session_is_killed_at_once_not_given_the_grace(tmp_path):
     """The live view's sampler (its pid in the node pidfile's .sampler) is KILLed first:
     nvidia-smi in it takes up to a second to end on a SIGTERM. Here it ignores TERM and the

@@ -5,6 +5,7 @@ weights saved and reloadable.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -172,6 +173,31 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
         assert got[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-6), (step, got, ref_loss)
     logs = os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
     assert any(".attempt1." in name for name in logs)
+    check_phases(out, attempts)
+
+
+def check_phases(out: str, attempts) -> None:
+    """The restarted LLaMA-Factory run's phase timeline (record/phases.py): LLaMA-Factory's
+    own lines close rendezvous, data, model and trainer setup in each attempt; the restart's
+    phases come between; the registry holds the same; each attempt's first_step event ends
+    its first-step phase."""
+    from launcher.record import phases
+    from launcher.record.events import read_events
+    (path,) = glob.glob(f"{out}/logs/*/events.jsonl")
+    events = read_events(path)
+    got = phases.timeline(events)
+    start = ["stage", "start", "rendezvous", "data", "model", "trainer setup", "first step", "training"]
+    names = {n: [p.name for p in phases.of_attempt(got, n)] for n in (0, 1)}
+    assert names[0] == ["connect", "checkpoint"] + start + ["teardown", "settle"], names   # submit -d: --no-preflight
+    assert names[1] == ["backoff", "decide", "checkpoint"] + start, names   # resumed at 6, past 5: no catch-up
+    assert [[p[0] for p in a.phases] for a in attempts] == [names[0], names[1]]
+    origin = phases._t(next(e for e in events if e["event"] == "phase"))
+    for n in (0, 1):
+        (first,) = [(phases._t(e) - origin).total_seconds() for e in events
+                    if e["event"] == "first_step" and e["attempt"] == n]
+        p = next(p for p in phases.of_attempt(got, n) if p.name == "first step")
+        assert first == pytest.approx(p.start_s + p.seconds, abs=2e-3)
+    assert set(phases.back_to_training_s(got)) == {1}
 
 
 def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tiny, ref10):

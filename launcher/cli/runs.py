@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 import time
@@ -143,11 +144,14 @@ def _ps_one(r, as_json: bool) -> None:
     copies = runevents.copies_lines(events)
     if as_json:
         click.echo(json.dumps({**r.public(), "live": snap, "attempts": changes, "checkpoint_copies": copies,
-                               "attempt_rows": [a.__dict__ for a in rows]}))
+                               "attempt_rows": [a.__dict__ for a in rows],
+                               "phase_lines": _phase_lines(r, log_dir)}))
         return
     _table([r])
     if r.reason:   # why it ended: its run_end event's reason, or the refusal before any attempt
         click.echo(f"ended: {r.reason}")
+    for line in _phase_lines(r, log_dir):   # the phase going on, and one far slower than last run's
+        click.echo(line)
     if changes:   # which hosts each attempt ran on, and why that changed
         click.echo("\n".join(["", "attempts:"] + [f"  {line}" for line in changes]))
     if copies:   # checkpoints: {replicas: N}: where each part of the newest checkpoints is
@@ -160,6 +164,22 @@ def _ps_one(r, as_json: bool) -> None:
         return
     click.echo("")
     click.echo("\n".join(status_lines(snap, 200, age_s=max(0.0, time.time() - snap["time"]))))
+
+
+def _phase_lines(r, log_dir: str | None) -> list[str]:
+    """view/timeline.py's ps lines for a run: its phase now (while it is active) and a
+    warning per phase more than twice as long as in the job's previous run."""
+    from datetime import datetime, timezone
+    from ..record import runevents
+    from ..view import timeline
+    if not log_dir:
+        return []
+    reg = _registry()
+    before = [p for p in reg.runs() if p.name == r.name and p.created < r.created]
+    previous = [(name, secs) for a in reg.attempts(before[0].id) for name, _, secs in (a.phases or [])] \
+        if before else []
+    now = datetime.now(timezone.utc) if r.active else None
+    return timeline.ps_lines(runevents.read(log_dir), now, previous, before[0].id if before else "")
 
 
 def _with_world(lines: list[str], rows) -> list[str]:

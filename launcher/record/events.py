@@ -19,7 +19,7 @@ from . import fsmode
 EVENTS = ("run_start", "node_start", "first_step", "step", "checkpoint", "hang", "stacks", "nan",
           "world_size_suspect", "world_size_mismatch", "node_exit", "teardown", "restart",
           "run_end", "gpu_sample", "stop", "host_replaced", "shrink", "node_excluded",
-          "hardware_error", "universal_checkpoint", "spare_unreachable", "checkpoint_copies")
+          "hardware_error", "universal_checkpoint", "spare_unreachable", "checkpoint_copies", "phase")
 
 
 def utc_now() -> str:
@@ -35,11 +35,11 @@ class EventLog:
         self._lock = threading.Lock()
         fsmode.private_dir(os.path.dirname(path) or ".")
 
-    def emit(self, event: str, **fields: Any) -> None:
-        """Write one event line."""
+    def emit(self, event: str, at: str | None = None, **fields: Any) -> None:
+        """Write one event line (at: its time, utc_now()'s form, when it happened earlier)."""
         if event not in EVENTS:
             raise ValueError(f"unknown event {event!r}")
-        record = {"time": utc_now(), "run_id": self.run_id, "attempt": self.attempt,
+        record = {"time": at or utc_now(), "run_id": self.run_id, "attempt": self.attempt,
                   "event": event, **{k: _plain(v) for k, v in fields.items() if v is not None}}
         line = json.dumps(record, default=str, allow_nan=False) + "\n"
         with self._lock:

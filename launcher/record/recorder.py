@@ -11,7 +11,8 @@ import re
 import sys
 from typing import Callable, TextIO
 
-from . import fsmode, registry, regguard
+from . import fsmode, phases, registry, regguard
+from .events import read_events
 from ..errors import UserError
 from ..plan.launch_plan import MASK, LaunchPlan
 from ..spec import JobBase
@@ -208,9 +209,19 @@ class Recorder:
             if self.console is not None:
                 self.console.detach()
 
-    def attempt_ended(self, attempt: int, code: int, interrupted: bool) -> None:
+    def attempt_ended(self, attempt: int, code: int, interrupted: bool,
+                      events_path: str | None = None) -> None:
+        """The attempt's end, and its phases as events_path holds them so far (its last one,
+        the nodes reporting their end, counted up to now)."""
         state = "stopped" if interrupted else "succeeded" if code == 0 else "failed"
         self._write(self.reg.attempt_ended, self.run_id, attempt, code, state)
+        if events_path:
+            try:
+                timeline = phases.timeline(read_events(events_path), now=phases.now())
+            except (OSError, ValueError):   # the record is a convenience: the run goes on
+                return
+            self._write(self.reg.set_phases, self.run_id, attempt,
+                        phases.stored(phases.of_attempt(timeline, attempt)))
 
     def _write(self, fn, *args, **kw) -> bool:
         """One registry write, waiting out another writer's lock however long it is held:
@@ -318,7 +329,7 @@ class NullRecorder(Recorder):
     def attempt_started(self, plan, attempt, resumed_from, queued=False, handle=None, data=None):
         pass
 
-    def attempt_ended(self, attempt, code, interrupted):
+    def attempt_ended(self, attempt, code, interrupted, events_path=None):
         pass
 
     def restarting(self):

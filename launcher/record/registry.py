@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS attempts (
 """
 # Columns a runs.db made before them lacks: added when it is opened (NULL in its old rows).
 ADDED = (("attempts", "hosts", "TEXT"), ("attempts", "world", "INTEGER"), ("attempts", "batch", "TEXT"),
-         ("runs", "reason", "TEXT"), ("attempts", "plan", "TEXT"), ("runs", "plan", "TEXT"))
+         ("runs", "reason", "TEXT"), ("attempts", "plan", "TEXT"), ("runs", "plan", "TEXT"),
+         ("attempts", "phases", "TEXT"))
 
 
 _COLUMNS = ("id name backend hosts spec state handle supervisor_pid supervisor_start detached attempts"
@@ -173,6 +174,7 @@ class Attempt:
     world: int | None = None    # its processes
     batch: str | None = None    # its batch arithmetic: "global G = world W × P per device × A accumulation"
     plan: dict | None = None    # the plan this attempt ran (`submit --dry-run --json`'s form)
+    phases: list | None = None  # its phase timeline, [name, start s, seconds] each (record/phases.py)
 
 
 class Registry:
@@ -242,6 +244,11 @@ class Registry:
         self._db.execute("UPDATE attempts SET state=?, exit_code=?, ended=? WHERE run_id=? AND n=?",
                          (state, code, time.time(), run_id, n))
 
+    def set_phases(self, run_id: str, n: int, phases: list) -> None:
+        """Attempt n's phase timeline once it has ended (record/phases.py's stored())."""
+        self._db.execute("UPDATE attempts SET phases=? WHERE run_id=? AND n=?",
+                         (json.dumps(phases), run_id, n))
+
     def set_state(self, run_id: str, state: str, *, only_from: tuple[str, ...] = ACTIVE,
                   exit_code: int | None = None, reason: str | None = None) -> bool:
         """Compare-and-set: move the run to state if it is in one of only_from (reason: why
@@ -292,10 +299,10 @@ class Registry:
 
     def attempts(self, run_id: str) -> list[Attempt]:
         rows = self._db.execute("SELECT run_id, n, tag, state, exit_code, resumed_from, log_paths,"
-                                " started, ended, hosts, world, batch, plan FROM attempts WHERE"
-                                " run_id=? ORDER BY n", (run_id,)).fetchall()
+                                " started, ended, hosts, world, batch, plan, phases FROM attempts"
+                                " WHERE run_id=? ORDER BY n", (run_id,)).fetchall()
         return [Attempt(*r[:6], json.loads(r[6]), *r[7:9], r[9] and json.loads(r[9]), *r[10:12],
-                        r[12] and json.loads(r[12])) for r in rows]
+                        r[12] and json.loads(r[12]), r[13] and json.loads(r[13])) for r in rows]
 
     def resolve(self, ref: str) -> Run | None | list[str]:
         """RUN as the user typed it: a unique id prefix, or a job name (its latest run).

@@ -44,7 +44,7 @@ def step_events(events: list[dict]) -> list[tuple[int, float | None, float | Non
     out = []
     for e in events:
         t, attempt = _t(e), e.get("attempt", 0)
-        if t and attempt not in first:
+        if t and attempt not in first and e.get("event") != "phase":   # phases: from connect on
             first[attempt] = t
         if e.get("event") != "step" or not isinstance(e.get("step"), int):
             continue

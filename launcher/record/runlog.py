@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from . import runevents, runshare
+from . import phases as phase_log, runevents, runshare
 from ..errors import UserError
 
 RUN_ID = re.compile(r"^(?P<name>.+)-(?P<time>\d{8}-\d{6})-[0-9a-f]{4}$")
@@ -75,6 +75,7 @@ class Run:
     health: list[str] | None = None   # the launcher's health events, one line each; None: no events.jsonl
     resumed_from: str | None = None   # the checkpoint its first attempt resumed (submit --resume)
     shared_with: int = 0              # other runs whose step records share its output_dir
+    phases: list = field(default_factory=list)   # its phase timeline (record/phases.py's Phase)
 
 
 def resolve_run(ref: str, output_dir: str | None = None) -> RunPaths:
@@ -127,7 +128,8 @@ def read_run(paths: RunPaths) -> Run:
         trainer_figure=_trainer_figure(out), sources=sources,
         health=runevents.health_lines(events) if events else None,
         resumed_from=next((e.get("resume_from") for e in events if e.get("event") == "run_start"), None),
-        shared_with=len(shared) - 1 if len(shared) > 1 else 0)
+        shared_with=len(shared) - 1 if len(shared) > 1 else 0,
+        phases=phase_log.timeline(events))
 
 
 def _own_steps(output_dir: str, steps: list[Step], shared: list[str], run_id: str) -> tuple[list[Step], int | None]:

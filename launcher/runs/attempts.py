@@ -11,6 +11,7 @@ from . import bare, finished
 from . import universal as universal_ckpt
 from ..errors import UserError
 from ..session.attempt import JobResult
+from ..record import phases
 from ..record.events import EventLog
 from ..watch.health import timeout_notice
 from ..logs.stream import Printer
@@ -79,17 +80,22 @@ def run_request(request, opts: SubmitOptions, backend, out: TextIO | None = None
 def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
             rec: Recorder, backend) -> int:
     from ..preflight import spares as spare_check   # here: the dry run imports no ssh module
+    marks = phases.Pending()   # written once the run starts (_attempts): a refusal leaves none
+    marks.mark("connect")
     spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = backend.connect(plan)
     try:
         bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data
         if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
             printer.say(backend.no_preflight_note)
+        if opts.preflight and backend.preflight_at_submit:
+            marks.mark("preflight")
         report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
         versions = report.stack if report else {}
         plan = plan.replanned(job=_plan_batch(plan.given_job, report, opts, printer),
                               transformers=versions.get("transformers"))
         rec.planned(plan_data(plan, backend.name))   # final: what every attempt is made from
+        marks.mark("checkpoint")
         master = Master(plan, executor)
         resume_from, before = starting_point(plan.job, master, opts, printer)
         if resume_from:   # --resume=auto found one: the same refusal as --resume's
@@ -103,7 +109,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
         master.ignore = () if resume_from else before
         master.lock(printer)
         try:
-            return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend)
+            return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend, marks)
         finally:
             master.unlock()
     finally:
@@ -191,7 +197,8 @@ def _preflight(plan: LaunchPlan, executor, printer: Printer):
     return report
 
 
-def _attempts(plan, executor, printer, opts, master, resume_from, rec, backend) -> int:
+def _attempts(plan, executor, printer, opts, master, resume_from, rec, backend,
+              marks: phases.Pending | None = None) -> int:
     """The first launch and up to max_restarts relaunches, each resuming from a checkpoint.
 
     However the run ends (done, failed, out of restarts, a restart refused, Ctrl-C, a bug),
@@ -200,6 +207,8 @@ def _attempts(plan, executor, printer, opts, master, resume_from, rec, backend) 
     events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), plan.run_id)
     events.emit("run_start", job=plan.job.name, nodes=len(plan.nodes), world_size=world_size(plan),
                 resume_from=resume_from, backend=backend.name)
+    if marks is not None:   # run_start stays the first line; these carry their own earlier times
+        marks.flush(events)
     history: list[tuple[int, JobResult, str | None]] = []
     try:
         code, reason = _loop(plan, executor, printer, opts, master, resume_from, rec, events,
@@ -236,7 +245,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
         with bare.copies(plan, executor, printer, events, saved_world):   # checkpoints: {replicas: N}
             result = backend.run_attempt(plan, executor, printer, started)
-        rec.attempt_ended(attempt, result.code, result.interrupted)
+        rec.attempt_ended(attempt, result.code, result.interrupted, events.path)
         for line in describe_result(plan, result).splitlines():
             printer.say(line)
         history.append((attempt, result, resume_from))
@@ -246,11 +255,21 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         rec.restarting()
         events.attempt = attempt
         reason = getattr(result.health, "event", None) or _lost_or_exit(result)
-        printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
-        time.sleep(job.restart_backoff_s)
+        events.emit(phases.PHASE, phase="backoff", reached=result.last_step, cause=reason)
+        later = _replaceable(job)
+        if not later:
+            _back_off(job, printer, attempt, limit)
+        events.emit(phases.PHASE, phase="decide")
+        hosts = [n.host for n in plan.nodes]
         job, plan, executor = backend.next_attempt(job, plan, executor, result, printer, events)
+        if later and [n.host for n in plan.nodes] == hosts:   # the same hosts again: wait
+            events.emit(phases.PHASE, phase="backoff")
+            _back_off(job, printer, attempt, limit)
+        elif later:
+            printer.say(f"node failure: restart {attempt}/{limit} now, without the failed node")
         master.executor, master.plan = executor, plan
         bare.stage(backend, plan, executor, printer)   # a spare gets the model, data and code
+        events.emit(phases.PHASE, phase="checkpoint")
         if getattr(job, "checkpoints", None):   # no shared disk: the newest checkpoint complete across copies, on every node
             found = bare.newest(plan, executor, printer, master, saved_world)
         else:
@@ -265,6 +284,21 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         events.emit("restart", reason=reason, limit=limit, resume_from=resume_from)
         printer.say(f"restart {attempt}/{limit}: " + (f"resuming from {resume_from}"
                                                        if resume_from else "no complete checkpoint; fresh start"))
+
+
+def _replaceable(job: JobBase) -> bool:
+    """Whether a failed node may be left out of the next attempt (a spare, or a shrink). Then
+    the back-off waits only when the next attempt runs on the same hosts after all: a crash
+    may be transient there (a port still held, a file system catching up), while a node that
+    was replaced or dropped takes no part, and waiting for it helps nothing."""
+    from . import shrink
+    return bool(job.cluster.spare_hosts) or shrink.allowed(job)
+
+
+def _back_off(job: JobBase, printer: Printer, attempt: int, limit: int) -> None:
+    """restart_backoff_s, said."""
+    printer.say(f"node failure: restart {attempt}/{limit} in {job.restart_backoff_s:g}s")
+    time.sleep(job.restart_backoff_s)
 
 
 def _final_reason(attempt: int, result: JobResult, limit: int) -> str:

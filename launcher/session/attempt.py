@@ -12,6 +12,8 @@ from ..view import nodeview
 from ..record import fsmode
 from .. import render
 from ..errors import UserError
+from ..record import phases
+from ..record.events import EventLog
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..transport.base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from ..logs.console import Console
@@ -50,6 +52,8 @@ def run_job(plan: LaunchPlan, executor: Executor, printer: Printer,
         problems = [] if connected else executor.connect()
         if problems:
             raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
+        EventLog(os.path.join(plan.log_dir, "events.jsonl"), plan.run_id, plan.attempt).emit(
+            phases.PHASE, phase="stage")
         executor.stage(plan)
         return _Session(plan, executor, printer, timeout, on_started).run()
     finally:
@@ -89,13 +93,16 @@ class _Session:
 
     def _start_all(self) -> None:
         self.printer.set_status(self.view.status_lines)
+        self.watch.phase("start")
         with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
             started = list(pool.map(self._start, self.plan.nodes))
         threading.Thread(target=self._heartbeats, daemon=True).start()
         # A node that could not start has queued its failure: recording it (_record) makes it
         # the first failure and tears the others down, so the attempt fails with its exit.
-        if all(started) and self.on_started is not None:
-            self.on_started()
+        if all(started):
+            self.watch.phase("rendezvous")
+            if self.on_started is not None:
+                self.on_started()
 
     def _heartbeats(self) -> None:
         # Until every node has reported, keep each node's hang-up guard from firing.
@@ -247,6 +254,7 @@ class _Session:
         # for a terminal, and the nodes' agents are not kept draining into a full pipe.
         self.console.abandon()
         if self._teardown is None:
+            self.watch.phase("teardown")
             self._teardown = threading.Thread(target=self._teardown_all, daemon=True)
             self._teardown.start()
 
@@ -257,13 +265,16 @@ class _Session:
             self.result.teardown.update(zip(hosts, outs))
         self.result.torn_down_at = time.monotonic()
         self.watch.events.emit("teardown", hosts=self.result.teardown, kill_now=kill_now or None)
+        if not kill_now:
+            self.watch.phase("settle")   # every node reports its end
 
     def _teardown_host(self, host: str, kill_now: bool) -> str:
         nodes = [n for n in self.plan.nodes if n.login == host]
         agents = [n.pidfile for n in nodes if "--nproc-per-node" in n.argv]  # torchrun's
+        logs = [n.argv[n.argv.index("--log-dir") + 1] for n in nodes if "--log-dir" in n.argv[:-1]]
         script = render.teardown_script(f"MLAUNCH_RUN_ID={self.plan.tag}",
                                         [n.pidfile for n in nodes], TEARDOWN_GRACE, kill_now,
-                                        agents=agents, drain=AGENT_DRAIN_S,
+                                        agents=agents, drain=AGENT_DRAIN_S, agent_logs=logs,
                                         containers=[n.container_rm for n in nodes if n.container_rm])
         code, out = self.executor.run(host, script, timeout=TEARDOWN_GRACE + 15)
         return out.strip().splitlines()[-1] if out.strip() else f"exit {code}"
@@ -279,6 +290,7 @@ class _Session:
         self._live(force=True)
         self.printer.set_status(None)
         r = self.result
+        r.last_step = self.watch.monitor.last_step
         ok = all(o.exit is not None and o.exit.code == 0 for o in self.outcomes)
         if not ok:
             self.watch.hardware_in_logs()

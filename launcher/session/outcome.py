@@ -50,6 +50,7 @@ class JobResult:
     health: object | None = None        # the health verdict that stopped the job, if any
     never_starts: str | None = None     # the scheduler's reason the job can never start
     hardware: dict = field(default_factory=dict)   # node -> (hwcause line, device?): watch.py
+    last_step: int | None = None        # the last training step the nodes' lines told of
 
     @property
     def restartable(self) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..record.runlog import Run, Step
+from . import timeline
 
 MIN_WINDOW_S = 10.0   # step records carry whole seconds: a window this long is within 10 %
 MISSING = ("mlaunch report draws with matplotlib, which is not installed here: "
@@ -104,7 +105,7 @@ def markdown(run: Run, fig: Figures, png: str | None, series: str) -> str:
         lines += ["", "## Checkpoints", ""] + [f"- {c}" for c in run.checkpoints]
     health = ["(no events.jsonl in the log dir)"] if run.health is None else \
         [f"- {h}" for h in run.health] or ["none: no hang, NaN or world-size event"]
-    lines += ["", "## Health events", ""] + health
+    lines += ["", "## Health events", ""] + health + timeline.markdown(run.phases)
     lines += ["", "## Files", "", f"- plot: {png}" if png else "- plot: (not drawn)", f"- series: {series}",
               f"- logs: {run.paths.log_dir}"] + [f"- step records: {s}" for s in run.sources]
     return "\n".join(lines) + "\n"
@@ -119,7 +120,8 @@ def series(run: Run, fig: Figures) -> dict:
             "restarts": [{"attempt": r.attempt, "step": r.step, "checkpoint": r.checkpoint,
                           "reason": r.reason} for r in run.restarts],
             "resumed_from": ({"checkpoint": run.resumed_from, "step": _ckpt_step(run.resumed_from)}
-                             if run.resumed_from else None)}
+                             if run.resumed_from else None),
+            "phases": timeline.series(run.phases)}
 
 
 def plot(data: list[dict], path: str) -> None:
@@ -130,8 +132,14 @@ def plot(data: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
     panels = ["loss"] + (["lr"] if any(d["lr"] for d in data) else []) + \
         (["throughput"] if any(d["throughput"]["points"] for d in data) else [])
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.7 * len(panels) + 0.5), sharex=True, squeeze=False)
-    ax_of = dict(zip(panels, axes[:, 0]))
+    extra = timeline.rows(data)   # the phase timeline's axis below the step axes (view/timeline.py)
+    fig, axes = plt.subplots(len(panels) + extra, 1, figsize=(9, 2.7 * len(panels) + 3 * extra + 0.5),
+                             squeeze=False)
+    steps_axes = axes[:len(panels), 0]
+    for ax in steps_axes[:-1]:
+        ax.sharex(steps_axes[-1])
+        ax.tick_params(labelbottom=False)
+    ax_of = dict(zip(panels, steps_axes))
     for i, d in enumerate(data):
         color, name = f"C{i}", d["run_id"] if len(data) > 1 else "loss"
         for key in ("loss", "lr"):
@@ -164,12 +172,14 @@ def plot(data: list[dict], path: str) -> None:
     if "throughput" in ax_of:
         ax_of["throughput"].set_ylabel(data[0]["throughput"]["unit"]
                                        + f"\n(windows ≥ {data[0]['throughput']['window_s']:g} s)")
-    axes[-1, 0].set_xlabel("step")
+    steps_axes[-1].set_xlabel("step")
     from matplotlib.ticker import MaxNLocator
-    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))   # steps are whole
+    steps_axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))   # steps are whole
     if ax_of["loss"].get_legend_handles_labels()[0]:
         ax_of["loss"].legend(loc="upper right", fontsize=8)
     ax_of["loss"].set_title(" vs ".join(d["run_id"] for d in data), fontsize=10)
+    if extra:
+        timeline.draw(axes[len(panels), 0], data)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

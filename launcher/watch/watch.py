@@ -11,9 +11,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import render
-from . import hwcause, stacks
-from ..record import fsmode
-from ..record.events import EventLog
+from . import hwcause, milestones, stacks
+from ..record import fsmode, phases
+from ..record.events import EventLog, read_events
 from .health import HealthConfig, Monitor, Verdict, may_matter
 from ..plan.launch_plan import LaunchPlan, remote_bin
 
@@ -75,12 +75,22 @@ class Watch:
         self.hardware: dict[int, tuple[str, bool]] = {}   # node -> its first hwcause line
         self._lock = threading.Lock()
         self._logged = 0
+        reached = phases.reached_before(read_events(self.events.path), plan.attempt) if plan.attempt else None
+        self.milestones = milestones.Milestones(lambda **f: self.events.emit(phases.PHASE, **f), reached)
+
+    def phase(self, name: str, **fields) -> None:
+        """The attempt's next phase begins (launcher/record/phases.py)."""
+        self.events.emit(phases.PHASE, phase=name, **fields)
 
     def lines(self, rank: int, host: str, lines: list[str]) -> Verdict | None:
         """Feed one node's lines; the stopping verdict, if these lines caused one."""
         with self._lock:
+            self.milestones.lines(lines)
             verdicts = self.monitor.lines(rank, host, lines)
-            return self._take(verdicts)
+            stop = self._take(verdicts)
+            if not self.milestones.caught:
+                self.milestones.step(self.monitor.last_step, first=False)
+            return stop
 
     def hardware_in(self, rank: int, host: str, lines: list[str]) -> None:
         """Keep the node's first hardware-looking line (hwcause.py), or a DEVICE one after a
@@ -106,7 +116,7 @@ class Watch:
     def text(self, rank: int, host: str, text: str) -> Verdict | None:
         """lines() for a text of whole lines; a text nothing in which can matter costs one scan
         for the health patterns."""
-        if may_matter(text):
+        if may_matter(text) or (not self.milestones.training and milestones.may_matter(text)):
             return self.lines(rank, host, text[:-1].split("\n"))
         return None
 
@@ -131,6 +141,8 @@ class Watch:
     def _take(self, verdicts: list[Verdict]) -> Verdict | None:
         stop = None
         for v in verdicts:
+            if v.event == "first_step":
+                self.milestones.step(v.fields.get("step"), first=True)
             if v.event == "step":
                 self._logged += 1
                 if (self._logged - 1) % self.plan.job.health.log_every:

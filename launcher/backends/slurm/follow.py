@@ -100,6 +100,7 @@ class Follow:
         self.watch = Watch(self.plan, None, self.printer.say, time.monotonic)
         for n in nodes:
             self.watch.events.emit("node_start", node=n.rank, host=n.host, slurm_job=self.job_id)
+        self.watch.phase("rendezvous")   # the allocation runs: the phase timeline's next mark
         self.on_started(self.plan)
 
     def _take(self, t: _Tail, text: str) -> None:
