@@ -49,6 +49,6 @@ def test_unfit_explicit_batch_starts_nothing(tmp_path, tiny):
     r = submit_timed(tmp_path, spec)
     assert r.returncode == 2
     assert re.fullmatch(r"mlaunch: batch: estimated [\d.]+ GiB per GPU of 1\.0 \(0\.9 usable\) with per_device 2, "
-                        r"gradient checkpointing off: use deepspeed stage 3 .*, a shorter cutoff_len \(or --force\)",
+                        r"gradient checkpointing off: use deepspeed stage 3 .*, a shorter cutoff_len \(or --force-unfit\)",
                         r.stderr.splitlines()[-1]), r.stderr
     assert not os.path.exists(out)      # no log dir, no lock, no run: refused before the launch

@@ -4,6 +4,7 @@ Plus preflight's input and tracker checks on this machine.
 """
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import math
@@ -98,6 +99,15 @@ def test_preflight_checks_data_forms_model_paths_and_tracker(tmp_path, tiny):
     spec = lf_spec(tiny, ["localhost"], 1, str(tmp_path / "out"), stage="dpo", report_to="tensorboard")
     spec.update(dataset=tiny["dataset"], dataset_dir=data,
                 preflight={"min_free_gb": 0, "min_shm_mb": 0})
+    # Where dataset_info.json is readable here, validate makes the same check (the same function)
+    from launcher.errors import SpecError
+    from launcher.spec.load import validate
+    with pytest.raises(SpecError) as refused:
+        validate(copy.deepcopy(spec))
+    assert f"dataset: {tiny['dataset']}: stage dpo needs a preference dataset" in str(refused.value)
+    # A dataset_dir relative to the node's workdir is read on the node only: preflight's check
+    spec["cluster"]["workdir"] = os.path.dirname(data)
+    spec["dataset_dir"] = os.path.basename(data)
     report = preflight(spec)
     row = report.get("storage/inputs", 0)
     assert row.status == "fail" and row.detail == (f"dataset: {tiny['dataset']}: stage dpo needs a preference "
