@@ -12,7 +12,7 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launcher")
 # Lowest first. A package not named here is its own top layer (reported as unknown).
-LAYERS = ["errors", "render", "nodeprog", "spec", "plan", "record", "view", "logs", "watch", "transport", "session",
+LAYERS = ["errors", "pyparse", "render", "nodeprog", "spec", "plan", "record", "view", "logs", "watch", "transport", "session",
           "preflight", "runs", "backends", "cli"]
 
 

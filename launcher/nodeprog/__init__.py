@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 import os
 
+from .. import pyparse
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -27,7 +29,7 @@ def source(name: str) -> str:
     relay), its parts inlined where it imports them."""
     text = _read(name)
     lines, seen, swaps = text.split("\n"), set(), []
-    for node in _part_imports(ast.parse(text)):   # a part imported twice stands at its first import
+    for node in _part_imports(pyparse.parse(text)):   # a part imported twice stands at its first import
         swaps.append((node, [] if node.module in seen else [_part(node.module, text)]))
         seen.add(node.module)
     for node, part in reversed(swaps):
@@ -55,7 +57,7 @@ def _part(name: str, program: str) -> str:
     """Part `name`'s text for inlining: its `from __future__` lines dropped (the program's own
     lead the whole text; a part's future import the program lacks is refused)."""
     text = _read(name)
-    tree = ast.parse(text)
+    tree = pyparse.parse(text)
     if _part_imports(tree):
         raise ValueError(f"node program part {name} imports another part")
     lines = text.split("\n")

@@ -187,8 +187,8 @@ def _dict_line(line: str) -> dict | None:
     line = line.strip()
     if not (line.startswith("{") and line.endswith("}") and "step" in line):
         return None
-    import ast
-    for parse in (json.loads, ast.literal_eval):
+    from .. import pyparse
+    for parse in (json.loads, pyparse.literal_eval):
         try:
             d = parse(line)
             return d if isinstance(d, dict) else None

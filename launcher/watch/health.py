@@ -19,7 +19,6 @@ sets WORLD_SIZE in its workers only), and a wrong world shows in every rank that
 """
 from __future__ import annotations
 
-import ast
 import json
 import math
 import re
@@ -27,6 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import pyparse
 from .world_lines import TEE_PREFIX, read_world_size  # noqa: F401 (read_world_size: API)
 
 DICT_LINE = re.compile(r"(\{['\"](?:loss|step|train_loss|eval_loss)['\"].*\})\s*$")
@@ -59,7 +59,7 @@ def _number(value: Any) -> float | None:
 
 
 def _parse_dict(text: str) -> dict | None:
-    for parse in (json.loads, ast.literal_eval):
+    for parse in (json.loads, pyparse.literal_eval):
         try:
             value = parse(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -69,7 +69,7 @@ def _parse_dict(text: str) -> dict | None:
     # Python's repr prints nan/inf bare, which neither parser takes.
     fixed = re.sub(r"(?<=[:\s])(-?)(nan|inf)(?=[,}\s])", r"'\1\2'", text)
     try:
-        value = ast.literal_eval(fixed)
+        value = pyparse.literal_eval(fixed)
     except (ValueError, SyntaxError):
         return None
     return value if isinstance(value, dict) else None
