@@ -193,3 +193,47 @@ def test_console_within_its_pace_shows_every_line(tmp_path):
     console.follow(0, "h", str(path))
     console.close(wait_s=limit(10))
     assert sink.getvalue() == "".join(f"[node0 h] step {k}\n" for k in range(50))
+
+
+EXIT_BARRIER_SCRIPT = """
+import datetime, types
+from torch.distributed import TCPStore
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+server = TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=2), wait_for_workers=False)
+client = TCPStore("127.0.0.1", server.port, 2, False, timeout=datetime.timedelta(seconds=2))
+del server   # the rendezvous store's host has ended, as node 0's agent may before the others
+agent = types.SimpleNamespace(_store=client, _exit_barrier_timeout=1, _worker_group=types.SimpleNamespace(
+    group_world_size=2, state="SUCCEEDED"))
+print("before", flush=True)
+SimpleElasticAgent._exit_barrier(agent)
+print("after", flush=True)
+"""
+
+
+def test_torchruns_exit_barrier_traceback_becomes_one_console_line():
+    """torch's own agent code fails its exit barrier on a store whose host is gone and logs
+    the traceback; the console's filter shows one line for it, whatever the chunking, and
+    keeps the lines around it."""
+    import subprocess
+    import sys
+    from launcher.logs.torchrun_out import BARRIER_LINE, ExitBarrierNoise
+    raw = subprocess.run([sys.executable, "-c", EXIT_BARRIER_SCRIPT], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=limit(120)).stdout
+    assert "Error waiting on exit barrier" in raw and "Traceback" in raw, raw[-2000:]
+    lines = raw.splitlines(keepends=True)
+    for size in (1, 3, len(lines)):
+        f = ExitBarrierNoise()
+        shown = "".join(f.filter("".join(lines[i:i + size])) for i in range(0, len(lines), size))
+        assert "Traceback" not in shown and "DistNetworkError: " not in shown, shown[-2000:]
+        assert shown.count(BARRIER_LINE) == 1
+        assert "before\n" in shown and shown.endswith("after\n")
+
+
+def test_exit_barrier_record_without_a_header_ends_at_its_exception():
+    from launcher.logs.torchrun_out import BARRIER_LINE, ExitBarrierNoise
+    text = ("step 9\nError waiting on exit barrier. Elapsed: 300 seconds\nTraceback (most recent call last):\n"
+            "  File \"a.py\", line 1, in f\n    g()\nDistStoreError: timeout\n\n"
+            "The above exception was the direct cause of the following exception:\n\n"
+            "Traceback (most recent call last):\n  File \"b.py\", line 2\nRuntimeError: boom\nstep 10\n"
+            "Error waiting on exit barrier. Elapsed: 1 seconds\nnext line\n")
+    assert ExitBarrierNoise().filter(text) == f"step 9\n{BARRIER_LINE}step 10\n{BARRIER_LINE}next line\n"

@@ -13,6 +13,7 @@ import time
 
 from .stream import Printer
 from .tail import FileTail
+from .torchrun_out import ExitBarrierNoise
 
 BOUND_BYTES = 8 * 2**20  # a node log's unread bytes past which the console skips to its newest
 BEHIND_EVERY_S = 2.0     # at most one "behind" line per this many seconds
@@ -33,6 +34,7 @@ class _Followed(FileTail):
     def __init__(self, rank: int, host: str, path: str):
         super().__init__(path)
         self.rank, self.host = rank, host
+        self.noise = ExitBarrierNoise()   # torchrun's exit-barrier traceback: one line here
 
 
 class Console:
@@ -114,7 +116,7 @@ class Console:
             f.skip(size - budget)
             if final:   # said ahead of the newest lines it shows
                 self._say_behind(force=True)
-        if (text := f.read(budget)) and not self._abandoned:
+        if (text := f.read(budget)) and not self._abandoned and (text := f.noise.filter(text)):
             self.printer.node_text(f.rank, f.host, text, masked=True)
 
     def _say_behind(self, force: bool = False) -> None:

@@ -17,7 +17,7 @@ from .commands import (NEVER_EXIT, POLL_S, cancel_and_wait, hostnames, is_gone, 
                     never_starts, node_outcomes)
 from ...logs.stream import NodeLog, lines_of
 from ...logs.tail import FileTail, log_iter
-from ...logs.torchrun_out import TorchrunRootCause
+from ...logs.torchrun_out import ExitBarrierNoise, TorchrunRootCause
 from ...session.nodeoutput import with_cause
 
 STATE_POLL_MAX_S = 2.0
@@ -32,6 +32,7 @@ class _Tail(FileTail):
         self.rank = rank
         self.tail: collections.deque[str] = collections.deque(maxlen=12)
         self.cause = TorchrunRootCause()
+        self.noise = ExitBarrierNoise()   # torchrun's exit-barrier traceback: one console line
 
 
 class Follow:
@@ -115,7 +116,8 @@ class Follow:
         self.logs[rank].write(text)
         lines = lines_of(text)
         t.tail.extend(lines)
-        self.printer.node_text(rank, self.hosts[rank], text, masked=True)
+        if shown := t.noise.filter(text):
+            self.printer.node_text(rank, self.hosts[rank], shown, masked=True)
         verdict = self.watch.lines(rank, self.hosts[rank], lines) if self.watch else None
         if verdict is not None and not self._final and self.verdict is None:
             self._health_stop(verdict)
