@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The namespace hosts' tools for the GPU machine (the `device` tool), which has 16 cores but no
-# sshd, ssh, iproute2 or paramiko: the log-flood benchmark there measures mlaunch where the
-# "nodes" do not share the launcher's cores (bench/results/logpath-device-*.txt).
+# sshd, ssh, iproute2, pdsh or paramiko: the log-flood benchmark there measures mlaunch where the
+# "nodes" do not share the launcher's cores (bench/results/logpath-device-*.txt), and the
+# first-step benchmark (bench/first_step.py) needs pdsh for its baseline.
 #
 #   bash bench/device_kit.sh build        # here: .sshkit/ (this machine's Debian binaries and
 #                                         # their libraries) and .whl/ (the launcher's wheels)
@@ -12,13 +13,22 @@ K=$PWD/.sshkit
 case "${1:-}" in
 build)
   grep -qx '/.sshkit/' .git/info/exclude 2>/dev/null || printf '/.sshkit/\n/.whl/\n' >> .git/info/exclude
-  rm -rf .sshkit .whl && mkdir -p .sshkit/bin .sshkit/real .sshkit/lib
-  for b in /usr/sbin/sshd /usr/bin/ssh /usr/bin/ssh-keygen /usr/bin/ip /usr/sbin/tc /usr/bin/nsenter /usr/bin/unshare; do
-    cp "$b" .sshkit/real/
+  rm -rf .sshkit .whl && mkdir -p .sshkit/bin .sshkit/real .sshkit/lib .sshkit/pdsh
+  # pdsh's rcmd modules (ssh, exec, ...): `run` puts them where pdsh.bin looks, its
+  # compiled-in module directory; their libraries (libgenders) come from ldd as the binaries' do.
+  cp /usr/lib/x86_64-linux-gnu/pdsh/*.so .sshkit/pdsh/
+  for b in /usr/sbin/sshd /usr/bin/ssh /usr/bin/ssh-keygen /usr/bin/ip /usr/sbin/tc /usr/bin/nsenter /usr/bin/unshare \
+      /usr/bin/pdsh.bin .sshkit/pdsh/*.so; do
+    case $b in *.so) ;; *) cp "$b" .sshkit/real/ ;; esac
     for l in $(ldd "$b" | awk '$3 ~ /^\// {print $3}'); do
       case $(basename "$l") in libc.so.6|libresolv.so.2|ld-linux*) ;; *) cp -nL "$l" .sshkit/lib/ ;; esac
     done
     n=$(basename "$b")
+    case $n in *.so) continue ;; pdsh.bin)
+      # Debian's /usr/bin/pdsh is a bash script that runs pdsh.bin as `exec -a pdsh` (pdsh
+      # takes its personality, pdsh or pdcp, from argv[0]): the same, with the kit's libraries.
+      printf '#!/bin/bash\nK=$(cd "$(dirname "$0")/.." && pwd)\nLD_LIBRARY_PATH="$K/lib" exec -a pdsh "$K/real/pdsh.bin" "$@"\n' > .sshkit/bin/pdsh
+      chmod +x .sshkit/bin/pdsh; continue ;; esac
     # sshd re-executes itself by its absolute path: the wrapper execs the real one so.
     printf '#!/bin/sh\nK=$(cd "$(dirname "$0")/.." && pwd)\nLD_LIBRARY_PATH="$K/lib" exec "$K/real/%s" "$@"\n' "$n" > ".sshkit/bin/$n"
     chmod +x ".sshkit/bin/$n"
@@ -33,9 +43,12 @@ build)
 run)
   shift
   id sshd >/dev/null 2>&1 || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd   # privilege separation
+  # pdsh.bin loads its modules from the directory it was built with and only from one that is
+  # root's and not group/world-writable (it skips "insecure" modules): copy them there.
+  install -d -m 755 /usr/lib/x86_64-linux-gnu/pdsh && install -m 644 "$K"/pdsh/*.so /usr/lib/x86_64-linux-gnu/pdsh/
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD PATH=$K/bin:$PATH
-  head -2 /etc/os-release; echo "cores: $(nproc)"; python3 --version; ssh -V
+  head -2 /etc/os-release; echo "cores: $(nproc)"; python3 --version; ssh -V; pdsh -V | head -2
   "$@" ;;
 *) echo "usage: $0 build | run CMD..." >&2; exit 2 ;;
 esac

@@ -72,7 +72,10 @@ def mlaunch(hs, n: int, tmp: str, tree: str, preflight: bool) -> tuple[float, di
     out = os.path.join(tmp, f"out-{time.time_ns()}")
     spec = script_job([h.ip for h in hs.hosts[:n]], 1, "steps.py", ["3"], out, hs=hs) | {"name": "first-step"}
     spec["script"]["path"] = JOB
-    env = {**os.environ, "PYTHONPATH": tree, "MLAUNCH_HOME": os.path.join(tmp, "home")}
+    # The tree first, then PYTHONPATH's own entries: on the GPU machine those hold the carried
+    # wheels the launcher imports (pydantic, paramiko: bench/device_kit.sh run's /tmp/site).
+    path = [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "MLAUNCH_HOME": os.path.join(tmp, "home")}
     argv = [sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)] + ([] if preflight else ["--no-preflight"])
     t0 = time.time()
     r = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=240)
