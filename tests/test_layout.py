@@ -30,6 +30,29 @@ def test_the_top_floor_holds_only_the_base_modules():
     assert top == ["__init__.py", "errors.py", "pyparse.py", "render.py"]
 
 
+# The rooms that may start a program: backends (and the transport they run on) on this
+# machine, and nodeprog, which runs on the nodes.
+PROCESS_ROOMS = ("backends", "transport", "nodeprog")
+
+
+def test_only_backends_transport_and_node_programs_start_processes():
+    """subprocess (and os.system/popen/exec*) appears only in PROCESS_ROOMS: a spec, plan,
+    view or CLI module that ran git, ssh or a scheduler would bypass the backend's seam."""
+    found = []
+    for path in glob.glob(os.path.join(ROOT, "launcher", "**", "*.py"), recursive=True):
+        room = os.path.relpath(path, os.path.join(ROOT, "launcher")).split(os.sep)[0]
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            calls = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.value.id == "os" and node.attr in ("system", "popen", "execv", "execvp", "execvpe",
+                                                          "spawnv", "posix_spawn")
+            if (any(m.split(".")[0] == "subprocess" for m in mods) or calls) and room not in PROCESS_ROOMS:
+                found.append(os.path.relpath(path, ROOT))
+    assert found == [], found
+
+
 def test_the_graph_tool_finds_a_planted_cycle_and_upward_import(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:

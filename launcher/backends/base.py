@@ -90,7 +90,8 @@ class Backend:
     def show(self, plan, full: bool = False) -> str:
         """The dry-run text of plan."""
         from ..view.present import describe_plan
-        return describe_plan(plan, full=full)
+        from ..transport.staging import code_files
+        return describe_plan(plan, full=full, list_code=code_files)
 
     def dryrun(self, plan, full: bool = False) -> Request:
         """The request that run/submit would run; nothing is contacted."""

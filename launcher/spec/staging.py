@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import subprocess
 from typing import Literal
 
 from pydantic import Field
@@ -137,15 +136,3 @@ def _source_problems(where: str, item: StageItem) -> list[Problem]:
         return [Problem(f"{where}.what", f"code: {item.src!r} is not the top of a git work tree; "
                         "give the work tree's top directory, or what: files")]
     return []
-
-
-def code_files(top: str) -> list[str] | None:
-    """The files of a code item: what `git ls-files` lists in the work tree top, tracked and
-    untracked that .gitignore does not exclude (None: git failed; its words are lost here,
-    the copy says them)."""
-    r = subprocess.run(["git", "-C", top, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                       capture_output=True)
-    if r.returncode != 0:
-        return None
-    return [n for n in r.stdout.decode("utf-8", "surrogateescape").split("\0")
-            if n and os.path.isfile(os.path.join(top, n))]

@@ -22,7 +22,7 @@ from ..nodeprog import manifest as mf
 from ..plan.launch_plan import LaunchPlan, remote_python
 from ..plan.staging import LAUNCHER, Copy, needed_bytes, rounds, size_text
 from ..spec.hosts import login_addr
-from ..spec.staging import StageItem, code_files
+from ..spec.staging import StageItem
 
 PROBE_TIMEOUT_S = 600          # hashing a node:PATH source of many GB takes minutes
 COPY_TIMEOUT_S = 24 * 3600     # one copy of one item to one node
@@ -150,7 +150,7 @@ def _states(items: list[Item], f: dict, held: dict) -> list[tuple[str, str, int]
 
 
 def _git_files(top: str) -> list[str]:
-    """The code item's files (spec/staging.py code_files); UserError when git fails there."""
+    """The code item's files (code_files); UserError when git fails there."""
     names = code_files(top)
     if names is None:
         raise UserError(f"staging: `git ls-files` failed in {top}; is git installed, and is it a work tree?")
@@ -283,3 +283,15 @@ def node_host(login: str) -> str:
 def _last(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1].removeprefix("mlaunch: ") if lines else ""
+
+
+def code_files(top: str) -> list[str] | None:
+    """The files of a code item: what `git ls-files` lists in the work tree top, tracked and
+    untracked that .gitignore does not exclude (None: git failed; its words are lost here,
+    the copy says them)."""
+    r = subprocess.run(["git", "-C", top, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                       capture_output=True)
+    if r.returncode != 0:
+        return None
+    return [n for n in r.stdout.decode("utf-8", "surrogateescape").split("\0")
+            if n and os.path.isfile(os.path.join(top, n))]

@@ -11,10 +11,11 @@ from ..plan.trainers import TRAINERS, global_batch
 
 
 def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
-                  placed: tuple[str, ...] = ()) -> str:
+                  placed: tuple[str, ...] = (), list_code=None) -> str:
     """The dry-run view: header, the nodes (a readable summary, or with full every node's
     exact script), then every file (with_nodes False: the header only, for a scheduler
-    backend's own view). placed: the scheduler backend's lines on how it places the nodes."""
+    backend's own view). placed: the scheduler backend's lines on how it places the nodes.
+    list_code: the backend's lister of a code item's files (view/staging.py)."""
     job = plan.job
     size = world_size(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -43,7 +44,7 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     lines.append(restart_line(job))
     lines += spare_lines(job) + shrink_lines(job)
-    lines += staging_lines(job, len(plan.nodes))
+    lines += staging_lines(job, len(plan.nodes), list_code)
     lines += list(placed)
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")

@@ -1,17 +1,18 @@
 """The dry-run's staging lines (issue 54): each item's source, size and destination, and how
-it reaches the nodes. Reads only this machine's files (sizes, `git ls-files` for code); what
-each node already has is found at submit from its manifest, since the dry-run contacts no node."""
+it reaches the nodes. Reads only this machine's files (sizes; a code item's listing through
+list_code, the backend's `git ls-files`); what each node already has is found at submit from
+its manifest, since the dry-run contacts no node."""
 from __future__ import annotations
 
 import os
 
 from ..plan.staging import rounds, size_text
-from ..spec.staging import code_files
 
 
-def staging_lines(job, nodes: int) -> list[str]:
-    """The staging plan's lines and the checkpoint replication policy, or none."""
-    return _items(job, nodes) + _tokenize(job) + _copies(job)
+def staging_lines(job, nodes: int, list_code=None) -> list[str]:
+    """The staging plan's lines and the checkpoint replication policy, or none. list_code(top):
+    a code item's files (None when git failed); without it the listing is left to submit."""
+    return _items(job, nodes, list_code) + _tokenize(job) + _copies(job)
 
 
 def _tokenize(job) -> list[str]:
@@ -34,7 +35,7 @@ def _copies(job) -> list[str]:
             "complete across copies, put together on node 0 and staged to every node"]
 
 
-def _items(job, nodes: int) -> list[str]:
+def _items(job, nodes: int, list_code) -> list[str]:
     if not job.staging:
         return []
     n_rounds = len(rounds([""], [str(i) for i in range(nodes)]))
@@ -42,15 +43,17 @@ def _items(job, nodes: int) -> list[str]:
              f"another content, node to node ({n_rounds} rounds at most), checked against its manifest "
              "(size + sha256 per file); what is in place is read from each node's manifest at submit"]
     for i, item in enumerate(job.staging):
-        lines.append(f"  staging[{i}] {item.dst} <- {item.src}: {_source(item)}")
+        lines.append(f"  staging[{i}] {item.dst} <- {item.src}: {_source(item, list_code)}")
     return lines
 
 
-def _source(item) -> str:
+def _source(item, list_code) -> str:
     if item.on_node:
         return "on a node of the run (the first that has it feeds the others; sized at submit)"
+    if item.what == "code" and list_code is None:
+        return "code: the files git ls-files lists there, listed at submit, from this machine"
     if item.what == "code":
-        names = code_files(item.path)
+        names = list_code(item.path)
         if names is None:
             return "code: git ls-files failed here"
         size = sum(os.path.getsize(os.path.join(item.path, n)) for n in names)

@@ -6,6 +6,7 @@ import json
 
 from ...plan.launch_plan import LaunchPlan
 from ...spec.ray_rules import bundle
+from ...transport.staging import code_files
 from ...view.present import describe_plan
 from .connect import agent_name, group_name
 
@@ -33,4 +34,4 @@ def placement_lines(plan: LaunchPlan) -> tuple[str, ...]:
 
 def describe_ray(plan: LaunchPlan, full: bool = False) -> str:
     """The plan's header with the placement request, then the per-node commands and files."""
-    return describe_plan(plan, full=full, placed=placement_lines(plan))
+    return describe_plan(plan, full=full, placed=placement_lines(plan), list_code=code_files)

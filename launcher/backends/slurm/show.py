@@ -3,6 +3,7 @@ script and every file, exactly as submit writes them."""
 from __future__ import annotations
 
 from ...plan.launch_plan import LaunchPlan
+from ...transport.staging import code_files
 from ...view.present import describe_plan
 from .sbatch import request
 
@@ -23,7 +24,7 @@ def placement_lines(plan: LaunchPlan) -> tuple[str, ...]:
 def describe_sbatch(plan: LaunchPlan) -> str:
     """The batch script, the node script, the secrets file (masked) and every file."""
     req = request(plan)
-    head = describe_plan(plan, with_nodes=False, placed=placement_lines(plan)).rstrip("\n")
+    head = describe_plan(plan, with_nodes=False, placed=placement_lines(plan), list_code=code_files).rstrip("\n")
     parts = [head, f"sbatch: {req.script_path} (submitted with sbatch --parsable)",
              f"node logs: {req.node_log_pattern.replace('%%', '%')} (%n node, %N host)", "",
              f"=== batch script {req.script_path} ===", req.script.rstrip("\n"), "",
