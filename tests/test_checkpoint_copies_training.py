@@ -16,8 +16,8 @@ import shutil
 import pytest
 
 from .helpers import limit, mlaunch
-from .training import (build_tiny, held_at, lf_spec, losses, require_trainer, submit_and_cut,
-                       submit_timed, trainer_state)
+from .training import (adam_moments, build_tiny, held_at, lf_spec, losses, require_trainer,
+                       same_optimizer_state, submit_and_cut, submit_timed, trainer_state)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -28,6 +28,15 @@ CUT_AT, STEPS = 5, 15
 def tiny(tmp_path_factory):
     require_trainer()
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
+
+
+def _moments(hs, hosts) -> dict[str, dict]:
+    """adam_moments of the last checkpoint over the hosts' own disks: each node saved its own
+    ranks' optimizer shards there."""
+    out = {}
+    for h in hosts:
+        out.update(adam_moments(os.path.join(hs.disk_of(h), "out", f"checkpoint-{STEPS}")))
+    return out
 
 
 def _events(logs: str) -> list[dict]:
@@ -82,6 +91,7 @@ def test_zero2_full_bare_nodes_lost_node_resumes_on_a_spare_from_copies(make_hos
         state = trainer_state(out0)
         got = losses(state)
         assert state["global_step"] == STEPS and sorted(got) == list(range(1, STEPS + 1)), got
+        moments = _moments(hs, [a, spare, c])
         run_id = re.search(r"job (\S+) succeeded", rest).group(1)
         ps = mlaunch("ps", run_id)   # where each part of the newest checkpoints has copies: the spare's now
         assert ps.returncode == 0, ps.stderr
@@ -97,6 +107,11 @@ def test_zero2_full_bare_nodes_lost_node_resumes_on_a_spare_from_copies(make_hos
     print("[losses] step, bare nodes with a spare after the cut, uninterrupted: "
           + "; ".join(f"{s} {got[s]:.4f} {reference[s]:.4f} {rel[s]:+.3%}" for s in rel))
     assert all(abs(v) < 0.005 for v in rel.values()), rel
+    # the optimizer came back from the copies too: Adam's moments at the end are the
+    # uninterrupted run's, and its step counts all STEPS (a fresh one would count STEPS - CUT_AT)
+    want = adam_moments(os.path.join(ref_out, f"checkpoint-{STEPS}"))
+    print(f"[optimizer] checkpoint-{STEPS}: after the cut {moments}; uninterrupted {want}")
+    assert same_optimizer_state(moments, want, STEPS) == [], (moments, want)
 
 
 def test_zero2_full_bare_nodes_lost_node_shrinks_3_to_2_from_copies(make_hostset, tmp_path, tiny):
@@ -133,6 +148,7 @@ def test_zero2_full_bare_nodes_lost_node_shrinks_3_to_2_from_copies(make_hostset
             assert os.path.exists(os.path.join(own, f"global_step{CUT_AT}_universal", ".mlaunch-complete")), h.name
         got = losses(trainer_state(os.path.join(hs.disk_of(a), "out")))
         assert sorted(got) == list(range(1, STEPS + 1)), got
+        moments = _moments(hs, [a, c])
     ref_out = str(tmp_path / "reference")
     ref = lf_spec(tiny, ["localhost"], 2, ref_out, **sched) | {"batch": {"per_device": 1, "grad_accum": 3}}
     r = submit_timed(tmp_path, ref, timeout=limit(900))
@@ -142,3 +158,8 @@ def test_zero2_full_bare_nodes_lost_node_shrinks_3_to_2_from_copies(make_hostset
     print("[losses] step, bare nodes shrunk 3 -> 2 after the cut, uninterrupted world 2: "
           + "; ".join(f"{s} {got[s]:.4f} {reference[s]:.4f} {rel[s]:+.3%}" for s in rel))
     assert all(abs(v) < 0.005 for v in rel.values()), rel
+    # Adam's state went through the copies and the universal conversion: at the end its moments
+    # are the uninterrupted world-2 run's, its step all STEPS
+    want = adam_moments(os.path.join(ref_out, f"checkpoint-{STEPS}"))
+    print(f"[optimizer] checkpoint-{STEPS}: shrunk {moments}; uninterrupted world 2 {want}")
+    assert same_optimizer_state(moments, want, STEPS) == [], (moments, want)

@@ -30,6 +30,14 @@ def test_allreduce_2x2_through_sbatch(slurm2, tmp_path):
     for k, path in enumerate(logs):
         assert len(re.findall(rf"rank \d/4 node {k} sum 6", open(path).read())) == 2
     assert leftovers(slurm2, keep) == {n: set() for n in names}
+    # the phase timeline: the run's files written, then the wait in Slurm's queue as its own
+    # phase (from sbatch's job id to the allocation), then the nodes' start
+    (events,) = glob.glob(str(tmp_path / "out" / "logs" / "*" / "events.jsonl"))
+    from launcher.record.events import read_events
+    from launcher.record.phases import timeline
+    names_seen = [p.name for p in timeline(read_events(events))]
+    assert names_seen[:4] == ["connect", "checkpoint", "stage", "queued"], names_seen
+    assert names_seen[4] == "rendezvous", names_seen
 
 
 

@@ -297,6 +297,50 @@ print(json.dumps(out))
 """
 
 
+ADAM_MOMENTS = r"""
+import glob, json, math, sys, torch
+def walk(o, found):
+    if isinstance(o, dict):
+        if isinstance(o.get("state"), dict) and "param_groups" in o:
+            found += [s for s in o["state"].values() if isinstance(s, dict) and "exp_avg" in s]
+        for v in o.values():
+            walk(v, found)
+out = {}
+for path in sorted(glob.glob(sys.argv[1] + "/global_step*/*optim_states.pt")):
+    found = []
+    walk(torch.load(path, map_location="cpu", weights_only=False), found)
+    norm = lambda k: math.sqrt(sum(float(s[k].double().pow(2).sum()) for s in found))
+    out[path.rsplit("/", 1)[1]] = {"steps": sorted({int(s["step"]) for s in found}), "numel":
+                                   sum(s["exp_avg"].numel() for s in found),
+                                   "exp_avg": norm("exp_avg"), "exp_avg_sq": norm("exp_avg_sq")}
+print(json.dumps(out))
+"""
+
+
+def adam_moments(checkpoint_dir: str, python: str | None = None) -> dict[str, dict]:
+    """{optimizer shard file: its Adam steps, element count and the L2 norms of exp_avg and
+    exp_avg_sq} of a DeepSpeed checkpoint: two runs that trained the same model with the same
+    optimizer history hold the same moments, a restart that lost them (a fresh optimizer) holds
+    other ones."""
+    out = subprocess.run([python or require_trainer(), "-c", ADAM_MOMENTS, checkpoint_dir], capture_output=True,
+                         text=True, timeout=limit(120), check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def same_optimizer_state(got: dict[str, dict], want: dict[str, dict], step: int, rel: float = 0.02) -> list[str]:
+    """What differs between two adam_moments() of checkpoints saved at global step `step`
+    (empty: the same): each shard's Adam step is `step`, its size is the reference's and its
+    moments' norms are within rel of the reference's."""
+    bad = [] if sorted(got) == sorted(want) else [f"shards {sorted(got)} != {sorted(want)}"]
+    for name in sorted(set(got) & set(want)):
+        g, w = got[name], want[name]
+        if g["steps"] != [step] or g["numel"] != w["numel"]:
+            bad.append(f"{name}: steps {g['steps']} (want [{step}]), {g['numel']} elements (want {w['numel']})")
+        bad += [f"{name}: |{k}| {g[k]:.6g} vs {w[k]:.6g}" for k in ("exp_avg", "exp_avg_sq")
+                if abs(g[k] - w[k]) > rel * abs(w[k])]
+    return bad
+
+
 def adam_steps(checkpoint_dir: str, python: str | None = None) -> dict[str, list[int]]:
     """{optimizer shard file: the distinct optimizer `step` values it holds} of a DeepSpeed
     checkpoint (its global_step*/ folder), read with python's torch (the trainer venv's by

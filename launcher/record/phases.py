@@ -13,7 +13,9 @@ A fresh attempt: connect, preflight, checkpoint (finding the resume point), stag
 setup, first step), then training. A restart: teardown (from the failure seen) and settle
 (every node reports) close the failed attempt; the next one begins with backoff, decide (a
 spare in, a shrink, or a reconnect), checkpoint (found, converted), then as a fresh one, with
-catch-up from its first step back to the step reached before the fault.
+catch-up from its first step back to the step reached before the fault. Under Slurm, stage
+(the run's files written) then queued (sbatch took the job) replace connect to start: the
+queue's wait is its own bar, until the allocation runs (rendezvous).
 
 Pure: no file but the one read_events reads; launcher/view/timeline.py draws it.
 """

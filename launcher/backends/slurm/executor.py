@@ -8,7 +8,8 @@ import shutil
 import subprocess
 
 from ...errors import Problem, UserError
-from ...record import fsmode
+from ...record import fsmode, phases
+from ...record.events import EventLog
 from ...transport.base import make_run_dirs
 from .commands import NO_ANSWER, sbatch_error, slurm_cmd
 
@@ -66,6 +67,8 @@ class SlurmExecutor:
         from .follow import Follow
         from . import sbatch
         req = sbatch.request(plan)
+        events = EventLog(os.path.join(plan.log_dir, "events.jsonl"), plan.run_id, plan.attempt)
+        events.emit(phases.PHASE, phase="stage")
         self.stage(plan)
         _write(req.node_script.path, req.node_script.content)
         fsmode.private_dir(os.path.dirname(req.raw_log(0, "")))   # srun's unmasked output
@@ -85,6 +88,8 @@ class SlurmExecutor:
             n = len(plan.nodes)
             printer.say(f"slurm job {job_id}: {n} node{'' if n == 1 else 's'} requested; "
                         f"batch script {req.script_path}")
+            # until the allocation runs (follow.py's rendezvous mark): the time in Slurm's queue
+            events.emit(phases.PHASE, phase="queued", slurm_job=job_id)
             on_started(queued=True, handle={"job_id": job_id, "job_ids": list(self.job_ids)})
             return Follow(plan, req, job_id, printer, on_started).run()
         finally:
