@@ -46,6 +46,14 @@ run)
   # pdsh.bin loads its modules from the directory it was built with and only from one that is
   # root's and not group/world-writable (it skips "insecure" modules): copy them there.
   install -d -m 755 /usr/lib/x86_64-linux-gnu/pdsh && install -m 644 "$K"/pdsh/*.so /usr/lib/x86_64-linux-gnu/pdsh/
+  # The ARP table is one for all network namespaces (gc_thresh3 1024 by default): 64 hosts'
+  # full mesh (gloo, preflight's mesh check) needs 64*63 entries, and past it dials fail with
+  # "No route to host" or time out (dmesg: "arp_cache: neighbor table overflow!").
+  # (/proc/sys written directly: the image may have no procps either.)
+  for t in 1:8192 2:32768 3:65536; do
+    echo "${t#*:}" 2>/dev/null > "/proc/sys/net/ipv4/neigh/default/gc_thresh${t%%:*}" ||
+      echo "device_kit: gc_thresh${t%%:*} left at $(cat /proc/sys/net/ipv4/neigh/default/gc_thresh${t%%:*} 2>&1)" >&2
+  done
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD PATH=$K/bin:$PATH
   head -2 /etc/os-release; echo "cores: $(nproc)"; python3 --version; ssh -V; pdsh -V | head -2
