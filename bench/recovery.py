@@ -1,7 +1,9 @@
 """Time back to training after a hard kill, on the namespace test hosts (root, sshd; see
 tests/hosts.py): a 4-node script job over gloo (bench/recover_job.py, a step every 0.5 s);
-once every node has stepped, every process of node 3 and its sshd get SIGKILL. From the
-kill to the first step of the new world (rank 0's wall stamp on it):
+once every node has stepped, node 3 is broken (--faults): `kill`, SIGKILL to every process of
+it and its sshd; `freeze`, SIGSTOP to every process of it (its sshd, its init: a hung machine
+whose TCP stack still answers). From the fault to the first step of the new world (rank 0's
+wall stamp on it):
 
   spare    mlaunch with a spare host (cluster.spare_hosts), max_restarts 1
   shrink   mlaunch without one, cluster.min_nodes 3: the job goes on with 3 nodes
@@ -9,10 +11,13 @@ kill to the first step of the new world (rank 0's wall stamp on it):
            --max-restarts 3 --rdzv-backend c10d` on the 4 hosts (with
            TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: PyTorch #135712)
 
-The modes alternate, --runs each; medians with the range. For mlaunch, the phases of the
-restart as its events.jsonl records them (launcher/record/phases.py).
+The cases (mode x fault x tree) alternate, --runs each; medians with the range. For mlaunch,
+the phases of the restart as its events.jsonl records them (launcher/record/phases.py), and
+the same run's fresh start: from `mlaunch submit` to its first step (the yardstick of "back to
+training no later than a fresh submit's first step + 5 s"). torchrun elastic under a freeze is
+given 120 s (gloo's own timeout is 30 min): "no recovery" then.
 
-  python bench/recovery.py --runs 3 [--modes spare,shrink,elastic] [--tree /work/main]
+  python bench/recovery.py --runs 3 [--modes spare,shrink,elastic] [--faults kill,freeze] [--tree /work/main]
 
 --tree: the launcher source the `mlaunch` runs import (PYTHONPATH): an older tree measures
 "before" in the same session.
@@ -55,13 +60,38 @@ def hard_kill(host) -> None:
             pass
 
 
-def wait_ready(lines, n: int) -> None:
-    seen = set()
+def freeze(host) -> None:
+    """SIGSTOP to every process of the host (tests/hostkit/sshd.py: its sshd and init too)."""
+    host.freeze()
+
+
+def mend(host, fault: str) -> None:
+    """The host back as it was: thawed (whatever of the run it still held then ends: its
+    sessions are gone, so its hang-up guard fires; anything left is killed) or its sshd restarted."""
+    if fault == "freeze":
+        host.thaw()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(host.pids() - {host.sshd_pid, host.init_pid}) > 0:
+            time.sleep(0.1)
+        for pid in host.pids() - {host.sshd_pid, host.init_pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    else:
+        host.start_sshd()
+
+
+def wait_ready(lines, n: int) -> float | None:
+    """Until every node has stepped; rank 0's wall stamp on step 1 (None if not seen)."""
+    seen, first = set(), None
     for line in lines:
+        if first is None and (m := re.search(r"(\{\"step\": 1, .*\})", line)):
+            first = json.loads(m.group(1))["wall"]
         if m := READY.search(line):
             seen.add(m.group(1))
         if len(seen) == n:
-            return
+            return first
     raise RuntimeError("the job ended before every node stepped")
 
 
@@ -83,7 +113,7 @@ def first_new_step(text: str) -> float:
     return json.loads(m.group(1))["wall"]
 
 
-def mlaunch(hs, mode: str, tmp: str, tree: str) -> tuple[float, dict]:
+def mlaunch(hs, mode: str, fault: str, tmp: str, tree: str) -> tuple[float, dict]:
     a, b, c, d, e = hs.hosts
     out = os.path.join(tmp, f"out-{mode}-{time.time_ns()}")
     extra = {"spare_hosts": [e.ip]} if mode == "spare" else {"min_nodes": 3}
@@ -91,23 +121,27 @@ def mlaunch(hs, mode: str, tmp: str, tree: str) -> tuple[float, dict]:
                       out, hs=hs, **extra) | {"max_restarts": 1, "name": f"recovery-{mode}"}
     spec["script"]["path"] = JOB
     env = {**os.environ, "PYTHONPATH": tree, "MLAUNCH_HOME": os.path.join(tmp, "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)],
-                            cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_ready(proc.stdout, 4)
+    argv = [sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)]
+    t_launch = time.time()
+    proc = subprocess.Popen(argv, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = wait_ready(proc.stdout, 4)
     t_kill = time.time()
-    hard_kill(d)
-    rest = proc.communicate(timeout=300)[0]
-    d.start_sshd()
+    hard_kill(d) if fault == "kill" else freeze(d)
+    try:
+        rest = proc.communicate(timeout=300)[0]
+    finally:
+        mend(d, fault)
     if proc.returncode != 0:
         raise RuntimeError(f"mlaunch {mode} exit {proc.returncode}:\n{rest[-3000:]}")
     back = first_new_step(rest) - t_kill
     found = glob.glob(f"{out}/logs/*/events.jsonl")
     timeline = phases.timeline(read_events(found[0])) if found else []
     parts = {p.name: p.seconds for p in timeline if p.attempt == 1 or p.name in ("teardown", "settle")}
+    parts["(fresh submit to step 1)"] = first - t_launch if first else None
     return back, parts
 
 
-def elastic(hs, tmp: str) -> tuple[float, dict]:
+def elastic(hs, fault: str, tmp: str) -> tuple[float, dict]:
     a, b, c, d, _ = hs.hosts
     port = free_port()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -121,13 +155,13 @@ def elastic(hs, tmp: str) -> tuple[float, dict]:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_world(proc.stdout, 4)   # a node that joined late makes torchrun form the world again
     t_kill = time.time()
-    hard_kill(d)
+    hard_kill(d) if fault == "kill" else freeze(d)
     try:
-        rest = proc.communicate(timeout=240)[0]
+        rest = proc.communicate(timeout=240 if fault == "kill" else 120)[0]
     except subprocess.TimeoutExpired:
         proc.kill()
         rest = proc.communicate()[0]
-    d.start_sshd()
+    mend(d, fault)
     for h in (a, b, c):   # anything torchrun left (a failed recovery)
         for pid in h.pids():
             if pid != h.sshd_pid:
@@ -142,33 +176,44 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--modes", default="spare,shrink,elastic")
+    ap.add_argument("--faults", default="kill", help="kill, freeze or both, comma-separated")
     ap.add_argument("--tree", default=ROOT, help="launcher source trees, comma-separated: alternated")
     args = ap.parse_args()
     modes = args.modes.split(",")
     if "elastic" in modes and not shutil.which("pdsh"):
         sys.exit("pdsh is not installed")
     trees = args.tree.split(",")
-    cases = [(m, t) for m in modes for t in (trees if m != "elastic" else [""])]
+    faults = args.faults.split(",")
+    cases = [(m, f, t) for m in modes for f in faults for t in (trees if m != "elastic" else [""])]
     got: dict[tuple, list[float]] = {c: [] for c in cases}
-    print(f"launcher trees: {trees}; {args.runs} runs per mode, alternating; hard kill of node 3 of 4")
+    fresh: dict[tuple, list[float]] = {c: [] for c in cases}
+    print(f"launcher trees: {trees}; {args.runs} runs per case, alternating; faults {faults} of node 3 of 4")
     with tempfile.TemporaryDirectory() as tmp, make_hosts(5, isolated_home=True) as hs:
         for i in range(args.runs):
-            for mode, tree in cases:
+            for case in cases:
+                mode, fault, tree = case
                 try:
-                    s, parts = elastic(hs, tmp) if mode == "elastic" else mlaunch(hs, mode, tmp, tree)
+                    s, parts = elastic(hs, fault, tmp) if mode == "elastic" else mlaunch(hs, mode, fault, tmp, tree)
                 except RuntimeError as e:
-                    print(f"run {i} {mode} {tree}: FAILED: {str(e)[:400]}", flush=True)
+                    print(f"run {i} {mode} {fault} {tree}: FAILED (no recovery): {str(e)[:300]}", flush=True)
                     continue
-                got[(mode, tree)].append(s)
+                got[case].append(s)
+                if parts.get("(fresh submit to step 1)") is not None:
+                    fresh[case].append(parts["(fresh submit to step 1)"])
                 shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items() if v is not None)
-                print(f"run {i} {mode:8s} {tree:10s} kill -> first step of the new world {s:6.2f} s"
+                print(f"run {i} {mode:8s} {fault:6s} {tree:10s} fault -> first step of the new world {s:6.2f} s"
                       + (f"   phases: {shown}" if shown else ""), flush=True)
     print()
-    for (mode, tree), xs in got.items():
-        if xs:
-            print(f"{mode:8s} {tree:10s} median {statistics.median(xs):6.2f} s  range {min(xs):.2f}-{max(xs):.2f}  n={len(xs)}")
-        else:
-            print(f"{mode:8s} {tree:10s} no run recovered")
+    for case, xs in got.items():
+        mode, fault, tree = case
+        if not xs:
+            print(f"{mode:8s} {fault:6s} {tree:10s} no run recovered")
+            continue
+        line = f"{mode:8s} {fault:6s} {tree:10s} median {statistics.median(xs):6.2f} s  range {min(xs):.2f}-{max(xs):.2f}  n={len(xs)}"
+        if fresh[case]:
+            f = statistics.median(fresh[case])
+            line += f"; fresh submit to step 1 median {f:.2f} s: recovery - fresh {statistics.median(xs) - f:+.2f} s"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -327,3 +327,13 @@ def test_make_hosts_timing(n, capsys):
     t_down = time.monotonic() - t1
     with capsys.disabled():
         print(f"\n[hosts] make_hosts({n}): up {t_up:.3f}s, teardown {t_down:.3f}s")
+
+
+def test_host_sets_leave_room_in_the_shared_arp_table(make_hostset):
+    """Every namespace's neighbours count against one kernel table: a built set leaves its
+    thresholds at least NEIGH_THRESH, so that a 64-host mesh or a day of test runs does not
+    overflow it (the symptom: dials that time out or find no route)."""
+    from tests.hostkit.sshd import NEIGH_THRESH
+    with make_hostset(2):
+        for k, want in NEIGH_THRESH.items():
+            assert int(open(f"/proc/sys/net/ipv4/neigh/default/gc_thresh{k}").read()) >= want

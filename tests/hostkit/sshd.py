@@ -599,6 +599,7 @@ def _build(n: int, tag: str | None, isolated_home: bool = False,
             raise
 
     try:
+        _room_in_the_neighbour_table()
         _populate(hs, n, ns_names, veths, isolated_home)
         if private_disk:
             _private_disks(hs)
@@ -722,6 +723,27 @@ def _populate(hs: HostSet, n: int, ns_names: list[str], veths: list[str],
     # Sanity: every sshd is reachable from the root namespace via the bridge.
     for h in hs.hosts:
         _wait_tcp(h.ip, SSH_PORT, 10.0)
+
+
+# The kernel's ARP table is one for every network namespace, capped by gc_thresh3 (1024 by
+# default): the host sets of a test run (full meshes of gloo, preflight's mesh check, Ray,
+# the launcher's connections from the root namespace) filled it, and past it a dial fails
+# with "No route to host" or times out (dmesg: "arp_cache: neighbor table overflow!"; seen
+# building a 4-host set after a day of runs, and at 64 hosts). Raised, never lowered.
+NEIGH_THRESH = {1: 8192, 2: 32768, 3: 65536}
+
+
+def _room_in_the_neighbour_table() -> None:
+    for k, want in NEIGH_THRESH.items():
+        path = f"/proc/sys/net/ipv4/neigh/default/gc_thresh{k}"
+        try:
+            with open(path) as fh:
+                if int(fh.read().split()[0]) >= want:
+                    continue
+            with open(path, "w") as fh:
+                fh.write(str(want))
+        except (OSError, ValueError):
+            pass   # not ours to change here: the sets still work while the table has room
 
 
 def _wait_tcp(ip: str, port: int, timeout: float) -> None:
