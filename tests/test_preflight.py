@@ -101,6 +101,40 @@ def test_all_pass_two_hosts(make_hostset, tmp_path, capsys):
 
 
 @pytest.mark.multihost
+def test_forty_hosts_check_their_mesh_all_at_once(make_hostset, tmp_path):
+    """Past 32 nodes (the probes' thread pool once stopped there) every node's mesh listener
+    and dialers still run in one window: 40 hosts, every row passes, and each node was
+    reached by all 39 others (its hostname row says so). Isolated homes: root's ~/.bashrc here
+    (pyenv's init, 0.3 s of CPU a session) on 40 hosts sharing two cores spread the probes'
+    starts wider than the mesh's 8 s window, which real nodes, each with its own CPUs, do not."""
+    with make_hostset(40, isolated_home=True) as hs:
+        spec = base_spec(hs, tmp_path)
+        spec["preflight"]["check_timeout_s"] = 60   # 40 nodes' probes share this machine's cores
+        report = check(spec)
+    assert_only(report, set())
+    rows = [r for r in report.results if r.check == "network/hostname"]
+    assert len(rows) == 40 and all(r.detail.endswith("reachable from every node") for r in rows), report.table()
+
+
+def test_probes_run_on_every_node_at_once():
+    """on_nodes starts every node's script before any returns: 40 fake nodes meet at a barrier
+    (a pool of 32 would leave 8 waiting and break it)."""
+    import threading
+    from launcher.preflight.probe import on_nodes
+    n = 40
+    spec = script_job([f"10.9.{i // 200}.{i % 200 + 1}" for i in range(n)], 1, "x.py", [], "/tmp/out")
+    barrier = threading.Barrier(n, timeout=20)
+
+    class Meeting:
+        def run(self, login, script, timeout):
+            barrier.wait()
+            return 0, "MLAUNCH-PREFLIGHT {}"
+
+    outs = on_nodes(Ctx(build_plan(validate(spec)), Meeting()), lambda r: "true", 30)
+    assert sorted(outs) == list(range(n)) and all(o.code == 0 for o in outs.values())
+
+
+@pytest.mark.multihost
 def test_port_in_use_on_master(make_hostset, tmp_path):
     with make_hostset(2, isolated_home=True) as hs:
         spec = base_spec(hs, tmp_path)

@@ -120,7 +120,11 @@ class Ctx:
 
 def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
              ranks: list[int] | None = None) -> dict[int, Outcome]:
-    """Run each node's script on its host, all nodes in parallel; outcomes by rank."""
+    """Run each node's script on its host, every node at once; outcomes by rank.
+
+    At once, not in batches: the mesh's listeners and dialers must all run in the same window
+    (with 32 at a time, a 64-node check failed: the second half dialed listeners whose
+    probes had ended, "connection refused"). A thread each only waits on its ssh client."""
     ranks = ctx.live if ranks is None else ranks
     jobs = {r: s for r in ranks if (s := script_for(r)) is not None}
     if not jobs:
@@ -131,7 +135,7 @@ def on_nodes(ctx: Ctx, script_for: Callable[[int], str | None], timeout: float,
         code, out = ctx.executor.run(ctx.nodes[rank].login, jobs[rank], timeout)
         return rank, Outcome(code, out, t_send, time.time())
 
-    with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         return dict(pool.map(one, jobs))
 
 
