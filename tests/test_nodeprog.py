@@ -14,7 +14,7 @@ from launcher import nodeprog
 from .loadfactor import limit
 
 PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir", "relay")
-PARTS = {"facts": ("inputs", "ports"), "mesh": ("ports",), "checkpoints": ("ckpt_checks",), "relay": ("wrapped",)}
+PARTS = {"facts": ("inputs", "ports", "meshnet"), "mesh": ("ports", "meshnet"), "checkpoints": ("ckpt_checks",), "relay": ("wrapped",)}
 
 
 def ship(program: str, *args: str) -> subprocess.CompletedProcess:
@@ -36,7 +36,7 @@ def test_shipped_text_is_one_program(program):
 
 def facts_params(**over) -> str:
     p = {"rank": 0, "nonce": "n1", "bindir": None, "workdir": None, "trainer_pkg": None,
-         "tracker": None, "master_port": None, "out_dir": "/tmp", "shared_file": None,
+         "tracker": None, "out_dir": "/tmp", "shared_file": None,
          "inputs": [], "model_config": None, "budget": 20.0, "import_torch": False,
          "marker": "MLAUNCH-TEST"}
     return json.dumps({**p, **over})
@@ -49,17 +49,41 @@ def facts(**over) -> dict:
     return json.loads(line.split(" ", 1)[1])
 
 
-def test_facts_names_the_holder_of_the_master_port(tmp_path):
-    """ports.bind and ports.holder, inlined: a port this test listens on is in use, by us."""
+def test_facts_reads_inputs_and_finds_a_mesh_port(tmp_path):
+    got = facts(inputs=[{"kind": "file", "path": str(tmp_path / "nope")}])
+    assert got["inputs"][0]["ok"] is False
+    assert got["inputs"][0]["error"] == f"{tmp_path / 'nope'}: no such file"
+    assert isinstance(got["mesh_port"]["port"], int) and got["mesh_port"]["port"] > 0
+    assert "port" not in got   # master_port's test is the mesh's master listener (network.port_fact)
+
+
+def test_facts_runs_the_meshs_first_round_in_its_own_process():
+    """With a mesh plan the facts probe also listens and dials (meshnet inlined), so a node
+    needs one process and one session for both: here it reaches its own listener."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plan = {"rank": 0, "nonce": "n1", "window": 20.0, "shared": {},
+            "listen": [{"key": "mesh", "port": port, "expect": 1}],
+            "dials": [{"key": "node0", "addr": "127.0.0.1", "port": port}]}
+    got = facts(mesh=plan)["mesh"]
+    assert got["listen"]["mesh"] == {"ok": True, "got": [0]}
+    assert got["dials"]["node0"]["peer"] == 0 and got["dials"]["node0"]["ip"] == "127.0.0.1"
+
+
+def test_mesh_names_the_holder_of_the_master_port():
+    """ports.bind and ports.holder, inlined in mesh: the master listener cannot bind a port this
+    test listens on, and names this process as its holder (the port-free row's fix)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        got = facts(master_port=port, inputs=[{"kind": "file", "path": str(tmp_path / "nope")}])
-    assert got["port"]["free"] is False and got["port"]["holder"]["pid"] == os.getpid()
-    assert got["inputs"][0]["ok"] is False
-    assert got["inputs"][0]["error"] == f"{tmp_path / 'nope'}: no such file"
-    assert isinstance(got["mesh_port"]["port"], int) and got["mesh_port"]["port"] > 0
+        p = {"rank": 0, "nonce": "n1", "window": 1.0, "shared": {}, "marker": "MLAUNCH-TEST",
+             "listen": [{"key": "master", "port": port, "expect": 1}], "dials": []}
+        out = ship("mesh", json.dumps(p))
+    got = json.loads(out.stdout.split("MLAUNCH-TEST ", 1)[1])
+    heard = got["listen"]["master"]
+    assert heard["ok"] is False and heard["holder"]["pid"] == os.getpid(), heard
 
 
 def test_mesh_dials_its_own_listener():
@@ -75,6 +99,7 @@ def test_mesh_dials_its_own_listener():
     got = json.loads(out.stdout.split("MLAUNCH-TEST ", 1)[1])
     assert got["listen"]["mesh"] == {"ok": True, "got": [0]}
     assert got["dials"]["node0"]["ok"] is True and got["dials"]["node0"]["peer"] == 0
+    assert got["dials"]["node0"]["ip"] == "127.0.0.1"   # the address reached: settle_mesh compares it
 
 
 def test_a_part_that_imports_a_part_is_refused(tmp_path, monkeypatch):

@@ -297,6 +297,31 @@ def test_hostname_resolves_to_loopback(make_hostset, tmp_path, capsys):
 
 
 @pytest.mark.multihost
+def test_hostname_on_another_address_is_dialed_there(make_hostset, tmp_path):
+    """The mesh's first round dials each node at its SSH address; node 1's hostname resolves to
+    a second address of its own, so the row is decided by a second round dialing that address:
+    reachable on the shared link, it passes naming it; moved off the link (no other node has
+    a route to it), it fails with what the dialers saw."""
+    with make_hostset(2, isolated_home=True) as hs:
+        h1 = hs.hosts[1]
+        second = str(hs.subnet.network_address + 200)
+        assert h1.run(["ip", "addr", "add", f"{second}/24", "dev", "eth0"]).returncode == 0
+        text = open(h1.hosts_file).read()
+        with open(h1.hosts_file, "w") as fh:   # in place: the bind mount follows the inode
+            fh.write(text.replace(f"{h1.ip}\t{h1.name}\n", f"{second}\t{h1.name}\n"))
+        good = check(base_spec(hs, tmp_path))
+        assert only(good, "network/hostname", 1).detail == f"{h1.name} → {second}, reachable from every node"
+        assert_only(good, set())
+        far = "10.254.9.9"
+        assert h1.run(["ip", "addr", "add", f"{far}/32", "dev", "lo"]).returncode == 0   # no route to it elsewhere
+        with open(h1.hosts_file, "w") as fh:
+            fh.write(text.replace(f"{h1.ip}\t{h1.name}\n", f"{far}\t{h1.name}\n"))
+        bad = check(base_spec(hs, tmp_path))
+    assert fails(bad) == {("network/hostname", 1)}, bad.table()
+    assert only(bad, "network/hostname", 1).detail.startswith(f"{h1.name} → {far} is not reachable (node0: ")
+
+
+@pytest.mark.multihost
 def test_small_dev_shm(make_hostset, tmp_path):
     with make_hostset(2, isolated_home=True) as hs:
         r = hs.hosts[1].in_mounts(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/dev/shm"])

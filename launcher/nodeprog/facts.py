@@ -16,6 +16,7 @@ import time
 
 from .inputs import check_input, full
 from .ports import bind, holder, own_address
+from .meshnet import run_mesh
 
 P = json.loads(sys.argv[1])
 MISSING = sys.argv[2] == "1"   # the job's interpreter is absent: this is a stand-in python3
@@ -166,15 +167,6 @@ def ifaces():
     return out
 
 
-def port_facts():
-    port = P["master_port"]
-    try:
-        bind(port).close()
-        return {"free": True}
-    except OSError as e:
-        return {"free": False, "error": e.strerror or str(e), "holder": holder(port)}
-
-
 def mesh_port_facts():
     # A free ephemeral port for the node-to-node reachability test, like NCCL/gloo use.
     s = bind(0)
@@ -260,12 +252,12 @@ FACTS = {"python": python_facts, "torch": torch_facts, "trainer": trainer_facts,
          "torchrun": torchrun_facts, "host": host_facts, "mesh_port": mesh_port_facts,
          "out": out_facts, "shared": shared_facts, "inputs": input_facts, "shm": shm_facts,
          "gpu": gpu_facts, "ext_locks": ext_lock_facts, "pyspy": pyspy_facts}
-if P["master_port"] is not None:
-    FACTS["port"] = port_facts
 if P.get("master_addr"):   # node 0: torchrun's store listens here, so master_addr must lead here
     FACTS["master"] = lambda: own_address(P["master_addr"])
 if P.get("model_config"):
     FACTS["model_config"] = model_config_facts
+if P.get("mesh"):   # the mesh's first round, in this process (launcher/preflight/network.py)
+    FACTS["mesh"] = lambda: run_mesh(P["mesh"], bind, holder)
 if P.get("only"):   # cluster.container: the software facts come from a run inside the image
     FACTS = {k: fn for k, fn in FACTS.items() if k in P["only"]}
 

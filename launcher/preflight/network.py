@@ -7,12 +7,14 @@ hostname resolves to 127.x in /etc/hosts. Both are tested by really listening an
 from __future__ import annotations
 
 import ipaddress
+import random
 
 from ..spec.hosts import machine_key
 from .probe import Ctx, on_nodes, py_script
 from .report import CheckResult
 
 MESH_WINDOW_S = 8.0   # how long dialers retry: listeners on slow nodes start late
+FIRST_PORTS = (20000, 32768)   # round one's listening ports are drawn from here (first_ports)
 NO_RENDEZVOUS = "not needed: one process without torchrun binds no master_port"
 
 
@@ -31,41 +33,118 @@ def advertised(facts: dict | str | None) -> str | None:
     return addrs[0] if addrs else None
 
 
-def mesh_plan(ctx: Ctx, facts: dict[int, dict | str]) -> dict[int, dict]:
-    """Per node: which ports it listens on and what it dials, for one simultaneous run."""
-    targets = {}  # rank -> (addr, port) of its reachability listener
-    for r in ctx.live:
-        f = facts.get(r)
-        addr = advertised(f)
-        port = f.get("mesh_port", {}).get("port") if isinstance(f, dict) else None
-        if len(ctx.nodes) > 1 and addr and port and not is_loopback(addr):
-            targets[r] = (addr, port)
-    dialers = [r for r in ctx.live if isinstance(facts.get(r), dict) and not facts[r].get("nopython")]
-    shared = {str(i): ctx.shared_name(i) for i in ctx.live} if ctx.job.cluster.shared_dir else None
-    plans = {}
+def first_ports(ctx: Ctx) -> dict[int, int]:
+    """Round one's listening port of each live node, picked here (distinct: nodes may share a
+    machine) below Linux's ephemeral range (32768-60999), which outgoing connections draw from."""
+    picks = random.Random(ctx.nonce).sample(range(*FIRST_PORTS), len(ctx.live) + 1)
+    return dict(zip(ctx.live, [p for p in picks if p != ctx.master_port]))
+
+
+def plans(ctx: Ctx, dialers: list[int], targets: dict[int, tuple[str, int]], master: bool,
+          shared: bool) -> dict[int, dict]:
+    """Per dialer: which ports it listens on and what it dials, for one simultaneous run.
+    targets: rank -> (address, port) of its reachability listener; master: node 0 listens on
+    master_port and every dialer dials master_addr (round one); shared: the shared_dir markers."""
+    names = {str(i): ctx.shared_name(i) for i in ctx.live} if shared and ctx.job.cluster.shared_dir else None
+    out = {}
     for r in dialers:
         listen = []
-        if r == 0 and ctx.rendezvous:
+        if master and r == 0 and ctx.rendezvous:
             listen.append({"key": "master", "port": ctx.master_port, "expect": len(dialers)})
         if r in targets:
             listen.append({"key": "mesh", "port": targets[r][1], "expect": len(set(dialers) - {r})})
         dials = ([{"key": "master", "addr": ctx.master_addr, "port": ctx.master_port, "expect": 0}]
-                 if ctx.rendezvous else [])
+                 if master and ctx.rendezvous else [])
         dials += [{"key": f"node{i}", "addr": a, "port": p, "expect": i}
                   for i, (a, p) in targets.items() if i != r]
-        plans[r] = {"rank": r, "nonce": ctx.nonce, "listen": listen, "dials": dials,
-                    # dialers retry for the window; the probe ends within window + 2 s
-                    "window": min(MESH_WINDOW_S, ctx.pf.check_timeout_s / 3),
-                    "shared": shared}
-    return plans
+        out[r] = {"rank": r, "nonce": ctx.nonce, "listen": listen, "dials": dials,
+                  # dialers retry for the window; the probe ends within window + 2 s
+                  "window": min(MESH_WINDOW_S, ctx.pf.check_timeout_s / 3), "shared": names}
+    return out
 
 
-def run_mesh(ctx: Ctx, facts: dict[int, dict | str]) -> dict[int, dict | str]:
-    """Every node listens and dials at once; each node's JSON, or why it has none."""
-    plans = mesh_plan(ctx, facts)
-    outs = on_nodes(ctx, lambda r: py_script(ctx, r, "mesh", plans[r]) if r in plans else None,
-                    ctx.pf.check_timeout_s, ranks=list(plans))
+def first_round(ctx: Ctx) -> dict[int, dict]:
+    """Round one's plans, run inside each node's facts probe (they need none of its answers):
+    every node listens on a port picked here and is dialed at the address SSH reached it by;
+    node 0 also listens on master_port (the port-free row's answer, port_fact) and every node
+    dials master_addr. One process and one session a node for both, at the same time."""
+    targets = ({r: (ctx.nodes[r].host, p) for r, p in first_ports(ctx).items()}
+               if len(ctx.nodes) > 1 else {})
+    return plans(ctx, ctx.live, targets, master=True, shared=True)
+
+
+def first_results(ctx: Ctx, facts: dict[int, dict | str]) -> dict[int, dict | str]:
+    """Round one's answers, taken out of each node's facts (or why a node has none)."""
+    out: dict[int, dict | str] = {}
+    for r in ctx.live:
+        f = facts.get(r)
+        got = f.pop("mesh", None) if isinstance(f, dict) else None
+        if isinstance(got, dict) and "listen" in got:
+            out[r] = got
+        else:
+            why = f if isinstance(f, str) else (got or {}).get("error") or "no interpreter" \
+                if isinstance(f, dict) and f.get("nopython") else "no answer"
+            out[r] = f"mesh probe failed ({why})"
+    return out
+
+
+def settle_mesh(ctx: Ctx, facts: dict[int, dict | str], mesh: dict[int, dict | str]) -> dict[int, dict | str]:
+    """Round two, only for the nodes round one did not prove reachable at the address their
+    hostname resolves to (what NCCL and gloo advertise): dialed there, on the free port their
+    facts probe found, by every node with an interpreter (the mesh program, nodeprog/mesh.py);
+    their rows are then judged on it."""
+    redo = {r: (advertised(facts[r]), facts[r]["mesh_port"]["port"]) for r in ctx.live
+            if _unproven(ctx, r, facts.get(r), mesh)}
+    if not redo:
+        return mesh
+    dialers = [r for r in ctx.live if isinstance(facts.get(r), dict) and not facts[r].get("nopython")]
+    again = _run(ctx, plans(ctx, dialers, redo, master=False, shared=False))
+    out = dict(mesh)
+    for j, m in again.items():
+        if not isinstance(m, dict):
+            continue
+        old = out.get(j) if isinstance(out.get(j), dict) else {"listen": {}, "dials": {}, "shared": {}}
+        dials = {k: v for k, v in old["dials"].items() if k not in {f"node{r}" for r in redo}}
+        listen = {**old["listen"], **({"mesh": m["listen"]["mesh"]} if "mesh" in m["listen"] else {})}
+        out[j] = {**old, "dials": {**dials, **m["dials"]}, "listen": listen}
+    return out
+
+
+def _unproven(ctx: Ctx, r: int, f, mesh: dict) -> bool:
+    """Round one left node r's reachability at its advertised address unproven: its listener
+    did not run, or some dialer did not reach it, or reached it at another address."""
+    addr = advertised(f)
+    port = f.get("mesh_port", {}).get("port") if isinstance(f, dict) else None
+    if len(ctx.nodes) < 2 or not addr or not port or is_loopback(addr):
+        return False   # nothing to dial (the hostname row says why)
+    own = mesh.get(r)
+    heard = own.get("listen", {}).get("mesh") if isinstance(own, dict) else None
+    if not heard or not heard.get("ok"):
+        return True
+    for j, m in mesh.items():
+        d = m.get("dials", {}).get(f"node{r}") if isinstance(m, dict) and j != r else None
+        if isinstance(m, dict) and j != r and not (d and d["ok"] and d.get("peer") == r and d.get("ip") == addr):
+            return True
+    return False
+
+
+def _run(ctx: Ctx, plan: dict[int, dict]) -> dict[int, dict | str]:
+    """Every planned node listens and dials at once; each node's JSON, or why it has none."""
+    outs = on_nodes(ctx, lambda r: py_script(ctx, r, "mesh", plan[r]) if r in plan else None,
+                    ctx.pf.check_timeout_s, ranks=list(plan))
     return {r: (o.json() or f"mesh probe failed ({o.why()})") for r, o in outs.items()}
+
+
+def port_fact(ctx: Ctx, facts: dict[int, dict | str], mesh: dict[int, dict | str]) -> None:
+    """Node 0's port fact (port_free reads it) from its master listener in round one: the bind
+    that tests master_port is the one the listener made (a separate test would race it)."""
+    f, m = facts.get(0), mesh.get(0)
+    heard = m.get("listen", {}).get("master") if isinstance(m, dict) else None
+    if isinstance(f, dict) and heard is not None:
+        f["port"] = ({"free": True} if heard.get("ok") else
+                     {"free": False, "error": heard.get("error", ""), "holder": heard.get("holder")})
+    elif isinstance(f, dict) and ctx.rendezvous and isinstance(m, str):
+        f["port_why"] = m
 
 
 def port_free(ctx: Ctx, facts: dict) -> list[CheckResult]:
@@ -75,7 +154,7 @@ def port_free(ctx: Ctx, facts: dict) -> list[CheckResult]:
     if not ctx.rendezvous:
         return [CheckResult("network/port-free", 0, host, "skip", NO_RENDEZVOUS)]
     if not isinstance(f, dict) or "port" not in f:
-        return [_skip("network/port-free", ctx, 0, f)]
+        return [_skip("network/port-free", ctx, 0, f.get("port_why", f) if isinstance(f, dict) else f)]
     p = f["port"]
     if p.get("free"):
         return [CheckResult("network/port-free", 0, host, "pass", f"TCP {port} is free")]

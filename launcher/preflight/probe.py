@@ -169,7 +169,6 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
         "tracker": TRACKER_MODULES.get(getattr(job, "report_to", "none")),
         "features": features(job),
-        "master_port": ctx.master_port if rank == 0 and ctx.rendezvous else None,
         "master_addr": ctx.master_addr if rank == 0 and ctx.rendezvous else None,
         "out_dir": job.output_dir or c.workdir or posixpath.dirname(posixpath.dirname(ctx.plan.run_dir)),
         "shared_file": ctx.shared_name(rank), "inputs": input_specs(job),
@@ -198,12 +197,14 @@ def input_specs(job) -> list[dict]:
     return out
 
 
-def gather_facts(ctx: Ctx) -> dict[int, dict | str]:
-    """The cheap facts of every node in one round trip each: a dict, or why there is none."""
+def gather_facts(ctx: Ctx, mesh: dict[int, dict] | None = None) -> dict[int, dict | str]:
+    """The cheap facts of every node in one round trip each: a dict, or why there is none.
+    mesh: each node's plan of the mesh's first round, run by the same probe (its answer under
+    "mesh"; network.first_round)."""
     box = ctx.job.cluster.container
     if box is not None and box.runtime in ("podman", "docker"):
-        return _facts_with_image(ctx)
-    outs = on_nodes(ctx, lambda r: py_script(ctx, r, "facts", facts_params(ctx, r)),
+        return _facts_with_image(ctx, mesh or {})
+    outs = on_nodes(ctx, lambda r: py_script(ctx, r, "facts", {**facts_params(ctx, r), "mesh": (mesh or {}).get(r)}),
                     ctx.pf.check_timeout_s)
     return {r: (o.json() or f"facts probe failed ({o.why()})") for r, o in outs.items()}
 
@@ -218,14 +219,14 @@ class ContainerProblem(str):
         return obj
 
 
-def _facts_with_image(ctx: Ctx) -> dict[int, dict | str]:
+def _facts_with_image(ctx: Ctx, mesh: dict[int, dict]) -> dict[int, dict | str]:
     """cluster.container: the host's facts (storage, network, ports) from the host's python3,
     the software's (interpreter, torch, trainer, GPUs as the container sees them) from a run
     inside the image; both at once."""
     soft = containers.software_facts()
     with ThreadPoolExecutor(max_workers=2) as pool:
         host = pool.submit(on_nodes, ctx, lambda r: py_script(ctx, r, "facts", {
-            **facts_params(ctx, r), "only": [k for k in ALL_FACTS if k not in soft]}),
+            **facts_params(ctx, r), "only": [k for k in ALL_FACTS if k not in soft], "mesh": mesh.get(r)}),
             ctx.pf.check_timeout_s)
         image = pool.submit(on_nodes, ctx, lambda r: py_script(ctx, r, "facts", {
             **facts_params(ctx, r), "only": list(soft), "workdir": None}, in_image=True),
@@ -246,7 +247,7 @@ def _facts_with_image(ctx: Ctx) -> dict[int, dict | str]:
 
 # Every key of nodeprog/facts.py's FACTS (some only on node 0 or with a model).
 ALL_FACTS = ("python", "torch", "trainer", "torchrun", "host", "mesh_port", "out", "shared",
-             "inputs", "shm", "gpu", "ext_locks", "pyspy", "port", "master", "model_config")
+             "inputs", "shm", "gpu", "ext_locks", "pyspy", "master", "model_config", "mesh")
 IMAGE_START_S = 60.0   # a container's start (and a pull's) on top of the probe's own limit
 
 

@@ -38,12 +38,16 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
     n = len(ctx.nodes)
     _say(printer, f"preflight: checking {len(ctx.live)} of {n} node{'' if n == 1 else 's'}")
     results = ssh_rows(ctx)
-    facts = gather_facts(ctx) if ctx.live else {}
-    # The mesh and the clock samples are independent round trips: overlap them.
+    # The facts probe runs the mesh's first round too (network.first_round: it needs no
+    # facts), beside the clock samples; a second mesh round follows only where the first
+    # proved less than a node's advertised address (network.settle_mesh).
     with ThreadPoolExecutor(max_workers=2) as pool:
-        mesh_job = pool.submit(network.run_mesh, ctx, facts)
+        facts_job = pool.submit(gather_facts, ctx, network.first_round(ctx)) if ctx.live else None
         clock_job = pool.submit(clock.sample, ctx)
-        mesh, samples = mesh_job.result(), clock_job.result()
+        facts = facts_job.result() if facts_job else {}
+        samples = clock_job.result()
+    mesh = network.settle_mesh(ctx, facts, network.first_results(ctx, facts)) if ctx.live else {}
+    network.port_fact(ctx, facts, mesh)
     cleanup(ctx)
     results += judge(ctx, facts, mesh, samples)
     if not fast_only:   # `check` only: submit stages before its preflight
