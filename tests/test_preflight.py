@@ -663,3 +663,28 @@ def test_pyspy_row_says_what_a_hang_loses_and_the_fix():
         ("skip", "/v/bin/py-spy, but kernel.yama.ptrace_scope=1 refuses ptrace of the ranks: "
                  "sysctl kernel.yama.ptrace_scope=0, or give py-spy CAP_SYS_PTRACE"),
         ("pass", "/v/bin/py-spy")]
+
+
+def test_the_second_mesh_round_runs_only_for_what_the_first_did_not_prove(monkeypatch):
+    """settle_mesh: a first round that reached every node at its advertised address runs no
+    second; a node reached at another address (or whose listener failed) is dialed again at
+    its advertised address on its facts' port, and only it."""
+    from launcher.preflight import network
+    spec = script_job(["10.9.0.1", "10.9.0.2"], 1, "x.py", [], "/tmp/out")
+    ctx = Ctx(build_plan(validate(spec)), None)
+    facts = {r: {"host": {"hostname": f"n{r}", "addrs": [f"10.9.0.{r + 1}"]}, "mesh_port": {"port": 40000 + r}}
+             for r in (0, 1)}
+
+    def mesh(ip1: str) -> dict:
+        dial = lambda r, ip: {"ok": True, "peer": r, "ip": ip, "ms": 1.0}  # noqa: E731
+        return {0: {"listen": {"mesh": {"ok": True, "got": [1]}}, "dials": {"node1": dial(1, ip1)}, "shared": {}},
+                1: {"listen": {"mesh": {"ok": True, "got": [0]}}, "dials": {"node0": dial(0, "10.9.0.1")}, "shared": {}}}
+
+    runs = []
+    monkeypatch.setattr(network, "_run", lambda ctx, plan: runs.append(plan) or {})
+    clean = mesh("10.9.0.2")
+    assert network.settle_mesh(ctx, facts, clean) == clean and runs == []
+    network.settle_mesh(ctx, facts, mesh("192.168.7.2"))   # SSH reached node 1 by another address
+    (plan,) = runs
+    assert [d for d in plan[0]["dials"]] == [{"key": "node1", "addr": "10.9.0.2", "port": 40001, "expect": 1}]
+    assert plan[1]["listen"] == [{"key": "mesh", "port": 40001, "expect": 1}] and plan[1]["dials"] == []

@@ -79,13 +79,17 @@ def first_results(ctx: Ctx, facts: dict[int, dict | str]) -> dict[int, dict | st
     for r in ctx.live:
         f = facts.get(r)
         got = f.pop("mesh", None) if isinstance(f, dict) else None
-        if isinstance(got, dict) and "listen" in got:
-            out[r] = got
-        else:
-            why = f if isinstance(f, str) else (got or {}).get("error") or "no interpreter" \
-                if isinstance(f, dict) and f.get("nopython") else "no answer"
-            out[r] = f"mesh probe failed ({why})"
+        out[r] = got if isinstance(got, dict) and "listen" in got else f"mesh probe failed ({_why(f, got)})"
     return out
+
+
+def _why(f, got) -> str:
+    """Why a node's facts hold no mesh answer."""
+    if isinstance(f, str):
+        return f
+    if isinstance(got, dict) and got.get("error"):   # the mesh's thread raised, or ran past the budget
+        return got["error"]
+    return "no interpreter" if isinstance(f, dict) and f.get("nopython") else "no answer"
 
 
 def settle_mesh(ctx: Ctx, facts: dict[int, dict | str], mesh: dict[int, dict | str]) -> dict[int, dict | str]:
