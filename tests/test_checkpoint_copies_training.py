@@ -33,10 +33,7 @@ def tiny(tmp_path_factory):
 def _moments(hs, hosts) -> dict[str, dict]:
     """adam_moments of the last checkpoint over the hosts' own disks: each node saved its own
     ranks' optimizer shards there."""
-    out = {}
-    for h in hosts:
-        out.update(adam_moments(os.path.join(hs.disk_of(h), "out", f"checkpoint-{STEPS}")))
-    return out
+    return adam_moments(*(os.path.join(hs.disk_of(h), "out", f"checkpoint-{STEPS}") for h in hosts))
 
 
 def _events(logs: str) -> list[dict]:

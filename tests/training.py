@@ -306,7 +306,7 @@ def walk(o, found):
         for v in o.values():
             walk(v, found)
 out = {}
-for path in sorted(glob.glob(sys.argv[1] + "/global_step*/*optim_states.pt")):
+for path in sorted(p for d in sys.argv[1:] for p in glob.glob(d + "/global_step*/*optim_states.pt")):
     found = []
     walk(torch.load(path, map_location="cpu", weights_only=False), found)
     norm = lambda k: math.sqrt(sum(float(s[k].double().pow(2).sum()) for s in found))
@@ -317,12 +317,13 @@ print(json.dumps(out))
 """
 
 
-def adam_moments(checkpoint_dir: str, python: str | None = None) -> dict[str, dict]:
+def adam_moments(*checkpoint_dirs: str, python: str | None = None) -> dict[str, dict]:
     """{optimizer shard file: its Adam steps, element count and the L2 norms of exp_avg and
-    exp_avg_sq} of a DeepSpeed checkpoint: two runs that trained the same model with the same
+    exp_avg_sq} of a DeepSpeed checkpoint, whose shards may lie in several directories (each
+    node's own disk), read by one process: two runs that trained the same model with the same
     optimizer history hold the same moments, a restart that lost them (a fresh optimizer) holds
     other ones."""
-    out = subprocess.run([python or require_trainer(), "-c", ADAM_MOMENTS, checkpoint_dir], capture_output=True,
+    out = subprocess.run([python or require_trainer(), "-c", ADAM_MOMENTS, *checkpoint_dirs], capture_output=True,
                          text=True, timeout=limit(120), check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
