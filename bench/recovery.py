@@ -60,11 +60,6 @@ def hard_kill(host) -> None:
             pass
 
 
-def freeze(host) -> None:
-    """SIGSTOP to every process of the host (tests/hostkit/sshd.py: its sshd and init too)."""
-    host.freeze()
-
-
 def mend(host, fault: str) -> None:
     """The host back as it was: thawed (whatever of the run it still held then ends: its
     sessions are gone, so its hang-up guard fires; anything left is killed) or its sshd restarted."""
@@ -126,7 +121,7 @@ def mlaunch(hs, mode: str, fault: str, tmp: str, tree: str) -> tuple[float, dict
     proc = subprocess.Popen(argv, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = wait_ready(proc.stdout, 4)
     t_kill = time.time()
-    hard_kill(d) if fault == "kill" else freeze(d)
+    hard_kill(d) if fault == "kill" else d.freeze()   # SIGSTOP, its sshd and init too
     try:
         rest = proc.communicate(timeout=300)[0]
     finally:
@@ -155,7 +150,7 @@ def elastic(hs, fault: str, tmp: str) -> tuple[float, dict]:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_world(proc.stdout, 4)   # a node that joined late makes torchrun form the world again
     t_kill = time.time()
-    hard_kill(d) if fault == "kill" else freeze(d)
+    hard_kill(d) if fault == "kill" else d.freeze()   # SIGSTOP, its sshd and init too
     try:
         rest = proc.communicate(timeout=240 if fault == "kill" else 120)[0]
     except subprocess.TimeoutExpired:

@@ -280,38 +280,22 @@ def submit_and_cut(tmp_path, spec: dict, ready, cut, *args: str,
     return proc.returncode, "".join(lines)
 
 
-ADAM_STEPS = r"""
-import glob, json, sys, torch
-def walk(o, found):
-    if isinstance(o, dict):
-        if isinstance(o.get("state"), dict) and "param_groups" in o:
-            found += [int(s["step"]) for s in o["state"].values() if isinstance(s, dict) and "step" in s]
-        for v in o.values():
-            walk(v, found)
-out = {}
-for path in sorted(glob.glob(sys.argv[1] + "/global_step*/*optim_states.pt")):
-    found = []
-    walk(torch.load(path, map_location="cpu", weights_only=False), found)
-    out[path.rsplit("/", 1)[1]] = sorted(set(found))
-print(json.dumps(out))
-"""
-
-
-ADAM_MOMENTS = r"""
+ADAM_STATE = r"""
 import glob, json, math, sys, torch
 def walk(o, found):
     if isinstance(o, dict):
         if isinstance(o.get("state"), dict) and "param_groups" in o:
-            found += [s for s in o["state"].values() if isinstance(s, dict) and "exp_avg" in s]
+            found += [s for s in o["state"].values() if isinstance(s, dict) and "step" in s]
         for v in o.values():
             walk(v, found)
 out = {}
 for path in sorted(p for d in sys.argv[1:] for p in glob.glob(d + "/global_step*/*optim_states.pt")):
     found = []
     walk(torch.load(path, map_location="cpu", weights_only=False), found)
-    norm = lambda k: math.sqrt(sum(float(s[k].double().pow(2).sum()) for s in found))
+    moments = [s for s in found if "exp_avg" in s]
+    norm = lambda k: math.sqrt(sum(float(s[k].double().pow(2).sum()) for s in moments))
     out[path.rsplit("/", 1)[1]] = {"steps": sorted({int(s["step"]) for s in found}), "numel":
-                                   sum(s["exp_avg"].numel() for s in found),
+                                   sum(s["exp_avg"].numel() for s in moments),
                                    "exp_avg": norm("exp_avg"), "exp_avg_sq": norm("exp_avg_sq")}
 print(json.dumps(out))
 """
@@ -323,7 +307,7 @@ def adam_moments(*checkpoint_dirs: str, python: str | None = None) -> dict[str, 
     node's own disk), read by one process: two runs that trained the same model with the same
     optimizer history hold the same moments, a restart that lost them (a fresh optimizer) holds
     other ones."""
-    out = subprocess.run([python or require_trainer(), "-c", ADAM_MOMENTS, *checkpoint_dirs], capture_output=True,
+    out = subprocess.run([python or require_trainer(), "-c", ADAM_STATE, *checkpoint_dirs], capture_output=True,
                          text=True, timeout=limit(120), check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -346,6 +330,4 @@ def adam_steps(checkpoint_dir: str, python: str | None = None) -> dict[str, list
     """{optimizer shard file: the distinct optimizer `step` values it holds} of a DeepSpeed
     checkpoint (its global_step*/ folder), read with python's torch (the trainer venv's by
     default): what a resumed Adam takes its bias correction from."""
-    out = subprocess.run([python or require_trainer(), "-c", ADAM_STEPS, checkpoint_dir], capture_output=True,
-                         text=True, timeout=limit(120), check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])   # after DeepSpeed's own lines
+    return {name: shard["steps"] for name, shard in adam_moments(checkpoint_dir, python=python).items()}
