@@ -52,13 +52,14 @@ class Milestones:
                 if done not in self.done:
                     self._mark(done)
 
-    def step(self, step: int | None, first: bool) -> None:
-        """A training step was seen (first: the attempt's first)."""
+    def step(self, step: int | None, first: bool, at: str | None = None) -> None:
+        """A training step was seen (first: the attempt's first; at: the time of its
+        first_step event, which the first step's phase ends at)."""
         if first:
             self.training = True
             behind = self.reached is not None and step is not None and step < self.reached
             self.emit(phase="catch-up" if behind else "training", done="first step", step=step,
-                      reached=self.reached if behind else None)
+                      reached=self.reached if behind else None, **({"at": at} if at else {}))
             self.caught = not behind
         elif not self.caught and step is not None and step >= self.reached:
             self.caught = True

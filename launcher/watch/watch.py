@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import render
 from . import hwcause, milestones, stacks
 from ..record import fsmode, phases
-from ..record.events import EventLog, read_events
+from ..record.events import EventLog, read_events, utc_now
 from .health import HealthConfig, Monitor, Verdict, may_matter
 from ..plan.launch_plan import LaunchPlan, remote_bin
 
@@ -141,13 +141,15 @@ class Watch:
     def _take(self, verdicts: list[Verdict]) -> Verdict | None:
         stop = None
         for v in verdicts:
-            if v.event == "first_step":
-                self.milestones.step(v.fields.get("step"), first=True)
+            at = None
+            if v.event == "first_step":   # one time for the event and the phase it ends
+                at = utc_now()
+                self.milestones.step(v.fields.get("step"), first=True, at=at)
             if v.event == "step":
                 self._logged += 1
                 if (self._logged - 1) % self.plan.job.health.log_every:
                     continue
-            self.events.emit(v.event, **v.fields)
+            self.events.emit(v.event, at=at, **v.fields)
             if v.stop and self.enabled and self.verdict is None:
                 self.verdict = stop = v
         return stop
