@@ -24,7 +24,8 @@ sys.path.insert(0, ROOT)
 
 from launcher.backends import backend_of  # noqa: E402
 from launcher.plan.launch_plan import build_plan  # noqa: E402
-from launcher.preflight import check_command, run_checks  # noqa: E402
+from launcher.cli.check_cmd import check_command  # noqa: E402
+from launcher.preflight.runner import run_checks  # noqa: E402
 from launcher.spec import validate  # noqa: E402
 from tests.helpers import script_job, write_spec  # noqa: E402
 from tests.hosts import make_hosts  # noqa: E402

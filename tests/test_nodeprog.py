@@ -134,3 +134,27 @@ def test_a_part_imported_twice_stands_once_at_its_first_import(tmp_path, monkeyp
     text = nodeprog.source("prog")
     assert text == "def x():\n    print('x')\nx()\nprint('ok')"
     assert subprocess.run([sys.executable, "-c", text], capture_output=True, text=True).stdout == "x\nok\n"
+
+
+def test_mesh_reads_each_shared_marker_until_it_is_seen_then_never_again(tmp_path, monkeypatch):
+    """The shared_dir markers: one already there is read once; a late one (written by another
+    node's probe meanwhile) is looked for again until it appears, then the look ends."""
+    from launcher.nodeprog import meshnet
+    early, late = tmp_path / "m0", tmp_path / "m1"
+    early.write_text("n1 0\n")
+    opened: list[str] = []
+    real_open = open
+
+    def watching(path, *a, **kw):
+        opened.append(str(path))
+        if str(path) == str(late) and opened.count(str(late)) == 2:
+            late.write_text("n1 1\n")   # the other node's probe writes its marker now
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(meshnet, "open", watching, raising=False)
+    p = {"rank": 0, "nonce": "n1", "window": 20.0, "listen": [], "dials": [],
+         "shared": {"0": str(early), "1": str(late)}}
+    got = meshnet.run_mesh(p, None, None)
+    assert got["shared"] == {"0": "ok", "1": "ok"}
+    assert opened.count(str(early)) == 1
+    assert opened.count(str(late)) == 2   # missing; written just before the second look, seen

@@ -7,11 +7,13 @@ sshd with an empty home, ~310 ms when root's ~/.bashrc runs `pyenv init` first.
 from __future__ import annotations
 
 import sys
+import time
+from collections import Counter
 
 import pytest
 
 from launcher.plan.launch_plan import build_plan
-from launcher.preflight.clock import Sample, best, check, parse_remote, verdict
+from launcher.preflight.clock import SAMPLES, Sample, best, check, parse_remote, sample, settled, verdict
 from launcher.preflight.probe import Ctx
 from launcher.spec import validate
 
@@ -91,3 +93,34 @@ def test_rows_and_fix():
     assert "clock is +3000.0 ms from the launcher (±1.0 ms), limit 50 ms" == by[1].detail
     assert by[1].fix.startswith("sync the clock on 10.0.0.2: enable NTP (timedatectl set-ntp true")
     assert by[2].status == "skip" and "connection lost" in by[2].detail
+
+
+def test_settled_only_when_the_whole_window_is_within_the_limit():
+    assert settled([Sample(T0, T0 + 0.010, T0 + 0.040)], 50.0)          # +35 ms +-5: at most 40
+    assert not settled([Sample(T0, T0 + 0.010, T0 + 0.060)], 50.0)      # +55 ms +-5: passes, unproven
+    assert not settled([Sample(T0, T0 + 0.310, T0 + 0.300)], 50.0)      # slow shell: +145 +-155
+    assert settled([Sample(T0, T0 + 0.310, T0 + 0.300), Sample(T0, T0 + 0.002, T0 + 0.001)], 50.0)
+
+
+class Clocks:
+    """An executor whose nodes answer the clock probe at once with their own offset (seconds),
+    or with no reading; it counts the sessions each host was asked for."""
+
+    def __init__(self, offsets: dict[str, float | None]):
+        self.offsets = offsets
+        self.asked = Counter()
+
+    def run(self, host: str, script: str, timeout: float):
+        self.asked[host] += 1
+        off = self.offsets[host]
+        return (0, f"{time.time() + off:.9f}\n") if off is not None else (1, "date: not found\n")
+
+
+def test_a_good_clock_is_asked_once_a_skewed_one_every_round():
+    ctx = _ctx(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    ctx.executor = Clocks({"10.0.0.1": 0.0, "10.0.0.2": 3.0, "10.0.0.3": None})
+    got = sample(ctx)
+    assert ctx.executor.asked == {"10.0.0.1": 1, "10.0.0.2": SAMPLES, "10.0.0.3": 1}
+    assert len(got[0]) == 1 and len(got[1]) == SAMPLES and isinstance(got[2], str)
+    by = {r.node: r.status for r in check(ctx, got)}
+    assert by == {0: "pass", 1: "fail", 2: "skip"}

@@ -80,20 +80,26 @@ class _Mesh(object):
 
     def shared(self):
         """Which nodes' marker files in shared_dir this node sees. The facts probes write them
-        at the same time as this runs (and NFS may lag): retried for the whole window."""
-        files = self.p["shared"] or {}
-        until = time.time() + self.p["window"]
+        at the same time as this runs (and NFS may lag): the missing ones are retried for the
+        whole window, soon at first (a fixed 0.2 s poll cost a probe up to that after the
+        last marker came)."""
+        files = dict(self.p["shared"] or {})
+        until, pause = time.time() + self.p["window"], 0.01
         while True:
-            for rank, path in files.items():
+            for rank, path in list(files.items()):
                 try:
                     with open(path) as fh:
                         ok = fh.read().split() == [self.nonce, rank]
                     self.out["shared"][rank] = "ok" if ok else "wrong content"
                 except OSError as e:
                     self.out["shared"][rank] = e.strerror or str(e)
-            if all(v == "ok" for v in self.out["shared"].values()) or time.time() > until:
+                if self.out["shared"][rank] == "ok":
+                    del files[rank]   # seen: not read again
+            if not files or time.time() > until:
                 return
-            time.sleep(0.2)
+            # the last markers come within a moment of each other: look again soon, then less often
+            time.sleep(pause)
+            pause = min(0.2, pause * 1.5)
 
 
 def readline(conn, timeout):

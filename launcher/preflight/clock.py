@@ -1,4 +1,5 @@
-"""Clock offset of each node from the launcher, Cristian-style, from a few timed round trips.
+"""Clock offset of each node from the launcher, Cristian-style, from a few timed round trips
+(fewer where the first already proves the clock good).
 
 offset = remote_time - (t_send + t_recv) / 2. The remote reading happened somewhere inside
 the round trip, so the true offset lies within +-(t_recv - t_send) / 2 of that estimate;
@@ -53,11 +54,23 @@ def parse_remote(output: str) -> float | None:
     return None
 
 
+def settled(samples: list[Sample], max_ms: float) -> bool:
+    """Whether a sample already proves the clock good: its whole window (the offset, plus or
+    minus the uncertainty) lies within the limit, so no further sample could fail it."""
+    return any(abs(s.offset_ms) + s.uncertainty_ms <= max_ms for s in samples)
+
+
 def sample(ctx: Ctx) -> dict[int, list[Sample] | str]:
-    """SAMPLES rounds, each on every node in parallel; per node its samples or why none."""
+    """Up to SAMPLES rounds, each on every node still unsettled, in parallel; per node its
+    samples or why none. A node whose sample proves its clock (settled) is not asked again:
+    on a healthy cluster one round does, and each round is a session on every node."""
     got: dict[int, list[Sample] | str] = {r: [] for r in ctx.live}
     for _ in range(SAMPLES):
-        outs = on_nodes(ctx, lambda r: sh_script("clock"), ctx.pf.check_timeout_s)
+        ranks = [r for r in ctx.live if isinstance(got[r], list)
+                 and not settled(got[r], ctx.pf.max_clock_offset_ms)]
+        if not ranks:
+            break
+        outs = on_nodes(ctx, lambda r: sh_script("clock"), ctx.pf.check_timeout_s, ranks)
         for r, o in outs.items():
             remote = parse_remote(o.output)
             if remote is None:
