@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import sys
@@ -75,6 +76,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # worker runs other files instead of waiting on the Slurm lock.
         group = "slurm" if SLURM_FIXTURES & names else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+    heaviest_groups_first(items)
+
+
+# Each test file's CPU seconds and test count from a suite run (tools/test_costs.py writes it)
+COSTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "costs.json")
+# A test of a file the table does not know: a rough cost by its marks (CPU seconds)
+GUESS = (("training", 30.0), ("multihost", 3.0), ("launches", 1.0))
+
+
+def _group(item: pytest.Item) -> str:
+    return item.get_closest_marker("xdist_group").args[0]
+
+
+def _cost(item: pytest.Item, files: dict) -> float:
+    """A test's expected CPU: its file's mean from the table, else a guess from its marks."""
+    name = item.nodeid.split("::")[0]
+    if name in files and files[name][1]:
+        return files[name][0] / files[name][1]
+    return next((c for m, c in GUESS if item.get_closest_marker(m)), 0.2)
+
+
+def heaviest_groups_first(items: list[pytest.Item]) -> None:
+    """Order the groups by their expected CPU, heaviest first, each group's tests in their
+    own order. pytest-xdist hands groups to workers in collection order: alphabetically, the
+    longest training files came last and ran on one or two workers while the others had
+    nothing left (longest-first is the classic cure); the unit tests now fill the end."""
+    try:
+        with open(COSTS) as fh:
+            files = json.load(fh)["files"]
+    except (OSError, ValueError, KeyError):
+        files = {}
+    weight: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        g = _group(item)
+        first.setdefault(g, i)
+        weight[g] = weight.get(g, 0.0) + _cost(item, files)
+    items.sort(key=lambda it: (-weight[_group(it)], first[_group(it)]))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
