@@ -49,3 +49,40 @@ def test_a_node_that_cannot_start_fails_the_attempt(tmp_path, ok):
     assert not node.terminated
     for rank in ok:   # the node that started was torn down, not left running
         assert result.nodes[rank].terminated and result.nodes[rank].exit is not None
+
+
+@pytest.mark.launches
+def test_a_node_whose_output_a_stray_process_holds_is_cut_after_the_settle(tmp_path, monkeypatch):
+    """Node 1 exits 3; node 0 is torn down, but a process its setup line started, in a session
+    of its own and without the run's variables, escapes the teardown and holds the node's
+    output: the relay would wait on it for ever. After the settle the local session is cut
+    as an ssh one is (its relay ended), so the attempt ends and says what happened."""
+    import os
+    import signal
+    import sys
+
+    from launcher.session import attempt
+    from .procs import job_pids, own_name
+
+    monkeypatch.setattr(attempt, "SETTLE_S", 0.5)
+    stray = tmp_path / "stray.pid"
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys, time\nsys.exit(3) if os.environ['RANK'] == '1' else time.sleep(600)\n")
+    run_id = own_name("sf-")
+    job = validate({"name": "s", "trainer": "script", "script": {"path": str(script)},
+                    "cluster": {"hosts": ["localhost", "localhost"], "gpus_per_node": 1, "python": sys.executable,
+                                "cuda_visible_devices": [[0], [1]],
+                                "setup": [f'[ "$MLAUNCH_NODE_RANK" != 0 ] || {{ env -u MLAUNCH_RUN_ID '
+                                          f'-u MLAUNCH_NODE_ID setsid sleep 600 & echo $! > {stray}; }}']},
+                    "output_dir": str(tmp_path / "out")})
+    plan = build_plan(job, run_id=run_id, log_dir=str(tmp_path / "logs"))
+    try:
+        result = run_job(plan, LocalExecutor(), Printer(plan.mask, io.StringIO(), color=False))
+        assert result.first_failure == 1 and result.nodes[1].exit.code == 3, result
+        assert result.nodes[0].terminated and result.nodes[0].exit is not None, result
+        assert job_pids(run_id) == set()   # the run's own processes: every one ended
+        pid = int(stray.read_text())
+        os.kill(pid, 0)   # the stray is still there (it was outside the run): only the wait on it ended
+    finally:
+        if stray.exists():
+            os.kill(int(stray.read_text()), signal.SIGKILL)

@@ -16,6 +16,14 @@ from .procs import job_pids, own_name
 STUBBORN = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "open(sys.argv[1], 'w').close()\ntime.sleep(600)\n")
 MEEK = "import sys, time\nopen(sys.argv[1], 'w').close()\ntime.sleep(600)\n"
+# Ignores TERM and forks children that do too, one every 2 ms (at most 2000), as a node's
+# shell still starting its hang-up guard and sampler does when a teardown comes at once.
+SPAWNER = ("import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+           "open(sys.argv[1], 'w').close()\n"
+           "for _ in range(2000):\n"
+           "    if os.fork() == 0:\n        time.sleep(600)\n        os._exit(0)\n"
+           "    time.sleep(0.002)\n"
+           "time.sleep(600)\n")
 
 
 def _start(run_id: str, code: str, ready: str) -> subprocess.Popen:
@@ -104,6 +112,19 @@ def test_the_samplers_session_is_killed_at_once_not_given_the_grace(tmp_path):
     r = _teardown(run_id, pidfiles=[str(pidfile)], grace=600)
     assert r.returncode == 0 and r.stdout.strip() == "mlaunch-teardown: 0 left", r.stdout + r.stderr
     assert sampler.wait(limit(10)) == -9 and leader.wait(limit(10)) == -15
+    assert job_pids(run_id) == set()
+
+
+def test_what_a_killed_process_forked_after_the_last_look_is_killed_too(tmp_path):
+    """The KILL ends what one look at /proc found; a process forked between that look and the
+    kill outlived it (a node torn down 18 ms after its start kept a sampler loop that held
+    the session's output open, and the attempt never ended). Kills repeat until a look finds
+    nothing: a killed process forks no more."""
+    run_id = own_name("td-")
+    spawner = _start(run_id, SPAWNER, str(tmp_path / "spawner"))
+    r = _teardown(run_id, pidfiles=[], grace=0.3)
+    assert r.returncode == 0 and r.stdout.strip() == "mlaunch-teardown: 0 left", r.stdout + r.stderr
+    assert spawner.wait(limit(10)) == -9
     assert job_pids(run_id) == set()
 
 

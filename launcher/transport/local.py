@@ -47,7 +47,13 @@ class LocalRunning:
             pass
 
     def close(self) -> None:
+        """The session cut (session/attempt.py's settle, fanout's end): stdin hung up, and the
+        relay ended if it still runs. A process that outlived the teardown and still holds the
+        command's output would otherwise keep the relay, and the attempt, waiting for ever
+        (an ssh session's cut ends its client: OpenSSHRunning.close)."""
         self._hang_up()
+        if self._proc.poll() is None:
+            self._proc.terminate()
 
     def _hang_up(self) -> None:
         # Closing the node's stdin is what a lost launcher looks like: its hang-up guard
