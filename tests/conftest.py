@@ -48,6 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
     _loadfactor.load_factor(workers=os.cpu_count() or 1 if n in ("auto", "logical")
                             else int(n or 1))
     _cpuacct.register(config)   # CPU seconds per test, listed at the end (tests/cpuacct.py)
+    # pytest-xdist's load scheduling re-sorts the groups by their number of tests, which put
+    # the long training files (1-3 tests each) last: the order heaviest_groups_first gives is kept.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     config.addinivalue_line(
         "markers",
         "multihost: needs real namespace+sshd hosts (tests/hosts.py); "
@@ -99,9 +103,10 @@ def _cost(item: pytest.Item, files: dict) -> float:
 
 def heaviest_groups_first(items: list[pytest.Item]) -> None:
     """Order the groups by their expected CPU, heaviest first, each group's tests in their
-    own order. pytest-xdist hands groups to workers in collection order: alphabetically, the
-    longest training files came last and ran on one or two workers while the others had
-    nothing left (longest-first is the classic cure); the unit tests now fill the end."""
+    own order. pytest-xdist re-sorted the groups by their number of tests (pytest_configure
+    turns that off) and then hands them out in order: the long training files, with 1-3 tests
+    each, came last and ran on one or two workers while the others had nothing left
+    (longest-first is the classic cure); the unit tests now fill the end."""
     try:
         with open(COSTS) as fh:
             files = json.load(fh)["files"]

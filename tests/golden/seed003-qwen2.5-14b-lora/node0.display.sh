@@ -62,7 +62,13 @@ t0=$(now); i=0
 while [ -n "$(job_pids)" ] && [ "$i" -lt 50 ] && [ $(( $(now) - t0 )) -lt 500 ]; do
   sleep 0.1; i=$((i+1))
 done
-p=$(job_pids); [ -n "$p" ] && kill -KILL $p 2>/dev/null
+# One look at /proc, then the KILL: a process forked between the two outlives it (a node'"'"'s
+# shell still starting its hang-up guard and sampler when the teardown comes at once). A
+# killed process forks no more, so looking again until a look finds none ends it all.
+n=0
+while p=$(job_pids); [ -n "$p" ] && [ "$n" -lt 50 ]; do
+  kill -KILL $p 2>/dev/null; n=$((n+1)); sleep 0.01
+done
 sleep 0.05
 echo "mlaunch-teardown: $(job_pids | wc -l) left"
 '
