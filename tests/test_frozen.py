@@ -230,7 +230,7 @@ def test_paramiko_explains_with_the_systems_words_not_always_refused(e, line):
 def test_paramikos_logged_tracebacks_never_reach_the_console():
     """paramiko logs a transport that died (no banner) as a traceback at ERROR; with no
     handler Python's last resort printed it on mlaunch's console."""
-    r = subprocess.run([sys.executable, "-c", "import logging, launcher.transport.ssh; logging.getLogger("
+    r = subprocess.run([sys.executable, "-c", "import logging, launcher.transport.ssh_paramiko; logging.getLogger("
                         "'paramiko.transport').error('Exception (client): Error reading SSH protocol banner')"],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout == r.stderr == "", r.stderr

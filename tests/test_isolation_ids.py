@@ -69,10 +69,10 @@ def _alive(pid: int) -> bool:
 
 def _node_pids(runs: Runs, run_id: str) -> set[int]:
     """The processes of a detached run whose 2 ranks said `ready` that live until torn down:
-    its node leader (torchrun: the pid in the pidfile its recorded plan names), its live-view
-    sampler (the pid in <pidfile>.sampler) and its 2 ranks, each tagged with its run id. (The
-    node's short-lived helpers, a heartbeat's `head -c 1`, a sampler's `sleep`, carry the tag
-    too, and end on their own.)"""
+    its node leader (torchrun: the pid in the pidfile its recorded plan names) and its 2 ranks,
+    each tagged with its run id. (The node's short-lived helpers, a heartbeat's `head -c 1`, the
+    live-view sampler, which on a node without GPUs asks the relay for CPU samples and ends,
+    carry the tag too, and end on their own.)"""
     runs.wait_console(run_id, r"ready rank \d", count=2)
     reg = Registry(os.path.join(runs.home, "runs.db"))
     try:
@@ -81,12 +81,10 @@ def _node_pids(runs: Runs, run_id: str) -> set[int]:
         reg.close()
     with open(node["pidfile"]) as fh:
         leader = int(fh.read().split()[0])
-    with open(node["pidfile"] + ".sampler") as fh:
-        sampler = int(fh.read().split()[0])
     tagged = _tagged(run_id)
     ranks = {pid for pid, cmd in tagged.items() if b"fail_or_sleep.py" in cmd and pid != leader}
-    assert leader in tagged and sampler in tagged and len(ranks) == 2, (leader, sampler, tagged)
-    return {leader, sampler} | ranks
+    assert leader in tagged and len(ranks) == 2, (leader, tagged)
+    return {leader} | ranks
 
 
 @pytest.mark.launches

@@ -82,6 +82,26 @@ def test_samples_leave_the_log_and_reach_the_launcher_and_progress_frames_are_li
     assert text.splitlines() == ["head", " 10%|#  | 1/10", " 20%|## | 2/10", " 30%|###| 3/10"]
 
 
+def test_a_node_without_gpus_gets_its_cpu_samples_from_the_relay_until_its_command_ends():
+    """The sampler's one request line (templates/sampler.sh.j2 on a node without GPUs): the
+    relay, not a shell loop, writes a CPU row at once and then every period, in the launcher's
+    lines only; the request is in neither stream, and the rows end with the command."""
+    script = ("echo before; printf '\\036mlaunch-cpu-every 100\\n'; sleep 0.65; echo after")
+    t0 = time.monotonic()
+    r = relay(script)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"before\nafter\n"
+    text, samples = split_text(r.stderr.decode().replace("\x1f", ""))
+    assert text == "" and b"cpu-every" not in r.stderr
+    rows = [s.split() for s in samples]
+    # one at once, then one every 0.1 s while the command ran (fewer on a slow machine, never more)
+    assert 3 <= len(rows) <= took / 0.1 + 1, (len(rows), took)
+    assert all(row[0] == "cpu" and len(row) == 5 and all(x.isdigit() for x in row[1:]) for row in rows)
+    busy, idle = [int(row[1]) for row in rows], [int(row[2]) for row in rows]
+    assert busy == sorted(busy) and idle == sorted(idle) and int(rows[0][3]) > 0   # jiffies only grow
+
+
 def test_torchruns_root_cause_reaches_the_launcher_with_its_exit_code():
     report = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-04_10:00:00\n"
               "  host      : n1\n  rank      : 1 (local_rank: 0)\n  exitcode  : 3 (pid: 42)\n")

@@ -19,6 +19,7 @@ import sys
 import time
 
 from .wrapped import end_as, send, spawn
+from .cpusample import REQUEST, CpuSampler, asked
 
 READ = 1 << 18
 # A read of less than GATHER waits before the next, long enough for about GATHER bytes at
@@ -113,6 +114,7 @@ class Relay:
         self.sampled = needle(config["sample"]) if self.sample else None
         self.search = in_python   # pump() makes it by_memmem() past FAST_AFTER
         self.follow = 0   # lines still to copy after an `after` mark
+        self.cpu = None   # the CPU samples, once the node's sampler asked for them (cpusample.py)
         self.overlap = max([256] + [len(v) for v, _ in self.literal])
 
     def mask(self, block):
@@ -219,6 +221,9 @@ def pump(relay, fd):
     while True:
         if wait:
             time.sleep(wait)
+        if relay.cpu is not None and not relay.cpu.wait_readable(fd, lambda row: send(2, OURS + row)):
+            wait = 0.0
+            continue
         data = os.read(fd, READ)
         if not data:
             break
@@ -245,6 +250,10 @@ def pump(relay, fd):
 def relayed(relay, block):
     """block masked, its lines for the launcher sent to stderr; what goes to the node log."""
     out, seen = relay.split(relay.mask(block))
+    if seen and REQUEST in seen:   # the sampler found no GPU: this relay samples the CPU
+        every, seen = asked(seen)
+        if every and relay.cpu is None:
+            relay.cpu = CpuSampler(every)
     if seen:
         send(2, seen)
     return out

@@ -1,6 +1,8 @@
 """SSH executor: one `ssh` client per node whose connection also carries the run's short
 scripts (transport/openssh.py); fabric and paramiko read the ssh_config and known_hosts files
-and explain a failed login."""
+and explain a failed login. They are imported only where needed (an ssh_config that names
+UserKnownHostsFile, a login that failed): importing them takes ~0.13 s of CPU, before the
+first login could begin (bench/results/time-to-training-*)."""
 from __future__ import annotations
 
 import functools
@@ -8,9 +10,6 @@ import os
 import shlex
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-
-import paramiko
-from fabric import Config, Connection
 
 from .. import nodeprog, render
 from ..errors import Problem, UserError
@@ -20,7 +19,6 @@ from .base import STAGE_TIMEOUT_S, setup_failed, stage_text
 from .relay import relay_config
 from .openssh import READY, STAGED, OpenSSHStreams
 from .openssh_running import OpenSSHRunning
-from .ssh_paramiko import TAKES_FACTORY, KEEPALIVE_S, aead_first_transport, explain_connect_error, set_user_timeout
 from ..spec.hosts import login_addr
 
 
@@ -31,14 +29,13 @@ class SSHExecutor:
         # Keyed by login ([user@]host[:port]): one host name on two ports is two machines.
         self._hosts = list(dict.fromkeys(hosts))
         self._ssh = ssh
-        self._conns: dict[str, Connection] = {}
-        # One parsed ssh_config for all hosts: parsing it per host costs more than a handshake.
-        path = os.path.expanduser(ssh.config_file) if ssh.config_file else None
-        self._config = Config(runtime_ssh_path=path) if path else Config()
+        self._conns: dict = {}   # login -> its fabric Connection, opened (a failed login explained)
+        self._made: dict = {}    # login -> its fabric Connection, made (known_hosts files, a failure)
+        self._config = None      # fabric's Config: one parsed ssh_config for all hosts (_fabric_config)
         self._streams = OpenSSHStreams(ssh)   # node output via `ssh` children
         self._relay_head = b""   # the relay's interpreter and config (stage())
         self.python = "python3"   # the relay's interpreter where no plan is staged (`exec`)
-        self._parsed: dict[tuple[str, ...], paramiko.HostKeys] = {}   # known_hosts files, read once
+        self._parsed: dict = {}   # known_hosts files, read once: paramiko.HostKeys by their paths
 
     def connect(self) -> list[Problem]:
         """Every host's stream client logged in and waiting for its node's script; a line for
@@ -46,18 +43,14 @@ class SSHExecutor:
         if shutil.which("ssh") is None:
             raise UserError("the OpenSSH client (ssh) is not installed here; mlaunch runs each "
                             "node's session in one: install it (e.g. apt-get install openssh-client)")
-        # fabric's Connection() writes into the Config it is given, one shared by all hosts
-        # here, and another thread reading it meanwhile finds it empty (64 hosts did): each
-        # is made in turn (no network: the ssh_config and known_hosts it names).
-        conns = {host: self._connection(host) for host in self._hosts}
         for host in self._hosts:
-            self._add_stream(host, conns[host])
+            self._add_stream(host)
         self._streams.spawn(_stream_command())
         failed = self._streams.await_ready(self._ssh.connect_timeout + 10)
         # paramiko says why a login failed (a changed key, the fix for an unknown one); where
         # it gets in, the client's own words stand. Where the client never reached sshd (no
         # route, refused, no banner) its words are the cause: paramiko would only wait again.
-        asked = {h: conns[h] for h in failed if h not in self._streams.unreached}
+        asked = {h: self._connection(h) for h in failed if h not in self._streams.unreached}
         explained = {p.path: p for p in self._open_all(asked)}
         return [explained.get(p.path, p) for p in failed.values()]
 
@@ -96,24 +89,36 @@ class SSHExecutor:
             conn.close()
         self._streams.close()
 
-    def _add_stream(self, host: str, conn: Connection) -> None:
+    def _add_stream(self, host: str) -> None:
         # The `ssh` children read the known_hosts files paramiko reads for the host (and its jump host)
-        gateway = getattr(conn, "gateway", None)
         jump = None
-        if self._ssh.jump_host and isinstance(gateway, Connection):
-            jump = (login_addr(self._ssh.jump_host), self._known_files(gateway.ssh_config))
+        if self._ssh.jump_host:
+            jump = (login_addr(self._ssh.jump_host), self._known_for(host, jump=True))
         addr = login_addr(host)
         port = addr.port or (self._ssh.port if "port" in self._ssh.model_fields_set else None)
-        self._streams.add(host, addr, port, self._known_files(conn.ssh_config), jump)
+        self._streams.add(host, addr, port, self._known_for(host), jump)
 
-    def _open_all(self, conns: dict[str, Connection]) -> list[Problem]:
+    def _known_for(self, host: str, jump: bool = False) -> list[str]:
+        """The known_hosts files of host (or of its jump host): without an ssh_config that
+        names UserKnownHostsFile, the default ones, and nothing of fabric is needed."""
+        if self._ssh.known_hosts or not names_known_hosts(self._ssh):
+            return self._known_files({})
+        conn = self._connection(host)
+        if jump:
+            from fabric import Connection
+            gateway = getattr(conn, "gateway", None)
+            return self._known_files(gateway.ssh_config if isinstance(gateway, Connection) else {})
+        return self._known_files(conn.ssh_config)
+
+    def _open_all(self, conns: dict) -> list[Problem]:
         if not conns:
             return []
         with ThreadPoolExecutor(max_workers=min(32, len(conns))) as pool:
             results = list(pool.map(lambda h: self._open(h, conns[h]), conns))
         return [p for p in results if p is not None]
 
-    def _open(self, host: str, conn: Connection) -> Problem | None:
+    def _open(self, host: str, conn) -> Problem | None:
+        from .ssh_paramiko import KEEPALIVE_S, explain_connect_error, set_user_timeout
         try:
             conn.open()
         except Exception as e:  # each failure becomes a per-host line, never a traceback
@@ -125,8 +130,26 @@ class SSHExecutor:
         self._conns[host] = conn
         return None
 
-    def _connection(self, login: str) -> Connection:
-        s, config, addr = self._ssh, self._config, login_addr(login)
+    def _connection(self, login: str):
+        """login's fabric Connection (made once; not opened): what it reads of ssh_config and
+        known_hosts, and the login that explains a failure. fabric's Connection() writes into
+        the Config it is given, one shared by all hosts here, and another thread reading it
+        meanwhile finds it empty (64 hosts did): each is made in turn, in one thread."""
+        if login not in self._made:
+            self._made[login] = self._make_connection(login)
+        return self._made[login]
+
+    def _fabric_config(self):
+        if self._config is None:
+            from fabric import Config
+            path = os.path.expanduser(self._ssh.config_file) if self._ssh.config_file else None
+            self._config = Config(runtime_ssh_path=path) if path else Config()
+        return self._config
+
+    def _make_connection(self, login: str):
+        from fabric import Connection
+        from .ssh_paramiko import TAKES_FACTORY, aead_first_transport
+        s, config, addr = self._ssh, self._fabric_config(), login_addr(login)
         # No longer than connect_timeout for the banner either (paramiko's own is 15 s)
         kwargs: dict = {"allow_agent": True, "banner_timeout": s.connect_timeout}
         if TAKES_FACTORY:
@@ -147,7 +170,8 @@ class SSHExecutor:
             self._host_keys(gateway.client, gateway.ssh_config)
         return conn
 
-    def _host_keys(self, client: paramiko.SSHClient, ssh_config: dict) -> None:
+    def _host_keys(self, client, ssh_config: dict) -> None:
+        import paramiko
         # fabric's default policy accepts any key; ours refuses unknown ones unless told otherwise.
         strict = self._ssh.strict_host_keys
         client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict else paramiko.WarningPolicy())
@@ -167,6 +191,30 @@ class SSHExecutor:
         files = [self._ssh.known_hosts] if self._ssh.known_hosts else []
         files += ssh_config.get("userknownhostsfile", "").split() if not files else []
         return [os.path.expanduser(f) for f in files or ["~/.ssh/known_hosts"]]
+
+
+def ssh_config_files(ssh: SSH) -> list[str]:
+    """The ssh_config files fabric reads for cluster.ssh: its config_file alone, else the
+    user's and the system's."""
+    if ssh.config_file:
+        return [os.path.expanduser(ssh.config_file)]
+    return [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
+
+
+def names_known_hosts(ssh: SSH) -> bool:
+    """Whether an ssh_config file read for cluster.ssh may name UserKnownHostsFile (then fabric
+    reads which, per host); a config_file that is missing, too (fabric's Config says so)."""
+    for path in ssh_config_files(ssh):
+        try:
+            with open(path, "rb") as fh:
+                if b"userknownhostsfile" in fh.read().lower():
+                    return True
+        except FileNotFoundError:
+            if ssh.config_file:
+                return True
+        except OSError:
+            return True
+    return False
 
 
 def relay_head(python: str, config: dict) -> bytes:

@@ -118,8 +118,9 @@ def _footer(plan: LaunchPlan) -> list[str]:
     defaults = " ".join(f"{k}={v}" for k, v in n.env if DEFAULT_ENV.get(k) == v)
     path = posixpath.dirname(n.argv[0])
     every = plan.job.health.sample_every_s
-    sampler = ([f"  a GPU sampler for the live view (nvidia-smi every {every:g}s, over the node's own "
-                "session; health.sample_every_s: 0 turns it off);"]
+    sampler = ([f"  the live view's samples every {every:g}s (nvidia-smi's, or the node relay's of CPU and "
+                "memory where there is no GPU), over the node's own session; health.sample_every_s: "
+                "0 turns them off;"]
                if every and not plan.unheld else [])
     return [f"every node also: {defaults}{', PATH=' + path + ':$PATH' if path else ''}, the MLAUNCH_* "
             "process tags,", *_setup(plan),

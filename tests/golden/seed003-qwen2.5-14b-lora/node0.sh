@@ -88,15 +88,8 @@ if nvidia-smi -L >/dev/null 2>&1; then
     -lms 2000 2>/dev/null </dev/null |
     while IFS= read -r row; do printf "\036mlaunch-gpu %s\n" "$row"; done &
 else
-  while :; do
-    read -r _ u n s i w q sq st _ </proc/stat
-    mt=0 ma=0
-    while read -r k v _; do
-      case $k in MemTotal:) mt=$v ;; MemAvailable:) ma=$v ;; esac
-    done </proc/meminfo
-    printf "\036mlaunch-cpu %s %s %s %s\n" $((u + n + s + q + sq + ${st:-0})) $((i + w)) "$mt" "$ma"
-    sleep 2 >/dev/null 2>&1
-  done </dev/null &
+  printf "\036mlaunch-cpu-every %s\n" 2000
+  exit 0
 fi
 exec >/dev/null 2>&1
 alive() {
