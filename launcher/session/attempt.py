@@ -13,7 +13,7 @@ from ..record import fsmode
 from .. import render
 from ..errors import UserError
 from ..record import phases
-from ..record.events import EventLog
+from ..record.events import EventLog, utc_now
 from ..plan.launch_plan import LaunchPlan, NodePlan
 from ..transport.base import LOST, TEARDOWN_GRACE, Executor, Exit, Running, heartbeat_period
 from ..logs.console import Console
@@ -94,12 +94,18 @@ class _Session:
     def _start_all(self) -> None:
         self.printer.set_status(self.view.status_lines)
         self.watch.phase("start")
+        # Every node's script is sent first, each node's log, events and output thread made
+        # after: the last node of many starts as soon as it can, while the first ones' imports
+        # already take the cores the launcher shares with them.
         with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
-            started = list(pool.map(self._start, self.plan.nodes))
+            released = list(pool.map(self._release, self.plan.nodes))
+        for node, (running, at) in zip(self.plan.nodes, released):
+            if running is not None:
+                self._follow(node, running, at)
         threading.Thread(target=self._heartbeats, daemon=True).start()
         # A node that could not start has queued its failure: recording it (_record) makes it
         # the first failure and tears the others down, so the attempt fails with its exit.
-        if all(started):
+        if all(running is not None for running, _ in released):
             self.watch.phase("rendezvous")
             if self.on_started is not None:
                 self.on_started()
@@ -113,20 +119,25 @@ class _Session:
                     running.heartbeat()
             time.sleep(period)
 
-    def _start(self, node: NodePlan) -> bool:
+    def _release(self, node: NodePlan) -> tuple[Running | None, str]:
+        """node's script sent (the node starts): its Running and when, or None where it
+        could not start (its failure queued)."""
         try:
             os.close(fsmode.private_fd(node.log_path, os.O_WRONLY))   # there, empty, from the start
             running = self.executor.start(node)
         except Exception as e:  # a node that cannot start fails the job like one that exits
             self.events.put((node.rank, Exit(LOST, lost=True, detail=f"could not start: {e}")))
-            return False
-        self.running[node.rank] = running
-        self.watch.events.emit("node_start", node=node.rank, host=node.host, log="spliced")
+            return None, ""
+        self.running[node.rank] = running   # a teardown from now on reaches it
+        return running, utc_now()
+
+    def _follow(self, node: NodePlan, running: Running, at: str) -> None:
+        """A started node's event, console and output thread."""
+        self.watch.events.emit("node_start", at=at, node=node.rank, host=node.host, log="spliced")
         self.console.follow(node.rank, node.host, node.log_path)
         out = NodeOutput(node, running, self.plan, self.view,
                          lambda text: self.console.offer(node.rank, node.host, text), self._watched)
         threading.Thread(target=self._output, args=(out,), daemon=True).start()
-        return True
 
     def _output(self, out: NodeOutput) -> None:
         ended = out.run()
