@@ -83,10 +83,23 @@ def mlaunch(hs, n: int, tmp: str, tree: str, preflight: bool) -> tuple[float, di
         raise RuntimeError(f"mlaunch exit {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     found = glob.glob(f"{out}/logs/*/events.jsonl")
     parts = {}
-    for p in (phases.timeline(read_events(found[0])) if found else []):
+    events = read_events(found[0]) if found else []
+    for p in phases.timeline(events):
         if p.attempt == 0 and p.name not in ("training",):
             parts[p.name] = parts.get(p.name, 0.0) + p.seconds
+    if (last := last_start(events)) is not None:
+        parts["(last node started, s after the start phase began)"] = last
     return first_step(r.stdout, t0), parts
+
+
+def last_start(events: list[dict]) -> float | None:
+    """When the last node's script was sent (its node_start), after the start phase began."""
+    from datetime import datetime
+    at = [e["time"] for e in events if e.get("event") == "phase" and e.get("phase") == "start"]
+    starts = [e["time"] for e in events if e.get("event") == "node_start" and e.get("attempt", 0) == 0]
+    if not at or not starts:
+        return None
+    return (datetime.fromisoformat(max(starts)) - datetime.fromisoformat(at[0])).total_seconds()
 
 
 def main() -> None:
@@ -94,12 +107,14 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--tree", default=ROOT, help="launcher source trees, comma-separated: alternated")
+    ap.add_argument("--variants", default="pdsh,mlaunch,nopre", help="which of pdsh, mlaunch, nopre")
     args = ap.parse_args()
     trees = args.tree.split(",")
     for tree in trees:   # byte-compiled, as pip installs it (a stale cache recompiles ~0.1 s per run)
         subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "launcher")],
                        check=True, stdout=subprocess.DEVNULL)
-    cases = [("pdsh", "")] + [(v, t) for t in trees for v in ("mlaunch", "nopre")]
+    wanted = args.variants.split(",")
+    cases = [("pdsh", "")] * ("pdsh" in wanted) + [(v, t) for t in trees for v in ("mlaunch", "nopre") if v in wanted]
     got: dict[tuple, list[float]] = defaultdict(list)
     parts: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     print(f"{args.hosts} hosts, 1 process each; {args.runs} runs per variant, alternating; trees {trees}")
