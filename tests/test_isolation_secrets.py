@@ -131,6 +131,16 @@ def test_10_slurm_node_logs_are_masked_and_0600(slurm2, tmp_path):
 SECRETS = ("hf_" + "a1b2c3d4e5f6", "tok-9", "ab")
 
 
+class _Running:
+    """The command pump() follows: its output's fd, and an end that has not come."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def poll(self):
+        return None
+
+
 def _pumped(monkeypatch, tmp_path, data: bytes) -> bytes:
     """What the relay's pump sends to the node log for data read from a regular file (reads of
     READ bytes each: the cut of an endless line falls at HOLD - overlap, every time)."""
@@ -140,7 +150,7 @@ def _pumped(monkeypatch, tmp_path, data: bytes) -> bytes:
     src.write_bytes(data)
     fd = os.open(src, os.O_RDONLY)
     try:
-        relay_mod.pump(relay_mod.Relay(mask_rules(SECRETS, MASK)), fd)
+        relay_mod.pump(relay_mod.Relay(mask_rules(SECRETS, MASK)), _Running(fd))
     finally:
         os.close(fd)
     return b"".join(sent)

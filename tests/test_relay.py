@@ -102,6 +102,29 @@ def test_a_node_without_gpus_gets_its_cpu_samples_from_the_relay_until_its_comma
     assert busy == sorted(busy) and idle == sorted(idle) and int(rows[0][3]) > 0   # jiffies only grow
 
 
+def test_a_process_the_command_left_holding_its_output_does_not_keep_the_relay():
+    """The command starts a daemon that keeps its output open (as a cluster.setup line's
+    `daemon &` does), prints, and exits 3: the relay ends with 3 soon after, every line the
+    command printed relayed; the daemon, not the relay's to end, is still there."""
+    script = "sleep 600 & echo $! > \"$DAEMON\"; echo last words; exit 3"
+    pidfile = f"/tmp/mlaunch-relay-daemon-{os.getpid()}"
+    os.environ["DAEMON"] = pidfile
+    try:
+        r = relay(script)
+        with open(pidfile) as fh:
+            daemon = int(fh.read())
+        assert r.returncode == 3 and r.stdout == b"last words\n", r
+        os.kill(daemon, 0)   # still running: it only no longer holds the session open
+    finally:
+        del os.environ["DAEMON"]
+        if os.path.exists(pidfile):
+            with open(pidfile) as fh:
+                pid = fh.read().strip()
+            if pid:
+                os.kill(int(pid), signal.SIGKILL)
+            os.remove(pidfile)
+
+
 def test_torchruns_root_cause_reaches_the_launcher_with_its_exit_code():
     report = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-04_10:00:00\n"
               "  host      : n1\n  rank      : 1 (local_rank: 0)\n  exitcode  : 3 (pid: 42)\n")

@@ -90,3 +90,29 @@ def test_a_node_whose_output_a_stray_process_holds_is_cut_after_the_settle(tmp_p
     finally:
         if stray.exists():
             os.kill(int(stray.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.launches
+def test_a_job_that_succeeds_ends_though_a_setup_daemon_holds_a_nodes_output(tmp_path):
+    """Every rank exits 0, but node 0's setup line left a daemon (in a session of its own,
+    without the run's variables) that holds the node's output: nothing tears it down, and the
+    relay's wait for the output's end would have kept the attempt open for ever. The relay
+    ends AFTER_EXIT_S after the node's command: the attempt ends 0; the daemon is left."""
+    import os
+    import signal
+
+    from .helpers import script_job
+
+    daemon = tmp_path / "daemon.pid"
+    spec = script_job(["localhost", "localhost"], 1, "steps.py", ["2", "0"], str(tmp_path / "out"),
+                      cuda_visible_devices=[[0], [1]],
+                      setup=[f'[ "$MLAUNCH_NODE_RANK" != 0 ] || {{ env -u MLAUNCH_RUN_ID '
+                             f'-u MLAUNCH_NODE_ID setsid sleep 600 & echo $! > {daemon}; }}'])
+    plan = build_plan(validate(spec), run_id=own_name("sd-"), log_dir=str(tmp_path / "logs"))
+    try:
+        result = run_job(plan, LocalExecutor(), Printer(plan.mask, io.StringIO(), color=False))
+        assert result.code == 0 and [n.exit.code for n in result.nodes] == [0, 0], result
+        os.kill(int(daemon.read_text()), 0)   # left running: it was never the run's
+    finally:
+        if daemon.exists():
+            os.kill(int(daemon.read_text()), signal.SIGKILL)

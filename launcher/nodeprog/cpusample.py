@@ -17,16 +17,13 @@ class CpuSampler:
         self.every = max(0.05, every_ms / 1000.0)
         self.due = 0.0   # the first sample at once
 
-    def wait_readable(self, fd, emit):
-        """Whether fd has bytes (or its end) before the next sample is due; emit(row) takes
-        each sample that falls due meanwhile."""
-        import select   # a C module; only on nodes that asked for samples
+    def tick(self, emit):
+        """emit(row) of a sample that is due; the seconds until the next one is."""
         now = time.monotonic()
         if now >= self.due:
             emit(cpu_row())
             self.due = now + self.every
-        ready, _, _ = select.select([fd], [], [], max(0.0, self.due - time.monotonic()))
-        return bool(ready)
+        return max(0.0, self.due - time.monotonic())
 
 
 def asked(seen, request=REQUEST):

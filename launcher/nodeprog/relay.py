@@ -15,6 +15,7 @@ a child in a session of its own (wrapped.py), stdin inherited; the exit is the c
 """
 import fcntl
 import os
+import select
 import sys
 import time
 
@@ -28,6 +29,10 @@ READ = 1 << 18
 # at most 50 wake-ups a second.
 PIPE, GATHER, GATHER_S, GATHER_MAX_S = 1 << 20, 1 << 16, 0.005, 0.02
 HOLD = 1 << 20   # a line longer than this without an end goes out as it is
+# A quiet output is looked at every WAKE_S: has the command ended? Once it has, what its
+# leftovers still write is relayed for AFTER_EXIT_S at most (its own last lines came before
+# its end; a torchrun's workers end before it does).
+WAKE_S, AFTER_EXIT_S = 0.5, 2.0
 OURS = b"\x1f"   # leads every line this program writes to stderr
 
 
@@ -210,18 +215,24 @@ class Relay:
         return b"".join(kept) + last
 
 
-def pump(relay, fd):
-    """Relay the command's output until every writer has closed it."""
-    rest = b""
+def pump(relay, child):
+    """Relay the command's output until every writer has closed it, or AFTER_EXIT_S after the
+    command ended: a process it left behind that still holds the output (a cluster.setup
+    line's daemon) does not keep the session open."""
+    fd, rest = child.fd, b""
     try:
         fcntl.fcntl(fd, 1031, PIPE)   # F_SETPIPE_SZ (Linux)
     except OSError:
         pass   # the pipe keeps its size
-    wait, total = 0.0, 0
+    wait, total, cut_at = 0.0, 0, None
     while True:
         if wait:
             time.sleep(wait)
-        if relay.cpu is not None and not relay.cpu.wait_readable(fd, lambda row: send(2, OURS + row)):
+        if cut_at is None and child.poll() is not None:
+            cut_at = time.monotonic() + AFTER_EXIT_S
+        if cut_at is not None and time.monotonic() >= cut_at:
+            break
+        if not readable(relay, fd, cut_at):
             wait = 0.0
             continue
         data = os.read(fd, READ)
@@ -247,6 +258,17 @@ def pump(relay, fd):
         send(1, out[:-1] if out.endswith(b"\n") else out)
 
 
+def readable(relay, fd, cut_at):
+    """Whether fd has bytes (or its end) within WAKE_S (or before cut_at); the CPU samples
+    that fall due meanwhile are sent."""
+    timeout = WAKE_S
+    if relay.cpu is not None:
+        timeout = min(timeout, relay.cpu.tick(lambda row: send(2, OURS + row)))
+    if cut_at is not None:
+        timeout = min(timeout, max(0.0, cut_at - time.monotonic()))
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
 def relayed(relay, block):
     """block masked, its lines for the launcher sent to stderr; what goes to the node log."""
     out, seen = relay.split(relay.mask(block))
@@ -262,7 +284,7 @@ def relayed(relay, block):
 def main():
     relay = Relay(read_frame())
     child = spawn(sys.argv[1:])
-    pump(relay, child.fd)
+    pump(relay, child)
     end_as(child)
 
 if __name__ == "__main__":

@@ -16,11 +16,21 @@ class Child:
     """The spawned command: its output's read end (fd) and its end (wait())."""
 
     def __init__(self, pid, fd):
-        self.pid, self.fd = pid, fd
+        self.pid, self.fd, self.code = pid, fd, None
+
+    def poll(self):
+        """Its exit code once it has ended (then reaped), else None."""
+        if self.code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
 
     def wait(self):
         """Its exit code, or minus the signal that ended it (as subprocess says it)."""
-        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        if self.code is None:
+            self.code = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.code
 
 
 def spawn(argv):
@@ -47,7 +57,7 @@ def _spawn_subprocess(argv):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     child = Child(proc.pid, proc.stdout.fileno())
-    child.wait = proc.wait
+    child.wait, child.poll = proc.wait, proc.poll
     return child
 
 
