@@ -332,6 +332,7 @@ def test_reports_of_two_runs_sharing_an_output_dir_keep_each_runs_own_steps(tmp_
     tiny = build_tiny(str(tmp_path / "tiny"))
     out = str(tmp_path / "out")
     home = {"MLAUNCH_HOME": str(tmp_path / "home")}
+    before = os.environ.get("MLAUNCH_HOME")   # the suite's own (conftest.py): put back after
     os.environ.update(home)   # submit_timed's mlaunch reads it
     try:
         a = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 1, out, max_steps=8, save_steps=4, name="share"),
@@ -345,7 +346,10 @@ def test_reports_of_two_runs_sharing_an_output_dir_keep_each_runs_own_steps(tmp_
                          "--resume")
         assert b.returncode == 0, b.stdout[-3000:]
     finally:
-        os.environ.pop("MLAUNCH_HOME")
+        if before is None:
+            os.environ.pop("MLAUNCH_HOME")
+        else:   # a later test in this worker reads the suite's home (test_run_end.py did not find it)
+            os.environ["MLAUNCH_HOME"] = before
     run_a, run_b = sorted(os.listdir(os.path.join(out, "logs")))
     logged = [r for r in map(json.loads, open(os.path.join(out, "trainer_log.jsonl"))) if "loss" in r]
     steps = [r["current_steps"] for r in logged]
