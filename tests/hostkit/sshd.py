@@ -305,6 +305,27 @@ class Host:
                 p.wait()
         self._proc = None
         self.sshd_pid = None
+        self._wait_port_closed(timeout)
+
+    def _wait_port_closed(self, timeout: float) -> None:
+        """Wait until nothing in the host listens on the ssh port. The listener is
+        reaped, but a session it forked just before the signal can hold the listening
+        socket until it closes it; a connection made then is accepted into that socket's
+        queue and closed without a word, rather than refused."""
+        t_end = time.monotonic() + timeout
+        while self._listening() and time.monotonic() < t_end:
+            time.sleep(0.005)
+
+    def _listening(self) -> bool:
+        port = f":{SSH_PORT:04X} "
+        for table in ("tcp", "tcp6"):
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{self._init()}/net/{table}") as f:
+                    for line in f.readlines()[1:]:
+                        cols = line.split()
+                        if cols[3] == "0A" and (cols[1] + " ").endswith(port):
+                            return True
+        return False
 
     # -- network ------------------------------------------------------------
     def link_down(self) -> None:
