@@ -138,3 +138,60 @@ def test_concurrent_submit_refused_then_stale_lock_taken_over(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"took over a stale lock in {out}: launcher pid {dead.pid}" in r.stdout
     assert os.path.exists(os.path.join(out, ".mlaunch.lock.stale"))
+
+
+def _preflight_that_waits_for_the_lock(out, seen: dict, fail: bool):
+    """A stand-in for submit's preflight: it notes whether output_dir's lock was taken while it
+    ran (node 0's lock and checkpoint scan run beside the preflight), then passes or fails."""
+    from launcher.errors import UserError
+
+    def preflight(plan, executor, printer):
+        end = time.monotonic() + limit(30)
+        while not (out / ".mlaunch.lock").exists() and time.monotonic() < end:
+            time.sleep(0.01)
+        seen["locked during preflight"] = (out / ".mlaunch.lock").exists()
+        if fail:
+            raise UserError("preflight failed (table above); fix it, or skip with --no-preflight")
+        return None
+    return preflight
+
+
+@pytest.mark.parametrize("fail", [True, False], ids=["preflight-fails", "checkpoints-refused"])
+def test_the_lock_is_taken_beside_the_preflight_and_a_refusal_gives_it_back(tmp_path, monkeypatch, capsys, fail):
+    """output_dir's lock and checkpoint scan are two round trips to node 0 made while the
+    preflight runs, not after it. A refusal still comes in the old order (the failed
+    preflight first; else the checkpoints already there) and gives the lock back. It leaves
+    output_dir as it was: the checkpoint there untouched; a failed preflight of a new
+    output_dir (two folders deep) leaves no folder the lock made."""
+    from launcher.cli.main import main
+    from launcher.runs import attempts
+    out = tmp_path / "new" / "out" if fail else tmp_path / "out"
+    if not fail:
+        checkpoint(out, 5)
+    spec = write_spec(tmp_path, lf_job(tmp_path, str(out)))
+    before = tree(tmp_path)
+    seen: dict = {}
+    monkeypatch.setattr(attempts, "_preflight", _preflight_that_waits_for_the_lock(out, seen, fail))
+    with pytest.raises(SystemExit) as e:
+        main(["submit", spec])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and seen == {"locked during preflight": True}, (seen, err)
+    why = "preflight failed (table above)" if fail else f"{out} already holds checkpoints (latest complete: "
+    assert f"mlaunch: {why}" in err and err.count("mlaunch: ") == 1, err
+    assert not (out / ".mlaunch.lock").exists()
+    assert tree(tmp_path) == before and not (tmp_path / "new").exists()   # nothing started, nothing left
+
+
+def test_unlock_drops_only_the_empty_folders_its_lock_made(tmp_path):
+    """outdir's lock names the folders it made; unlock's drop (a refused submit) removes those
+    still empty, deepest first, and never one that held something before or now."""
+    from launcher.nodeprog import outdir
+    (tmp_path / "a").mkdir()
+    out = tmp_path / "a" / "b" / "c"
+    assert outdir.lock(str(out), "h", os.getpid(), "r1")["ok"]
+    (tmp_path / "a" / "b" / "kept.txt").write_text("written meanwhile")
+    assert outdir.unlock(str(out), "r1", drop=True)
+    assert not out.exists() and (tmp_path / "a" / "b" / "kept.txt").exists()
+    assert outdir.lock(str(out), "h", os.getpid(), "r2")["ok"]
+    assert not outdir.unlock(str(out), "other", drop=True) and out.exists()   # not its lock: nothing
+    assert outdir.unlock(str(out), "r2") and out.exists()   # no drop: the run's folders stay

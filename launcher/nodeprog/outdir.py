@@ -18,10 +18,12 @@ HEARTBEAT_S = 30.0
 
 
 def lock(output_dir: str, host: str, pid: int, run_id: str, now: float | None = None) -> dict:
-    """Take the lock; returns {"ok": bool, "holder": {...}, "took_over": bool, "why": str}."""
+    """Take the lock; returns {"ok": bool, "holder": {...}, "took_over": bool, "why": str}.
+    The lock names the folders it had to make for output_dir (unlock's drop removes them)."""
+    made = _missing(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_NAME)
-    mine = {"host": host, "pid": pid, "run_id": run_id, "started": now or time.time()}
+    mine = {"host": host, "pid": pid, "run_id": run_id, "started": now or time.time(), "made": made}
     why = ""
     for _ in range(2):
         try:
@@ -40,9 +42,27 @@ def lock(output_dir: str, host: str, pid: int, run_id: str, now: float | None = 
     return {"ok": False, "holder": _read(path), "took_over": False, "why": "lock contention"}
 
 
-def unlock(output_dir: str, run_id: str) -> bool:
-    """Remove the lock if (and only if) this run holds it."""
-    return _if_held(output_dir, run_id, os.remove)
+def unlock(output_dir: str, run_id: str, drop: bool = False) -> bool:
+    """Remove the lock if (and only if) this run holds it. drop: a submit refused before
+    anything ran also removes the folders its lock made, where they are still empty."""
+    made = _read(os.path.join(output_dir, LOCK_NAME)).get("made") or []
+    if not _if_held(output_dir, run_id, os.remove):
+        return False
+    for d in made if drop else []:   # deepest first
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
+    return True
+
+
+def _missing(output_dir: str) -> list[str]:
+    """output_dir and each of its parents that does not exist yet, deepest first."""
+    out, d = [], os.path.abspath(output_dir)
+    while d and not os.path.exists(d) and d != os.path.dirname(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
 
 
 def touch(output_dir: str, run_id: str) -> bool:
@@ -100,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if op == "lock":
         out = lock(output_dir, args[2], int(args[3]), args[4])
     elif op == "unlock":
-        out = {"ok": unlock(output_dir, args[2])}
+        out = {"ok": unlock(output_dir, args[2], drop=args[3:] == ["drop"])}
     else:
         out = {"ok": touch(output_dir, args[2])}
     print(json.dumps(out))

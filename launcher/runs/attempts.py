@@ -22,7 +22,7 @@ from ..view.present import describe_result
 from ..record.recorder import NullRecorder, Recorder
 from ..spec import JobBase
 from ..plan.trainers import TRAINERS
-from .outputdir import Master, starting_point
+from .outputdir import Claim, Master, starting_point
 
 
 @dataclass(frozen=True)
@@ -88,32 +88,42 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
         bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data
         if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
             printer.say(backend.no_preflight_note)
-        if opts.preflight and backend.preflight_at_submit:
-            marks.mark("preflight")
-        report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
-        versions = report.stack if report else {}
-        plan = plan.replanned(job=_plan_batch(plan.given_job, report, opts, printer),
-                              transformers=versions.get("transformers"))
-        rec.planned(plan_data(plan, backend.name))   # final: what every attempt is made from
-        marks.mark("checkpoint")
         master = Master(plan, executor)
-        resume_from, before = starting_point(plan.job, master, opts, printer)
-        if resume_from:   # --resume=auto found one: the same refusal as --resume's
-            refuse_restored_overrides(plan.job, opts, f"resume from {resume_from}")
-        if resume_from and (done := finished.complete_line(plan.job, master.last)):
-            printer.say(done)
-            rec.ended_because(done)
-            return 0
-        # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
-        # from checkpoints this launch wrote, never from an older run's left in output_dir.
-        master.ignore = () if resume_from else before
-        master.lock(printer)
+        claim = Claim(master, printer)   # node 0's checkpoint scan and output_dir lock, beside the preflight
         try:
-            return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend, marks)
+            return _checked(plan, executor, printer, opts, master, claim, rec, backend, marks)
         finally:
-            master.unlock()
+            claim.release()
     finally:
         executor.close()
+
+
+def _checked(plan: LaunchPlan, executor, printer: Printer, opts: SubmitOptions, master: Master,
+             claim: Claim, rec: Recorder, backend, marks: phases.Pending) -> int:
+    """_submit once connected and staged: the preflight, the final plan, the starting point,
+    then the attempts."""
+    if opts.preflight and backend.preflight_at_submit:
+        marks.mark("preflight")
+    report = _preflight(plan, executor, printer) if opts.preflight and backend.preflight_at_submit else None
+    versions = report.stack if report else {}
+    plan = plan.replanned(job=_plan_batch(plan.given_job, report, opts, printer),
+                          transformers=versions.get("transformers"))
+    rec.planned(plan_data(plan, backend.name))   # final: what every attempt is made from
+    marks.mark("checkpoint")
+    master.plan = plan
+    resume_from, before = starting_point(plan.job, master, opts, printer, claim)
+    if resume_from:   # --resume=auto found one: the same refusal as --resume's
+        refuse_restored_overrides(plan.job, opts, f"resume from {resume_from}")
+    if resume_from and (done := finished.complete_line(plan.job, master.last)):
+        printer.say(done)
+        rec.ended_because(done)
+        return 0
+    # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
+    # from checkpoints this launch wrote, never from an older run's left in output_dir.
+    master.ignore = () if resume_from else before
+    claim.locked()
+    claim.ran = True
+    return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend, marks)
 
 
 def check_flags(job: JobBase, opts: SubmitOptions) -> None:

@@ -17,10 +17,10 @@ from ..spec import JobBase
 from ..plan.trainers import TRAINERS
 
 
-def starting_point(job: JobBase, master: "Master", opts,
-                    printer: Printer) -> tuple[str | None, tuple[str, ...]]:
+def starting_point(job: JobBase, master: "Master", opts, printer: Printer,
+                   claim: "Claim | None" = None) -> tuple[str | None, tuple[str, ...]]:
     """The checkpoint to resume from (None: fresh start) and the stamps of every checkpoint
-    already in output_dir; refuses to clobber."""
+    already in output_dir; refuses to clobber. claim: node 0's scan, already made."""
     if not TRAINERS[job.trainer].resumable:
         if opts.resume:
             raise UserError(f"--resume needs a trainer that writes checkpoints; trainer "
@@ -29,7 +29,7 @@ def starting_point(job: JobBase, master: "Master", opts,
     from ..spec.lf_rules import resume_refusal
     if opts.resume and resume_refusal(job):
         raise UserError(resume_refusal(job))
-    found = master.discover()
+    found = claim.found() if claim is not None else master.discover()
     for line in found.explain():
         printer.say(line)
     if opts.resume not in (None, "latest", "auto"):
@@ -105,10 +105,12 @@ class Master:
         self._beat = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
-    def unlock(self) -> None:
+    def unlock(self, drop: bool = False) -> None:
+        """Give output_dir back; drop: also the folders the lock made (nothing ran)."""
         if self._beat is not None:
             self._beat.set()
-            self._run("outdir", ["unlock", self.output_dir, self.plan.run_id], check=False)
+            self._run("outdir", ["unlock", self.output_dir, self.plan.run_id, *(["drop"] if drop else [])],
+                      check=False)
 
     def _heartbeat(self) -> None:
         while not self._beat.wait(outdir.HEARTBEAT_S):
@@ -121,3 +123,51 @@ class Master:
             raise UserError(f"on {self.plan.nodes[0].host}: output_dir helper failed "
                             f"(exit {code}): {output.strip()[-300:]}")
         return output.strip().splitlines()[-1] if output.strip() else ""
+
+
+class Claim:
+    """Node 0's checkpoint scan and the output_dir lock, made in a thread of their own while
+    the preflight runs. Both are round trips to node 0 that need nothing the preflight finds;
+    made after it, they came one after the other on the path to the first step.
+
+    What they found is used in the order it always was: a failed preflight first, then the
+    starting point's refusals (found), then a lock held by another run (locked). release()
+    waits for the thread and gives the lock back, however the submit ended; when it was
+    refused (nothing ran), with the output_dir folders the lock made."""
+
+    def __init__(self, master: Master, printer: Printer):
+        self.master = master
+        self.ran = False   # set once the attempts begin
+        self._found: checkpoints.Discovery | None = None
+        self._errors: dict[str, BaseException] = {}
+        self._thread = threading.Thread(target=self._work, args=(printer,), daemon=True)
+        self._thread.start()
+
+    def _work(self, printer: Printer) -> None:
+        try:
+            if TRAINERS[self.master.plan.job.trainer].resumable:
+                self._found = self.master.discover()
+        except BaseException as e:   # raised where the scan is used (found)
+            self._errors["found"] = e
+        try:
+            self.master.lock(printer)
+        except BaseException as e:   # raised where the lock is needed (locked)
+            self._errors["lock"] = e
+
+    def found(self) -> checkpoints.Discovery:
+        """The scan of output_dir (node 0), or its failure raised here."""
+        self._thread.join()
+        if "found" in self._errors:
+            raise self._errors["found"]
+        assert self._found is not None
+        return self._found
+
+    def locked(self) -> None:
+        """Returns once output_dir is this run's; raises why it is not (another run holds it)."""
+        self._thread.join()
+        if "lock" in self._errors:
+            raise self._errors["lock"]
+
+    def release(self) -> None:
+        self._thread.join()
+        self.master.unlock(drop=not self.ran)
