@@ -13,7 +13,8 @@ from collections import Counter
 import pytest
 
 from launcher.plan.launch_plan import build_plan
-from launcher.preflight.clock import SAMPLES, Sample, best, check, parse_remote, sample, settled, verdict
+from launcher.preflight.clock import (SAMPLES, Sample, best, check, parse_remote, sample, settled, suspect,
+                                      verdict)
 from launcher.preflight.probe import Ctx
 from launcher.spec import validate
 
@@ -124,3 +125,40 @@ def test_a_good_clock_is_asked_once_a_skewed_one_every_round():
     assert len(got[0]) == 1 and len(got[1]) == SAMPLES and isinstance(got[2], str)
     by = {r.node: r.status for r in check(ctx, got)}
     assert by == {0: "pass", 1: "fail", 2: "skip"}
+
+
+class LateReadings(Clocks):
+    """Clocks whose reading comes late in a long round trip, as when every node is asked at
+    once: each session takes `rtt` seconds and the node reads its clock at the end of it."""
+
+    def __init__(self, offsets: dict[str, float], rtt: float):
+        super().__init__(offsets)
+        self.rtt = rtt
+
+    def run(self, host: str, script: str, timeout: float):
+        time.sleep(self.rtt)
+        return super().run(host, script, timeout)
+
+
+def test_a_loose_first_reading_of_a_synced_clock_is_not_asked_again_a_skewed_one_is():
+    """A synced clock read at the end of an 80 ms round trip reads about +40 ms ±40: not
+    settled, and more rounds as loose would prove nothing; a clock 100 ms ahead, read the same
+    way, is suspect (its most favourable reading is past half the limit) and is asked again,
+    and fails."""
+    ctx = _ctx(["10.0.0.1", "10.0.0.2"])
+    ctx.executor = LateReadings({"10.0.0.1": 0.0, "10.0.0.2": 0.1}, rtt=0.08)
+    got = sample(ctx)
+    assert ctx.executor.asked == {"10.0.0.1": 1, "10.0.0.2": SAMPLES}
+    assert not settled(got[0], 50.0) and not suspect(got[0], 50.0) and suspect(got[1], 50.0)
+    assert {r.node: r.status for r in check(ctx, got)} == {0: "pass", 1: "fail"}
+
+
+def test_rounds_continue_from_the_samples_already_taken():
+    """The preflight takes one round beside the facts probe and the others after it: the
+    second call adds to the first's samples, and asks only the nodes still worth asking."""
+    ctx = _ctx(["10.0.0.1", "10.0.0.2"])
+    ctx.executor = Clocks({"10.0.0.1": 0.0, "10.0.0.2": 3.0})
+    first = sample(ctx, rounds=1)
+    assert ctx.executor.asked == {"10.0.0.1": 1, "10.0.0.2": 1}
+    got = sample(ctx, first, rounds=SAMPLES - 1)
+    assert ctx.executor.asked == {"10.0.0.1": 1, "10.0.0.2": SAMPLES} and len(got[1]) == SAMPLES

@@ -39,16 +39,18 @@ def run_ctx(ctx: Ctx, *, fast_only: bool = False, printer=None) -> Report:
     _say(printer, f"preflight: checking {len(ctx.live)} of {n} node{'' if n == 1 else 's'}")
     results = ssh_rows(ctx)
     # The facts probe runs the mesh's first round too (network.first_round: it needs no
-    # facts), beside the clock samples; a second mesh round follows only where the first
-    # proved less than a node's advertised address (network.settle_mesh).
+    # facts), beside the clock's first round; the clock's other rounds (clock.sample) go beside
+    # a second mesh round, which follows only where the first proved less than a node's
+    # advertised address (network.settle_mesh), and the cleanup.
     with ThreadPoolExecutor(max_workers=2) as pool:
         facts_job = pool.submit(gather_facts, ctx, network.first_round(ctx)) if ctx.live else None
-        clock_job = pool.submit(clock.sample, ctx)
+        clock_job = pool.submit(clock.sample, ctx, rounds=1)
         facts = facts_job.result() if facts_job else {}
+        clock_job = pool.submit(clock.sample, ctx, clock_job.result(), rounds=clock.SAMPLES - 1)
+        mesh = network.settle_mesh(ctx, facts, network.first_results(ctx, facts)) if ctx.live else {}
+        network.port_fact(ctx, facts, mesh)
+        cleanup(ctx)
         samples = clock_job.result()
-    mesh = network.settle_mesh(ctx, facts, network.first_results(ctx, facts)) if ctx.live else {}
-    network.port_fact(ctx, facts, mesh)
-    cleanup(ctx)
     results += judge(ctx, facts, mesh, samples)
     if not fast_only:   # `check` only: submit stages before its preflight
         results += staged.check(ctx)
