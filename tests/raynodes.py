@@ -97,7 +97,12 @@ print(json.dumps({"agents": agents, "groups": groups, "alive": alive}))
 def ray_state(cluster, run_id: str, namespace: str = "mlaunch") -> dict:
     """What Ray holds of run_id: its live agents' ranks, its placement groups' states, and
     the cluster's live node count (asked through the Ray Client, as mlaunch does)."""
-    r = subprocess.run([sys.executable, "-c", _STATE, cluster.address, run_id, namespace],
-                       capture_output=True, text=True, timeout=limit(120))
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", _STATE, cluster.address, run_id, namespace],
+                           capture_output=True, text=True, timeout=limit(120))
+        # A loaded head may not have the Ray Client's per-client server ready in time (as
+        # launcher/backends/ray/connect.py knows): asked again, like mlaunch does.
+        if r.returncode == 0 or "Initialization failure from server" not in r.stderr:
+            break
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
