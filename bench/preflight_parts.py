@@ -16,7 +16,6 @@ spec. No assertions: this measures, the tests judge.
 from __future__ import annotations
 
 import argparse
-import functools
 import inspect
 import json
 import os
@@ -37,8 +36,9 @@ def child(spec_path: str, offsets: bool) -> dict:
     from launcher.preflight.probe import Ctx
     from launcher.spec import load_spec
     got: dict = {"facts": [], "clock": [], "clock_sessions": []}
-    _wrap(runner, "gather_facts", got["facts"])
-    _wrap(clock, "sample", got["clock"])
+    from bench.phases import timed
+    timed(runner, "gather_facts", lambda _name, start, end: got["facts"].append(end - start))
+    timed(clock, "sample", lambda _name, start, end: got["clock"].append(end - start))
     plain_on_nodes = clock.on_nodes
 
     def counted(ctx, script_for, timeout, ranks=None):
@@ -74,19 +74,6 @@ def _one_round(clock, on_nodes, ctx) -> list:
         clock.on_nodes = counted
     return sorted((round(s[0].offset_ms, 1), round(s[0].uncertainty_ms, 1))
                   for s in samples.values() if isinstance(s, list) and s)
-
-
-def _wrap(mod, name: str, into: list) -> None:
-    f = getattr(mod, name)
-
-    @functools.wraps(f)
-    def timed(*a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return f(*a, **kw)
-        finally:
-            into.append(time.perf_counter() - t0)
-    setattr(mod, name, timed)
 
 
 def main() -> None:
