@@ -195,3 +195,18 @@ def test_unlock_drops_only_the_empty_folders_its_lock_made(tmp_path):
     assert outdir.lock(str(out), "h", os.getpid(), "r2")["ok"]
     assert not outdir.unlock(str(out), "other", drop=True) and out.exists()   # not its lock: nothing
     assert outdir.unlock(str(out), "r2") and out.exists()   # no drop: the run's folders stay
+
+
+def test_unlock_drops_no_folder_outside_output_dirs_own_path(tmp_path):
+    """The folders to drop are read from the lock file; one that names a folder elsewhere
+    (an edited or planted lock) gets only output_dir's own path emptied."""
+    from launcher.nodeprog import outdir
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    assert outdir.lock(str(out), "h", os.getpid(), "r1")["ok"]
+    lock = out / ".mlaunch.lock"
+    held = json.loads(lock.read_text())
+    lock.write_text(json.dumps(held | {"made": [str(elsewhere), str(out)]}))
+    assert outdir.unlock(str(out), "r1", drop=True)
+    assert elsewhere.is_dir() and not out.exists()

@@ -45,7 +45,9 @@ def lock(output_dir: str, host: str, pid: int, run_id: str, now: float | None = 
 def unlock(output_dir: str, run_id: str, drop: bool = False) -> bool:
     """Remove the lock if (and only if) this run holds it. drop: a submit refused before
     anything ran also removes the folders its lock made, where they are still empty."""
-    made = _read(os.path.join(output_dir, LOCK_NAME)).get("made") or []
+    # Only output_dir and its parents, whatever the lock file says: it names what to remove.
+    ours = set(_lineage(output_dir))
+    made = [d for d in _read(os.path.join(output_dir, LOCK_NAME)).get("made") or [] if d in ours]
     if not _if_held(output_dir, run_id, os.remove):
         return False
     for d in made if drop else []:   # deepest first
@@ -56,12 +58,22 @@ def unlock(output_dir: str, run_id: str, drop: bool = False) -> bool:
     return True
 
 
-def _missing(output_dir: str) -> list[str]:
-    """output_dir and each of its parents that does not exist yet, deepest first."""
+def _lineage(output_dir: str) -> list[str]:
+    """output_dir and every parent of it, deepest first (absolute)."""
     out, d = [], os.path.abspath(output_dir)
-    while d and not os.path.exists(d) and d != os.path.dirname(d):
+    while d != os.path.dirname(d):
         out.append(d)
         d = os.path.dirname(d)
+    return out
+
+
+def _missing(output_dir: str) -> list[str]:
+    """output_dir and each of its parents that does not exist yet, deepest first."""
+    out = []
+    for d in _lineage(output_dir):
+        if os.path.lexists(d):
+            break
+        out.append(d)
     return out
 
 
