@@ -17,10 +17,10 @@ PROGRAMS = ("facts", "mesh", "collective", "checkpoints", "outdir", "relay")
 PARTS = {"facts": ("inputs", "ports", "meshnet"), "mesh": ("ports", "meshnet"), "checkpoints": ("ckpt_checks",), "relay": ("wrapped",)}
 
 
-def ship(program: str, *args: str) -> subprocess.CompletedProcess:
+def ship(program: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run node program `program`'s shipped text on stdin, with argv args."""
     return subprocess.run([sys.executable, "-", *args], input=nodeprog.source(program),
-                          capture_output=True, text=True, timeout=limit(120), cwd="/")
+                          capture_output=True, text=True, timeout=limit(120), cwd="/", env=env)
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
@@ -32,6 +32,10 @@ def test_shipped_text_is_one_program(program):
     for part in PARTS.get(program, ()):
         defs = [n.name for n in ast.parse(nodeprog._read(part)).body if isinstance(n, ast.FunctionDef)]
         assert defs and all(f"\ndef {d}(" in text for d in defs), part
+    # the parts share one namespace: a name two of them bind would change the other's code
+    bound = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    bound += [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+    assert sorted({b for b in bound if bound.count(b) > 1}) == [], program
 
 
 def facts_params(**over) -> str:
@@ -42,8 +46,8 @@ def facts_params(**over) -> str:
     return json.dumps({**p, **over})
 
 
-def facts(**over) -> dict:
-    out = ship("facts", facts_params(**over), "0")
+def facts(env: dict | None = None, **over) -> dict:
+    out = ship("facts", facts_params(**over), "0", env=env)
     assert out.returncode == 0, out.stderr
     line = [x for x in out.stdout.splitlines() if x.startswith("MLAUNCH-TEST ")][-1]
     return json.loads(line.split(" ", 1)[1])
@@ -55,6 +59,46 @@ def test_facts_reads_inputs_and_finds_a_mesh_port(tmp_path):
     assert got["inputs"][0]["error"] == f"{tmp_path / 'nope'}: no such file"
     assert isinstance(got["mesh_port"]["port"], int) and got["mesh_port"]["port"] > 0
     assert "port" not in got   # master_port's test is the mesh's master listener (network.port_fact)
+
+
+def dist_info(site, name: str, version: str) -> None:
+    """A NAME-VERSION.dist-info folder as pip writes it, with its METADATA."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_facts_read_versions_from_dist_info_folders_as_importlib_metadata_finds_them(tmp_path):
+    """The trainer's and transformers' versions come from the dist-info folders' names, the
+    first along sys.path, which is the one importlib.metadata answers (checked against it);
+    a package with no folder is reported missing."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    dist_info(first, "Fake_Trainer", "1.2.3")
+    dist_info(second, "fake_trainer", "9.9.9")
+    dist_info(second, "transformers", "4.99.0")
+    env = {**os.environ, "PYTHONPATH": f"{first}:{second}"}
+    got = facts(env=env, trainer_pkg="fake-trainer")["trainer"]
+    assert got == {"name": "fake-trainer", "version": "1.2.3", "transformers": "4.99.0"}, got
+    said = subprocess.run([sys.executable, "-c", "from importlib.metadata import version as v; "
+                           "print(v('fake-trainer'), v('transformers'))"],
+                          env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert said == ["1.2.3", "4.99.0"]
+    got = facts(env=env, trainer_pkg="not-installed-here")["trainer"]
+    assert got == {"name": "not-installed-here", "version": None, "error": "not-installed-here is not installed"}
+
+
+def test_facts_read_the_nccl_wheel_of_torchs_cuda_beside_torch(tmp_path):
+    """A CUDA torch's NCCL version is its nvidia-nccl-cu* wheel's, from the folder beside
+    torch; of two wheels, the one of torch's CUDA major; torch is not imported."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "version.py").write_text("__version__ = '2.11.0+cu130'\ncuda = '13.0'\n")
+    (site / "torch" / "__init__.py").write_text("raise ImportError('fake torch: not to be imported')\n")
+    dist_info(site, "nvidia_nccl_cu12", "2.21.5")
+    dist_info(site, "nvidia_nccl_cu13", "2.28.9")
+    got = facts(env={**os.environ, "PYTHONPATH": str(site)})["torch"]
+    assert (got["version"], got["cuda"], got["nccl"], got["nccl_from"]) == (
+        "2.11.0+cu130", "13.0", "2.28.9", "nvidia-nccl-cu13"), got
 
 
 def test_facts_runs_the_meshs_first_round_in_its_own_process():

@@ -47,23 +47,21 @@ def torch_facts():
         exec(compile(fh.read(), "torch/version.py", "exec"), ns)
     out = {"version": ns.get("__version__"), "cuda": ns.get("cuda"), "nccl": "none"}
     if out["cuda"]:
-        out["nccl"], out["nccl_from"] = nccl_version(torch_dir)
+        out["nccl"], out["nccl_from"] = nccl_version(torch_dir, out["cuda"])
     return out
 
 
-def nccl_version(torch_dir):
+def nccl_version(torch_dir, cuda):
     """(version, where it was read) of the NCCL torch loads, without importing torch.
 
-    pip's CUDA torch loads the nvidia-nccl-cu* wheel's library: its metadata is the version.
+    pip's CUDA torch loads the nvidia-nccl-cu* wheel's library: its version is the wheel's.
     Otherwise the library's own ncclGetVersion() answers (a dlopen, no GPU work). Only a
     torch with NCCL linked in statically needs `import torch`: `mlaunch check` does that,
     the fast checks before submit say so instead of paying seconds per node.
     """
-    from importlib import metadata
-    for dist in metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
-        if re.match(r"^nvidia-nccl-cu\d+$", name):
-            return dist.version, name
+    wheel = nccl_wheel(torch_dir, cuda)
+    if wheel:
+        return wheel
     import ctypes
     import ctypes.util
     site = os.path.dirname(torch_dir)
@@ -85,20 +83,63 @@ def nccl_version(torch_dir):
     return "not read (linked into torch; `mlaunch check` reads it)", "fast check"
 
 
+def nccl_wheel(torch_dir, cuda):
+    """(version, wheel name) of the nvidia-nccl-cu* wheel beside torch (where torch's library
+    path leads), else the first along sys.path; of several, the one of torch's CUDA major."""
+    major = "nvidia_nccl_cu%s-" % str(cuda).split(".")[0]
+    for d in [os.path.dirname(torch_dir)] + sys.path:
+        names = sorted(n for n in dist_folder(d) if re.match(r"(?i)^nvidia_nccl_cu\d+-.+\.dist-info$", n))
+        if names:
+            pick = next((n for n in names if n.lower().startswith(major)), names[0])
+            base, ver = pick[:-len(".dist-info")].split("-", 1)
+            return ver, base.lower().replace("_", "-")
+    return None
+
+
+DIST_FOLDERS = {}
+
+
+def dist_folder(d):
+    """The names in folder d, listed once per probe."""
+    if d not in DIST_FOLDERS:
+        try:
+            DIST_FOLDERS[d] = os.listdir(d or ".")
+        except OSError:
+            DIST_FOLDERS[d] = []
+    return DIST_FOLDERS[d]
+
+
+def dist_version(name):
+    """The installed version of distribution `name`, the first along sys.path as
+    importlib.metadata finds it: from its NAME-VERSION.dist-info folder's name (what pip
+    writes), one listing per folder; importlib.metadata (its import, and reading installed
+    packages' METADATA: tens of ms a node) only where no such folder is found (an egg-info,
+    a zip). None where it is not installed."""
+    want = re.sub(r"[-_.]+", "_", name).lower()
+    for d in sys.path:
+        for n in dist_folder(d):
+            if n.endswith(".dist-info") and "-" in n:
+                base, ver = n[:-len(".dist-info")].split("-", 1)
+                if re.sub(r"[-_.]+", "_", base).lower() == want:
+                    return ver
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def trainer_facts():
     name = P["trainer_pkg"]
     if not name or MISSING:
         return {"name": name, "version": None}
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        out = {"name": name, "version": version(name)}
-    except PackageNotFoundError:
+    out = {"name": name, "version": dist_version(name)}
+    if out["version"] is None:
         return {"name": name, "version": None, "error": "%s is not installed" % name}
-    try:
-        # The rendered trainer arguments depend on it (transformers 5.15 dropped warmup_ratio).
-        out["transformers"] = version("transformers")
-    except PackageNotFoundError:
-        pass
+    # The rendered trainer arguments depend on it (transformers 5.15 dropped warmup_ratio).
+    tf = dist_version("transformers")
+    if tf is not None:
+        out["transformers"] = tf
     import importlib.util
     if P.get("tracker"):   # report_to's package: transformers raises at start without it
         if not any(importlib.util.find_spec(m) for m in P["tracker"]):
