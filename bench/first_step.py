@@ -89,7 +89,16 @@ def mlaunch(hs, n: int, tmp: str, tree: str, preflight: bool) -> tuple[float, di
             parts[p.name] = parts.get(p.name, 0.0) + p.seconds
     if (last := last_start(events)) is not None:
         parts["(last node started, s after the start phase began)"] = last
+    if (began := first_mark(events)) is not None:
+        parts["(launcher's own start: to its connect mark)"] = began - t0
     return first_step(r.stdout, t0), parts
+
+
+def first_mark(events: list[dict]) -> float | None:
+    """When the run's first phase began (its connect mark), as a time.time() figure."""
+    from datetime import datetime
+    at = [datetime.fromisoformat(e["time"]).timestamp() for e in events if e.get("event") == "phase"]
+    return min(at) if at else None
 
 
 def last_start(events: list[dict]) -> float | None:

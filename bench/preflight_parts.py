@@ -28,8 +28,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def child(spec_path: str, offsets: bool) -> dict:
-    """One measured preflight with the launcher on sys.path (this interpreter's tree)."""
+def child(spec_path: str, offsets: bool, without_mesh: bool = False) -> dict:
+    """One measured preflight with the launcher on sys.path (this interpreter's tree).
+    without_mesh: the facts probe without the mesh's first round (what the mesh costs it; the
+    checks that read the mesh then fail, and its second round redoes it: read facts only)."""
     from launcher.backends import backend_of
     from launcher.plan.launch_plan import build_plan
     from launcher.preflight import clock, runner
@@ -45,6 +47,9 @@ def child(spec_path: str, offsets: bool) -> dict:
         got["clock_sessions"].append(len(ctx.live if ranks is None else ranks))
         return plain_on_nodes(ctx, script_for, timeout, ranks)
     clock.on_nodes = counted
+    if without_mesh:
+        from launcher.preflight import network
+        network.first_round = lambda ctx: {}
     plan = build_plan(load_spec(spec_path))
     ex = backend_of(plan.job).transport(plan)
     assert not ex.connect()
@@ -83,9 +88,11 @@ def main() -> None:
     ap.add_argument("--tree", default=ROOT, help="launcher source trees, comma-separated: alternated")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--offsets", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--without-mesh", action="store_true",
+                    help="the facts probe without the mesh's first round (read its facts figure only)")
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.offsets)))
+        print("RESULT " + json.dumps(child(args.child, args.offsets, args.without_mesh)))
         return
     sys.path.insert(0, ROOT)
     from bench.preflight import spec_for
@@ -98,8 +105,11 @@ def main() -> None:
         print(f"{args.hosts} hosts; {args.runs} runs per tree, alternating; trees {trees}")
         for i in range(args.runs):
             for t in trees:
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([t, ROOT])}
-                r = subprocess.run([sys.executable, __file__, "--child", spec] + (["--offsets"] if i == 0 else []),
+                # then PYTHONPATH's own entries: on the GPU machine the carried wheels (device_kit.sh)
+                kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([t, ROOT, *kept])}
+                r = subprocess.run([sys.executable, __file__, "--child", spec] + (["--offsets"] if i == 0 else [])
+                                   + (["--without-mesh"] if args.without_mesh else []),
                                    env=env, cwd=t, capture_output=True, text=True, timeout=300)
                 line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
                 if line is None:
