@@ -86,42 +86,43 @@ def nccl_version(torch_dir, cuda):
 def nccl_wheel(torch_dir, cuda):
     """(version, wheel name) of the nvidia-nccl-cu* wheel beside torch (where torch's library
     path leads), else the first along sys.path; of several, the one of torch's CUDA major."""
-    major = "nvidia_nccl_cu%s-" % str(cuda).split(".")[0]
+    major = "nvidia_nccl_cu%s" % str(cuda).split(".")[0]
     for d in [os.path.dirname(torch_dir)] + sys.path:
-        names = sorted(n for n in dist_folder(d) if re.match(r"(?i)^nvidia_nccl_cu\d+-.+\.dist-info$", n))
-        if names:
-            pick = next((n for n in names if n.lower().startswith(major)), names[0])
-            base, ver = pick[:-len(".dist-info")].split("-", 1)
-            return ver, base.lower().replace("_", "-")
+        found = sorted((name, ver) for name, ver in dist_infos(d) if re.match(r"^nvidia_nccl_cu\d+$", name))
+        if found:
+            name, ver = next((f for f in found if f[0] == major), found[0])
+            return ver, name.replace("_", "-")
     return None
 
 
-DIST_FOLDERS = {}
+DIST_INFOS = {}
 
 
-def dist_folder(d):
-    """The names in folder d, listed once per probe."""
-    if d not in DIST_FOLDERS:
+def dist_infos(d):
+    """(normalized name, version) of each NAME-VERSION.dist-info folder in folder d (the
+    name pip gives it), listed once per probe."""
+    if d not in DIST_INFOS:
         try:
-            DIST_FOLDERS[d] = os.listdir(d or ".")
+            names = os.listdir(d or ".")
         except OSError:
-            DIST_FOLDERS[d] = []
-    return DIST_FOLDERS[d]
+            names = []
+        DIST_INFOS[d] = [(re.sub(r"[-_.]+", "_", base).lower(), ver)
+                         for base, _, ver in (n[:-len(".dist-info")].partition("-")
+                                              for n in names if n.endswith(".dist-info") and "-" in n)]
+    return DIST_INFOS[d]
 
 
 def dist_version(name):
     """The installed version of distribution `name`, the first along sys.path as
-    importlib.metadata finds it: from its NAME-VERSION.dist-info folder's name (what pip
-    writes), one listing per folder; importlib.metadata (its import, and reading installed
-    packages' METADATA: tens of ms a node) only where no such folder is found (an egg-info,
-    a zip). None where it is not installed."""
+    importlib.metadata finds it: from its NAME-VERSION.dist-info folder's name, one listing
+    per folder; importlib.metadata (its import, and reading installed packages' METADATA:
+    tens of ms a node) only where no such folder is found (an egg-info, a zip). None where it
+    is not installed."""
     want = re.sub(r"[-_.]+", "_", name).lower()
     for d in sys.path:
-        for n in dist_folder(d):
-            if n.endswith(".dist-info") and "-" in n:
-                base, ver = n[:-len(".dist-info")].split("-", 1)
-                if re.sub(r"[-_.]+", "_", base).lower() == want:
-                    return ver
+        for got, ver in dist_infos(d):
+            if got == want:
+                return ver
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version(name)
