@@ -125,6 +125,34 @@ def test_a_process_the_command_left_holding_its_output_does_not_keep_the_relay()
             os.remove(pidfile)
 
 
+def test_what_the_command_wrote_before_its_end_is_relayed_however_slowly_it_drains(tmp_path):
+    """The command writes 900 KB into its pipe (nobody reads the relay yet), says it is done,
+    and exits; the reader then drains the relay at ~160 KB/s, far longer than AFTER_EXIT_S
+    (a loaded node or a slow link; a CI run lost a log's last 600 lines so): every line
+    arrives, in order, and the relay ends with the command's code."""
+    from launcher.nodeprog.relay import AFTER_EXIT_S
+    done, lines = tmp_path / "done", 9_000
+    script = (f"i=0; while [ $i -lt {lines} ]; do printf '%09d %s\\n' $i {'y' * 90}; i=$((i+1)); done;"
+              f" touch {done}; exit 5")
+    config = {"marks": list(MARKS), "sample": "\x1emlaunch-"}
+    proc = subprocess.Popen([sys.executable, "-c", nodeprog.source("relay"), "/bin/sh", "-c", READ_SCRIPT],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc.stdin.write(render.relay_frame(config) + render.framed(script))
+    proc.stdin.close()
+    deadline = time.monotonic() + limit(60)
+    while not done.exists():   # written whole into the pipes while nobody read
+        assert time.monotonic() < deadline and proc.poll() is None, "the command never ended"
+        time.sleep(0.05)
+    got, started = [], time.monotonic()
+    while chunk := os.read(proc.stdout.fileno(), 16384):
+        got.append(chunk)
+        time.sleep(0.1)
+    assert proc.wait(limit(30)) == 5
+    numbers = [int(line[:9]) for line in b"".join(got).splitlines()]
+    assert numbers == list(range(lines))
+    assert time.monotonic() - started > AFTER_EXIT_S   # the drain did outlast the grace
+
+
 def test_torchruns_root_cause_reaches_the_launcher_with_its_exit_code():
     report = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-04_10:00:00\n"
               "  host      : n1\n  rank      : 1 (local_rank: 0)\n  exitcode  : 3 (pid: 42)\n")

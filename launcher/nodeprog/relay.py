@@ -29,9 +29,10 @@ READ = 1 << 18
 # at most 50 wake-ups a second.
 PIPE, GATHER, GATHER_S, GATHER_MAX_S = 1 << 20, 1 << 16, 0.005, 0.02
 HOLD = 1 << 20   # a line longer than this without an end goes out as it is
-# A quiet output is looked at every WAKE_S: has the command ended? Once it has, what its
-# leftovers still write is relayed for AFTER_EXIT_S at most (its own last lines came before
-# its end; a torchrun's workers end before it does).
+# A quiet output is looked at every WAKE_S: has the command ended? Once it has, what it wrote
+# before its end (in the pipe then: a torchrun's workers end before it does) is relayed
+# whatever that takes (a slow or loaded link drains a full pipe slowly), and what its
+# leftovers still write after it, for AFTER_EXIT_S at most.
 WAKE_S, AFTER_EXIT_S = 0.5, 2.0
 OURS = b"\x1f"   # leads every line this program writes to stderr
 
@@ -224,13 +225,13 @@ def pump(relay, child):
         fcntl.fcntl(fd, 1031, PIPE)   # F_SETPIPE_SZ (Linux)
     except OSError:
         pass   # the pipe keeps its size
-    wait, total, cut_at = 0.0, 0, None
+    wait, total, cut_at, owed = 0.0, 0, None, 0
     while True:
         if wait:
             time.sleep(wait)
         if cut_at is None and child.poll() is not None:
-            cut_at = time.monotonic() + AFTER_EXIT_S
-        if cut_at is not None and time.monotonic() >= cut_at:
+            cut_at, owed = time.monotonic() + AFTER_EXIT_S, pending(fd)
+        if cut_at is not None and owed <= 0 and time.monotonic() >= cut_at:
             break
         if not readable(relay, fd, cut_at):
             wait = 0.0
@@ -238,7 +239,7 @@ def pump(relay, child):
         data = os.read(fd, READ)
         if not data:
             break
-        total += len(data)
+        total, owed = total + len(data), owed - len(data)
         if total > FAST_AFTER and relay.search is in_python:
             relay.search = by_memmem()
         wait = 0.0 if len(data) >= GATHER else \
@@ -256,6 +257,14 @@ def pump(relay, child):
     if rest:
         out = relayed(relay, rest + b"\n")
         send(1, out[:-1] if out.endswith(b"\n") else out)
+
+
+def pending(fd):
+    """How many bytes the pipe fd holds (FIONREAD); 0 where that cannot be asked."""
+    try:
+        return int.from_bytes(fcntl.ioctl(fd, 0x541B, bytes(4)), sys.byteorder)
+    except OSError:
+        return 0
 
 
 def readable(relay, fd, cut_at):
