@@ -50,6 +50,26 @@ def test_nan_written_by_python_repr_is_read():
     assert step.step == 5 and step.loss != step.loss and step.grad_norm == float("inf")
 
 
+def test_a_line_torchrun_copied_in_two_pieces_reads_as_the_line():
+    """torchrun's --tee copies a line the rank is still writing in two pieces, each behind its
+    header (tests/test_relay.py's TORCHRUN_HEADER): print()'s text and its "\n" apart, or a
+    write cut at a page. The watch reads the line the rank wrote: its loss and grad_norm, its
+    bar's step, its world size; a line of another rank's header inside is left as it is."""
+    m = Monitor(HealthConfig(), expected_world=2, clock=Clock())
+    whole = "{'loss': 1.25, 'grad_norm': 0.5, 'learning_rate': 0.001, 'epoch': 0.5}"
+    split = ["[default0]:" + whole + "[default0]:",                      # its "\n" written apart
+             "[default0]:" + whole[:20] + "[default0]:" + whole[20:],     # cut in its middle
+             "[default1]:" + whole]
+    steps = [v.fields for v in m.lines(0, "h", split) if v.event == "step"]
+    assert [(f["loss"], f["grad_norm"]) for f in steps] == [(1.25, 0.5)] * 3
+    bar = "[default0]:  3%|#  | 3/1[default0]:00 [00:01<00:30]"
+    assert read_step(bar) is None   # the pieces as they stand: no step...
+    m.lines(0, "h", [bar])          # ...the watch reads the line whole
+    assert m.node_steps[0] == (3, 100)
+    other = "[default0]:{'loss': 2.0[default1]:, 'epoch': 0.5}"
+    assert not [v for v in m.lines(0, "h", [other]) if v.event == "step"]
+
+
 class Clock:
     def __init__(self):
         self.t = 0.0

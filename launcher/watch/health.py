@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import pyparse
-from .world_lines import TEE_PREFIX, read_world_size  # noqa: F401 (read_world_size: API)
+from .world_lines import TEE_PREFIX, read_world_size, whole_line  # noqa: F401 (read_world_size: API)
 
 DICT_LINE = re.compile(r"(\{['\"](?:loss|step|train_loss|eval_loss)['\"].*\})\s*$")
 # The Trainer's bar has no description (ms-swift's says "Train:"); data preprocessing bars ("Running tokenizer on
@@ -170,7 +170,7 @@ class Monitor:
         out: list[Verdict] = []
         if not may_matter("\n".join(lines)):
             return out
-        for line in lines:
+        for line in map(whole_line, lines):
             out += self._world(node, host, line)
             saving = SAVING.search(line)
             if saving:
