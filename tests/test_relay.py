@@ -128,8 +128,9 @@ def test_a_process_the_command_left_holding_its_output_does_not_keep_the_relay()
 def test_what_the_command_wrote_before_its_end_is_relayed_however_slowly_it_drains(tmp_path):
     """The command writes 900 KB into its pipe (nobody reads the relay yet), says it is done,
     and exits; the reader then drains the relay at ~160 KB/s, far longer than AFTER_EXIT_S
-    (a loaded node or a slow link; a CI run lost a log's last 600 lines so): every line
-    arrives, in order, and the relay ends with the command's code."""
+    (a loaded node or a slow link; the relay used to stop AFTER_EXIT_S after the command's
+    end and lose the rest): every line arrives, in order, and the relay ends with the
+    command's code."""
     from launcher.nodeprog.relay import AFTER_EXIT_S
     done, lines = tmp_path / "done", 9_000
     script = (f"i=0; while [ $i -lt {lines} ]; do printf '%09d %s\\n' $i {'y' * 90}; i=$((i+1)); done;"
@@ -334,6 +335,16 @@ def test_a_job_over_ssh_goes_through_the_relay_into_complete_masked_logs(hosts2,
         assert_numbered(data, lines, log)
         assert canary.encode() not in data and b"token ***" in data
         assert b"frame one" in data and b"frame two" in data
+    # Each rank's own file in torchrun's log directory (README: "When something goes wrong")
+    # holds every line whole, without a header: the node log's source.
+    run_id = os.path.basename(os.path.dirname(logs[0]))
+    own = glob.glob(f"/tmp/mlaunch-*/.mlaunch/{run_id}/torchrun/node*/**/stdout.log", recursive=True)
+    assert len(own) == 2, own
+    for path in own:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        assert not TORCHRUN_HEADER.search(data) and canary.encode() in data, path   # the rank's, unmasked
+        assert_numbered(data, lines, path)
     with open(glob.glob(str(tmp_path / "out" / "logs" / "*" / "events.jsonl"))[0]) as fh:
         starts = [e for e in map(json.loads, fh) if e["event"] == "node_start"]
     assert [e.get("log") for e in starts] == ["spliced", "spliced"]   # not read by the launcher
