@@ -11,18 +11,6 @@ import re
 # group_world_size (the node count), local_world_size and role_world_sizes, and a bare
 # "world_size=" pattern read the node count as the world (issue 31).
 TEE_PREFIX = re.compile(r"^\[[A-Za-z_]*\d+\]:")   # torchrun --tee's "[default0]:"
-
-
-def whole_line(line: str) -> str:
-    """A line of torchrun's --tee copy with the header torchrun put inside it taken out.
-    torchrun's tail reads a rank's file by lines: at the file's end it takes a line the rank is
-    still writing (print()'s text before its "\n", a write across a page) and copies it in
-    two pieces, each behind the header, so the line reads "[default0]:{'loss': 1.2}[default0]:"
-    or is cut in its middle; its own header inside it is never the rank's text."""
-    m = TEE_PREFIX.match(line)
-    if m is None or m.group(0) not in line[m.end():]:
-        return line
-    return m.group(0) + line[m.end():].replace(m.group(0), "")
 WORLD_LINES = (
     # LLaMA-Factory: "... parser:523 >> Process rank: 0, world size: 2, device: cpu:0, ..."
     re.compile(r"\bProcess rank: -?\d+, world size: (\d+), device: "),
@@ -44,3 +32,15 @@ def read_world_size(line: str) -> int | None:
         if m:
             return int(m.group(1))
     return None
+
+
+def whole_line(line: str) -> str:
+    """A line of torchrun's --tee copy with the header torchrun put inside it taken out.
+    torchrun's tail reads a rank's file by lines: at the file's end it takes a line the rank is
+    still writing (print()'s text before its "\\n", a write across a page) and copies it in
+    two pieces, each behind the header, so the line reads "[default0]:{'loss': 1.2}[default0]:"
+    or is cut in its middle; its own header inside it is never the rank's text."""
+    m = TEE_PREFIX.match(line)
+    if m is None or m.group(0) not in line[m.end():]:
+        return line
+    return m.group(0) + line[m.end():].replace(m.group(0), "")
