@@ -106,10 +106,15 @@ def dist_infos(d):
             names = os.listdir(d or ".")
         except OSError:
             names = []
-        DIST_INFOS[d] = [(re.sub(r"[-_.]+", "_", base).lower(), ver)
+        DIST_INFOS[d] = [(dist_key(base), ver)
                          for base, _, ver in (n[:-len(".dist-info")].partition("-")
                                               for n in names if n.endswith(".dist-info") and "-" in n)]
     return DIST_INFOS[d]
+
+
+def dist_key(name):
+    """A distribution's name as pip compares names: case and runs of -_. aside."""
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def dist_version(name):
@@ -118,7 +123,7 @@ def dist_version(name):
     per folder; importlib.metadata (its import, and reading installed packages' METADATA:
     tens of ms a node) only where no such folder is found (an egg-info, a zip). None where it
     is not installed."""
-    want = re.sub(r"[-_.]+", "_", name).lower()
+    want = dist_key(name)
     for d in sys.path:
         for got, ver in dist_infos(d):
             if got == want:
