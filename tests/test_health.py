@@ -52,7 +52,7 @@ def test_nan_written_by_python_repr_is_read():
 
 def test_a_line_torchrun_copied_in_two_pieces_reads_as_the_line():
     """torchrun's --tee copies a line the rank is still writing in two pieces, each behind its
-    header (tests/test_relay.py's TORCHRUN_HEADER): print()'s text and its "\n" apart, or a
+    header (tests/test_relay.py's 40,000-line job): print()'s text and its "\\n" apart, or a
     write cut at a page. The watch reads the line the rank wrote: its loss and grad_norm, its
     bar's step, its world size; a line of another rank's header inside is left as it is."""
     m = Monitor(HealthConfig(), expected_world=2, clock=Clock())

@@ -21,6 +21,7 @@ from launcher.session import nodeoutput as spliced
 from launcher.logs.console import Console
 from launcher.nodeprog.relay import Relay
 from launcher.watch.health import MARKS, may_matter
+from launcher.watch.world_lines import TEE_PREFIX, whole_line
 from launcher.logs.stream import Printer
 from launcher.logs.torchrun_out import ROOT_CAUSE, TorchrunRootCause
 from launcher.plan.launch_plan import MASK
@@ -298,18 +299,17 @@ def test_a_log_removed_under_the_console_is_followed_again_at_its_path(tmp_path)
     assert "[node0 h0] after" in out.getvalue()
 
 
-# torchrun's --tee copies each rank's file with a header a line ("[default0]:"); its tail reads
-# a line the rank is still writing (at the end of the file: a print's text before its "\n", a
-# write across a page) as two, each with the header: under load a line then carries a second
-# header inside it. That is torchrun's copy, before the relay; the rank's own file is whole.
-TORCHRUN_HEADER = re.compile(rb"\[default\d+\]:")
+# torchrun's --tee copies each rank's file with a header a line ("[default0]:"); under load it
+# copies a line the rank is still writing in two, a second header inside it (what the watch
+# reads whole: launcher/watch/world_lines.py's whole_line). That is torchrun's copy, before the
+# relay; the rank's own file is whole.
 
 
 def assert_numbered(data: bytes, lines: int, log: str) -> None:
     """data holds the lines "%09d y*90" for 0..lines-1, each once, in order (torchrun's
     headers aside); else where the first one is wrong, and the bytes around it."""
-    body = TORCHRUN_HEADER.sub(b"", data)
-    numbers = [int(m) for m in re.findall(rb"^(\d{9}) y{90}$", body, re.M)]
+    body = [TEE_PREFIX.sub("", whole_line(line), count=1) for line in data.decode("utf-8", "replace").splitlines()]
+    numbers = [int(m.group(1)) for m in map(re.compile(r"^(\d{9}) y{90}$").match, body) if m]
     if numbers != list(range(lines)):
         at = next((k for k, n in enumerate(numbers) if n != k), len(numbers))
         where = data.find(b"%09d" % max(0, at - 1))   # the last one right
@@ -343,7 +343,7 @@ def test_a_job_over_ssh_goes_through_the_relay_into_complete_masked_logs(hosts2,
     for path in own:
         with open(path, "rb") as fh:
             data = fh.read()
-        assert not TORCHRUN_HEADER.search(data) and canary.encode() in data, path   # the rank's, unmasked
+        assert b"[default" not in data and canary.encode() in data, path   # the rank's, unmasked
         assert_numbered(data, lines, path)
     with open(glob.glob(str(tmp_path / "out" / "logs" / "*" / "events.jsonl"))[0]) as fh:
         starts = [e for e in map(json.loads, fh) if e["event"] == "node_start"]
