@@ -16,24 +16,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.cli_startup import timed  # noqa: E402
 from tests.helpers import script_job, write_spec  # noqa: E402
 
 LIBS = "import pydantic, jinja2, yaml, click"
-
-
-def timed(argv: list[str], env: dict, runs: int) -> list[float]:
-    subprocess.run(argv, env=env, check=True, capture_output=True)   # pyc files, page cache
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(argv, env=env, check=True, capture_output=True)
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def import_top(argv: list[str], env: dict, keep: int) -> list[str]:
@@ -78,7 +68,8 @@ def main() -> None:
                            "python -S -c pass (no site)": [sys.executable, "-S", "-c", "pass"],
                            LIBS: [sys.executable, "-c", LIBS],
                            f"mlaunch submit --dry-run ({args.hosts} hosts)": dry}.items():
-            t = timed(argv, env, args.runs)
+            timed(argv, 1, env)   # pyc files, page cache
+            t = timed(argv, args.runs, env)
             print(f"{name:45s} median {statistics.median(t):.3f} s  ({min(t):.3f}-{max(t):.3f})")
         print("\n".join(import_top(dry, env, 15)))
         print("mlaunch's own functions (cProfile, cumulative):")
