@@ -41,7 +41,9 @@ def flood_lines(path: str) -> list[int]:
     xxx" + "[default0]:xxx"). Every byte is there; a lost or reordered one is still caught."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
-    stream = "".join(re.findall(r"\[default0\]:([^\n]*)", text))
+    # Up to the next header too: a piece can also end inside a line, the rest behind a second
+    # header on the same line (a write the tail caught half-done: CI, record 323).
+    stream = "".join(re.findall(r"\[default0\]:(.*?)(?=\[default0\]:|\n|$)", text, re.M))
     return [int(m.group(1)) for m in RECORD.finditer(stream)]
 
 
