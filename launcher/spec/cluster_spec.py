@@ -1,21 +1,16 @@
-"""The spec's base model and its cluster section: the machines, how to reach them, how Slurm
+"""The cluster section: the machines, how to reach them, how Slurm
 allocates them (launcher/spec/models.py re-exports every name)."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .ray_spec import Ray
+from .strict import Strict
 
 
 Procs = Annotated[int, Field(ge=1, le=1024)]
-
-
-class Strict(BaseModel):
-    """Base for every spec section: unknown keys are errors, instances are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class SSH(Strict):

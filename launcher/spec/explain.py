@@ -14,9 +14,16 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import Problem
 from .explain_voice import generic, shown_value
+from . import known_args
 from .models import TRAINER_MODELS, JobBase
+from .owned import LLAMAFACTORY_OWNED, SWIFT_OWNED
+from .strict import BoolNumber
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
+# Values shaped like the tokens users paste (Hugging Face, OpenAI-style, GitHub, GitLab, Slack,
+# ModelScope-style ms-): masked in an error wherever they were put, whatever the field's name.
+TOKEN_SHAPE = re.compile(r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
+                         r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|ms-[A-Za-z0-9-]{20,})")
 # A value shown in an error stays one readable line, however large (YAML aliases can nest).
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 160, 160
@@ -123,10 +130,16 @@ def _drop_missing_named(problems: list[Problem]) -> list[Problem]:
 def _describe(e: dict, loc: list, trainer: Any) -> str:
     """Human text for one pydantic error."""
     kind, given = e["type"], e.get("input")
-    shown = shown_value(given, "***" if _secret_at(loc) else _REPR.repr(given))
+    shown = _masked_env(given) if loc == ["cluster", "env"] else _REPR.repr(given)
+    shown = shown_value(given, "***" if _secret_at(loc) or TOKEN_SHAPE.search(shown) else shown)
+    if isinstance(given, BoolNumber):
+        return _generic("int_type", given, shown, loc, trainer, e.get("ctx")).replace(
+            f"{shown} is not an integer", f"{shown} is a YAML boolean (true/false/yes/no/on/off), not a number", 1)
     if kind == "extra_forbidden":
-        return "unknown key" + (_unknown_hint(loc, trainer)
-                                or _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1])))
+        near = _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1]))
+        # a near miss of a sibling first; at the top, a trainer's own name before a near miss
+        return "unknown key" + (_unknown_hint(loc, trainer) or (near if len(loc) > 1 else "")
+                                or _trainer_name(loc, trainer) or near or _unknown_fallback(loc, trainer))
     if kind == "mlaunch_forms":
         return _forms_text(shown, trainer, loc)
     if kind in ("model_type", "model_attributes_type", "dict_type"):
@@ -174,6 +187,47 @@ def _secret_at(loc: list) -> bool:
     return under and any(SECRET_NAME.search(x) for x in names[1:])
 
 
+def _trainer_name(loc: list, trainer: Any) -> str:
+    """A trainer's own name for a field this spec holds elsewhere (`gradient_accumulation_steps`,
+    or a near miss of it, anywhere): the field to write instead."""
+    if trainer not in ("llamafactory", "swift"):
+        return ""
+    owned = LLAMAFACTORY_OWNED if trainer == "llamafactory" else SWIFT_OWNED
+    name = "LLaMA-Factory" if trainer == "llamafactory" else "ms-swift"
+    close = difflib.get_close_matches(str(loc[-1]), list(owned), n=1, cutoff=0.85)
+    owner = owned[close[0]] if close else ""
+    said = f"{name}'s {close[0]}" if close and close[0] == loc[-1] else f"{close[0]!r} ({name}'s)" if close else ""
+    if owner.startswith("--"):
+        return f": {said} is mlaunch's {owner} flag; give that on the command line instead"
+    if re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", owner) and owner not in (close[0], ".".join(map(str, loc))):
+        return f": {said} is {owner} in this spec; write it there"
+    return ""
+
+
+def _unknown_fallback(loc: list, trainer: Any) -> str:
+    """The fix for an unknown key nothing else explains: a secret's place, where a trainer's own
+    argument goes, else remove it."""
+    key = str(loc[-1])
+    if SECRET_NAME.search(key):
+        return (": a secret goes in cluster.env only (e.g. HF_TOKEN: ${HF_TOKEN}, read from this "
+                "shell), where mlaunch masks it; remove it here")
+    if len(loc) == 1 and trainer in ("llamafactory", "swift"):
+        name = "LLaMA-Factory" if trainer == "llamafactory" else "ms-swift"
+        entries = ((known_args._data().get(trainer) or {}).get("entries") or {}).values()
+        if any(key in names for names in entries):
+            return f": {name}'s own arguments go under passthrough; write passthrough: {{{key}: ...}}"
+    return ": remove it, or check its spelling (`mlaunch schema` lists every key)"
+
+
+def _masked_env(given: Any) -> str:
+    """cluster.env given in another shape (a list of NAME=value, as docker-compose allows): shown
+    with every secret-named item's value as ***."""
+    if isinstance(given, list):
+        given = [re.sub(r"=.*", "=***", x, flags=re.S) if isinstance(x, str) and
+                 SECRET_NAME.search(x.partition("=")[0]) else x for x in given]
+    return "***" if isinstance(given, str) and SECRET_NAME.search(given) else _REPR.repr(given)
+
+
 def _unknown_hint(loc: list, trainer: Any) -> str:
     """Unknown keys people bring from other launchers' configs, with where they belong."""
     if len(loc) == 2 and loc[0] == "deepspeed" and trainer in ("llamafactory", "swift") and \
@@ -203,11 +257,16 @@ def _mapping_text(shown: str, given: Any, trainer: Any, loc: list) -> str:
         word = given.strip().lower()
         stage = re.fullmatch(r"(?:zero|z|stage)[-_ ]?([0-3])(?:[-_ ].*)?", word)
         if word.endswith(".json"):
-            return f"{shown} is a file name: write `deepspeed: {{config: {given}}}`"
+            file = re.sub(r"^--deepspeed(?:=|\s+)", "", given.strip())
+            return (f"{shown} is a file name: write `deepspeed: {{config: {file}}}`"
+                    + ("; mlaunch writes the --deepspeed flag itself" if file != given.strip() else ""))
         if stage:
             off = (", offload_optimizer: cpu" + (", offload_param: cpu" if stage[1] == "3" else "")
                    if "offload" in word else "")
             return f"{shown} is a ZeRO stage: write `deepspeed: {{stage: {stage[1]}{off}}}`"
+    if path == "cluster.env" and isinstance(given, list):
+        return (f"{shown} is a list: write one NAME: value per line under cluster.env (a mapping), "
+                "e.g. NCCL_DEBUG: WARN; a secret as HF_TOKEN: ${HF_TOKEN}")
     names = _known_fields(trainer, loc)[:4]
     fields = f" ({', '.join(names)}, ...)" if names else ""
     return f"{shown} is not a mapping: write {path}: {{key: value}} with its fields{fields}"

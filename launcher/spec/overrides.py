@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from ..errors import Problem, SpecError
-from .explain import SECRET_NAME
+from .explain import SECRET_NAME, TOKEN_SHAPE
 from .inputs import AliasBomb, BoundedLoader
 
 _KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
@@ -38,8 +38,13 @@ def parse(args: tuple[str, ...] | list[str]) -> tuple[Override, ...]:
     for arg in args:
         key, sep, text = arg.partition("=")
         if not sep or not _KEY.match(key):
-            bad.append(Problem(f"override {arg!r}", "not KEY=VALUE; write a dotted key, e.g. "
-                               "training.learning_rate=1e-5"))
+            shown = "***" if TOKEN_SHAPE.search(arg) else repr(arg)
+            if sep and re.fullmatch(r"[A-Za-z_][\w.]*\[\d*\]", key):
+                bad.append(Problem(f"override {shown}", "a list's items are not set one by one; "
+                                   f"write the whole list, e.g. {key.partition('[')[0]}='[a, b]'"))
+            else:
+                bad.append(Problem(f"override {shown}", "not KEY=VALUE; write a dotted key, e.g. "
+                                   "training.learning_rate=1e-5"))
             continue
         try:
             value = yaml.load(text, Loader=BoundedLoader) if text.strip() else ""
@@ -47,7 +52,7 @@ def parse(args: tuple[str, ...] | list[str]) -> tuple[Override, ...]:
             bad.append(Problem(f"override {key}", str(e)))
             continue
         except yaml.YAMLError as e:
-            bad.append(Problem(f"override {arg}", f"the value is not YAML ({' '.join(str(e).split()[:8])}); "
+            bad.append(Problem(f"override {_shown(Override(key, None, arg))}", f"the value is not YAML ({' '.join(str(e).split()[:8])}); "
                                "quote it, e.g. key='[a, b]'"))
             continue
         if isinstance(value, str) and _NUMBER.match(text.strip()):   # unquoted: "3" stays text
@@ -144,13 +149,20 @@ def name_in(error: SpecError, overrides: tuple[Override, ...]) -> SpecError:
         return error
     problems = []
     for p in error.problems:
-        o = next((o for o in overrides if p.path == o.key or p.path.startswith(o.key + ".")
+        # The last override of a key is the one that took effect.
+        o = next((o for o in reversed(overrides) if p.path == o.key or p.path.startswith(o.key + ".")
                   or p.path.startswith(o.key + "[")), None)
-        problems.append(Problem(p.path, f"{p.message} (set by the override {o.text})") if o else p)
+        problems.append(Problem(p.path, f"{p.message} (set by the override {_shown(o)})") if o else p)
     return SpecError(problems, header=error.header)
 
 
 _UNSET = object()
+
+
+def _shown(o: Override) -> str:
+    """The override as typed, its value masked where its key names a secret or it looks like one."""
+    secret = SECRET_NAME.search(o.key) or TOKEN_SHAPE.search(o.text)
+    return f"{o.key}=***" if secret else o.text
 
 
 def _short(value: Any) -> str:

@@ -6,6 +6,8 @@ Each rule returns Problems (field path, what is wrong, the fix), one line each.
 """
 from __future__ import annotations
 
+import re
+
 from ..errors import Problem
 from .models import Cluster
 
@@ -68,9 +70,9 @@ def _check_block(c: Cluster) -> list[Problem]:
     if r is None:
         return []
     p: list[Problem] = []
-    if not r.address.strip() or any(ch.isspace() for ch in r.address):
+    if not _address_ok(r.address):
         p.append(Problem("cluster.ray.address", f"{r.address!r}: give ray://host:10001, "
-                         "host:6379, or auto"))
+                         "host:6379, or auto (a host, and a port from 1 to 65535 where one is given)"))
     for name, amount in (r.resources or {}).items():
         if amount < 0:
             p.append(Problem(f"cluster.ray.resources.{name}", f"{amount}: a bundle asks a "
@@ -79,6 +81,14 @@ def _check_block(c: Cluster) -> list[Problem]:
         p.append(Problem("cluster.ray.resources", "every amount is 0: a bundle must ask for "
                          "something (Ray refuses empty bundles), e.g. {CPU: 1}"))
     return p
+
+
+def _address_ok(address: str) -> bool:
+    """auto, or [ray://]host[:port] with a host and a port in range: what Ray can dial."""
+    if address == "auto":
+        return True
+    m = re.fullmatch(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+)(?::(\d{1,5}))?/?", address)
+    return bool(m) and (m[2] is None or 1 <= int(m[2]) <= 65535)
 
 
 def bundle(c: Cluster) -> dict[str, float]:

@@ -2,14 +2,13 @@
 (cluster.scheduler: ray; its rules are in ray_rules.py, its backend launcher/backends/ray/)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from .strict import Strict
 
 
-class Ray(BaseModel):
-    """The Ray cluster mlaunch places the job on: one bundle per node, strictly spread.
-    Strict as every spec section (cluster_spec.Strict's config; that module imports this one)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+class Ray(Strict):
+    """The Ray cluster mlaunch places the job on: one bundle per node, strictly spread."""
 
     address: str = Field("auto", description=(
         "ray://head:10001 (a Ray Client, e.g. a KubeRay head service), head:6379 from a "

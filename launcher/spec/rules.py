@@ -18,42 +18,8 @@ from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
 from .models import JobBase, LlamaFactoryJob, ScriptJob
 from .secret_rules import check_batch_secrets, check_passthrough_secrets, check_script_secrets
+from .owned import LLAMAFACTORY_OWNED  # noqa: F401  (importable from here)
 from .select import auto_batch, world_factor, world_size, world_text  # noqa: F401  (importable from here)
-
-# LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
-LLAMAFACTORY_OWNED = {
-    "model_name_or_path": "model", "template": "template", "dataset": "dataset",
-    "dataset_dir": "dataset_dir", "cutoff_len": "cutoff_len", "stage": "stage",
-    "do_train": "stage", "finetuning_type": "finetuning.type", "lora_rank": "finetuning.lora_rank",
-    "lora_alpha": "finetuning.lora_alpha", "lora_dropout": "finetuning.lora_dropout",
-    "lora_target": "finetuning.lora_target",
-    "freeze_trainable_layers": "finetuning.freeze_trainable_layers",
-    "freeze_trainable_modules": "finetuning.freeze_trainable_modules",
-    "quantization_bit": "finetuning.quantization_bit",
-    "per_device_train_batch_size": "batch.per_device",
-    "gradient_accumulation_steps": "batch.grad_accum", "bf16": "precision", "fp16": "precision",
-    "deepspeed": "deepspeed", "output_dir": "output_dir", "overwrite_output_dir": "--overwrite",
-    "resume_from_checkpoint": "--resume", "learning_rate": "training.learning_rate",
-    "num_train_epochs": "training.epochs", "max_steps": "training.max_steps",
-    "lr_scheduler_type": "training.lr_scheduler", "warmup_ratio": "training.warmup_ratio",
-    "warmup_steps": "training.warmup_steps", "save_steps": "training.save_steps",
-    "logging_steps": "training.logging_steps", "max_grad_norm": "training.max_grad_norm",
-    "disable_gradient_checkpointing": "training.gradient_checkpointing", "seed": "training.seed",
-    "ddp_timeout": "training.ddp_timeout", "report_to": "report_to", "run_name": "the run id",
-    "use_dora": "finetuning.use_dora", "use_rslora": "finetuning.use_rslora",
-    "pissa_init": "finetuning.pissa_init", "additional_target": "finetuning.additional_target",
-    "oft_rank": "finetuning.oft_rank", "oft_block_size": "finetuning.oft_block_size",
-    "oft_target": "finetuning.oft_target", "quantization_method": "finetuning.quantization_method",
-    "fsdp": "fsdp", "fsdp_config": "fsdp", "pref_beta": "preference.beta",
-    "pref_loss": "preference.loss", "pref_ftx": "preference.ftx",
-    "dpo_label_smoothing": "preference.label_smoothing", "simpo_gamma": "preference.simpo_gamma",
-    "kto_chosen_weight": "preference.kto_chosen_weight",
-    "kto_rejected_weight": "preference.kto_rejected_weight", "ref_model": "preference.ref_model",
-    "ref_model_adapters": "preference.ref_model_adapters",
-    "ref_model_quantization_bit": "preference.ref_model_quantization_bit",
-    "master_addr": "cluster.master_addr", "master_port": "cluster.master_port",
-}
-
 
 
 def check_dataset(job: JobBase) -> list[Problem]:

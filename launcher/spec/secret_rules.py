@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 
 from ..errors import Problem
 from .env_refs import literal_of
@@ -198,7 +199,14 @@ def check_setup_secrets(setup: list[str]) -> list[Problem]:
     for i, line in enumerate(setup):
         named = [m[1] for m in _SET.finditer(line) if SECRET_NAME.search(m[1])
                  and m[2].strip("'\"") and not m[2].strip("'\"").startswith("$")]
-        if named or URL_CREDS.search(line):
+        flag = _literal_secret_flag(line)
+        if flag:
+            name = _env_for_flag(flag)
+            out.append(Problem(f"cluster.setup[{i}]", f"gives {flag} a literal value, which the dry "
+                               "run prints and the run's record stores; put it in cluster.env as "
+                               f"{name}: ${{{name}}} with {name} exported in this shell (masked "
+                               f"everywhere) and write {flag} \"${name}\" in this line"))
+        elif named or URL_CREDS.search(line):
             what = f"sets {named[0]} to a literal value" if named else "holds a URL with a password"
             name = named[0] if named else "DATA_URL"
             out.append(Problem(f"cluster.setup[{i}]", f"{what}, which the dry run prints and the "
@@ -206,6 +214,28 @@ def check_setup_secrets(setup: list[str]) -> list[Problem]:
                                f"with {name} exported in this shell (read from the launcher's "
                                "environment, masked everywhere)"))
     return out
+
+
+def _literal_secret_flag(line: str) -> str | None:
+    """The secret-named flag (`--token X`, `--api-key=X`) of a shell line given a literal value
+    rather than a `$NAME` reference; None when there is none."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:   # an unbalanced quote: the words as the blanks cut them
+        words = line.split()
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        if not eq:
+            flag, value = word, words[i + 1] if i + 1 < len(words) else ""
+        if flag.startswith("-") and secret_name(flag) and value and not value.startswith(("$", "-")):
+            return flag
+    return None
+
+
+def _env_for_flag(flag: str) -> str:
+    """The variable a secret flag's value would live in: the one its tool reads, else its name."""
+    key = flag.lstrip("-").replace("-", "_").lower()
+    return ENV_FOR.get(key) or ("HF_TOKEN" if key in ("token", "hf_token") else key.upper())
 
 
 def check_batch_secrets(job) -> list[Problem]:

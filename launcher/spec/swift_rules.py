@@ -9,41 +9,9 @@ from . import known_args
 from .models import MEGATRON_RLHF_TYPES, RLHF_TYPES
 from .rules import USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning, check_training
 from .secret_rules import check_passthrough_secrets, secret_name
+from .owned import SWIFT_OWNED  # noqa: F401  (importable from here)
 from .model_config import MEGATRON_SCHEDULERS, config_int, divisors, model_config  # noqa: F401  (importable from here)
 
-# ms-swift arguments that mlaunch renders from the spec (HF-Trainer mode and Megatron-SWIFT
-# mode), with the field that owns each. A passthrough key may not collide with these.
-SWIFT_OWNED = {
-    "model": "model", "model_type": "model_type", "template": "template", "dataset": "dataset",
-    "max_length": "max_length", "tuner_type": "finetuning.type", "train_type": "finetuning.type",
-    "lora_rank": "finetuning.lora_rank", "lora_alpha": "finetuning.lora_alpha",
-    "lora_dropout": "finetuning.lora_dropout", "target_modules": "finetuning.lora_target",
-    "quant_method": "finetuning.quantization_bit", "quant_bits": "finetuning.quantization_bit",
-    "freeze_parameters_ratio": "finetuning.freeze_trainable_layers",
-    "trainable_parameters_regex": "finetuning.freeze_trainable_layers/freeze_trainable_modules",
-    "per_device_train_batch_size": "batch.per_device",
-    "gradient_accumulation_steps": "batch.grad_accum", "micro_batch_size": "batch.per_device",
-    "global_batch_size": "batch.global", "torch_dtype": "precision", "bf16": "precision",
-    "fp16": "precision", "deepspeed": "deepspeed", "output_dir": "output_dir",
-    "check_model": "mlaunch (false for local models)",
-    "resume_from_checkpoint": "--resume", "mcore_model": "--resume", "mcore_adapter": "--resume",
-    "finetune": "--resume", "learning_rate": "training.learning_rate", "lr": "training.learning_rate",
-    "num_train_epochs": "training.epochs", "max_steps": "training.max_steps",
-    "train_iters": "training.max_steps", "lr_scheduler_type": "training.lr_scheduler",
-    "lr_decay_style": "training.lr_scheduler", "warmup_ratio": "training.warmup_ratio",
-    "lr_warmup_fraction": "training.warmup_ratio", "warmup_steps": "training.warmup_steps",
-    "lr_warmup_iters": "training.warmup_steps", "save_steps": "training.save_steps",
-    "logging_steps": "training.logging_steps", "max_grad_norm": "training.max_grad_norm",
-    "clip_grad": "training.max_grad_norm", "gradient_checkpointing": "training.gradient_checkpointing",
-    "recompute_granularity": "megatron.recompute (or training.gradient_checkpointing)",
-    "recompute_method": "training.gradient_checkpointing",
-    "recompute_num_layers": "training.gradient_checkpointing", "seed": "training.seed",
-    "ddp_timeout": "training.ddp_timeout",
-    "tensor_model_parallel_size": "megatron.tp", "pipeline_model_parallel_size": "megatron.pp",
-    "context_parallel_size": "megatron.cp", "expert_model_parallel_size": "megatron.ep",
-    "expert_tensor_parallel_size": "megatron.etp", "sequence_parallel": "megatron.sequence_parallel",
-    "rlhf_type": "stage: rlhf and rlhf_type",
-}
 
 DDP_NOT_DEEPSPEED = ("mlaunch renders the DeepSpeed config; use `deepspeed: {stage: N}`. For plain "
                      "DDP leave deepspeed out entirely: passing --deepspeed (as seed 003's DDP "

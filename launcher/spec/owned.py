@@ -1,0 +1,72 @@
+"""The trainers' own argument names that mlaunch renders from the spec, with the field that
+owns each: a passthrough key may not collide with them, and an unknown key that is one of them
+is told where it belongs (explain.py). Data only, so that any module may read it."""
+
+# LLaMA-Factory keys that mlaunch renders from the spec, with the field that owns each.
+LLAMAFACTORY_OWNED = {
+    "model_name_or_path": "model", "template": "template", "dataset": "dataset",
+    "dataset_dir": "dataset_dir", "cutoff_len": "cutoff_len", "stage": "stage",
+    "do_train": "stage", "finetuning_type": "finetuning.type", "lora_rank": "finetuning.lora_rank",
+    "lora_alpha": "finetuning.lora_alpha", "lora_dropout": "finetuning.lora_dropout",
+    "lora_target": "finetuning.lora_target",
+    "freeze_trainable_layers": "finetuning.freeze_trainable_layers",
+    "freeze_trainable_modules": "finetuning.freeze_trainable_modules",
+    "quantization_bit": "finetuning.quantization_bit",
+    "per_device_train_batch_size": "batch.per_device",
+    "gradient_accumulation_steps": "batch.grad_accum", "bf16": "precision", "fp16": "precision",
+    "deepspeed": "deepspeed", "output_dir": "output_dir", "overwrite_output_dir": "--overwrite",
+    "resume_from_checkpoint": "--resume", "learning_rate": "training.learning_rate",
+    "num_train_epochs": "training.epochs", "max_steps": "training.max_steps",
+    "lr_scheduler_type": "training.lr_scheduler", "warmup_ratio": "training.warmup_ratio",
+    "warmup_steps": "training.warmup_steps", "save_steps": "training.save_steps",
+    "logging_steps": "training.logging_steps", "max_grad_norm": "training.max_grad_norm",
+    "disable_gradient_checkpointing": "training.gradient_checkpointing", "seed": "training.seed",
+    "ddp_timeout": "training.ddp_timeout", "report_to": "report_to", "run_name": "the run id",
+    "use_dora": "finetuning.use_dora", "use_rslora": "finetuning.use_rslora",
+    "pissa_init": "finetuning.pissa_init", "additional_target": "finetuning.additional_target",
+    "oft_rank": "finetuning.oft_rank", "oft_block_size": "finetuning.oft_block_size",
+    "oft_target": "finetuning.oft_target", "quantization_method": "finetuning.quantization_method",
+    "fsdp": "fsdp", "fsdp_config": "fsdp", "pref_beta": "preference.beta",
+    "pref_loss": "preference.loss", "pref_ftx": "preference.ftx",
+    "dpo_label_smoothing": "preference.label_smoothing", "simpo_gamma": "preference.simpo_gamma",
+    "kto_chosen_weight": "preference.kto_chosen_weight",
+    "kto_rejected_weight": "preference.kto_rejected_weight", "ref_model": "preference.ref_model",
+    "ref_model_adapters": "preference.ref_model_adapters",
+    "ref_model_quantization_bit": "preference.ref_model_quantization_bit",
+    "master_addr": "cluster.master_addr", "master_port": "cluster.master_port",
+}
+
+
+# ms-swift arguments that mlaunch renders from the spec (HF-Trainer mode and Megatron-SWIFT
+# mode), with the field that owns each. A passthrough key may not collide with these.
+SWIFT_OWNED = {
+    "model": "model", "model_type": "model_type", "template": "template", "dataset": "dataset",
+    "max_length": "max_length", "tuner_type": "finetuning.type", "train_type": "finetuning.type",
+    "lora_rank": "finetuning.lora_rank", "lora_alpha": "finetuning.lora_alpha",
+    "lora_dropout": "finetuning.lora_dropout", "target_modules": "finetuning.lora_target",
+    "quant_method": "finetuning.quantization_bit", "quant_bits": "finetuning.quantization_bit",
+    "freeze_parameters_ratio": "finetuning.freeze_trainable_layers",
+    "trainable_parameters_regex": "finetuning.freeze_trainable_layers/freeze_trainable_modules",
+    "per_device_train_batch_size": "batch.per_device",
+    "gradient_accumulation_steps": "batch.grad_accum", "micro_batch_size": "batch.per_device",
+    "global_batch_size": "batch.global", "torch_dtype": "precision", "bf16": "precision",
+    "fp16": "precision", "deepspeed": "deepspeed", "output_dir": "output_dir",
+    "check_model": "mlaunch (false for local models)",
+    "resume_from_checkpoint": "--resume", "mcore_model": "--resume", "mcore_adapter": "--resume",
+    "finetune": "--resume", "learning_rate": "training.learning_rate", "lr": "training.learning_rate",
+    "num_train_epochs": "training.epochs", "max_steps": "training.max_steps",
+    "train_iters": "training.max_steps", "lr_scheduler_type": "training.lr_scheduler",
+    "lr_decay_style": "training.lr_scheduler", "warmup_ratio": "training.warmup_ratio",
+    "lr_warmup_fraction": "training.warmup_ratio", "warmup_steps": "training.warmup_steps",
+    "lr_warmup_iters": "training.warmup_steps", "save_steps": "training.save_steps",
+    "logging_steps": "training.logging_steps", "max_grad_norm": "training.max_grad_norm",
+    "clip_grad": "training.max_grad_norm", "gradient_checkpointing": "training.gradient_checkpointing",
+    "recompute_granularity": "megatron.recompute (or training.gradient_checkpointing)",
+    "recompute_method": "training.gradient_checkpointing",
+    "recompute_num_layers": "training.gradient_checkpointing", "seed": "training.seed",
+    "ddp_timeout": "training.ddp_timeout",
+    "tensor_model_parallel_size": "megatron.tp", "pipeline_model_parallel_size": "megatron.pp",
+    "context_parallel_size": "megatron.cp", "expert_model_parallel_size": "megatron.ep",
+    "expert_tensor_parallel_size": "megatron.etp", "sequence_parallel": "megatron.sequence_parallel",
+    "rlhf_type": "stage: rlhf and rlhf_type",
+}

@@ -1,0 +1,153 @@
+"""Bad input a reviewer tried on 2026-12-06 that got through or got a wrong line: secrets echoed
+or let into cluster.setup, `$NAME` for a secret, YAML booleans read as numbers, a Ray address
+with no host, overrides blamed or worded wrongly, unknown keys with no fix. Each case runs the
+real CLI (exit 2, one line per problem, no traceback, the secret never printed) or validate()."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+from launcher.errors import SpecError
+from launcher.spec import validate
+from tests.helpers import CONFIGS, load_yaml, mlaunch, seed000, set_path, write_spec
+
+TOKEN = "hf_QzXyAbCdEfGhIjKlMnOpQrStUvWxYz012345"
+
+
+def problems(data: dict) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        validate(data)
+    return [str(p) for p in err.value.problems]
+
+
+def refused(tmp_path, data: dict, *overrides: str) -> list[str]:
+    """The CLI's problem lines for a dry run of data: exit 2, no traceback, no token shown."""
+    r = mlaunch("submit", "--dry-run", write_spec(tmp_path, data), *overrides,
+                env={"MLAUNCH_HOME": str(tmp_path / "home")})
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert "Traceback" not in out and TOKEN not in out, out
+    return [line for line in r.stderr.splitlines() if not line.endswith("invalid job spec")
+            and not line.endswith("invalid override on the command line")]
+
+
+# --- secrets -----------------------------------------------------------------------------
+
+def test_env_written_as_a_list_is_refused_without_showing_the_token(tmp_path):
+    line, = refused(tmp_path, set_path(seed000(), "cluster.env", [f"HF_TOKEN={TOKEN}", "A=1"]))
+    assert line.startswith("mlaunch: cluster.env: ['HF_TOKEN=***', 'A=1'] is a list: write one NAME: value")
+
+
+@pytest.mark.parametrize("line, flag, env", [
+    (f"huggingface-cli login --token {TOKEN}", "--token", "HF_TOKEN"),
+    (f"tool --hf-token={TOKEN}", "--hf-token", "HF_TOKEN"),
+    (f"wandb login --api-key {TOKEN}", "--api-key", "API_KEY"),
+])
+def test_a_secret_flag_with_a_literal_value_in_setup_is_refused(tmp_path, line, flag, env):
+    got, = refused(tmp_path, set_path(seed000(), "cluster.setup", [line]))
+    assert got.startswith(f"mlaunch: cluster.setup[0]: gives {flag} a literal value"), got
+    assert f"{env}: ${{{env}}}" in got and f'{flag} "${env}"' in got
+
+
+@pytest.mark.parametrize("line", ['huggingface-cli login --token "$HF_TOKEN"', "run --max-new-tokens 5",
+                                  "tool --token=${HF_TOKEN}"])
+def test_setup_lines_with_references_or_token_counts_pass(line):
+    job = validate(set_path(seed000(), "cluster.setup", [line]))
+    assert job.cluster.setup == (line,) or list(job.cluster.setup) == [line]
+
+
+@pytest.mark.parametrize("name, value, ref", [("HF_TOKEN", "$HF_TOKEN", "HF_TOKEN"),
+                                              ("WANDB_API_KEY", "${WANDB_API_KEY:-}", "WANDB_API_KEY"),
+                                              ("MY_SECRET", "$OTHER", "OTHER")])
+def test_a_secret_given_as_a_shell_reference_is_refused(name, value, ref):
+    line, = problems(set_path(seed000(), f"cluster.env.{name}", value))
+    assert line.startswith(f"cluster.env.{name}: a reference the ranks would get as those characters")
+    assert f"write {name}: ${{{ref}}}" in line
+
+
+def test_a_secret_with_a_dollar_inside_is_still_taken_as_written():
+    job = validate(set_path(seed000(), "cluster.env.HF_TOKEN", "ab$cd$ef"))
+    assert job.cluster.env["HF_TOKEN"] == "ab$cd$ef"
+
+
+@pytest.mark.parametrize("override", [f"cluster.HF_TOKEN={TOKEN}", f"cluster.master_port={TOKEN}",
+                                      f"cluster.env.X={{{TOKEN}"])
+def test_an_override_s_token_is_masked_in_its_error(tmp_path, override):
+    lines = refused(tmp_path, seed000(), override)
+    assert lines and all("***" in line for line in lines), lines
+
+
+def test_a_token_in_any_field_is_masked_in_its_error(tmp_path):
+    line, = refused(tmp_path, set_path(seed000(), "cluster.gpus_per_node", TOKEN))
+    assert line.startswith("mlaunch: cluster.gpus_per_node: *** is not accepted")
+
+
+# --- numbers, addresses ------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, fix", [("cluster.ssh.port", "an integer from 1 to 65535"),
+                                       ("training.epochs", "a number > 0"),
+                                       ("finetuning.lora_rank", "an integer ≥ 1"),
+                                       ("cluster.gpus_per_node", "an integer from 1 to 1024")])
+def test_a_yaml_boolean_is_no_number(path, fix):
+    line, = problems(set_path(seed000(), path, True))
+    assert line.startswith(f"{path}: true is a YAML boolean (true/false/yes/no/on/off), not a number: "
+                           f"write {fix}"), line
+
+
+def test_a_yaml_boolean_still_fills_a_boolean_field():
+    job = validate(set_path(seed000(), "cluster.ssh.strict_host_keys", False))
+    assert job.cluster.ssh.strict_host_keys is False
+
+
+def ray_spec(address: str) -> dict:
+    spec = copy.deepcopy(load_yaml(os.path.join(CONFIGS, "allreduce-2x2.yaml")))
+    spec["cluster"] = {"scheduler": "ray", "gpus_per_node": 1, "ray": {"address": address, "nodes": 2}}
+    return spec
+
+
+@pytest.mark.parametrize("address", ["ray://:99999", "h:0", "ray://h:70000", "a b"])
+def test_a_ray_address_without_a_host_or_with_a_port_out_of_range_is_refused(address):
+    lines = [p for p in problems(ray_spec(address)) if p.startswith("cluster.ray.address")]
+    assert len(lines) == 1 and "a port from 1 to 65535" in lines[0], lines
+
+
+@pytest.mark.parametrize("address", ["auto", "ray://head:10001", "head:6379", "ray://[::1]:10001",
+                                     "ray://svc.ns.svc.cluster.local:10001"])
+def test_ray_addresses_people_write_pass(address):
+    assert validate(ray_spec(address)).cluster.ray.address == address
+
+
+# --- overrides and unknown keys ----------------------------------------------------------
+
+def test_the_last_of_two_overrides_of_a_key_is_the_one_named(tmp_path):
+    line, = refused(tmp_path, seed000(), "training.learning_rate=1e-5", "training.learning_rate=abc")
+    assert line.endswith("(set by the override training.learning_rate=abc)"), line
+
+
+def test_a_list_item_override_says_to_write_the_whole_list(tmp_path):
+    line, = refused(tmp_path, seed000(), "cluster.hosts[5]=x")
+    assert "a list's items are not set one by one; write the whole list, e.g. cluster.hosts='[a, b]'" in line
+
+
+def test_deepspeed_given_as_its_flag_is_told_the_file_alone():
+    line, = problems(set_path(seed000(), "deepspeed", "--deepspeed ds_z3.json"))
+    assert "write `deepspeed: {config: ds_z3.json}`; mlaunch writes the --deepspeed flag itself" in line
+
+
+@pytest.mark.parametrize("key, value, fix", [
+    ("gradient_accumulation_steps", 8, "LLaMA-Factory's gradient_accumulation_steps is batch.grad_accum in this spec"),
+    ("resume_from_checkpoint", True, "is mlaunch's --resume flag"),
+    ("neftune_noise_alpha", 5, "write passthrough: {neftune_noise_alpha: ...}"),
+    ("hf_token", "x", "a secret goes in cluster.env only"),
+    ("zzz_not_a_thing", 1, "remove it, or check its spelling (`mlaunch schema` lists every key)"),
+])
+def test_every_unknown_key_gets_a_fix(key, value, fix):
+    line, = problems(set_path(seed000(), key, value))
+    assert line.startswith(f"{key}: unknown key") and fix in line, line
+
+
+def test_a_near_miss_of_a_trainer_name_inside_a_section_is_pointed_home():
+    line, = problems(set_path(seed000(), "batch.gradient_acumulation_steps", 8))
+    assert "'gradient_accumulation_steps' (LLaMA-Factory's) is batch.grad_accum in this spec" in line
