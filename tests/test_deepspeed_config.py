@@ -212,7 +212,9 @@ SPEC_BAD = [
     ({"stage": 2, "stage3_prefetch_bucket_size": 10},
      "deepspeed.stage3_prefetch_bucket_size: only applies to ZeRO-3 (stage is 2); remove it or use stage 3"),
     ({"config": "/nonexistent/ds.json"},
-     "deepspeed.config: cannot read /nonexistent/ds.json: No such file or directory"),
+     "deepspeed.config: cannot read /nonexistent/ds.json: No such file or directory; give the "
+     "path of a readable JSON file (a relative one is taken from the spec's folder), or leave "
+     "config out and let mlaunch write it (deepspeed: {stage: N})"),
     ({"name": "zero3"}, "deepspeed.name: zero3 is ms-swift's config name; use {stage: 3} or config: FILE"),
 ]
 

@@ -224,7 +224,7 @@ def test_spec_path_is_a_directory_or_missing(tmp_path):
     assert "Traceback" not in r.stderr
     r = mlaunch("validate", str(tmp_path / "nope.yaml"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == f"mlaunch: {tmp_path / 'nope.yaml'}: cannot read the spec: No such file or directory"
+    assert r.stderr.strip() == f"mlaunch: {tmp_path / 'nope.yaml'}: cannot read the spec: No such file or directory; give the path of a readable YAML file"
 
 
 def test_hostfile_missing_or_a_directory(tmp_path):
@@ -232,12 +232,14 @@ def test_hostfile_missing_or_a_directory(tmp_path):
             "cluster": {"hostfile": "missing.txt"}}
     path = write_spec(tmp_path, spec)
     assert cli_error(tmp_path, path)[1] == (f"mlaunch: cluster.hostfile: {tmp_path / 'missing.txt'}: "
-                                            "cannot read the hostfile: No such file or directory")
+                                            "cannot read the hostfile: No such file or directory; give the path of a readable "
+                                            "file (a relative one is taken from the spec's folder)")
     os.mkdir(tmp_path / "hd")
     spec["cluster"]["hostfile"] = "hd"
     path = write_spec(tmp_path, spec)
     assert cli_error(tmp_path, path)[1] == (f"mlaunch: cluster.hostfile: {tmp_path / 'hd'}: "
-                                            "cannot read the hostfile: Is a directory")
+                                            "cannot read the hostfile: Is a directory; give the path of a readable "
+                                            "file (a relative one is taken from the spec's folder)")
 
 
 def test_empty_hostfile(tmp_path):

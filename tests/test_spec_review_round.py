@@ -151,3 +151,25 @@ def test_every_unknown_key_gets_a_fix(key, value, fix):
 def test_a_near_miss_of_a_trainer_name_inside_a_section_is_pointed_home():
     line, = problems(set_path(seed000(), "batch.gradient_acumulation_steps", 8))
     assert "'gradient_accumulation_steps' (LLaMA-Factory's) is batch.grad_accum in this spec" in line
+
+
+# --- files and flags ---------------------------------------------------------------------
+
+def test_a_spec_in_a_symlink_loop_gets_a_fix(tmp_path):
+    os.symlink(tmp_path / "b.yaml", tmp_path / "a.yaml")
+    os.symlink(tmp_path / "a.yaml", tmp_path / "b.yaml")
+    r = mlaunch("validate", str(tmp_path / "a.yaml"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().endswith("cannot read the spec: Too many levels of symbolic links; "
+                                     "give the path of a readable YAML file"), r.stderr
+
+
+@pytest.mark.parametrize("flag, key", [("--deepspeed", "deepspeed.config=FILE"),
+                                       ("--nproc_per_node", "cluster.gpus_per_node"),
+                                       ("--master_addr", "cluster.master_addr")])
+def test_another_launcher_s_flag_names_the_spec_key(tmp_path, flag, key):
+    r = mlaunch("submit", "--dry-run", os.path.join(CONFIGS, "seed000-qwen2-7b-lora.yaml"), flag, "x",
+                env={"MLAUNCH_HOME": str(tmp_path / "home")})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"Error: No such option '{flag}'" in r.stderr
+    assert f"mlaunch: {flag} is another launcher's flag: mlaunch takes " in r.stderr and key in r.stderr

@@ -42,6 +42,21 @@ OLD_FLAGS = {("submit", "--force"): "--force-unfit", ("resume", "--force"): "--f
              ("report", "--output-dir"): "--runs-under"}
 
 
+# Other launchers' flags (torchrun, the DeepSpeed launcher) given to mlaunch: the spec key
+# (or override) that says the same, named under click's "No such option" line.
+FOREIGN_FLAGS = {
+    "--deepspeed": "the override deepspeed.config=FILE, or deepspeed: {config: FILE} in the spec",
+    "--hostfile": "the override cluster.hostfile=FILE, or cluster.hostfile in the spec",
+    "--nnodes": "the node list cluster.hosts (the override cluster.hosts='[a, b]')",
+    "--nproc_per_node": "cluster.gpus_per_node (the override cluster.gpus_per_node=N)",
+    "--nproc-per-node": "cluster.gpus_per_node (the override cluster.gpus_per_node=N)",
+    "--master_addr": "cluster.master_addr (the override cluster.master_addr=HOST)",
+    "--master-addr": "cluster.master_addr (the override cluster.master_addr=HOST)",
+    "--master_port": "cluster.master_port (the override cluster.master_port=PORT)",
+    "--master-port": "cluster.master_port (the override cluster.master_port=PORT)",
+}
+
+
 class _Group(click.Group):
     """The command list shows each command's whole first sentence, wrapped, never cut off;
     other tools' words for a command (ALIASES) run it."""
@@ -260,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as e:
         e.show()
+        if isinstance(e, click.NoSuchOption) and e.option_name in FOREIGN_FLAGS:
+            click.echo(f"mlaunch: {e.option_name} is another launcher's flag: mlaunch takes "
+                       f"{FOREIGN_FLAGS[e.option_name]}", err=True)
         sys.exit(e.exit_code)
     except UserError as e:
         if os.environ.get("MLAUNCH_DEBUG"):

@@ -64,7 +64,9 @@ def read_user_file(path: str) -> tuple[dict | None, str | None]:
     try:
         data = json.loads(read_input(os.path.expanduser(path), "deepspeed.config", CONFIG_CAP))
     except Unreadable as e:
-        return None, f"cannot read {path}: {e.strerror}"
+        return None, (f"cannot read {path}: {e.strerror}; give the path of a readable JSON file "
+                      "(a relative one is taken from the spec's folder), or leave config out and "
+                      "let mlaunch write it (deepspeed: {stage: N})")
     except SpecError as e:
         return None, str(e.problems[0])
     except ValueError as e:

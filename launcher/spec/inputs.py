@@ -30,7 +30,10 @@ class Unreadable(SpecError):
     """The file could not be opened or read at all (strerror: the system's words)."""
 
     def __init__(self, path: str, what: str, strerror: str):
-        super().__init__(f"{path}: cannot read the {what}: {strerror}")
+        fix = ("give the path of a readable YAML file" if what == "spec" else
+               "give the path of a readable file (a relative one is taken from the spec's folder)"
+               if what in ("hostfile", "deepspeed.config") else "give the path of a readable file")
+        super().__init__(f"{path}: cannot read the {what}: {strerror}; {fix}")
         self.strerror = strerror
 
 
