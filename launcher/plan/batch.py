@@ -4,9 +4,9 @@ brings the GPU memory and the model's config.json (MemoryInputs).
 
 The choice, among micro-batches b that divide global / world (accumulation = the rest):
 the fastest that fits in (1 - batch.memory_margin) of the smallest GPU. Speed is modelled
-as t / (t + T0) for t = b·s tokens per micro-batch (fixed per-step costs amortised; T0
-fitted to the issue's H200 runs: 8 k tokens at 0.39 B parameters, scaled by 1/Ψ), divided
-by CKPT_COST with recomputation (the forward runs twice: measured 1.37× on the H200).
+as t / (t + T0) for t = b·s tokens per micro-batch (fixed per-step costs amortised; T0 is
+fitted to GPU runs and scaled by 1/Ψ), divided by CKPT_COST with recomputation (the forward
+runs twice). Both figures' sources: bench/results/memory/README.md.
 So checkpointing off and the largest micro-batch win, unless checkpointing buys a much
 larger micro-batch.
 """

@@ -8,31 +8,22 @@ b micro-batch, t = b·s tokens per micro-batch.
 Model states (DeepSpeed's estimate_zero*_model_states_mem_needs, made per term):
   no DeepSpeed, full  fp32 weights 4Ψ (LLaMA-Factory upcasts trainable params) + fp32 grads
                       4Ψ + Adam 8Ψ + autocast's bf16 weight cache 2Ψ; DDP's buckets +4Ψ at N > 1
-  ZeRO-0 (bf16)       2Ψ weights, 4Ψ grads, 12Ψ fp32 master+Adam = 18Ψ. DeepSpeed 0.19.8 takes
-                      bf16 with the default grad_accum_dtype (bf16) to its DDP_BFLOAT16 path, the
+  ZeRO-0 (bf16)       2Ψ weights, 4Ψ grads, 12Ψ fp32 master+Adam = 18Ψ. DeepSpeed takes bf16
+                      with the default grad_accum_dtype (bf16) to its DDP_BFLOAT16 path, the
                       unfused fp16 wrapper, not BF16_Optimizer: its fp32 grads live only inside
-                      step(). At the activation peak the states measured 14Ψ for the 1.54 B full
-                      ×4 (2026-12-01b: 42,625 MiB) but about 21Ψ for the 0.39 B full ×8 (2026-12-01,
-                      the older render): 18Ψ keeps both within the goal (1.13 and 0.96), where
-                      20Ψ overestimated the first by 20 % and 14Ψ would underestimate the second
+                      step(); 18Ψ lies between the measured rows
   ZeRO-1              2Ψ weights, 2Ψ grads, 12Ψ/N master+Adam; 6Ψ/N in step() only (as ZeRO-2,
-                      the same DeepSpeed code; unmeasured)
+                      the same DeepSpeed code)
   ZeRO-2              2Ψ weights, 2Ψ/N grads, 12Ψ/N master+Adam, two reduce buckets of h²
                       16-bit elements (overlap_comm; mlaunch renders reduce_bucket_size = h²);
                       a flat 16-bit copy and the fp32 grads, 6Ψ/N, in step() only. DeepSpeed's
                       stage_1_and_2 keeps the 16-bit gradient partition through backward and
                       makes the copy and its fp32 cast inside step(), after backward freed the
                       activations and logits: the peak is the larger of the two phases, so the
-                      6Ψ/N counts only where it exceeds them (the `step` term). Issue 30
-                      (2026-12-02, N = 1): the 1.10 B Llama full ×8 at cutoff 2048 peaked at
-                      28,555 MiB where 6Ψ/N grads and buckets of DeepSpeed's default 5e8
-                      elements gave 33,956; at micro-batch 1 it peaked at 25,371 with
-                      max_memory_allocated 23,144 MiB in both, 22Ψ: the step's peak
+                      6Ψ/N counts only where it exceeds them (the `step` term)
   ZeRO-3              (2Ψ weights + 4Ψ fp32 grads + 12Ψ master+Adam)/N = 18Ψ/N, DeepSpeed's
                       own count, plus the parameters gathered at once (two of the largest layer,
-                      16-bit). Measured at N = 1 (2026-12-01b): 1.54 B full ×4 peaked at 37,453
-                      MiB, 18Ψ gives 37,493; 20Ψ (the 16-bit gradient partition counted too)
-                      overestimated it by 8 %
+                      16-bit); the 16-bit gradient partition is not counted again
   offload_optimizer   moves master, Adam and fp32 grads to the CPU; offload_param the weights
   LoRA / freeze       frozen weights in 16 bit (4-/8-bit with QLoRA: 0.55 / 1.05 bytes);
                       only trainable params (fp32 in LLaMA-Factory) carry grads and Adam: 16 B each
@@ -53,27 +44,16 @@ arXiv:2205.05198, §4.1, redone for a LLaMA/Qwen decoder layer as HF transformer
 Logits: the loss upcasts b·s·V logits to fp32, keeps log-softmax's fp32 output, and backward
 holds its fp32 and 16-bit gradients: about 12-14 bytes per vocabulary entry per token; at a
 150k vocabulary this is the largest activation term. Its constant is fitted (logit_bytes).
-ZeRO-3's extra term, without checkpointing only (issue 15). It was first fitted on two rows
-of 2026-12-01 (0.39 B full ckpt on ×16 and 1.54 B LoRA ckpt off ×4) that exceeded the states
-by 2.6 and 6.8 GiB, 0.34 and 0.36 per activation byte, hence its form: zero3_scale × (layer
-activations + 12 bytes per logit entry). Both were measured with the ds_config mlaunch rendered
-then (DeepSpeed's fixed buckets, reduce 5e8 and prefetch 5e7, and an optimizer block with
-torch_adam). With today's render (buckets from the hidden size, the Trainer's own fused AdamW)
-the 0.39 B row peaked at 16,771 MiB in 3 runs and 16,899 in 2 with expandable_segments off,
-identical to the MiB run to run, against 20,157 before: its gap is gone, and the 1.54 B full
-ckpt-on row needs none either (2026-12-01b). The allocator was not it: with
-expandable_segments:True inactive split bytes stay 0, and without them the peak is 128 MiB
-higher, not 3.4 GiB. So the term now applies only without recomputation, where its one row
-(the 1.54 B LoRA ckpt off) still says it is needed. Remeasured with today's render it peaked
-at 32,765 MiB, 404 below the old render's 33,169 (2026-12-01d; the old row is kept, superseded):
-the gap is real, not the old buckets. That row is all the term rests on; it is unmeasured at
-N > 1 and with offload.
+ZeRO-3's extra term, without checkpointing only: zero3_scale × (layer activations + 12 bytes
+per logit entry), what the micro-batch keeps beyond the states when the layers are not
+recomputed. It rests on one measured row and is unmeasured at N > 1 and with offload.
 Overhead: the CUDA context, cuBLAS workspaces, the caching allocator's slack and NCCL
 buffers: a fitted constant (overhead_mib); act_scale absorbs fragmentation that grows with
 the activations.
 
 The fitted constants below are written by bench/memory_fit.py from bench/results/memory/*.jsonl
-(nvidia-smi peaks on the GPU). Edit the measurements, not these numbers.
+(nvidia-smi peaks on the GPU). Edit the measurements, not these numbers. What each term's form
+rests on (the rows, their figures, what they ruled out): bench/results/memory/README.md.
 """
 from __future__ import annotations
 
@@ -225,7 +205,7 @@ def states(shape: Shape, st: Setting) -> dict[str, float]:
         g = train * 4
         o = train * 8
         buf = train * 4 if n > 1 else 0
-    elif z == 0:       # 18Ψ: between the two measured ZeRO-0 rows (see above)
+    elif z == 0:       # 18Ψ (see above)
         w, g, o, buf = frozen_b + train * w16, train * 4, train * 12, 0
     elif z in (1, 2):   # the fp32 gradient partition is step_bytes(): it lives in step() only
         w = frozen_b + train * w16
@@ -248,8 +228,7 @@ def step_bytes(shape: Shape, st: Setting, act: float, logits: float) -> float:
     """ZeRO-1/2's optimizer step beyond the backward peak: step() flattens the 16-bit gradient
     partition into a copy (2 bytes per trainable parameter / N) and casts that to fp32 (4 more),
     less the activation and logit bytes that backward had held and freed by then (0 when
-    backward peaks higher). Issue 30 measured max_memory_allocated 23,144 MiB for the 1.10 B at
-    micro-batch 8 and at 1 alike: 22Ψ, the 16Ψ of backward's states plus these 6Ψ."""
+    backward peaks higher): backward's 16Ψ plus these 6Ψ, as measured (bench/results/memory)."""
     if st.zero_stage not in (1, 2) or st.offload_optimizer:
         return 0.0
     train = states(shape, st)["optimizer"] / 12
@@ -292,7 +271,7 @@ def features(shape: Shape, st: Setting) -> dict[str, float]:
 
 def zero3_bytes(act: float, logit_units: float, st: Setting) -> float:
     """ZeRO-3's extra per GPU before zero3_scale: what the micro-batch keeps, when the layers
-    are not recomputed (see above; with checkpointing on the 2026-12-01b rows need none)."""
+    are not recomputed (see above; with checkpointing on, the measured rows need none)."""
     return act + 12 * logit_units if st.zero_stage == 3 and not st.checkpointing else 0.0
 
 
