@@ -173,3 +173,14 @@ def test_another_launcher_s_flag_names_the_spec_key(tmp_path, flag, key):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"Error: No such option '{flag}'" in r.stderr
     assert f"mlaunch: {flag} is another launcher's flag: mlaunch takes " in r.stderr and key in r.stderr
+
+
+def test_ddp_only_options_under_deepspeed_get_a_note_and_are_kept():
+    spec = set_path(seed000(), "passthrough", {"ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 25})
+    job = validate(spec)
+    notes = [n for n in job._notes if "DeepSpeed replaces" in n]
+    assert [n.split(":")[0] for n in notes] == ["passthrough.ddp_find_unused_parameters",
+                                                "passthrough.ddp_bucket_cap_mb"]
+    assert job.passthrough["ddp_bucket_cap_mb"] == 25
+    del spec["deepspeed"]
+    assert not [n for n in validate(spec)._notes if "DeepSpeed replaces" in n]

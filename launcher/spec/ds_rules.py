@@ -84,3 +84,18 @@ def zero_of(job) -> tuple[int | None, bool, bool]:
     dev = lambda k: isinstance(zero.get(k), dict) and zero[k].get("device", "none") != "none"
     stage = zero.get("stage", 0)
     return (stage if isinstance(stage, int) else None), dev("offload_optimizer"), dev("offload_param")
+
+
+# HF Trainer options that configure torch's DistributedDataParallel, which DeepSpeed replaces.
+DDP_ONLY = ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
+
+
+def ddp_option_notes(job) -> list[str]:
+    """A note per DDP-only passthrough option of a DeepSpeed job: accepted (the Trainer takes
+    it), but DeepSpeed's engine wraps the model instead of DDP, so it changes nothing."""
+    passthrough = getattr(job, "passthrough", None) or {}
+    if getattr(job, "deepspeed", None) is None:
+        return []
+    return [f"passthrough.{k}: configures torch's DDP, which DeepSpeed replaces in this job; "
+            "it has no effect (remove it, or drop deepspeed to train with DDP)"
+            for k in DDP_ONLY if k in passthrough]

@@ -13,6 +13,7 @@ from .inputs import AliasBomb, BoundedLoader, read_input, read_stream
 from .explain import NOT_OFFERED, SECRET_NAME, translate  # noqa: F401  (importable from here)
 from .models import TRAINER_MODELS, Job, JobBase
 from .check import check_job
+from .ds_rules import ddp_option_notes
 from .rules import node_path_notes, output_dir_note
 from .secret_rules import env_refs, resolve_env_refs
 from .select import select
@@ -148,7 +149,7 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None,
         raise SpecError(problems, header=f"{source}: invalid job spec")
     where = output_dir_note(job)
     job._notes = (tuple(notes or ()) + tuple(selected) + ((where,) if where else ())
-                  + tuple(node_path_notes(job)))
+                  + tuple(node_path_notes(job)) + tuple(ddp_option_notes(job)))
     return job
 
 
