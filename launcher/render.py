@@ -199,7 +199,7 @@ def relay_frame(config: dict) -> bytes:
     """nodeprog/relay.py's config (what to mask, what the launcher must see) as the frame it
     reads from stdin before the script: the secrets' values in no argv and no file. Entries
     of NUL-separated fields (kind, count, fields), which the relay splits without importing
-    json (~6 ms of a node's CPU per session); no value here can hold a NUL (env, argv)."""
+    json (an import on every node session); no value here can hold a NUL (env, argv)."""
     entries = [("literal", e) for e in config.get("literal", [])] + \
         [("regex", e) for e in config.get("regex", [])] + \
         [("marks", [m]) for m in config.get("marks", [])] + \

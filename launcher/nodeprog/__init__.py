@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def source(name: str) -> str:
     """The text of node program `name` (facts, mesh, collective, checkpoints, outdir,
     relay), its parts inlined where it imports them. Made once per program and process: the
-    preflight renders one probe per node (5 ms each, 0.3 s of a 64-node preflight)."""
+    preflight renders one probe per node, which at many nodes added up."""
     text = _read(name)
     lines, seen, swaps = text.split("\n"), set(), []
     for node in _part_imports(pyparse.parse(text)):   # a part imported twice stands at its first import

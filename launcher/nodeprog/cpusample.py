@@ -2,7 +2,7 @@
 # GPUs, taken by the relay itself. templates/sampler.sh.j2 finds no GPU and asks for them with
 # one REQUEST line on the node's output; from then on the relay, already awake for the output,
 # reads /proc/stat and /proc/meminfo every period and writes the row view/nodeview.py reads: no
-# process per sample, where a shell loop started two a second (a `sleep` each, ~1 ms of CPU).
+# process per sample, where a shell loop started two a second (a `sleep` process each).
 # Standard library only.
 import time
 

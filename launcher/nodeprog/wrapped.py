@@ -6,7 +6,7 @@
 import os
 import sys
 
-try:   # the C module: `signal` imports enum, ~3 ms of CPU per node session
+try:   # the C module: `signal` imports enum, CPU on every node session
     import _signal as signal
 except ImportError:
     import signal
@@ -35,8 +35,8 @@ class Child:
 
 def spawn(argv):
     """The command, started with its stdout and stderr into one pipe (read it from .fd).
-    posix_spawn: a node starts one per session, and importing subprocess alone costs ~4 ms
-    of CPU there. Signals Python ignores (SIGPIPE) are the command's default again."""
+    posix_spawn: a node starts one per session, and importing subprocess there would cost
+    more CPU than the spawn. Signals Python ignores (SIGPIPE) are the command's default again."""
     if not hasattr(os, "waitstatus_to_exitcode"):   # Python < 3.9
         return _spawn_subprocess(argv)
     r, w = os.pipe()   # both close on exec: the command has only its 1 and 2 made of w

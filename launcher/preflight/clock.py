@@ -64,9 +64,8 @@ def suspect(samples: list[Sample], max_ms: float) -> bool:
     """Whether even the most favourable reading so far is beyond half the limit: only then
     are more samples worth their sessions. Where every node is asked at once, a sample's
     reading comes late in its round trip (the client's start and the node's session come
-    before it, the way back is short), so a synced clock reads about +uncertainty: 16
-    namespace hosts on one kernel clock read +14 to +40 ms (±21 to ±46), and further rounds,
-    as loose, proved nothing more."""
+    before it, the way back is short), so a synced clock reads about +uncertainty, and further
+    rounds, as loose, prove nothing more (bench/results/preflight-cut-2026-12-06)."""
     s = best(samples) if samples else None
     return s is not None and abs(s.offset_ms) - s.uncertainty_ms > max_ms / 2
 
@@ -77,9 +76,9 @@ def sample(ctx: Ctx, got: dict[int, list[Sample] | str] | None = None,
     samples or why none. got: the samples of earlier rounds, added to.
 
     A node whose sample proves its clock (settled) is not asked again; after the first round
-    neither is one that is not suspect. Each round is a session on every node asked: at 16
-    hosts on 2 cores no clock settled in three rounds, and those rounds slowed the facts probe
-    they ran beside by 0.13 s. The preflight takes the first round beside the facts probe and
+    neither is one that is not suspect. Each round is a session on every node asked: on a
+    busy machine no clock settled in three rounds, and those rounds slowed the facts probe
+    they ran beside (bench/results/preflight-cut-2026-12-06). The preflight takes the first round beside the facts probe and
     any other after it."""
     got = {r: [] for r in ctx.live} if got is None else got
     limit = ctx.pf.max_clock_offset_ms

@@ -1,8 +1,8 @@
 """SSH executor: one `ssh` client per node whose connection also carries the run's short
 scripts (transport/openssh.py); fabric and paramiko read the ssh_config and known_hosts files
 and explain a failed login. They are imported only where needed (an ssh_config that names
-UserKnownHostsFile, a login that failed): importing them takes ~0.13 s of CPU, before the
-first login could begin (bench/results/time-to-training-*)."""
+UserKnownHostsFile, a login that failed): importing them costs CPU before the first login
+could begin (bench/results/time-to-training-*)."""
 from __future__ import annotations
 
 import functools
@@ -177,7 +177,7 @@ class SSHExecutor:
         client.set_missing_host_key_policy(paramiko.RejectPolicy() if strict else paramiko.WarningPolicy())
         # One parsed copy per set of files, read by every client (connect only looks keys up):
         # paramiko's load checks each line against all before it, a class made per check, and
-        # per client at 64 hosts that was 0.3 s of the start-up (bench/results/logpath-*).
+        # per client it grew with the hosts (bench/results/logpath-*).
         files = tuple(self._known_files(ssh_config))
         if files not in self._parsed:
             self._parsed[files] = paramiko.HostKeys()

@@ -24,7 +24,7 @@ logging.getLogger("paramiko").propagate = False
 KEEPALIVE_S = 2        # an SSH keepalive every 2 s of silence ...
 TCP_USER_TIMEOUT_MS = 6000  # ... unacknowledged for 6 s means the link is gone
 # Asked for first: an AEAD cipher spares paramiko an HMAC and its compare in Python on every
-# packet (a third of its CPU per MB of node output, bench/results/logpath-*); a server
+# packet (much of its CPU per MB of node output, bench/results/logpath-*); a server
 # without them settles on the next cipher in paramiko's own order, as before.
 AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 

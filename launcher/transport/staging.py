@@ -23,6 +23,7 @@ from ..plan.launch_plan import LaunchPlan, remote_python
 from ..plan.staging import LAUNCHER, Copy, needed_bytes, rounds, size_text
 from ..spec.hosts import login_addr
 from ..spec.staging import StageItem
+from .openssh import CIPHERS
 
 PROBE_TIMEOUT_S = 600          # hashing a node:PATH source of many GB takes minutes
 COPY_TIMEOUT_S = 24 * 3600     # one copy of one item to one node
@@ -267,7 +268,7 @@ def node_shell(plan: LaunchPlan, login: str) -> str:
     s, port = plan.job.cluster.ssh, login_addr(login).port
     known = os.path.expanduser(s.known_hosts) if s.known_hosts else "~/.ssh/known_hosts"
     argv = render.ssh_client_argv(
-        alive_s=15, alive_count=4, ciphers="aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr",
+        alive_s=15, alive_count=4, ciphers=CIPHERS,
         connect_timeout=max(1, round(s.connect_timeout)), known_hosts=known, strict=s.strict_host_keys,
         config_file=None, key_file=os.path.expanduser(s.key_file) if s.key_file else None,
         user=s.user, port=port or (s.port if "port" in s.model_fields_set else None), proxy=None)

@@ -25,7 +25,7 @@ mkdir -m 1777 -- "$s" 2>/dev/null
 # directory through a link; the tests after it are on the name itself, so the chmod acts on
 # this user's directory, never on a link's target). The shell's own tests, a program only to
 # make a missing one and one chmod for all: every node runs this in each session, and each
-# program costs ~1 ms of CPU.
+# program started costs CPU there.
 for d in /mnt/shared/work/.mlaunch/user /mnt/shared/work/.mlaunch/user/GOLDEN; do
   [ -d "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null
   [ -L "$d" ] && { echo "mlaunch: $d on $(hostname) is a link (to $(readlink -- "$d")), not a directory of $(id -un)'s; remove it, or set cluster.workdir to a directory of yours" >&2; exit 96; }
