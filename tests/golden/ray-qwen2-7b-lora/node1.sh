@@ -13,7 +13,7 @@ export PATH=/opt/venvs/train/bin:"$PATH"
 # directory through a link; the tests after it are on the name itself, so the chmod acts on
 # this user's directory, never on a link's target). The shell's own tests, a program only to
 # make a missing one and one chmod for all: every node runs this in each session, and each
-# program costs ~1 ms of CPU.
+# program started costs CPU there.
 for d in /tmp/mlaunch-user /tmp/mlaunch-user/.mlaunch /tmp/mlaunch-user/.mlaunch/GOLDEN; do
   [ -d "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null
   [ -L "$d" ] && { echo "mlaunch: $d on $(hostname) is a link (to $(readlink -- "$d")), not a directory of $(id -un)'s; remove it, or set cluster.workdir to a directory of yours" >&2; exit 96; }
@@ -35,7 +35,7 @@ job_pids() {
   done
 }
 # The live view'"'"'s sampler (templates/sampler.sh.j2) holds nothing to save, and nvidia-smi in it
-# takes 0.2-1 s to end on a SIGTERM (measured on an H200 host): its session is KILLed first.
+# can take a long while to end on a SIGTERM: its session is KILLed first.
 s=$(cat /tmp/mlaunch-user/.mlaunch/GOLDEN/node1.pid.sampler 2>/dev/null)
 if [ -n "$s" ] && [ -O "/proc/$s" ] && grep -qzxF -e "$match" "/proc/$s/environ" 2>/dev/null; then
   kill -s KILL -- "-$s" 2>/dev/null
