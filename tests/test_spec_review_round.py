@@ -184,3 +184,9 @@ def test_ddp_only_options_under_deepspeed_get_a_note_and_are_kept():
     assert job.passthrough["ddp_bucket_cap_mb"] == 25
     del spec["deepspeed"]
     assert not [n for n in validate(spec)._notes if "DeepSpeed replaces" in n]
+
+
+def test_a_secret_read_from_the_shell_may_itself_look_like_a_reference(monkeypatch):
+    monkeypatch.setenv("MLAUNCH_T_REVIEW", "$ecret1")
+    job = validate(set_path(seed000(), "cluster.env.HF_TOKEN", "${MLAUNCH_T_REVIEW}"))
+    assert job.cluster.env["HF_TOKEN"] == "$ecret1"

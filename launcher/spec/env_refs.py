@@ -63,10 +63,7 @@ def check_env_refs(env: dict[str, str]) -> list[Problem]:
     """Shell forms beyond `$NAME`/`${NAME}` (defaults, commands) are refused with the way out."""
     out = []
     for name, value in env.items():
-        if not isinstance(value, str):
-            continue
-        if SECRET_NAME.search(name):
-            out += _secret_ref(name, value)
+        if not isinstance(value, str) or SECRET_NAME.search(name):
             continue
         bare = value.replace("$$", "")   # `$$(` is a literal `$(`, as the message says
         bad = BAD_BRACE.search(bare) or re.search(r"\$\(", bare)
@@ -77,16 +74,3 @@ def check_env_refs(env: dict[str, str]) -> list[Problem]:
                                f"{name}=...)"))
     return out
 
-
-def _secret_ref(name: str, value: str) -> list[Problem]:
-    """A secret's value that is wholly `$NAME` or `${NAME:-...}` is a reference that would reach
-    the ranks as those characters (a secret is never expanded: a `$` can be part of a token);
-    only the whole-value `${NAME}` is read, from the launcher's shell. The value is not echoed."""
-    m = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)|\$\{([A-Za-z_][A-Za-z0-9_]*)[^A-Za-z0-9_}][^}]*\}", value)
-    if not m:
-        return []
-    ref = m[1] or m[2]
-    return [Problem(f"cluster.env.{name}", f"a reference the ranks would get as those characters "
-                    f"(a secret's value is never expanded on the nodes: a $ can be part of a "
-                    f"token); write {name}: ${{{ref}}} to take it from the shell that runs "
-                    f"mlaunch (export {ref}=... there; no default form)")]

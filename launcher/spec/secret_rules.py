@@ -238,6 +238,28 @@ def _env_for_flag(flag: str) -> str:
     return ENV_FOR.get(key) or ("HF_TOKEN" if key in ("token", "hf_token") else key.upper())
 
 
+def check_secret_refs(job) -> list[Problem]:
+    """cluster.env's secrets written as the shell would ($NAME, ${NAME:-x}), which mlaunch
+    passes on as those characters; a value read from this shell (`${NAME}`) is the secret
+    itself, whatever characters it holds."""
+    return [p for name, value in job.cluster.env.items() if SECRET_NAME.search(name)
+            and name not in job._secret_env and isinstance(value, str) for p in _secret_ref(name, value)]
+
+
+def _secret_ref(name: str, value: str) -> list[Problem]:
+    """A secret's value that is wholly `$NAME` or `${NAME:-...}` is a reference that would reach
+    the ranks as those characters (a secret is never expanded: a `$` can be part of a token);
+    only the whole-value `${NAME}` is read, from the launcher's shell. The value is not echoed."""
+    m = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)|\$\{([A-Za-z_][A-Za-z0-9_]*)[^A-Za-z0-9_}][^}]*\}", value)
+    if not m:
+        return []
+    ref = m[1] or m[2]
+    return [Problem(f"cluster.env.{name}", f"a reference the ranks would get as those characters "
+                    f"(a secret's value is never expanded on the nodes: a $ can be part of a "
+                    f"token); write {name}: ${{{ref}}} to take it from the shell that runs "
+                    f"mlaunch (export {ref}=... there; no default form)")]
+
+
 def check_batch_secrets(job) -> list[Problem]:
     """A secret in a field that lands in the Slurm batch script (Slurm stores the script,
     `scontrol write batch_script` shows it): refused, with cluster.env as the way out."""
