@@ -92,6 +92,13 @@ def test_podman_line_host_namespaces_mounts_env_by_name_and_a_name_per_node():
     assert SECRET not in n0.display
 
 
+def test_a_mount_given_as_its_source_alone_is_bound_at_its_own_path():
+    # `-v /data` alone is an empty anonymous volume for podman and docker, not the node's /data.
+    line = plan(spec(mounts=["/data/models", "/scratch:/scratch:ro"])).nodes[0].container
+    assert "-v /data/models:/data/models " in line and "-v /scratch:/scratch:ro " in line
+    assert "-v /data/models " not in line
+
+
 def test_run_dir_outside_the_mounted_dirs_is_mounted_too():
     data = spec(gpus=False)
     del data["cluster"]["workdir"]

@@ -35,7 +35,9 @@ def command(job) -> list[str]:
 
 def mounts(job, run_dir: str) -> list[str]:
     """SRC:DST[:OPT] bind mounts: the workdir, shared_dir, output_dir and the run dir at their
-    own paths (each only when no other covers it), then the user's."""
+    own paths (each only when no other covers it), then the user's. A user's SRC alone is
+    bound at its own path, SRC:SRC: podman and docker read `-v /path` as an anonymous volume
+    at /path, empty, not the node's directory."""
     c = job.cluster
     own = [p for p in (c.workdir, c.shared_dir, _abs(job.output_dir), run_dir) if p]
     own = sorted(dict.fromkeys(posixpath.normpath(p) for p in own))
@@ -43,7 +45,7 @@ def mounts(job, run_dir: str) -> list[str]:
     for p in own:
         if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
             kept.append(p)
-    return [f"{p}:{p}" for p in kept] + list(c.container.mounts)
+    return [f"{p}:{p}" for p in kept] + [m if ":" in m else f"{m}:{m}" for m in c.container.mounts]
 
 
 def _abs(path: str | None) -> str | None:
