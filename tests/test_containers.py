@@ -183,9 +183,11 @@ def test_pyxis_options_go_on_the_batch_scripts_srun_and_the_node_script_runs_tor
 
 
 def test_examples_with_containers_load():
-    for name in ("qwen2-7b-lora-pyxis.yaml", "qwen2-7b-lora-apptainer.yaml"):
-        job = load_spec(os.path.join(CONFIGS, "slurm", name))
-        assert job.cluster.container is not None
+    for name, runtime, image in (("qwen2-7b-lora-pyxis.yaml", "pyxis", "trainer-2026.11.sqsh"),
+                                 ("qwen2-7b-lora-apptainer.yaml", "apptainer", "trainer-2026.11.sif")):
+        k = load_spec(os.path.join(CONFIGS, "slurm", name)).cluster.container
+        assert (k.runtime, k.image, list(k.mounts)) == (
+            runtime, f"/mnt/shared/images/{image}", ["/mnt/shared/models:/models:ro"])
 
 
 def test_stop_removes_every_recorded_attempts_containers_on_each_host():

@@ -156,8 +156,11 @@ def test_two_detached_runs_on_the_same_hosts(make_hostset, tmp_path, runs):
 @pytest.mark.multihost
 def test_attach_then_ctrl_c_leaves_the_run_running(make_hostset, tmp_path, runs):
     with make_hostset(2) as hs:
-        run_id = runs.detach(tmp_path, sleepers(hs, str(tmp_path / "out")))
-        runs.wait_console(run_id, r"ready rank \d", count=4)
+        # Ranks that print a tick every 0.2 s for 10 minutes: the run keeping on is its new ticks.
+        spec = script_job([h.ip for h in hs.hosts], 2, "ticker.py", ["3000", "0.2", "0"],
+                          str(tmp_path / "out"), hs=hs)
+        run_id = runs.detach(tmp_path, spec)
+        runs.wait_console(run_id, r"tick rank \d", count=4)
         att = runs.popen("attach", run_id)
         first = att.stdout.readline()
         assert "[node" in first or "[mlaunch]" in first, first
@@ -166,7 +169,11 @@ def test_attach_then_ctrl_c_leaves_the_run_running(make_hostset, tmp_path, runs)
         assert att.returncode == 0, err
         assert "Ctrl-C detaches, the run keeps running" in err
         assert f"detached from run {run_id}; it keeps running" in err
-        time.sleep(1)
+        # Every rank writes on after the detach: each one's tick 20 beyond its count then.
+        seen = runs.wait_console(run_id, r"tick rank \d", count=1)
+        for rank in range(4):
+            last = max(int(i) for i in re.findall(rf"tick rank {rank} node \S+ i (\d+)", seen))
+            runs.wait_console(run_id, rf"tick rank {rank} node \S+ i {last + 20} ")
         assert runs.run(run_id)["state"] == "running"
         assert len(local_pids(run_id)) >= 4
         assert runs.cli("stop", run_id).returncode == 0

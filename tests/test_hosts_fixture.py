@@ -172,15 +172,12 @@ def test_stop_sshd_refuses_fast_and_start_sshd_restores(hosts2):
     old = h.sshd_pid
     h.stop_sshd()
     assert h.sshd_pid is None and pid_gone(old)
-    t0 = time.monotonic()
     r = ssh(hosts2, h, "hostname", connect_timeout=20)
-    elapsed = time.monotonic() - t0
-    # Refused outright (RST), not a timeout: generous bound for a busy box. Under
-    # load a connection can still reach a socket the stopped sshd's last child was
-    # closing, and is reset rather than refused: an RST all the same.
+    # Refused outright (RST), not a timeout: ssh says which. Under load a connection can still
+    # reach a socket the stopped sshd's last child was closing, and is reset rather than
+    # refused: an RST all the same.
     refused = "Connection refused" in r.stderr or "reset by peer" in r.stderr
-    assert r.returncode == 255 and refused, (r, elapsed)
-    assert elapsed < 10, elapsed
+    assert r.returncode == 255 and refused, r
     h.start_sshd()
     assert h.sshd_pid not in (None, old) and h.sshd_pid in h.pids()
     r = ssh(hosts2, h, "hostname")
@@ -228,7 +225,7 @@ def test_teardown_is_complete(make_hostset):
         snap = snapshot(hs)
         assert bg.pid in snap["pids"] and len(snap["pids"]) >= 4
         assert os.path.exists(os.path.join("/etc/netns", hs[0].ns, "hosts"))
-    assert bg.wait(5) is not None
+    assert bg.wait(limit(5)) in (-signal.SIGTERM, -signal.SIGKILL)   # ended by the teardown
     assert_all_gone(snap)
     assert r.wait(10) != 0  # its session was killed under it
 
@@ -240,7 +237,7 @@ def test_teardown_on_exception(make_hostset):
             time.sleep(0.05)
             snap = snapshot(hs)
             1 / 0
-    assert p.wait(5) is not None
+    assert p.wait(limit(5)) in (-signal.SIGTERM, -signal.SIGKILL)   # ended by the teardown
     assert_all_gone(snap)
 
 

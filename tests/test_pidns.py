@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -121,7 +122,7 @@ def test_a_host_sees_and_kills_only_its_own_processes(hosts2):
         # pkill -f in host a kills both, and they disappear from a.pids().
         r = ssh(hosts2, a, pkill)
         assert r.stdout.strip().endswith("rc=0"), r
-        assert direct.wait(limit(5)) is not None
+        assert direct.wait(limit(5)) == -signal.SIGTERM   # pkill's signal, the command itself
         wait_for(lambda: not marked_root(), "a's marked processes gone")
     finally:
         direct.kill()

@@ -170,9 +170,7 @@ def test_port_blocked_from_one_worker(make_hostset, tmp_path):
                  f"  ip daddr {master} tcp dport {port} drop\n }}\n}}\n")
         r = hs.hosts[1].run(["nft", "-f", "-"], input=rules)
         assert r.returncode == 0, r.stderr
-        t0 = time.monotonic()
         report = check(spec, fast_only=False)
-        wall = time.monotonic() - t0
         assert_only(report, {("network/port-reachable", 1), ("collective", None)})
         reach = only(report, "network/port-reachable", 1)
         assert reach.detail == f"cannot connect to {master}:{port} from {hs.hosts[1].ip}: timed out"
@@ -181,7 +179,6 @@ def test_port_blocked_from_one_worker(make_hostset, tmp_path):
         assert col.detail.startswith(f"timed out after 10s in torchrun's rendezvous at {master}:{port}")
         assert "likely a blocked port or NIC" in col.detail
         assert col.fix.startswith(f"open TCP {port} on {master} to every worker")
-        assert wall < 10 + 25, wall   # the hard timeout, teardown and the fast checks
 
 
 def fake_llamafactory(tmp_path) -> str:

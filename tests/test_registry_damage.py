@@ -141,8 +141,11 @@ def test_a_damaged_or_truncated_registry_is_one_line_and_starts_nothing(tmp_path
     db = _registry_with_a_run(runs)
     damage, fix = CASES[case]
     damage(db)
+    with open(db, "rb") as fh:
+        before = fh.read()
     _assert_refused(runs, tmp_path, f"run registry {db}: " + fix.format(db=db))
-    assert os.path.getsize(db) == (0 if case == "truncated" else os.path.getsize(db))
+    with open(db, "rb") as fh:
+        assert fh.read() == before   # refused without writing a byte: the damage is left to look at
 
 
 def test_an_immutable_registry_directory_is_one_line_and_starts_nothing(tmp_path, runs):

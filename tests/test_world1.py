@@ -189,9 +189,10 @@ def test_stack_dump_finds_the_in_process_rank(tmp_path):
     run_id = "w1stack-" + secrets.token_hex(3)
     env = {**os.environ, "MLAUNCH_RUN_ID": run_id, "MLAUNCH_IN_PROCESS": "1", "MLAUNCH_NODE_RANK": "0"}
     env.pop("RANK", None)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
+                            env=env, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
+        assert proc.stdout.readline() == "up\n"   # in its sleep: py-spy finds it there
         pyspy = shutil.which("py-spy") or "py-spy"
         code, out = LocalExecutor().run("localhost", render.stack_dump_script(
             f"MLAUNCH_RUN_ID={run_id}", pyspy, native=False), 60)
