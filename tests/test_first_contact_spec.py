@@ -76,7 +76,8 @@ def test_slurm_gpu_requests_must_match_gpus_per_node(extra, expected):
 
 def test_slurm_gpu_requests_that_match_pass():
     for extra in ({"gres": "gpu:4"}, {"gpus": 16}, {"gpus-per-node": "a100:4"}, {"mem": 0}):
-        validate(slurm_with(extra))
+        job = validate(slurm_with(extra))
+        assert {k: str(v) for k, v in job.cluster.slurm.extra_sbatch.items()} == {k: str(v) for k, v in extra.items()}
 
 
 def test_uneven_world_arithmetic_reads_as_one_product():

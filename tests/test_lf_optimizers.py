@@ -309,7 +309,8 @@ def test_user_file_offload_refused_unless_it_frees_the_optimizer(tmp_path):
 ])
 def test_supported_optimizers_validate(changes):
     from launcher.spec import validate
-    validate(_spec(**changes))
+    job = validate(_spec(**changes))
+    assert {k: job.passthrough[k] for k in changes["passthrough"]} == changes["passthrough"]
 
 
 def test_badam_accepts_zero3_from_a_user_file(tmp_path):

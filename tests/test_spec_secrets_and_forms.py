@@ -60,7 +60,7 @@ def test_secret_passthrough_refused_swift():
 
 @pytest.mark.parametrize("key", ["max_new_tokens", "ignore_pad_token_for_loss", "add_special_tokens"])
 def test_token_counting_passthrough_keys_still_validate(key):
-    validate(mutate("passthrough", {key: 1}))
+    assert validate(mutate("passthrough", {key: 1})).passthrough[key] == 1
 
 
 def test_secret_passthrough_never_reaches_dry_run_or_render(tmp_path):
