@@ -255,6 +255,11 @@ def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: boo
                   agent_logs=agent_logs or [])
 
 
+def secrets_env(env: list[tuple[str, str]]) -> str:
+    """The shell file that exports the secrets of cluster.env (NAME, value pairs)."""
+    return render("secrets_env.sh.j2", env=env)
+
+
 def stack_dump_script(match: str, pyspy: str, native: bool = True, timeout: float = 20) -> str:
     """Shell text that prints a py-spy dump of every rank process whose environment holds
     `match` (NAME=value), each behind a header line (launcher/watch/stacks.py reads it)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shlex
 from dataclasses import dataclass
 
 from ... import render
@@ -106,5 +105,4 @@ def _secrets(plan: LaunchPlan) -> RenderedFile | None:
     env = [(k, v) for k, v in plan.job.cluster.env.items() if secret_env(plan.job, k, v)]
     if not env:
         return None
-    text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env)
-    return RenderedFile(posixpath.join(plan.run_dir, SECRETS_FILE), text)
+    return RenderedFile(posixpath.join(plan.run_dir, SECRETS_FILE), render.secrets_env(env))
