@@ -105,7 +105,7 @@ def test_render_writes_files_and_scripts(tmp_path):
     r = mlaunch("render", SEED000, "--out", str(tmp_path / "out"), "--run-id", "R2")
     assert r.returncode == 0, r.stderr
     names = sorted(os.listdir(tmp_path / "out"))
-    assert names == ["ds_config.json", "ds_config.json.sources.txt", "llamafactory.yaml",
+    assert names == [".mlaunch-render", "ds_config.json", "ds_config.json.sources.txt", "llamafactory.yaml",
                      "llamafactory_entry.py", "node0.sh", "node1.sh", "node2.sh", "node3.sh"]
     for name in names:
         assert SECRET not in (tmp_path / "out" / name).read_text()

@@ -257,16 +257,16 @@ def test_health_check_at_min_nodes_says_min_nodes_and_no_min_nodes_stays_generic
 
 
 def test_a_refused_submit_says_why_and_is_no_run(tmp_path):
-    """A submit refused after it opened the run's record (here: --resume of a trainer that writes
-    no checkpoints): the terminal says why; the registry keeps no run (issue 56), so `ps`
-    never lists it and neither its id nor its job name finds it."""
+    """A submit refused after it opened the run's record (here: a host no name service knows,
+    found when it connects): the terminal says why; the registry keeps no run (issue 56), so
+    `ps` never lists it and neither its id nor its job name finds it."""
     spec = write_spec(tmp_path, {"name": "t-refused", "trainer": "script", "script": {"path": "/abs/x.py"},
-                                 "cluster": {"hosts": ["localhost"], "gpus_per_node": 1},
+                                 "cluster": {"hosts": ["nohost.invalid"], "gpus_per_node": 1},
                                  "output_dir": str(tmp_path / "out")})
-    r = mlaunch("submit", spec, "--resume", "--no-preflight", "--run-id", "end-refused")
+    r = mlaunch("submit", spec, "--no-preflight", "--run-id", "end-refused")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    why = "--resume needs a trainer that writes checkpoints; trainer script does not"
-    assert f"mlaunch: {why}" in r.stderr.splitlines(), r.stderr
+    assert "mlaunch: cannot reach every host; nothing was started anywhere:" in r.stderr.splitlines(), r.stderr
+    assert "host nohost.invalid: ssh: Could not resolve hostname" in r.stderr
     for ref in ("end-refused", "t-refused"):
         ps = mlaunch("ps", ref)
         assert ps.returncode == 2 and "no run with this id prefix or job name" in ps.stderr, ps.stderr

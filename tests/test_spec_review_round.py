@@ -190,3 +190,66 @@ def test_a_secret_read_from_the_shell_may_itself_look_like_a_reference(monkeypat
     monkeypatch.setenv("MLAUNCH_T_REVIEW", "$ecret1")
     job = validate(set_path(seed000(), "cluster.env.HF_TOKEN", "${MLAUNCH_T_REVIEW}"))
     assert job.cluster.env["HF_TOKEN"] == "$ecret1"
+
+
+# --- runs: what a runtime-error review found -----------------------------------------------
+
+def script_job_spec(tmp_path) -> dict:
+    return {"name": "t-review", "trainer": "script", "script": {"path": "/abs/x.py"},
+            "cluster": {"hosts": ["localhost"], "gpus_per_node": 1}, "output_dir": str(tmp_path / "out")}
+
+
+@pytest.mark.parametrize("argv", [["submit", "--dry-run", "--resume"], ["resume", "--dry-run"]])
+def test_resume_of_a_trainer_without_checkpoints_is_refused_by_the_dry_run_too(tmp_path, argv):
+    path = write_spec(tmp_path, script_job_spec(tmp_path))
+    r = mlaunch(argv[0], path, *argv[1:], env={"MLAUNCH_HOME": str(tmp_path / "home")})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.stderr.strip() == "mlaunch: --resume needs a trainer that writes checkpoints; trainer script does not"
+
+
+def test_a_dry_run_refuses_a_run_id_the_registry_holds_and_writes_no_registry(tmp_path):
+    home = str(tmp_path / "home")
+    path = write_spec(tmp_path, script_job_spec(tmp_path))
+    r = mlaunch("submit", "--dry-run", path, "--run-id", "rv-held", env={"MLAUNCH_HOME": home})
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(os.path.join(home, "runs.db"))   # a dry run creates no registry
+    from launcher.record.registry import Registry
+    reg = Registry(os.path.join(home, "runs.db"))
+    reg.create("rv-held", name="t-review", backend="local", hosts=["localhost"], spec={},
+               detached=False, supervisor=(os.getpid(), None), log_dir=None, output_dir=None)
+    reg.close()
+    r = mlaunch("submit", "--dry-run", path, "--run-id", "rv-held", env={"MLAUNCH_HOME": home})
+    assert r.returncode == 2 and r.stderr.startswith("mlaunch: --run-id 'rv-held': taken by an earlier run (job t-review,"), r.stderr
+
+
+def test_report_of_an_empty_run_or_a_nan_window_is_one_line(tmp_path):
+    env = {"MLAUNCH_HOME": str(tmp_path / "home")}
+    r = mlaunch("report", "", env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "RUN '': empty" in r.stderr, r.stderr
+    r = mlaunch("report", "x", "--window", "nan", env=env)
+    assert r.returncode == 2 and "'nan' is not a finite number of seconds" in r.stderr, r.stderr
+
+
+def test_render_into_a_directory_of_the_user_s_keeps_their_files(tmp_path):
+    path = write_spec(tmp_path, script_job_spec(tmp_path))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "node0.sh").write_text("my own notes\n")
+    r = mlaunch("render", path, "--out", str(mine), env={"MLAUNCH_HOME": str(tmp_path / "home")})
+    assert r.returncode == 2 and "holds node0.sh, which render did not write" in r.stderr, r.stderr
+    assert (mine / "node0.sh").read_text() == "my own notes\n"
+    fresh = tmp_path / "fresh"
+    for _ in range(2):   # its own directory: rendered again in place
+        r = mlaunch("render", path, "--out", str(fresh), env={"MLAUNCH_HOME": str(tmp_path / "home")})
+        assert r.returncode == 0 and (fresh / "node0.sh").read_text().startswith("#"), r.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--", ""], "exec: no CMD; put the command after --"),
+    (["--", "   "], "exec: no CMD; put the command after --"),
+    (["hostname"], "exec: 'hostname' is not KEY=VALUE; put the command after --, e.g. mlaunch exec job.yaml -- hostname"),
+])
+def test_exec_without_a_command_after_the_dashes_runs_nothing(tmp_path, args, says):
+    path = write_spec(tmp_path, script_job_spec(tmp_path))
+    r = mlaunch("exec", path, *args, env={"MLAUNCH_HOME": str(tmp_path / "home")})
+    assert r.returncode == 2 and r.stderr.startswith(f"mlaunch: {says}"), r.stderr

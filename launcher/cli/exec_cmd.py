@@ -36,7 +36,12 @@ def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
     from ..spec import load_spec
     from ..spec.overrides import parse
     argv = ctx.meta.get("mlaunch_cmd") or []
-    if not argv:
+    if not any(a.strip() for a in argv):
+        from ..spec.overrides import is_override
+        words = [o for o in overrides if not is_override(o)]
+        if words:   # `mlaunch exec job.yaml hostname`: the command before --, taken for overrides
+            raise UserError(f"exec: {words[0]!r} is not KEY=VALUE; put the command after --, e.g. "
+                            f"mlaunch exec job.yaml -- {' '.join(words)}")
         raise UserError("exec: no CMD; put the command after --, e.g. mlaunch exec job.yaml -- nvidia-smi")
     check_path(job)
     spec = load_spec(job, parse(overrides))

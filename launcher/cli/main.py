@@ -136,6 +136,11 @@ def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, ov
         sys.exit(launch(spec, opts, detach=detach))
     from .dryrun import dry_run as show
     decision = check_offline(spec, opts)   # a dry run refuses what submit would refuse
+    if run_id:
+        from ..record.recorder import taken
+        from ..record.registry import holder
+        if (other := holder(run_id)) is not None:
+            raise UserError(taken(run_id, other))
     show(spec, opts, decision, full=full, as_json=as_json)
 
 

@@ -1,11 +1,25 @@
 """`mlaunch report RUN [RUN_B] [--out DIR]`: registered into the CLI group by launcher/cli/main.py."""
 from __future__ import annotations
 
+import math
 import os
 
 import click
 
 from ..errors import UserError
+
+
+class _Window(click.FloatRange):
+    """--window: seconds, 1 or more and finite (FloatRange lets nan and inf through)."""
+
+    def convert(self, value, param, ctx):
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds; give e.g. 10", param, ctx)
+        return seconds
+
+
+_WINDOW = _Window(min=1)
 
 
 @click.command("report")
@@ -17,7 +31,7 @@ from ..errors import UserError
 @click.option("--runs-under", "--output-dir", "output_dir", metavar="OUTPUT_DIR",
               help="Look a RUN given as a run id up under OUTPUT_DIR/logs/ (a job's output_dir) "
                    "instead of the registry; the report still goes to --report-dir.")
-@click.option("--window", "window_s", type=click.FloatRange(min=1), default=10.0, show_default=True,
+@click.option("--window", "window_s", type=_WINDOW, default=10.0, show_default=True,
               help="Seconds per samples/s window (the step records carry whole seconds).")
 def report(run: str, run_b: str | None, out: str | None, output_dir: str | None, window_s: float) -> None:
     """Plot and summarise RUN; with RUN_B, overlay the two.
@@ -26,7 +40,7 @@ def report(run: str, run_b: str | None, out: str | None, output_dir: str | None,
     or job name, as `mlaunch ps --all` lists them)."""
     from ..view.report import require_matplotlib, write_report
     from ..record.runlog import read_run
-    paths = [_paths(r, output_dir) for r in (run, run_b) if r]   # the runs first: a typo says so
+    paths = [_paths(r, output_dir) for r in (run, run_b) if r is not None]   # the runs first: a typo says so
     require_matplotlib()
     read = [read_run(p) for p in paths]
     text, png = write_report(read, out or _default_dir(read), window_s)
@@ -46,16 +60,20 @@ def _paths(ref: str, output_dir: str | None):
     """RUN's files: a log dir or output_dir as given (runlog.resolve_run), else a run of the
     registry (id prefix or job name, as `mlaunch ps` takes it) by the paths it recorded."""
     from ..record.runlog import resolve_run
+    if not ref.strip():
+        raise UserError("RUN '': empty; give a run id, a unique prefix of one or a job name (see "
+                        "`mlaunch ps --all`), a log dir or an output_dir")
+    shown = ref if len(ref) <= 60 else ref[:57] + "..."
     if os.path.exists(ref) or output_dir:
         return resolve_run(ref, output_dir)
     from ..record.registry import Registry
     found = Registry().resolve(ref)
     if found is None:
-        raise UserError(f"RUN {ref!r}: not a directory here and no registered run with this id "
+        raise UserError(f"RUN {shown!r}: not a directory here and no registered run with this id "
                         "prefix or job name (see `mlaunch ps --all`); give a log dir, an "
                         "output_dir, or --runs-under OUTPUT_DIR")
     if isinstance(found, list):
-        raise UserError(f"RUN {ref!r}: matches several runs ({', '.join(found[:10])}); give more of the id")
+        raise UserError(f"RUN {shown!r}: matches several runs ({', '.join(found[:10])}); give more of the id")
     return registered_paths(found)
 
 

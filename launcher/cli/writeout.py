@@ -28,10 +28,25 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
         paths = [os.path.join(out, name) for name in texts]
         for path in paths:
             fsmode.check_writable(path)
+        _refuse_others(out, paths)
+        fsmode.write_private(os.path.join(out, MARK), "files written by `mlaunch render`\n")
         return [fsmode.write_private(path, text) for path, text in zip(paths, texts.values())]
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {e.filename or out}: {e.strerror}; "
                         "give a directory you can write") from None
+
+
+MARK = ".mlaunch-render"   # in a directory render wrote: rendering into it again replaces its files
+
+
+def _refuse_others(out: str, paths: list[str]) -> None:
+    """A file render would replace in a directory it did not write: refused (it is the user's)."""
+    there = [p for p in paths if os.path.lexists(p)]
+    if there and not os.path.exists(os.path.join(out, MARK)):
+        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
+        raise UserError(f"--out {out}: holds {os.path.basename(there[0])}{more}, which render did "
+                        "not write; give a new or empty directory (render replaces only its own "
+                        "files)")
 
 
 def _rendered(plan: LaunchPlan) -> dict[str, str]:
@@ -66,7 +81,8 @@ def render_start(job, resume: str | None, overwrite: bool) -> tuple[str | None, 
     if resume == "auto":   # submit starts fresh, and must not let the trainer pick a half one
         return None, found.found_any
     raise UserError(f"no complete checkpoint in {job.output_dir} to resume from; start fresh "
-                    "with --resume=auto or --overwrite")
+                    "with `mlaunch render JOB --resume=auto` (fresh when none is found) or "
+                    "`--overwrite`")
 
 
 def _check_here(job, path: str) -> None:

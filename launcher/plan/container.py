@@ -101,43 +101,31 @@ def probe_line(job, *, name: str, env_names: list[str], devices: list[int] | Non
         args=list(k.args), gpus=k.gpus)
 
 
-def probe_checks(job) -> list[tuple[str, dict]]:
-    """(shell test, problem) pairs a node's preflight runs before the probe in the image, in
-    order: the runtime is installed, runs for this user, and the image is here or pulled as
-    cluster.container.pull allows. Each problem: {"container": [what is wrong, the fix]}."""
-    import shlex
+def probe_problems(job) -> dict[str, str]:
+    """What each check a node's preflight runs before the probe in the image reports when it
+    fails, by check (templates/preflight/pyprobe.sh.j2 holds the checks, in order: the runtime
+    is installed, runs for this user, and the image is here or pulled as cluster.container.pull
+    allows), each as JSON {"container": [what is wrong, the fix]}."""
+    import json
     k = job.cluster.container
     cmd = command(job)
-    line, image = " ".join(shlex.quote(w) for w in cmd), shlex.quote(k.image)
     shown = " ".join(cmd)
-    checks = [
-        (f"command -v {shlex.quote(cmd[0])}",
-         [f"cluster.container: {cmd[0]} is not installed on this node (runtime {k.runtime})",
-          f"install {k.runtime} there, or set cluster.container.command to its path"]),
-        (f"{line} info",
-         [f"cluster.container: `{shown} info` fails for this user on this node",
-          f"run `{shown} info` there and fix what it says (rootless podman: /etc/subuid; "
-          "docker: the docker group)"]),
-    ]
-    present = f"{line} image inspect {image}"
-    if k.pull == "never":
-        checks.append((present, [f"cluster.container.image: {k.image} is not on this node and "
-                                 "pull is never", f"`{shown} pull {k.image}` (or load it) on the "
-                                 "node, or set cluster.container.pull: missing"]))
-    else:
-        checks.append((f"{present} || {line} pull {image}",
-                       [f"cluster.container.image: {k.image} is not on this node and "
-                        f"`{shown} pull` failed", "check the image's name and the node's login to "
-                        "its registry"]))
-    import json
-    return [(t, json.dumps({"container": p})) for t, p in checks]
+    problems = {
+        "installed": [f"cluster.container: {cmd[0]} is not installed on this node (runtime {k.runtime})",
+                      f"install {k.runtime} there, or set cluster.container.command to its path"],
+        "info": [f"cluster.container: `{shown} info` fails for this user on this node",
+                 f"run `{shown} info` there and fix what it says (rootless podman: /etc/subuid; "
+                 "docker: the docker group)"],
+        "image": ([f"cluster.container.image: {k.image} is not on this node and pull is never",
+                   f"`{shown} pull {k.image}` (or load it) on the node, or set "
+                   "cluster.container.pull: missing"] if k.pull == "never" else
+                  [f"cluster.container.image: {k.image} is not on this node and `{shown} pull` "
+                   "failed", "check the image's name and the node's login to its registry"]),
+    }
+    return {name: json.dumps({"container": p}) for name, p in problems.items()}
 
 
 def software_facts() -> tuple[str, ...]:
     """The preflight facts that come from inside the image (launcher/nodeprog/facts.py keys)."""
     return ("python", "torch", "trainer", "torchrun", "ext_locks", "gpu")   # py-spy: the host's
 
-
-PROBE_INNER = ('py=$1; p=$2; missing=0; if ! command -v "$py" >/dev/null 2>&1; then missing=1; '
-               'py=$(command -v python3 || command -v python) || { echo "$3"; exit 0; }; fi; '
-               'exec "$py" - "$p" "$missing"')

@@ -145,18 +145,18 @@ def py_script(ctx: Ctx, rank: int, program: str, params: dict, in_image: bool = 
     Under cluster.container the job's interpreter is in the image: in_image runs the program
     there (after the runtime and image checks), else on the host's python3."""
     node, job = ctx.nodes[rank], ctx.job
-    box = {}
+    box: dict = {"container": None}
     if in_image:
         box = dict(container=containers.probe_line(
             job, name=f"mlaunch-preflight-{ctx.nonce}-n{rank}", env_names=[k for k, _ in node.env],
-            devices=node_devices(job.cluster, rank)), checks=containers.probe_checks(job),
-            inner=containers.PROBE_INNER)
+            devices=node_devices(job.cluster, rank)), problems=containers.probe_problems(job),
+            runtime=containers.command(job), image=job.cluster.container.image,
+            pull=job.cluster.container.pull)
     return render.render("preflight/pyprobe.sh.j2", env=list(node.env), bindir=remote_bin(job),
                          python=ctx.python if in_image or job.cluster.container is None else node_python(job),
                          program=program, source=nodeprog.source(program),
                          params=json.dumps({**params, "marker": MARKER.strip()}), marker=MARKER.strip(),
-                         container=box.get("container"), checks=box.get("checks", []),
-                         inner=box.get("inner"))
+                         **box)
 
 
 def facts_params(ctx: Ctx, rank: int) -> dict:

@@ -75,6 +75,32 @@ def locate(path: str, what: str) -> str:
     raise LookupError(f"{what} {path} does not exist (deleted or moved?)")
 
 
+def holder(run_id: str):
+    """The run this registry holds under run_id (its name and state), read without writing
+    anything (a dry run creates no registry); None where there is none or it cannot be read
+    (then the submit itself refuses in its own words)."""
+    path = os.path.join(home(), "runs.db")
+    if not os.path.isfile(path):
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)
+        try:
+            row = db.execute("SELECT name, state FROM runs WHERE id=?", (run_id,)).fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return Held(*row) if row else None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A registered run, as much of it as a refusal names."""
+
+    name: str
+    state: str
+
+
 def console_path(run_id: str) -> str:
     """The run's console log: on this machine, never in output_dir (a refused submit must
     leave output_dir as it was)."""

@@ -164,6 +164,9 @@ def check_offline(job: JobBase, opts: SubmitOptions, unasked: str | None = None,
 
 def _check_resumable(job: JobBase, opts: SubmitOptions) -> None:
     """--resume / --max-restarts N on a job whose checkpoints cannot be resumed: refused."""
+    if opts.resume and not TRAINERS[job.trainer].resumable:
+        raise UserError(f"--resume needs a trainer that writes checkpoints; trainer {job.trainer} "
+                        "does not")
     why = getattr(TRAINERS[job.trainer], "not_resumable", lambda j: None)(job)
     asked = "--resume" if opts.resume else (
         f"--max-restarts {opts.max_restarts}" if opts.max_restarts else None)

@@ -41,8 +41,9 @@ def starting_point(job: JobBase, master: "Master", opts, printer: Printer,
         if opts.resume == "auto":
             printer.say(f"no complete checkpoint in {job.output_dir}: starting fresh (--resume=auto)")
             return None, found.stamps
-        raise UserError(f"no complete checkpoint in {job.output_dir} to resume from; "
-                        "start fresh with --resume=auto or --overwrite")
+        raise UserError(f"no complete checkpoint in {job.output_dir} to resume from; start fresh "
+                        "with `mlaunch submit JOB --resume=auto` (fresh when none is found) or "
+                        "`mlaunch submit JOB --overwrite`")
     if found.found_any and not opts.overwrite:
         latest = f" (latest complete: {found.latest})" if found.latest else ""
         raise UserError(f"{job.output_dir} already holds checkpoints{latest}; continue with "
