@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .helpers import CONFIGS, ROOT, free_port, load_yaml, mlaunch, write_spec
+from .helpers import CONFIGS, ROOT, SEED000, free_port, load_yaml, mlaunch, write_spec
 
 TICKER = os.path.join(ROOT, "tests", "scripts", "ticker.py")
 QUICKSTART = os.path.join(CONFIGS, "quickstart.yaml")
@@ -185,7 +185,9 @@ def test_resume_offers_neither_resume_nor_overwrite(cli):
     r = cli("resume", spec, "--overwrite")
     assert r.returncode == 2 and "No such option '--overwrite'" in r.stderr
     assert "contradict" not in r.stderr
-    r = cli("resume", spec, "--dry-run")
+    r = cli("resume", spec, "--dry-run")   # a script writes no checkpoint to resume from
+    assert r.returncode == 2 and "--resume needs a trainer that writes checkpoints" in r.stderr
+    r = cli("resume", SEED000, "--dry-run")
     assert r.returncode == 0, r.stderr
     assert r.stdout.endswith("resume: from the latest complete checkpoint found at launch "
                              "(dry run looks nowhere)\n")
@@ -193,8 +195,8 @@ def test_resume_offers_neither_resume_nor_overwrite(cli):
 
 def test_resume_flag_before_the_job_file(cli):
     spec = write_spec(cli.sub, _job())
-    want = cli("submit", spec, "--resume", "--dry-run", "--run-id", "R1")
-    r = cli("submit", "--resume", spec, "--dry-run", "--run-id", "R1")   # parsed as meant
+    want = cli("submit", SEED000, "--resume", "--dry-run", "--run-id", "R1")
+    r = cli("submit", "--resume", SEED000, "--dry-run", "--run-id", "R1")   # parsed as meant
     assert (r.returncode, r.stdout, r.stderr) == (0, want.stdout, "")
     assert "resume: from the latest complete checkpoint" in r.stdout
     # Not a dry run: the same refusal as `submit job.yaml --resume` (nothing to resume from).
