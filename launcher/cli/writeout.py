@@ -26,10 +26,11 @@ def write_rendered(plan: LaunchPlan, out: str) -> list[str]:
         else:
             fsmode.private_dir(out)
         paths = [os.path.join(out, name) for name in texts]
-        for path in paths:
+        mark = os.path.join(out, MARK)
+        for path in (mark, *paths):   # every name refused or cleared before the first write
             fsmode.check_writable(path)
         _refuse_others(out, paths)
-        fsmode.write_private(os.path.join(out, MARK), "files written by `mlaunch render`\n")
+        fsmode.write_private(mark, "files written by `mlaunch render`\n")
         return [fsmode.write_private(path, text) for path, text in zip(paths, texts.values())]
     except OSError as e:
         raise UserError(f"--out {out}: cannot write {e.filename or out}: {e.strerror}; "
@@ -42,7 +43,7 @@ MARK = ".mlaunch-render"   # in a directory render wrote: rendering into it agai
 def _refuse_others(out: str, paths: list[str]) -> None:
     """A file render would replace in a directory it did not write: refused (it is the user's)."""
     there = [p for p in paths if os.path.lexists(p)]
-    if there and not os.path.exists(os.path.join(out, MARK)):
+    if there and not os.path.lexists(os.path.join(out, MARK)):
         more = f" and {len(there) - 1} more" if len(there) > 1 else ""
         raise UserError(f"--out {out}: holds {os.path.basename(there[0])}{more}, which render did "
                         "not write; give a new or empty directory (render replaces only its own "

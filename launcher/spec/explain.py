@@ -24,6 +24,8 @@ SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.I)
 # ModelScope-style ms-): masked in an error wherever they were put, whatever the field's name.
 TOKEN_SHAPE = re.compile(r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
                          r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|ms-[A-Za-z0-9-]{20,})")
+# The trainers as their users name them, in the lines about their own argument names.
+TRAINER_WORD = {"llamafactory": "LLaMA-Factory", "swift": "ms-swift"}
 # A value shown in an error stays one readable line, however large (YAML aliases can nest).
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 160, 160
@@ -193,7 +195,7 @@ def _trainer_name(loc: list, trainer: Any) -> str:
     if trainer not in ("llamafactory", "swift"):
         return ""
     owned = LLAMAFACTORY_OWNED if trainer == "llamafactory" else SWIFT_OWNED
-    name = "LLaMA-Factory" if trainer == "llamafactory" else "ms-swift"
+    name = TRAINER_WORD[trainer]
     close = difflib.get_close_matches(str(loc[-1]), list(owned), n=1, cutoff=0.85)
     owner = owned[close[0]] if close else ""
     said = f"{name}'s {close[0]}" if close and close[0] == loc[-1] else f"{close[0]!r} ({name}'s)" if close else ""
@@ -212,7 +214,7 @@ def _unknown_fallback(loc: list, trainer: Any) -> str:
         return (": a secret goes in cluster.env only (e.g. HF_TOKEN: ${HF_TOKEN}, read from this "
                 "shell), where mlaunch masks it; remove it here")
     if len(loc) == 1 and trainer in ("llamafactory", "swift"):
-        name = "LLaMA-Factory" if trainer == "llamafactory" else "ms-swift"
+        name = TRAINER_WORD[trainer]
         entries = ((known_args._data().get(trainer) or {}).get("entries") or {}).values()
         if any(key in names for names in entries):
             return f": {name}'s own arguments go under passthrough; write passthrough: {{{key}: ...}}"
