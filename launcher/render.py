@@ -216,6 +216,15 @@ def ssh_client_argv(**context: Any) -> list[str]:
     return [a for a in render("ssh_client.j2", **context).splitlines() if a.strip()]
 
 
+def torchrun_argv(**context: Any) -> list[str]:
+    """One node's torchrun and its options (templates/torchrun.j2), one element per line; a
+    value the node's shell expands (a ShellVar, e.g. a scheduler's node rank) stays one."""
+    if any("\n" in str(v) for v in context.values() if v is not None):
+        raise ValueError("a torchrun option holds a newline")
+    kept = {str(v): v for v in context.values() if isinstance(v, ShellVar)}
+    return [kept.get(a, a) for a in render("torchrun.j2", **context).splitlines() if a.strip()]
+
+
 def ssh_control_argv(path: str, master: bool) -> list[str]:
     """The OpenSSH client's connection-sharing arguments, ahead of ssh_client_argv's
     (templates/ssh_control.j2): master of the socket path, or a session riding it."""
@@ -356,7 +365,7 @@ def command_line(argv: Any) -> str:
 def container_line(runtime: str, **context: Any) -> str:
     """One node's runtime line (templates/container/<runtime>.sh.j2): the shell words before
     its torchrun, or for pyxis the options of the batch script's srun."""
-    text = render(f"container/{runtime}.sh.j2", **context)
+    text = render(f"container/{runtime}.sh.j2", runtime=runtime, **context)
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 

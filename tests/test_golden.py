@@ -88,3 +88,24 @@ def check_llamafactory_yaml(job, plan, lf: dict) -> None:
     assert lf["bf16"] == (job.precision == "bf16") and lf["fp16"] == (job.precision == "fp16")
     if job.deepspeed:
         assert lf["deepspeed"] == posixpath.join(plan.run_dir, "ds_config.json")
+
+
+def test_torchrun_is_rendered_one_element_per_line_and_a_shell_var_stays_one():
+    """torchrun's command line comes from templates/torchrun.j2 (render is its only producer):
+    the job's torchrun, or the system interpreter's module; a scheduler's node rank stays a
+    value the node's shell expands, quoted as such in the node script."""
+    from launcher import render
+    rank = render.ShellVar("SLURM_NODEID")
+    argv = render.torchrun_argv(torchrun=None, python="/usr/bin/python3", nnodes=2, nproc=4,
+                                node_rank=rank, master_addr="n0", master_port=29500,
+                                log_dir="/r/torchrun/node1")
+    assert argv[:3] == ["/usr/bin/python3", "-m", "torch.distributed.run"]
+    assert argv[argv.index("--node-rank") + 1] is rank
+    assert render.quote(argv[argv.index("--node-rank") + 1]) == '"${SLURM_NODEID}"'
+    assert argv[argv.index("--max-restarts") + 1] == "0" and argv[-2:] == ["--log-dir", "/r/torchrun/node1"]
+    argv = render.torchrun_argv(torchrun="/v/bin/torchrun", python=None, nnodes=1, nproc=1,
+                                node_rank="0", master_addr="n0", master_port=1, log_dir="/l")
+    assert argv[0] == "/v/bin/torchrun" and argv.count("--nnodes") == 1
+    with pytest.raises(ValueError):
+        render.torchrun_argv(torchrun="t", python=None, nnodes=1, nproc=1, node_rank="0",
+                             master_addr="n0\n--x", master_port=1, log_dir="/l")

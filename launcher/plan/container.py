@@ -52,16 +52,6 @@ def _abs(path: str | None) -> str | None:
     return path if path and path.startswith("/") else None
 
 
-def gpu_args(runtime: str, gpus: bool, devices: list[int] | None) -> list[str]:
-    """The runtime's words for the node's GPUs: podman's CDI devices, docker's --gpus."""
-    if not gpus or runtime not in ("podman", "docker"):
-        return []
-    if runtime == "podman":
-        return (["--device", "nvidia.com/gpu=all"] if devices is None else
-                [w for d in devices for w in ("--device", f"nvidia.com/gpu={d}")])
-    return ["--gpus", "all" if devices is None else '"device=%s"' % ",".join(map(str, devices))]
-
-
 def passes_gpu_list(runtime: str, gpus: bool, devices) -> bool:
     """CUDA_VISIBLE_DEVICES goes in as the host has it, unless the runtime gave the container
     just those devices (then it sees them as 0..n-1 and the host's indices would be wrong)."""
@@ -76,7 +66,7 @@ def runtime_line(job, *, name, run_dir: str, env_names: list[str],
         n != "CUDA_VISIBLE_DEVICES" or passes_gpu_list(k.runtime, k.gpus, devices))]
     return render.container_line(
         k.runtime, command=command(job), name=name, pull=k.pull, image=k.image,
-        gpu_args=gpu_args(k.runtime, k.gpus, devices), mounts=mounts(job, run_dir),
+        devices=devices, mounts=mounts(job, run_dir),
         workdir=job.cluster.workdir, env=names, args=list(k.args), gpus=k.gpus)
 
 
@@ -97,7 +87,7 @@ def probe_line(job, *, name: str, env_names: list[str], devices: list[int] | Non
         n != "CUDA_VISIBLE_DEVICES" or passes_gpu_list(k.runtime, k.gpus, devices))]
     return render.container_line(
         k.runtime, command=command(job), name=name, pull="never", image=k.image, interactive=True,
-        gpu_args=gpu_args(k.runtime, k.gpus, devices), mounts=[], workdir=None, env=names,
+        devices=devices, mounts=[], workdir=None, env=names,
         args=list(k.args), gpus=k.gpus)
 
 

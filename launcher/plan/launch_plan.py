@@ -260,29 +260,28 @@ def remote_bin(job: JobBase) -> str | None:
     return posixpath.dirname(c.python) if c.python else None
 
 
-def torchrun_head(job: JobBase) -> tuple[str, ...]:
-    """How the nodes start torchrun: the torchrun beside the interpreter (a venv's, conda's,
-    /usr/local/bin's), except for the distribution's own interpreter in /usr/bin or /bin,
-    beside which pip never installs scripts (root's go to /usr/local/bin, a user's to
-    ~/.local/bin): that one runs torchrun's own module, `python -m torch.distributed.run`."""
+def torchrun_path(job: JobBase) -> str | None:
+    """The torchrun the nodes start: the one beside the interpreter (a venv's, conda's,
+    /usr/local/bin's), else PATH's; None for the distribution's own interpreter in /usr/bin or
+    /bin, beside which pip never installs scripts (root's go to /usr/local/bin, a user's to
+    ~/.local/bin): that one runs torchrun's own module (templates/torchrun.j2)."""
     c = job.cluster
     if c.python and posixpath.dirname(c.python) in SYSTEM_BIN and not c.venv:
-        return (c.python, "-m", "torch.distributed.run")
+        return None
     bindir = remote_bin(job)
-    return (posixpath.join(bindir, "torchrun") if bindir else "torchrun",)
+    return posixpath.join(bindir, "torchrun") if bindir else "torchrun"
 
 
 def _torchrun_argv(job: JobBase, rank: int, master: str, run: RunContext,
                    tail: tuple[str, ...], placement: Placement | None) -> tuple[str, ...]:
     """torchrun with mlaunch's rendezvous for node `rank`, then the trainer's entry."""
     c = job.cluster
-    return (*torchrun_head(job),
-            "--nnodes", str(nnodes(job)), "--nproc-per-node", str(procs_of(c, rank)),
-            "--node-rank", _per_node("", rank, placement), "--master-addr", master,
-            "--master-port", str(c.master_port), "--max-restarts", "0",
-            "--tee", "3", "--log-dir",
-            _per_node(posixpath.join(run.run_dir, "torchrun", "node"), rank, placement),
-            *tail)
+    return (*render.torchrun_argv(
+        torchrun=torchrun_path(job), python=c.python, nnodes=nnodes(job),
+        nproc=procs_of(c, rank), node_rank=_per_node("", rank, placement), master_addr=master,
+        master_port=c.master_port,
+        log_dir=_per_node(posixpath.join(run.run_dir, "torchrun", "node"), rank, placement)),
+        *tail)
 
 
 def remote_python(job: JobBase) -> str:

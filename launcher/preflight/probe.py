@@ -13,7 +13,7 @@ from .. import nodeprog, render
 from ..transport.base import Executor
 from ..plan import container as containers
 from ..plan.launch_plan import (LaunchPlan, NodePlan, in_process, node_python, remote_bin, remote_python,
-                                torchrun_head)
+                                torchrun_path)
 from ..spec.rules import node_devices
 from ..spec import LlamaFactoryJob, ScriptJob
 
@@ -165,7 +165,7 @@ def facts_params(ctx: Ctx, rank: int) -> dict:
     return {
         "rank": rank, "nonce": ctx.nonce, "bindir": remote_bin(job), "workdir": c.workdir,
         # the torchrun file mlaunch runs; None: `python -m torch.distributed.run` or PATH's
-        "torchrun": torchrun_head(job)[0] if len(torchrun_head(job)) == 1 and remote_bin(job) else None,
+        "torchrun": torchrun_path(job) if remote_bin(job) else None,
         "trainer_pkg": TRAINER_PACKAGES.get(job.trainer),
         "tracker": TRACKER_MODULES.get(getattr(job, "report_to", "none")),
         "features": features(job),
