@@ -211,24 +211,36 @@ def relay_frame(config: dict) -> bytes:
     return framed("\0".join(fields))
 
 
+def argv_lines(template: str, /, **context: Any) -> list[str]:
+    """A command rendered ONE ARGUMENT PER LINE (templates/<template>), read back as its argv;
+    a value the node's shell expands (a ShellVar, e.g. a scheduler's node rank) stays one
+    element. A value holding a newline is refused: it would become two arguments."""
+    if any("\n" in str(v) for v in _flat(list(context.values()))):
+        raise ValueError(f"an argument of {template} holds a newline")
+    kept = {str(v): v for v in context.values() if isinstance(v, ShellVar)}
+    return [kept.get(a, a) for a in render(template, **context).splitlines() if a.strip()]
+
+
+def _flat(items: Any) -> list[Any]:
+    """The scalars of a context, lists and pairs opened."""
+    return [x for i in items for x in (_flat(i) if isinstance(i, (list, tuple)) else [i])
+            if x is not None]
+
+
 def ssh_client_argv(**context: Any) -> list[str]:
     """The OpenSSH client's arguments up to the host (templates/ssh_client.j2 names them)."""
-    return [a for a in render("ssh_client.j2", **context).splitlines() if a.strip()]
-
-
-def torchrun_argv(**context: Any) -> list[str]:
-    """One node's torchrun and its options (templates/torchrun.j2), one element per line; a
-    value the node's shell expands (a ShellVar, e.g. a scheduler's node rank) stays one."""
-    if any("\n" in str(v) for v in context.values() if v is not None):
-        raise ValueError("a torchrun option holds a newline")
-    kept = {str(v): v for v in context.values() if isinstance(v, ShellVar)}
-    return [kept.get(a, a) for a in render("torchrun.j2", **context).splitlines() if a.strip()]
+    return argv_lines("ssh_client.j2", **context)
 
 
 def ssh_control_argv(path: str, master: bool) -> list[str]:
     """The OpenSSH client's connection-sharing arguments, ahead of ssh_client_argv's
     (templates/ssh_control.j2): master of the socket path, or a session riding it."""
-    return [a for a in render("ssh_control.j2", path=path, master=master).splitlines() if a.strip()]
+    return argv_lines("ssh_control.j2", path=path, master=master)
+
+
+def torchrun_argv(**context: Any) -> list[str]:
+    """One node's torchrun and its options (templates/torchrun.j2)."""
+    return argv_lines("torchrun.j2", **context)
 
 
 def framed(script: str) -> bytes:

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 
+from ... import render
 from ...errors import Problem
 from ...plan.launch_plan import user_base
 from ...record import fsmode
@@ -26,15 +27,14 @@ from .commands import cancel_and_wait, hostnames, job_info, sbatch_error
 ALLOC_WAIT_S = 300.0   # how long check waits for the allocation to start
 
 
-def salloc_options(job) -> list[str]:
-    """The job's own allocation options (sbatch and salloc share them)."""
+def salloc_argv(job) -> list[str]:
+    """salloc of the job's own allocation (the options sbatch gets: templates/slurm_salloc.j2)."""
     s = job.cluster.slurm
-    opts = [f"--nodes={s.nodes}", "--ntasks-per-node=1", f"--job-name={job.name}-check"]
-    opts += [f"--{k}={getattr(s, k)}" for k in ("partition", "account", "qos", "time",
-                                                 "constraint", "reservation") if getattr(s, k)]
-    opts += ["--exclusive"] if s.exclusive else []
-    opts += [f"--{k}" if v is True else f"--{k}={v}" for k, v in s.extra_sbatch.items()]
-    return opts
+    options = [(k, getattr(s, k)) for k in ("partition", "account", "qos", "time",
+                                            "constraint", "reservation") if getattr(s, k)]
+    options += [("exclusive", None)] if s.exclusive else []
+    options += [(k.lstrip("-"), None if v is True else v) for k, v in s.extra_sbatch.items()]
+    return render.argv_lines("slurm_salloc.j2", nodes=s.nodes, job_name=job.name, options=options)
 
 
 class AllocationExecutor(LocalExecutor):
@@ -46,7 +46,7 @@ class AllocationExecutor(LocalExecutor):
         self.hosts: list[str] = []
 
     def connect(self) -> list[Problem]:
-        r = subprocess.run(["salloc", "--no-shell", *salloc_options(self.job)], capture_output=True,
+        r = subprocess.run(salloc_argv(self.job), capture_output=True,
                            text=True, timeout=ALLOC_WAIT_S, stdin=subprocess.DEVNULL)
         m = re.search(r"Granted job allocation (\d+)", r.stderr + r.stdout)
         if r.returncode != 0 or not m:
@@ -63,8 +63,7 @@ class AllocationExecutor(LocalExecutor):
         return []
 
     def _srun(self, host: str) -> list[str]:
-        return ["srun", f"--jobid={self.job_id}", f"--nodelist={host}", "--nodes=1", "--ntasks=1",
-                "--overlap", "--unbuffered", "--quiet"]
+        return render.argv_lines("slurm_overlap.j2", job_id=self.job_id, host=host)
 
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
         # The script travels on stdin (`sh -s`), never on a command line.

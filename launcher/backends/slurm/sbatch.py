@@ -94,11 +94,10 @@ def step_argv(plan: LaunchPlan, name: str) -> list[str]:
     constraint, reservation and exclusions: for a helper that needs what the nodes have
     (e.g. the trainer's DeepSpeed) and the shared storage, not the login node's software."""
     s = plan.job.cluster.slurm
-    opts = [f"--{n}={getattr(s, n)}" for n in BLOCK_OPTIONS if getattr(s, n)]
+    options = [(n, getattr(s, n)) for n in BLOCK_OPTIONS if getattr(s, n)]
     if excluded := s.extra_sbatch.get("exclude") or s.extra_sbatch.get("--exclude"):
-        opts.append(f"--exclude={excluded}")
-    return ["srun", "--nodes=1", "--ntasks=1", f"--job-name={plan.tag}-{name}", *opts,
-            "/bin/sh", "-s"]
+        options.append(("exclude", excluded))
+    return render.argv_lines("slurm_step.j2", tag=plan.tag, name=name, options=options)
 
 
 def _secrets(plan: LaunchPlan) -> RenderedFile | None:
