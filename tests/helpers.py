@@ -106,8 +106,14 @@ def script_job(hosts: list[str], nproc: int, script: str, args: list[str], out_d
             "script": {"path": os.path.join(SCRIPTS, script), "args": args},
             "output_dir": out_dir}
     if hs is not None:
-        spec["cluster"].setdefault("ssh", ssh_of(hs, 3))
+        spec["cluster"].setdefault("ssh", ssh_of(hs, SSH_CONNECT_S))
     return spec
+
+
+# cluster.ssh.connect_timeout of the test jobs: short, so that a test of a dead or frozen host
+# waits little, and scaled to the load, so that a live sshd on two busy cores is not taken for
+# a frozen one. Tests that check the timeout's words use this value.
+SSH_CONNECT_S = max(3, round(limit(3)))
 
 
 def python_with_smi(folder, smi_script: str) -> str:

@@ -1,6 +1,7 @@
 """How loaded this machine is, measured once per test session, and the wait limits derived
-from it: a test waits on an event (a line, a file, a state, a process gone), and only the
-ceiling of that wait, never the pass or fail, depends on how fast the machine is."""
+from it (or from the load average when a test asks, if that is higher): a test waits on an
+event (a line, a file, a state, a process gone), and only the ceiling of that wait, never
+the pass or fail, depends on how fast the machine is."""
 from __future__ import annotations
 
 import os
@@ -59,6 +60,17 @@ def load_factor(workers: int = 1) -> float:
         return float(os.environ[ENV])
 
 
+def busy_now() -> float:
+    """The load factor as the load average sees it now: the session's factor is measured
+    before the workers start, and the suite's own training tests (a dozen ranks each) or
+    another job may load the machine later. The suite's workers are the baseline."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    cores = os.cpu_count() or 1
+    return min(with_workers(max(0.0, _loadavg() - workers), workers, cores), MAX_FACTOR)
+
+
 def limit(seconds: float) -> float:
-    """A wait limit chosen on a quiet machine, stretched by this session's load factor."""
-    return seconds * load_factor()
+    """A wait limit chosen on a quiet machine, stretched by this session's load factor, or
+    by the load now where that is higher (a limit is only a ceiling: a longer one never
+    changes a verdict, it only waits longer for a stuck test to fail)."""
+    return seconds * max(load_factor(), busy_now())

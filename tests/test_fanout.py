@@ -312,11 +312,19 @@ def test_other_mlaunch_job_survives_teardown(make_hostset, tmp_path):
         assert other.returncode == 130
 
 
+def hangup_s() -> int:
+    """A hangup_after_s short enough that a node busy 2.4 times as long proves the heartbeat
+    (every hangup_after_s/4), scaled to the load: a node that heard none for that long would
+    rightly end itself, and a stalled launcher on two busy cores must not look like one."""
+    return max(5, round(limit(5)))
+
+
 @pytest.mark.launches
 def test_heartbeat_keeps_a_long_node_alive_local(tmp_path):
     """A node quietly busy for longer than hangup_after_s is not mistaken for an orphan."""
-    spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", "12"], str(tmp_path / "out"),
-                      hangup_after_s=5)
+    h = hangup_s()
+    spec = script_job(["localhost"], 1, "fail_or_sleep.py", ["0", "0", str(round(2.4 * h))],
+                      str(tmp_path / "out"), hangup_after_s=h)
     r = submit(tmp_path, spec, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
     assert "rank 0 exiting 0" in r.stdout
@@ -416,8 +424,9 @@ def test_a_host_whose_sshd_allows_one_session_a_connection_still_runs_every_scri
 @pytest.mark.multihost
 def test_heartbeat_keeps_a_long_node_alive_ssh(make_hostset, tmp_path):
     with make_hostset(1) as hs:
-        spec = script_job([hs.hosts[0].ip], 1, "fail_or_sleep.py", ["0", "0", "12"],
-                          str(tmp_path / "out"), hs=hs, hangup_after_s=5)
+        h = hangup_s()
+        spec = script_job([hs.hosts[0].ip], 1, "fail_or_sleep.py", ["0", "0", str(round(2.4 * h))],
+                          str(tmp_path / "out"), hs=hs, hangup_after_s=h)
         r = submit(tmp_path, spec, timeout=300)
         assert r.returncode == 0, r.stdout[-2000:]
         assert "rank 0 exiting 0" in r.stdout

@@ -23,7 +23,7 @@ from launcher.transport.openssh import READY, SILENT, OpenSSHStreams, unreached_
 from launcher.transport.ssh_paramiko import explain_connect_error
 from launcher.spec import SSH
 
-from .helpers import ROOT, limit, script_job
+from .helpers import ROOT, SSH_CONNECT_S, limit, script_job
 
 FROZEN = ("connection lost: not responding (no answer to ssh keepalives in 6 s: the machine is "
           "frozen, or its link is down)")
@@ -178,7 +178,7 @@ def test_connecting_to_a_host_whose_link_is_down_or_sshd_stopped_gives_ssh_own_c
         f"mlaunch: host {b.ip}: ssh: connect to host {b.ip} port 22: No route to host; the machine "
         "is down or not on this network: check that it is up and reachable from here",
         f"mlaunch: host {b.ip}: ssh: connect to host {b.ip} port 22: Connection timed out; no answer "
-        "in 3s: the machine is down or port 22 is firewalled: check it, or raise cluster.ssh.connect_timeout"), line
+        f"in {SSH_CONNECT_S}s: the machine is down or port 22 is firewalled: check it, or raise cluster.ssh.connect_timeout"), line
     (line,) = [ln for ln in refused.stderr.splitlines() if f"host {b.ip}:" in ln]
     assert line == (f"mlaunch: host {b.ip}: connection refused on port 22: is sshd running there and "
                     "the port open?"), line

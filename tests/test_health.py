@@ -14,7 +14,7 @@ from launcher.record.events import read_events
 from launcher.watch.health import HealthConfig, Monitor, read_step, read_world_size
 
 from .helpers import ROOT, limit, mlaunch, script_job, write_spec
-from .procs import own_name
+from .procs import job_pids_left, own_name
 from .test_fanout import job_pids
 
 DATA = os.path.join(ROOT, "tests", "data")
@@ -486,7 +486,7 @@ def test_stopped_rank_is_a_hang_and_the_run_restarts_from_the_checkpoint(tmp_pat
     m = re.search(rf"restart 1/1: resuming from {re.escape(out)}/checkpoint-(\d+)", r.stdout)
     assert m and int(m.group(1)) % 5 == 0 and 5 <= int(m.group(1)) < 30, r.stdout[-3000:]
     resumed = f"checkpoint-{m.group(1)}"
-    assert not local_job_pids(name)()
+    assert job_pids_left(f"{name}-", limit(10)) == set()
     ev = _events(out)
     names = [e["event"] for e in ev]
     assert names[0] == "run_start" and names[-1] == "run_end" and ev[-1]["code"] == 0

@@ -31,3 +31,18 @@ def test_hogs_beside_the_suite_double_its_limits():
         for h in hogs:
             h.kill()
             h.wait()
+
+
+def test_a_limit_stretches_with_the_load_now(monkeypatch):
+    """The session's factor is measured before the workers start; a load that comes later (the
+    suite's own training ranks) stretches the limits asked for then."""
+    from . import loadfactor
+    monkeypatch.setenv(loadfactor.ENV, "1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(loadfactor, "_loadavg", lambda: 2.0)   # the two workers alone
+    assert loadfactor.limit(5) == 5
+    monkeypatch.setattr(loadfactor, "_loadavg", lambda: 8.0)   # six more runnable
+    assert loadfactor.limit(5) == 5 * 4.0
+    monkeypatch.setattr(loadfactor, "_loadavg", lambda: 100.0)
+    assert loadfactor.limit(5) == 5 * loadfactor.MAX_FACTOR

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from .helpers import ROOT, limit, script_job, write_spec
-from .procs import job_pids
+from .procs import job_pids, job_pids_left
 
 # Every test here starts a real torchrun job on this machine.
 pytestmark = pytest.mark.launches
@@ -57,7 +57,7 @@ def test_failed_rank_tears_down_a_flooding_job_without_the_backlog(tmp_path):
     with open(tmp_path / "console", "wb") as out:
         proc = launch(tmp_path, spec, out)
         assert proc.wait() == 1
-    assert job_pids(spec["name"] + "-") == set(), "processes of the run were left"
+    assert job_pids_left(spec["name"] + "-", limit(10)) == set(), "processes of the run were left"
     console = (tmp_path / "console").read_text()
     (log,) = glob.glob(str(tmp_path / "out/logs/*/node0-*.log"))
     seqs = flood_lines(log)

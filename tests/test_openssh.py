@@ -14,6 +14,7 @@ import pytest
 
 from launcher.transport.base import LOST, Exit
 from launcher import render
+from launcher.transport import openssh
 from launcher.transport.openssh import READY, STAGED, OpenSSHStreams
 from launcher.transport.openssh_running import OpenSSHRunning
 from launcher.transport.spool import Spool
@@ -203,11 +204,13 @@ def test_a_session_that_ends_before_its_ready_line_is_a_problem_and_nothing_is_l
     assert not os.path.exists(streams._dir)
 
 
-def test_a_session_ended_before_its_script_finishes_its_login_and_is_not_killed(tmp_path):
+def test_a_session_ended_before_its_script_finishes_its_login_and_is_not_killed(tmp_path, monkeypatch):
     """A job's logins begin while paramiko connects; when the launch stops before the nodes
     start (a host paramiko refused, a failed preflight), each waiting session's stdin closes
     and it ends on its own once logged in: a login killed half-way can leave the node's
     shell start-up undone (the suite's hosts were left with a stale pyenv lock)."""
+    # The sessions' grace, past which they are killed, scaled: two shells on a busy machine.
+    monkeypatch.setattr(openssh, "END_GRACE_S", limit(openssh.END_GRACE_S))
     marks = {h: tmp_path / f"{h}.logged-in" for h in ("a", "b")}
     streams = _local_streams({h: ["/bin/sh", "-c", f"sleep 0.3; touch {m}; " + bootstrap_command(
         ready=READY.decode())] for h, m in marks.items()})

@@ -87,7 +87,9 @@ def test_a_node_without_gpus_gets_its_cpu_samples_from_the_relay_until_its_comma
     """The sampler's one request line (templates/sampler.sh.j2 on a node without GPUs): the
     relay, not a shell loop, writes a CPU row at once and then every period, in the launcher's
     lines only; the request is in neither stream, and the rows end with the command."""
-    script = ("echo before; printf '\\036mlaunch-cpu-every 100\\n'; sleep 0.65; echo after")
+    # 2 s for at least 3 rows 0.1 s apart: a relay stalled for a while on a busy machine still
+    # writes them (a row comes at once and every period after, never more than took / 0.1 + 1).
+    script = ("echo before; printf '\\036mlaunch-cpu-every 100\\n'; sleep 2; echo after")
     t0 = time.monotonic()
     r = relay(script)
     took = time.monotonic() - t0

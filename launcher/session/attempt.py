@@ -275,9 +275,10 @@ class _Session:
             outs = pool.map(lambda h: self._teardown_host(h, kill_now), hosts)
             self.result.teardown.update(zip(hosts, outs))
         self.result.torn_down_at = time.monotonic()
-        self.watch.events.emit("teardown", hosts=self.result.teardown, kill_now=kill_now or None)
+        at = utc_now()   # one time for the event and the phase it begins
+        self.watch.events.emit("teardown", at=at, hosts=self.result.teardown, kill_now=kill_now or None)
         if not kill_now:
-            self.watch.phase("settle")   # every node reports its end
+            self.watch.phase("settle", at=at)   # every node reports its end
 
     def _teardown_host(self, host: str, kill_now: bool) -> str:
         nodes = [n for n in self.plan.nodes if n.login == host]
