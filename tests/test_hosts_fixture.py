@@ -111,7 +111,7 @@ def test_host_a_reaches_host_b_over_tcp(hosts2):
         s.bind(({b.ip!r}, 0))
         s.listen(1)
         print(s.getsockname()[1], flush=True)
-        s.settimeout(10)
+        s.settimeout({limit(10)})
         c, addr = s.accept()
         c.sendall(({token!r} + " " + addr[0]).encode())
         c.close()
@@ -119,13 +119,13 @@ def test_host_a_reaches_host_b_over_tcp(hosts2):
     srv = b.popen([PY, "-c", server], stdout=subprocess.PIPE)
     try:
         port = int(srv.stdout.readline())
-        client = (f"import socket; c = socket.create_connection(({b.ip!r}, {port}), 5);"
+        client = (f"import socket; c = socket.create_connection(({b.ip!r}, {port}), {limit(5)});"
                   "print(c.recv(100).decode())")
         r = a.run([PY, "-c", client], timeout=limit(20))
         assert r.returncode == 0, r.stderr
         # B saw the connection come from A's own address.
         assert r.stdout.split() == [token, a.ip]
-        assert srv.wait(10) == 0
+        assert srv.wait(limit(10)) == 0
     finally:
         srv.kill()
         srv.wait()
@@ -204,7 +204,7 @@ def test_link_down_makes_host_unreachable(hosts2):
     _, err = peer.communicate(timeout=limit(10))
     assert peer.returncode != 0 and "timed out" in err, err
     h.link_up()
-    with socket.create_connection((h.ip, 22), 5) as c:
+    with socket.create_connection((h.ip, 22), limit(5)) as c:
         assert c.recv(64).startswith(b"SSH-2.0-")
 
 
@@ -234,7 +234,7 @@ def test_teardown_is_complete(make_hostset):
         assert os.path.exists(os.path.join("/etc/netns", hs[0].ns, "hosts"))
     assert bg.wait(limit(5)) in (-signal.SIGTERM, -signal.SIGKILL)   # ended by the teardown
     assert_all_gone(snap)
-    assert r.wait(10) != 0  # its session was killed under it
+    assert r.wait(limit(10)) != 0  # its session was killed under it
 
 
 def test_teardown_on_exception(make_hostset):
@@ -325,7 +325,7 @@ def test_make_hosts_timing(n, capsys):
         t_up = time.monotonic() - t0
         assert [h.run(["hostname"]).stdout.strip() for h in hs] == [h.name for h in hs]
         for h in hs:  # every sshd answers with its banner from the root ns
-            with socket.create_connection((h.ip, 22), 5) as c:
+            with socket.create_connection((h.ip, 22), limit(5)) as c:
                 assert c.recv(64).startswith(b"SSH-2.0-")
         t1 = time.monotonic()
     t_down = time.monotonic() - t1

@@ -226,16 +226,18 @@ def test_a_session_ended_before_its_script_finishes_its_login_and_is_not_killed(
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on this machine")
 def test_the_real_client_says_in_one_line_why_it_cannot_connect(tmp_path):
     import socket
-    with socket.socket() as s:   # a port with nothing listening: refused at once
+    # A port bound and never listened on: refused at once, and held while ssh dials (a port
+    # freed first could be taken by another process in between).
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    streams = OpenSSHStreams(SSH(connect_timeout=5))
-    try:
-        streams.add(f"127.0.0.1:{port}", HostAddr("127.0.0.1", port=port), port, [os.devnull], None)
-        streams.spawn(bootstrap_command(ready=READY.decode()))
-        (problem,) = streams.await_ready(limit(30)).values()
-    finally:
-        streams.close()
+        streams = OpenSSHStreams(SSH(connect_timeout=5))
+        try:
+            streams.add(f"127.0.0.1:{port}", HostAddr("127.0.0.1", port=port), port, [os.devnull], None)
+            streams.spawn(bootstrap_command(ready=READY.decode()))
+            (problem,) = streams.await_ready(limit(30)).values()
+        finally:
+            streams.close()
     assert problem.path == f"host 127.0.0.1:{port}"
     # ssh's own cause (it never reached an sshd: paramiko is not asked again)
     assert problem.message == f"connection refused on port {port}: is sshd running there and the port open?"

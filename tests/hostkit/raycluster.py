@@ -21,6 +21,11 @@ import tempfile
 import time
 from typing import Iterator
 
+try:
+    from ..loadfactor import limit
+except ImportError:   # hostkit imported as a top-level package (tests/ on sys.path)
+    from loadfactor import limit
+
 GCS_PORT = 6379
 CLIENT_PORT = 10001
 OBJECT_STORE_BYTES = 80 * 2**20   # Ray's floor is 75 MiB
@@ -56,7 +61,8 @@ class RayCluster:
         self.gcs = f"{self.head.ip}:{GCS_PORT}"
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, timeout: float = 120) -> "RayCluster":
+    def start(self, timeout: float | None = None) -> "RayCluster":
+        timeout = limit(120) if timeout is None else timeout
         self._start(self.head, ["--head", f"--port={GCS_PORT}", "--include-dashboard=false",
                                 f"--ray-client-server-port={CLIENT_PORT}",
                                 f"--temp-dir={self.dir}/tmp"])
@@ -94,7 +100,7 @@ class RayCluster:
 
     def alive_nodes(self) -> int:
         """Ray's count of live nodes, asked from the head host."""
-        r = self.head.run([sys.executable, "-c", _COUNT, self.gcs], timeout=60)
+        r = self.head.run([sys.executable, "-c", _COUNT, self.gcs], timeout=limit(60))
         try:
             return int(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):

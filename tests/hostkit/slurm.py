@@ -27,6 +27,11 @@ import tempfile
 import time
 from typing import Iterator
 
+try:
+    from ..loadfactor import limit
+except ImportError:   # hostkit imported as a top-level package (tests/ on sys.path)
+    from loadfactor import limit
+
 try:  # imported as tests.hostkit.slurm
     from .namespaces import popen_in_pidns
 except ImportError:  # pragma: no cover
@@ -70,7 +75,8 @@ class SlurmCluster:
         self._procs: list[subprocess.Popen] = []
 
     # -- bring-up ---------------------------------------------------------------------------
-    def start(self, timeout: float = 60) -> "SlurmCluster":
+    def start(self, timeout: float | None = None) -> "SlurmCluster":
+        timeout = limit(60) if timeout is None else timeout
         self._start_munge()
         self._write_conf()
         self._spawn("slurmctld", ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
@@ -167,8 +173,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         _wait_for(idle, timeout, f"Slurm nodes idle\n{self.logs()}")
 
     # -- use --------------------------------------------------------------------------------
-    def run(self, argv: list[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-        """A Slurm client command against this cluster."""
+    def run(self, argv: list[str], check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """A Slurm client command against this cluster (timeout: 30 s scaled to the load)."""
+        timeout = limit(30) if timeout is None else timeout
         return subprocess.run(argv, env=self.env, capture_output=True, text=True,
                               timeout=timeout, check=check)
 

@@ -59,6 +59,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
+try:
+    from ..loadfactor import limit
+except ImportError:   # hostkit imported as a top-level package (tests/ on sys.path)
+    from loadfactor import limit
+
 from .namespaces import (  # noqa: F401  (the plumbing these hosts are built on)
     HOST_OFFSET,
     INIT_NAME,
@@ -245,13 +250,14 @@ class Host:
     def sshd_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start_sshd(self, timeout: float = 10.0) -> None:
+    def start_sshd(self, timeout: float | None = None) -> None:
         """Start this host's sshd (no-op if it is running) and wait until it
-        listens (its PidFile, written after bind, names our process)."""
+        listens (its PidFile, written after bind, names our process); timeout: 10 s
+        scaled to the load by default."""
         if self.sshd_running():
             return
         self._spawn_sshd()
-        self._wait_sshd(timeout)
+        self._wait_sshd(limit(10.0) if timeout is None else timeout)
 
     def _spawn_sshd(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -291,9 +297,11 @@ class Host:
         except OSError:
             return "(no log)"
 
-    def stop_sshd(self, timeout: float = 5.0) -> None:
-        """Kill this host's sshd listener (by PID) and wait for it.  Sessions
-        it already forked keep running (as when a real sshd dies)."""
+    def stop_sshd(self, timeout: float | None = None) -> None:
+        """Kill this host's sshd listener (by PID) and wait for it (5 s scaled to the load
+        by default), then for its port to close.  Sessions it already forked keep running
+        (as when a real sshd dies)."""
+        timeout = limit(5.0) if timeout is None else timeout
         p = self._proc
         if p is not None and p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -736,14 +744,14 @@ def _populate(hs: HostSet, n: int, ns_names: list[str], veths: list[str],
     for h in hs.hosts:
         h._spawn_init(init_exe)
     for h in hs.hosts:
-        h._wait_init(15.0)
+        h._wait_init(limit(15.0))
     for h in hs.hosts:
         h._spawn_sshd()
     for h in hs.hosts:
-        h._wait_sshd(15.0)
+        h._wait_sshd(limit(15.0))
     # Sanity: every sshd is reachable from the root namespace via the bridge.
     for h in hs.hosts:
-        _wait_tcp(h.ip, SSH_PORT, 10.0)
+        _wait_tcp(h.ip, SSH_PORT, limit(10.0))
 
 
 # The kernel's ARP table is one for every network namespace, capped by gc_thresh3 (1024 by
