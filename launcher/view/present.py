@@ -11,11 +11,14 @@ from ..plan.trainers import TRAINERS, global_batch
 
 
 def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
-                  placed: tuple[str, ...] = (), list_code=None) -> str:
+                  placed: tuple[str, ...] = (), list_code=None, reach=None,
+                  shrink_how: str | None = None) -> str:
     """The dry-run view: header, the nodes (a readable summary, or with full every node's
     exact script), then every file (with_nodes False: the header only, for a scheduler
-    backend's own view). placed: the scheduler backend's lines on how it places the nodes.
-    list_code: the backend's lister of a code item's files (view/staging.py)."""
+    backend's own view). The backend's own words: placed, its lines on how it places the
+    nodes; list_code, its lister of a code item's files (view/staging.py); reach, how it
+    reaches a node's login (default: ssh, or none for local); shrink_how, how its restart
+    runs on fewer nodes (default: the healthy hosts of the list)."""
     job = plan.job
     size = world_size(job)
     lines = [f"mlaunch plan: job {job.name}, run {plan.run_id}",
@@ -43,16 +46,17 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
     notes = getattr(TRAINERS[job.trainer], "notes", None)
     lines += [f"note: {n}" for n in (notes(job) if notes else [])]
     lines.append(restart_line(job))
-    lines += spare_lines(job) + shrink_lines(job)
+    lines += spare_lines(job) + shrink_lines(job, shrink_how)
     lines += staging_lines(job, len(plan.nodes), list_code)
     lines += list(placed)
     if not with_nodes:
         return plan.mask("\n".join(lines) + "\n")
+    reach = reach or (lambda login: _how(plan, login))
     if not full:
         from .dryrun import node_lines
-        lines += node_lines(plan, lambda node: _how(plan, node.login))
+        lines += node_lines(plan, lambda node: reach(node.login))
     for node in plan.nodes if full else ():
-        lines += ["", f"=== node {node.rank}: {node.host} ({_how(plan, node.login)}) ===",
+        lines += ["", f"=== node {node.rank}: {node.host} ({reach(node.login)}) ===",
                   node.display.rstrip("\n")]
     for f in plan.files:
         lines += ["", f"=== file {f.path} ==="]
@@ -89,8 +93,13 @@ def spare_lines(job) -> list[str]:
             f"{keep} the same; {master}{unused}"]
 
 
-def shrink_lines(job) -> list[str]:
-    """The shrink policy (launcher/runs/shrink.py) and the batch at each allowed node count."""
+HOSTS_SHRINK = ("a node lost with no spare left is dropped and the restart runs on the healthy "
+                "hosts (node 0 kept when healthy)")
+
+
+def shrink_lines(job, how: str | None = None) -> list[str]:
+    """The shrink policy (launcher/runs/shrink.py) and the batch at each allowed node count;
+    how: the backend's words for its smaller restart (default: a host list's)."""
     from ..plan import shrink
     from ..spec.select import node_procs
     from ..spec.spare_rules import shrinks
@@ -100,14 +109,8 @@ def shrink_lines(job) -> list[str]:
     procs = node_procs(c)
     n = len(procs)
     unused = "" if job.max_restarts else "; max_restarts is 0, so no restart will shrink"
-    how = {"slurm": "when the excluded nodes leave fewer usable nodes in the partition, the "
-                    "restart job asks for fewer (sbatch --nodes)",
-           "ray": "when fewer live Ray nodes than asked can hold a bundle, the restart places "
-                  "fewer bundles"}.get(c.scheduler, "a node lost with no spare left is dropped "
-                                       "and the restart runs on the healthy hosts (node 0 kept "
-                                       "when healthy)")
     lines = [f"elastic shrink: down to {c.min_nodes} nodes (cluster.min_nodes), world "
-             f"{c.min_nodes * procs[0]}: {how}" + unused]
+             f"{c.min_nodes * procs[0]}: {how or HOSTS_SHRINK}" + unused]
     if not isinstance(job, (LlamaFactoryJob, SwiftJob)):
         return lines
     if getattr(job, "deepspeed", None):
@@ -125,8 +128,6 @@ def shrink_lines(job) -> list[str]:
 def _how(plan: LaunchPlan, login: str) -> str:
     if plan.local:
         return "local, no ssh"
-    if plan.job.cluster.scheduler == "ray":
-        return "a Ray bundle, no ssh"
     ssh = plan.job.cluster.ssh
     a = parse_host(login)
     a = a if isinstance(a, HostAddr) else HostAddr(login)

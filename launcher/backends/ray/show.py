@@ -11,6 +11,9 @@ from ...view.present import describe_plan
 from .connect import agent_name, group_name
 
 
+SHRINK_HOW = "when fewer live Ray nodes than asked can hold a bundle, the restart places fewer bundles"
+
+
 def placement_lines(plan: LaunchPlan) -> tuple[str, ...]:
     """What the plan's header says of Ray: the request, the master, restarts, preflight."""
     c, n = plan.job.cluster, len(plan.nodes)
@@ -34,4 +37,5 @@ def placement_lines(plan: LaunchPlan) -> tuple[str, ...]:
 
 def describe_ray(plan: LaunchPlan, full: bool = False) -> str:
     """The plan's header with the placement request, then the per-node commands and files."""
-    return describe_plan(plan, full=full, placed=placement_lines(plan), list_code=code_files)
+    return describe_plan(plan, full=full, placed=placement_lines(plan), list_code=code_files,
+                         reach=lambda login: "a Ray bundle, no ssh", shrink_how=SHRINK_HOW)

@@ -8,6 +8,10 @@ from ...view.present import describe_plan
 from .sbatch import request
 
 
+SHRINK_HOW = ("when the excluded nodes leave fewer usable nodes in the partition, the restart job "
+              "asks for fewer (sbatch --nodes)")
+
+
 def placement_lines(plan: LaunchPlan) -> tuple[str, ...]:
     """What the plan's header says of Slurm: the nodes, the restarts, the preflight."""
     n, job = len(plan.nodes), plan.job
@@ -24,7 +28,8 @@ def placement_lines(plan: LaunchPlan) -> tuple[str, ...]:
 def describe_sbatch(plan: LaunchPlan) -> str:
     """The batch script, the node script, the secrets file (masked) and every file."""
     req = request(plan)
-    head = describe_plan(plan, with_nodes=False, placed=placement_lines(plan), list_code=code_files).rstrip("\n")
+    head = describe_plan(plan, with_nodes=False, placed=placement_lines(plan), list_code=code_files,
+                         shrink_how=SHRINK_HOW).rstrip("\n")
     parts = [head, f"sbatch: {req.script_path} (submitted with sbatch --parsable)",
              f"node logs: {req.node_log_pattern.replace('%%', '%')} (%n node, %N host)", "",
              f"=== batch script {req.script_path} ===", req.script.rstrip("\n"), "",
