@@ -212,13 +212,15 @@ def relay_frame(config: dict) -> bytes:
 
 
 def argv_lines(template: str, /, **context: Any) -> list[str]:
-    """A command rendered ONE ARGUMENT PER LINE (templates/<template>), read back as its argv;
-    a value the node's shell expands (a ShellVar, e.g. a scheduler's node rank) stays one
-    element. A value holding a newline is refused: it would become two arguments."""
-    if any("\n" in str(v) for v in _flat(list(context.values()))):
-        raise ValueError(f"an argument of {template} holds a newline")
-    kept = {str(v): v for v in context.values() if isinstance(v, ShellVar)}
-    return [kept.get(a, a) for a in render(template, **context).splitlines() if a.strip()]
+    """A command rendered ONE ARGUMENT PER LINE (templates/<template>), read back as its argv
+    (split at "\n" alone: a value may hold any other character); a value the node's shell
+    expands (a ShellVar, e.g. a scheduler's node rank) stays one element. A value holding a
+    newline, or only blanks, is refused: it would become two arguments, or none."""
+    for v in map(str, _flat(list(context.values()))):
+        if "\n" in v or (v and not v.strip()):
+            raise ValueError(f"an argument of {template} is {v!r}: a newline or only blanks")
+    kept = {str(v): v for v in _flat(list(context.values())) if isinstance(v, ShellVar)}
+    return [kept.get(a, a) for a in render(template, **context).split("\n") if a.strip()]
 
 
 def _flat(items: Any) -> list[Any]:
@@ -388,7 +390,7 @@ def container_rm(command: list[str], name: str) -> str:
 
 def staging_push_argv(**context: Any) -> list[str]:
     """The launcher's rsync that copies a staged item to one node (templates/staging_push.j2)."""
-    return [a for a in render("staging_push.j2", **context).splitlines() if a.strip()]
+    return argv_lines("staging_push.j2", **context)
 
 
 def staging_pull_script(**context: Any) -> str:

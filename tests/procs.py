@@ -25,12 +25,30 @@ def own_name(job: str) -> str:
     return job + secrets.token_hex(3)
 
 
+GUARD_PROGRAMS = {"sh", "dash", "bash", "timeout", "head", "env"}   # templates/node.sh.j2's guard
+
+
 def job_pids_left(run_id_prefix: str, wait_s: float = 10.0) -> set[int]:
-    """job_pids once mlaunch has returned: a node's hang-up guard (a subshell holding the run
-    id until its `sh` starts) ends only after mlaunch closed its side, so what is still there
-    is given up to wait_s (the caller scales it to the load) to end before it counts as left."""
+    """job_pids once mlaunch has returned. A node's hang-up guard (a subshell and its
+    `timeout ... head -c 1`, holding the run id until it execs without it) ends only after
+    mlaunch closed its side, so a process of those programs is given up to wait_s (the
+    caller scales it to the load) to end; any other process still there (a rank, torchrun,
+    the relay: what the teardown ends, and the guard would end later) is left at once."""
     import time
+    left = job_pids(run_id_prefix)
+    others = {p for p in left if _program(p) not in (None, *GUARD_PROGRAMS)}
     deadline = time.monotonic() + wait_s
-    while (left := job_pids(run_id_prefix)) and time.monotonic() < deadline:
+    while left and not others and time.monotonic() < deadline:
         time.sleep(0.1)
-    return left
+        left = job_pids(run_id_prefix)
+    return others or left
+
+
+def _program(pid: int) -> str | None:
+    """The base name of pid's argv[0]; None when it is gone."""
+    import os
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return os.path.basename(fh.read().split(b"\0")[0].decode(errors="replace"))
+    except OSError:
+        return None

@@ -90,10 +90,11 @@ def test_slow_console_skips_to_the_newest_and_says_it_is_behind(tmp_path):
 
 def _wait_for_file(path: str, proc: subprocess.Popen, seconds: float) -> None:
     """Until path exists (the event waited on); fails when the run ends first or past limit()."""
-    deadline = time.monotonic() + limit(seconds)
+    wait = limit(seconds)
+    deadline = time.monotonic() + wait
     while not os.path.exists(path):
         assert proc.poll() is None, f"the run ended before {path}"
-        assert time.monotonic() < deadline, f"no {path} within {limit(seconds):.0f} s"
+        assert time.monotonic() < deadline, f"no {path} within {wait:.0f} s"
         time.sleep(0.02)
 
 

@@ -142,12 +142,13 @@ class LateReadings(Clocks):
 
 def test_a_loose_first_reading_of_a_synced_clock_is_not_asked_again_a_skewed_one_is():
     """A synced clock read at the end of an 80 ms round trip reads about +40 ms ±40: not
-    settled, and more rounds as loose would prove nothing; a clock a second ahead, read the same
+    settled, and more rounds as loose would prove nothing; a clock 300 ms ahead, read the same
     way, is suspect (its most favourable reading is past half the limit) and is asked again,
-    and fails. (A second, not 100 ms: a thread stalled 50 ms on a busy machine between the
-    reading and its receipt would widen a 100 ms clock's window past the verdicts' margins.)"""
+    and fails. (300 ms, not 100: a thread stalled 50 ms on a busy machine between the reading
+    and its receipt would have widened a 100 ms clock's window past the verdicts' margins;
+    300 ms leaves about 250 ms.)"""
     ctx = _ctx(["10.0.0.1", "10.0.0.2"])
-    ctx.executor = LateReadings({"10.0.0.1": 0.0, "10.0.0.2": 1.0}, rtt=0.08)
+    ctx.executor = LateReadings({"10.0.0.1": 0.0, "10.0.0.2": 0.3}, rtt=0.08)
     got = sample(ctx)
     assert ctx.executor.asked == {"10.0.0.1": 1, "10.0.0.2": SAMPLES}
     assert not settled(got[0], 50.0) and not suspect(got[0], 50.0) and suspect(got[1], 50.0)

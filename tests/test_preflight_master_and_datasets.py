@@ -39,18 +39,12 @@ def node_pids(hs) -> list[set[int]]:
 
 
 def new_pids(hs, before: list[set[int]]) -> list[set[int]]:
-    """Each host's processes not in before, but sshd's sessions of the launcher's logins. A
-    login's shell ends only after the launcher closed its side, so what is new is given a
-    moment (scaled to the machine's load) to end before it counts as left."""
-    def sshd_session(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                return fh.read().startswith(b"sshd")
-        except OSError:
-            return True   # gone
+    """Each host's processes not in before. sshd's session of a launcher's login ends only
+    after the launcher closed its side, so what is new is given a moment (scaled to the
+    machine's load) to end before it counts as left."""
     deadline = time.monotonic() + limit(10)
     while True:
-        new = [{p for p in now - b if not sshd_session(p)} for now, b in zip(node_pids(hs), before)]
+        new = [now - b for now, b in zip(node_pids(hs), before)]
         if not any(new) or time.monotonic() > deadline:
             return new
         time.sleep(0.1)

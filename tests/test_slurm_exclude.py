@@ -307,3 +307,21 @@ def test_drained_node_is_excluded_and_the_restart_job_shrinks(slurm3, tmp_path):
             shrunk["new_grad_accum"], shrunk["global_batch"], shrunk["lost"]) == (1, 2, 3, 2, 3, 6, lost)
     assert leftovers(slurm3, keep) == {h.name: set() for h in slurm3.hs.hosts}
     assert slurm3.run(["squeue", "-h"]).stdout.strip() == ""
+
+
+def test_check_allocates_with_the_batch_scripts_options_and_steps_overlap_in_it():
+    """`mlaunch check` under Slurm: salloc takes the options sbatch gets (an extra_sbatch key
+    may be written with or without its dashes, as in the batch script), and each probe is an
+    overlapping one-node step of that allocation (templates/slurm_salloc.j2, slurm_overlap.j2)."""
+    from launcher.backends.slurm.alloc import AllocationExecutor, salloc_argv
+    job = validate(_lora())
+    slurm = job.cluster.slurm.model_copy(update={"extra_sbatch": {"--gres": "gpu:2", "mail-type": "END"},
+                                                 "account": "ml"})
+    job = job.model_copy(update={"cluster": job.cluster.model_copy(update={"slurm": slurm})})
+    assert salloc_argv(job) == ["salloc", "--no-shell", "--nodes=3", "--ntasks-per-node=1",
+                                f"--job-name={job.name}-check", "--partition=gpu", "--account=ml",
+                                "--time=2-00:00:00", "--exclusive", "--gres=gpu:2", "--mail-type=END"]
+    ex = AllocationExecutor(job, "/nonexistent")
+    ex.job_id = "41"
+    assert ex._srun("n2") == ["srun", "--jobid=41", "--nodelist=n2", "--nodes=1", "--ntasks=1",
+                              "--overlap", "--unbuffered", "--quiet"]

@@ -74,9 +74,9 @@ def login(ssh: SSH, logins: list[str], known: dict[str, tuple[str, ...]]) -> dic
 
 def _resolve_one(ssh: SSH, login: str) -> Resolved | None:
     addr = login_addr(login)
-    argv = [a for a in render.render(
+    argv = render.argv_lines(
         "ssh_resolve.j2", config_file=os.path.expanduser(ssh.config_file) if ssh.config_file else None,
-        user=addr.user or ssh.user, port=_port(ssh, login), host=addr.name).splitlines() if a.strip()]
+        user=addr.user or ssh.user, port=_port(ssh, login), host=addr.name)
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                            timeout=RESOLVE_TIMEOUT_S)
