@@ -13,7 +13,7 @@ import pytest
 
 from launcher.transport.ssh_probe import Resolved
 from launcher.plan.launch_plan import build_plan
-from launcher.preflight import spares
+from launcher.backends.ssh import spares
 from launcher.spec import validate
 
 from .helpers import limit, mlaunch, script_job, write_spec

@@ -93,6 +93,13 @@ class Backend:
         from ..transport.staging import code_files
         return describe_plan(plan, full=full, list_code=code_files)
 
+    def probe_spares(self, plan, printer=None):
+        """cluster.spare_hosts checked beside the job's own connect: a spare that is a node under
+        another name refused (UserError), then each spare logged in to without holding the job
+        up. A probe whose wait() gives each failed spare's cause, or None (nothing to probe).
+        printer: submit's, which says each failure as it comes; None: `check` says them."""
+        return None
+
     def dryrun(self, plan, full: bool = False) -> Request:
         """The request that run/submit would run; nothing is contacted."""
         return Request(self.name, plan, self.show(plan, full))

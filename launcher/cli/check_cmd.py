@@ -12,7 +12,6 @@ def check_command(job_path: str, *, as_json: bool, run_id: str | None = None,
                   overrides: tuple[str, ...] = ()) -> int:
     """Every check, one table (or JSON) on stdout; 0 all pass, 1 any fail."""
     from ..backends import backend_of
-    from ..preflight import spares
     from ..preflight.runner import Ctx, run_ctx, unreachable_ranks
     from ..spec import load_spec
     from ..spec.overrides import parse
@@ -20,7 +19,7 @@ def check_command(job_path: str, *, as_json: bool, run_id: str | None = None,
     started = time.monotonic()   # the connects count: without them `check` reported near zero after long connects
     backend = backend_of(job)
     plan = backend.plan(job, run_id=run_id)
-    spare_probe = spares.begin(plan)   # refuses a spare that is a node under another name
+    spare_probe = backend.probe_spares(plan)   # refuses a spare that is a node under another name
     plan, executor, problems = backend.control(plan, "check")
     try:
         report = backend.check_rows(run_ctx(Ctx(plan, executor, unreachable_ranks(plan, problems))),
@@ -42,6 +41,6 @@ def _say_spares(probe, plan) -> None:
     """A warning line on stderr for each spare that failed its login (the table is the
     nodes'; a spare does not fail the check: the job does not need it), masked: ssh's words
     may hold what a ProxyCommand printed."""
-    from ..preflight import spares
+    from ..backends.ssh import spares
     for spare, cause in (probe.wait() if probe else {}).items():
         print(plan.mask(f"mlaunch: warning: {spares.warning(spare, cause)}"), file=sys.stderr, flush=True)

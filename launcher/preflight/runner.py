@@ -11,7 +11,7 @@ from ..transport.base import Executor
 from ..plan.launch_plan import LaunchPlan
 from ..spec import world_size
 from ..spec.hosts import HostAddr, parse_host
-from . import clock, collective, gpu, ifname, master, network, software, spares, staged, storage
+from . import clock, collective, gpu, ifname, master, network, software, staged, storage
 from .probe import Ctx, cleanup, gather_facts
 from .report import CheckResult, Report, sort_results
 

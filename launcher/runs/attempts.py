@@ -79,10 +79,9 @@ def run_request(request, opts: SubmitOptions, backend, out: TextIO | None = None
 
 def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
             rec: Recorder, backend) -> int:
-    from ..preflight import spares as spare_check   # here: the dry run imports no ssh module
     marks = phases.Pending()   # written once the run starts (_attempts): a refusal leaves none
     marks.mark("connect")
-    spare_check.at_submit(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
+    backend.probe_spares(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = backend.connect(plan)
     try:
         bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data

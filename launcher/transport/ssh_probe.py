@@ -5,7 +5,7 @@ the config (Host aliases, HostName, Port, ProxyJump, Match) exactly as a node's 
 will, and connects nowhere. login() is one login through the stream client's own options
 (transport/openssh.py: the same config file, key, known_hosts policy, jump host and
 ConnectTimeout) that runs `true`; what ssh said is the cause when it fails. Spare hosts use
-both at submit and in `mlaunch check` (preflight/spares.py); only backends run ssh.
+both at submit and in `mlaunch check` (backends/ssh/spares.py); only backends run ssh.
 """
 from __future__ import annotations
 

@@ -29,6 +29,10 @@ class SSHBackend(Backend):
         from ...transport.ssh import SSHExecutor  # fabric is imported only when SSH is really needed
         return SSHExecutor(logins, ssh)
 
+    def probe_spares(self, plan, printer=None):
+        from . import spares   # here: the dry run imports no ssh module
+        return spares.begin(plan) if printer is None else spares.at_submit(plan, printer)
+
     def reach_nodes(self, run, force: bool) -> Cancel:
         from .sweep import sweep
         return sweep(run, self, kill_now=force)

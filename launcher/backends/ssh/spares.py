@@ -1,4 +1,5 @@
-"""Spare hosts as the ssh config sees them, at submit and in `mlaunch check` (issue 50).
+"""Spare hosts as the ssh config sees them, at submit and in `mlaunch check` (issue 50): the
+ssh backend's probe_spares hook (a scheduler's backend has no spare hosts).
 
 A spare must be a machine the job does not use, and the spec's names can hide one: `n1x` in
 ~/.ssh/config (or cluster.ssh.config_file) may be node 1 under another name, and two nodes
@@ -19,11 +20,11 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from ..errors import Problem, UserError
-from ..transport import ssh_probe
-from ..plan.launch_plan import LaunchPlan
-from ..record.events import EventLog
-from ..spec.hosts import machine_key
+from ...errors import Problem, UserError
+from ...transport import ssh_probe
+from ...plan.launch_plan import LaunchPlan
+from ...record.events import EventLog
+from ...spec.hosts import machine_key
 
 DNS_WAIT_S = 2.0   # names DNS has not answered by then are compared by name only
 
