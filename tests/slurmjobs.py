@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from .helpers import SCRIPTS, free_port, mlaunch, write_spec
+from .helpers import SCRIPTS, free_port, limit, mlaunch, write_spec
 from .test_fanout import job_pids
 
 
@@ -41,7 +41,7 @@ def leftovers(cluster, keep: list[set[int]]) -> dict[str, set[int]]:
 
 
 def wait_until(cond, timeout: float = 120, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit(timeout)
     while not cond():
         assert time.monotonic() < deadline, f"timed out: {what}"
         time.sleep(0.2)

@@ -249,7 +249,7 @@ def test_live_view_in_a_terminal(make_hostset, tmp_path):
                "echo MLAUNCH-EXIT=$?; sleep 600")
         _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", cmd)
         try:
-            screens, steps, deadline = [], set(), time.monotonic() + 120
+            screens, steps, deadline = [], set(), time.monotonic() + limit(120)
             node0 = re.compile(rf"^node0\s+{re.escape(hs.hosts[0].ip)}\s+running\s+step (\d+)/30"
                                r"\s+out\s+\d+s\s+gpu0\s+\d+%\s+[\d.]+/\d+G", re.M)
             while time.monotonic() < deadline:
@@ -299,7 +299,7 @@ def test_attach_shows_the_detached_runs_status_lines(make_hostset, tmp_path):
         node0 = re.compile(rf"^node0\s+{re.escape(hs.hosts[0].ip)}\s+running\s+step (\d+)/40"
                            r".*gpu0\s+\d+%", re.M)
         try:
-            steps, deadline = set(), time.monotonic() + 120
+            steps, deadline = set(), time.monotonic() + limit(120)
             while time.monotonic() < deadline:
                 screen = _tmux("capture-pane", "-p", "-t", session, "-S", "-")
                 if "MLAUNCH-EXIT=" in screen:

@@ -37,7 +37,7 @@ def _job(tmp_path, *args: str, name: str = "t") -> dict:
 
 
 def _wait(cond, what: str, timeout: float = 120):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit(timeout)
     while not (got := cond()):
         assert time.monotonic() < deadline, what
         time.sleep(0.05)

@@ -20,7 +20,7 @@ def _state(cluster, job: str) -> str:
 
 
 def _wait_state(cluster, job: str, states: set[str], timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit(timeout)
     while time.monotonic() < deadline:
         state = _state(cluster, job)
         if state in states:
