@@ -20,7 +20,8 @@ import pytest
 
 from .loadfactor import limit
 from .test_training import assert_trained
-from .training import TRAINER_PYTHON, TRAINER_VENV, build_tiny, lf_spec, require_trainer, submit_timed
+from .training import (OPTIONAL_PATH, TRAINER_PYTHON, TRAINER_VENV, build_tiny, lf_spec, require_trainer,
+                       submit_timed)
 
 pytestmark = [pytest.mark.training]
 
@@ -62,7 +63,8 @@ OPTIMIZER_PACKAGES = ("badam", "adam_mini", "bitsandbytes")   # tests/env/traine
 def tiny(tmp_path_factory):
     python = require_trainer()
     code = "import importlib.util, sys; print([m for m in sys.argv[1:] if not importlib.util.find_spec(m)])"
-    r = subprocess.run([python, "-c", code, *OPTIMIZER_PACKAGES], capture_output=True, text=True, timeout=limit(120))
+    r = subprocess.run([python, "-c", code, *OPTIMIZER_PACKAGES], capture_output=True, text=True,
+                       timeout=limit(120), env={**os.environ, "PYTHONPATH": OPTIONAL_PATH})
     missing = r.stdout.strip()
     if missing != "[]":
         pytest.skip(f"the trainer venv {TRAINER_VENV} lacks {missing} (an older build): run "
@@ -78,7 +80,7 @@ def saved_optimizer(ckpt: str) -> dict:
              or glob.glob(os.path.join(ckpt, "global_step*", "mp_rank_00_model_states.pt")))
     assert len(found) == 1, os.listdir(ckpt)
     r = subprocess.run([TRAINER_PYTHON, "-c", _SUMMARY, found[0]], capture_output=True, text=True,
-                       timeout=limit(300))
+                       timeout=limit(300), env={**os.environ, "PYTHONPATH": OPTIONAL_PATH})
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -86,7 +88,7 @@ def saved_optimizer(ckpt: str) -> dict:
 def run_local(tmp_path, tiny, procs: int = 2, **kw):
     """One node, 2 processes by default (the optimizer path does not depend on the node count)."""
     out = str(tmp_path / "out")
-    r = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], procs, out, **kw))
+    r = submit_timed(tmp_path, with_optional(lf_spec(tiny, ["localhost"], procs, out, **kw)))
     return r, out
 
 
@@ -94,8 +96,16 @@ def run_hosts(make_hostset, tmp_path, tiny, **kw):
     """2 namespace hosts x 1 process."""
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
-        r = submit_timed(tmp_path, lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, **kw))
+        r = submit_timed(tmp_path, with_optional(lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, **kw)))
     return r, out
+
+
+def with_optional(spec: dict) -> dict:
+    """spec whose ranks also find the trainer venv's optional packages where its optimizer is
+    one of bitsandbytes' (the others' runs leave it out: peft imports it for every LoRA layer)."""
+    if "8bit" in str((spec.get("passthrough") or {}).get("optim", "")):
+        spec["cluster"]["env"]["PYTHONPATH"] = OPTIONAL_PATH
+    return spec
 
 
 def optimizer_class(r) -> str:

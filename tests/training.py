@@ -20,6 +20,9 @@ from .helpers import ROOT, free_port, ssh_of
 
 TRAINER_VENV = os.environ.get("MLAUNCH_TRAINER_VENV", os.path.join(ROOT, ".venvs", "trainer"))
 TRAINER_PYTHON = os.path.join(TRAINER_VENV, "bin", "python")
+# Packages that the trainer venv keeps off its default path (tests/env/make_trainer_venv.sh
+# park_bitsandbytes): a test that needs one puts this folder on the job's PYTHONPATH.
+OPTIONAL_PATH = os.path.join(TRAINER_VENV, "optional")
 SWIFT_VENV = os.environ.get("MLAUNCH_SWIFT_VENV", os.path.join(ROOT, ".venvs", "swift"))
 SWIFT_PYTHON = os.path.join(SWIFT_VENV, "bin", "python")
 
