@@ -89,6 +89,16 @@ def test_world_of_one_trains_without_torchrun_and_restarts(tmp_path, tiny):
     state = trainer_state(out)
     assert state["global_step"] == 12 and sorted(losses(state)) == list(range(1, 13))
     assert os.path.exists(os.path.join(out, "adapter_model.safetensors"))
+    # The restarted run trains the uninterrupted run's model: the same spec, not cut, has the
+    # same loss at each of the 9 steps after checkpoint-3 (Adam's moments restored, or step 5 on
+    # would differ) and at the 3 before it.
+    ref_out = str(tmp_path / "reference")
+    ref = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 1, ref_out, max_steps=12, save_steps=3))
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-2000:]
+    got, want = losses(state), losses(trainer_state(ref_out))
+    print(f"[losses] world 1 restarted from checkpoint-3: {got}; uninterrupted: {want}")
+    for step in range(1, 13):
+        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
     # In-process: no torchrun anywhere in the job, and no process-group environment.
     assert len(watch.trainers()) >= 2, "both attempts' trainers should have been seen"
     assert not [c for c, _ in watch.seen.values() if b"torchrun" in c], "torchrun ran"
