@@ -61,7 +61,7 @@ def reload_full(out: str) -> None:
         "x = torch.tensor([[1, 2, 3]]); assert m(x).logits.shape[-1] > 0; print('OK')\n")
 
 
-VARIANTS = {  # name: (finetuning, deepspeed). LoRA without DeepSpeed is the ref10 run below;
+VARIANTS = {  # name: (finetuning, deepspeed). LoRA without DeepSpeed is the ref20 run below;
     # LoRA under ZeRO-2 and full under ZeRO-3 are test_deepspeed_training's weight-decay runs,
     # which check the same outputs (assert_outputs): one trainer run each fewer.
     "freeze": ({"type": "freeze", "freeze_trainable_layers": 1}, None),
@@ -106,47 +106,47 @@ def test_train_variants(make_hostset, tmp_path, tiny, variant):
 
 
 @pytest.fixture(scope="module")
-def ref10_run(tiny, tmp_path_factory) -> tuple[str, str]:
-    """(output_dir, console) of an uninterrupted 10-step LoRA run on 2 hosts × 1 through
-    submit's preflight, as users' runs go, checkpoints 5 and 10: the LoRA variant's outputs,
+def ref20_run(tiny, tmp_path_factory) -> tuple[str, str]:
+    """(output_dir, console) of an uninterrupted 20-step LoRA run on 2 hosts × 1 through
+    submit's preflight, as users' runs go, a checkpoint every 5 steps: the LoRA variant's outputs,
     the restart test's reference losses and the half-checkpoint test's checkpoint-5 (two
     trainer runs fewer than each making its own)."""
     from . import hosts as _hosts
     if (reason := _hosts.skip_reason()) is not None:
         pytest.skip(reason)
-    base = tmp_path_factory.mktemp("ref10")
+    base = tmp_path_factory.mktemp("ref20")
     out = str(base / "out")
     with _hosts.make_hosts(2) as hs:
-        r = submit_timed(base, lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10,
+        r = submit_timed(base, lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=20,
                                        save_steps=5), preflight=True)
-    assert_trained(r, out, 10)
+    assert_trained(r, out, 20)
     return out, r.stdout
 
 
 @pytest.fixture(scope="module")
-def ref10(ref10_run) -> str:
-    return ref10_run[0]
+def ref20(ref20_run) -> str:
+    return ref20_run[0]
 
 
-def test_lora_trains_through_preflight_and_reloads(ref10_run, tiny):
-    out, console = ref10_run
+def test_lora_trains_through_preflight_and_reloads(ref20_run, tiny):
+    out, console = ref20_run
     assert "preflight" in console
     assert os.path.isfile(os.path.join(out, "checkpoint-5", "trainer_state.json"))
     reload_adapter(tiny["model"], out)
     assert node_logs(out) == ["node0", "node1"]
 
 
-def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, tiny, ref10):
+def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, tiny, ref20):
     """A detached run (submit -d) whose worker on host 1 is killed after checkpoint-5: one
-    automatic restart resumes there, steps 6-10 have the uninterrupted run's losses, and the
+    automatic restart resumes there, steps 6-20 have the uninterrupted run's losses, and the
     registry records both attempts (one trainer run serves the restart and the detach tests)."""
     from .runs import Runs
     runs = Runs(str(tmp_path / "home"))
     out = str(tmp_path / "out")
-    ref_state = trainer_state(ref10)
+    ref_state = trainer_state(ref20)
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        spec = held_at(lf_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
+        spec = held_at(lf_spec(tiny, hosts, 1, out, hs=hs, max_steps=20, save_steps=5, max_restarts=1,
                                restart_backoff_s=1), 5, str(tmp_path / "hold"))
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
                            b"llamafactory.launcher", release=str(tmp_path / "hold")) as killed:
@@ -163,13 +163,13 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
         (0, "failed", first, None), (1, "succeeded", 0, f"{out}/checkpoint-5")]
     assert all(os.path.exists(p) for a in attempts for p in a.log_paths)
     state = trainer_state(out)
-    assert state["global_step"] == 10
+    assert state["global_step"] == 20
     got = losses(state)
-    assert sorted(got) == list(range(1, 11)) and all(v == v and v > 0 for v in got.values())
+    assert sorted(got) == list(range(1, 21)) and all(v == v and v > 0 for v in got.values())
     assert "restart 1/1: resuming from" in console and f"{out}/checkpoint-5" in console
     assert attempt_exit(console, 1) == 0
     ref_loss = losses(ref_state)
-    for step in range(6, 11):
+    for step in range(6, 21):
         assert got[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-6), (step, got, ref_loss)
     logs = os.listdir(os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0]))
     assert any(".attempt1." in name for name in logs)
@@ -200,14 +200,14 @@ def check_phases(out: str, attempts) -> None:
     assert set(phases.back_to_training_s(got)) == {1}
 
 
-def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tiny, ref10):
+def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tiny, ref20):
     """--overwrite leaves an older run's checkpoint-100 in place (nothing is deleted); an
     automatic restart must resume from this run's checkpoint-5, not from that one."""
     out, name = str(tmp_path / "out"), own_name("overwrite-restart")
     old = os.path.join(out, "checkpoint-100")
-    # An older run's complete checkpoint of step 100: the shared 10-step run's checkpoint-5,
+    # An older run's complete checkpoint of step 100: the shared 20-step run's checkpoint-5,
     # renamed (it is never loaded; a trainer run of its own cost 13 s of CPU).
-    shutil.copytree(os.path.join(ref10, "checkpoint-5"), old)
+    shutil.copytree(os.path.join(ref20, "checkpoint-5"), old)
     state_path = os.path.join(old, "trainer_state.json")
     state = json.load(open(state_path))
     json.dump({**state, "global_step": 100}, open(state_path, "w"))
@@ -222,15 +222,15 @@ def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tin
     assert json.load(open(state_path))["global_step"] == 100, "the older run's checkpoint changed"
 
 
-def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny, ref10):
+def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny, ref20):
     """An output_dir whose complete checkpoint-5 is the reference run's (same spec, same world)
     and a half-written checkpoint-10 planted beside it: --resume takes checkpoint-5, and the
-    resumed steps 6-10 have the reference's losses."""
+    resumed steps 6-20 have the reference's losses."""
     out = str(tmp_path / "out")
     os.makedirs(out)
-    shutil.copytree(os.path.join(ref10, "checkpoint-5"), os.path.join(out, "checkpoint-5"))
+    shutil.copytree(os.path.join(ref20, "checkpoint-5"), os.path.join(out, "checkpoint-5"))
     with make_hostset(2) as hs:
-        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10, save_steps=5)
+        spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=20, save_steps=5)
         half = os.path.join(out, "checkpoint-10")
         os.makedirs(half)
         with open(os.path.join(half, "adapter_model.safetensors"), "wb") as fh:
@@ -239,9 +239,9 @@ def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny, ref1
     assert "checkpoint-10: no trainer_state.json (interrupted save?) — using checkpoint-5" in r.stdout
     assert f"resuming from {out}/checkpoint-5" in r.stdout
     state = trainer_state(out)
-    assert r.returncode == 0 and state["global_step"] == 10
+    assert r.returncode == 0 and state["global_step"] == 20
     assert os.path.exists(os.path.join(half, "adapter_model.safetensors")), "mlaunch deleted a file"
     assert json.load(open(os.path.join(out, "checkpoint-5", "trainer_state.json")))["global_step"] == 5
-    got, want = losses(state), losses(trainer_state(ref10))
-    for step in range(6, 11):
+    got, want = losses(state), losses(trainer_state(ref20))
+    for step in range(6, 21):
         assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), (step, got, want)
