@@ -74,52 +74,52 @@ def assert_trained(r, out: str, steps: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lora10(tiny, tmp_path_factory):
-    """(submit result, output_dir) of an uninterrupted 10-step LoRA run, checkpoints 5 and 10,
+def lora20(tiny, tmp_path_factory):
+    """(submit result, output_dir) of an uninterrupted 20-step LoRA run, a checkpoint every 5 steps,
     on 2 hosts × 1: what test_swift_lora_trains checks, and the restart test's reference
     losses (one swift run fewer than a reference run of its own)."""
     from . import hosts as _hosts
     if (reason := _hosts.skip_reason()) is not None:
         pytest.skip(reason)
-    base = tmp_path_factory.mktemp("lora10")
+    base = tmp_path_factory.mktemp("lora20")
     out = str(base / "out")
     with _hosts.make_hosts(2) as hs:
         r = submit_timed(base, swift_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs,
-                                          max_steps=10, save_steps=5))
+                                          max_steps=20, save_steps=5))
     return r, out
 
 
-def test_swift_lora_trains(lora10):
-    r, out = lora10
-    assert_trained(r, out, 10)
+def test_swift_lora_trains(lora20):
+    r, out = lora20
+    assert_trained(r, out, 20)
     first = checkpoint(out, 5)
-    assert os.path.dirname(first) == os.path.dirname(checkpoint(out, 10))  # one v<N>-<ts> dir
+    assert os.path.dirname(first) == os.path.dirname(checkpoint(out, 20))  # one v<N>-<ts> dir
     names = set(os.listdir(first))
     assert {"adapter_model.safetensors", "trainer_state.json", "optimizer.pt"} <= names
     # Real DDP over the 2 ranks: one RNG state per rank (a rank training alone writes one).
     assert {f"rng_state_{i}.pth" for i in range(2)} <= names, names
 
 
-def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, tiny, lora10):
-    ref_state = assert_trained(*lora10, 10)   # the same job, uninterrupted
+def test_swift_restart_resumes_from_latest_version_dir(make_hostset, tmp_path, tiny, lora20):
+    ref_state = assert_trained(*lora20, 20)   # the same job, uninterrupted
     out = str(tmp_path / "out")
     with make_hostset(2) as hs:
         hosts = [h.ip for h in hs.hosts]
-        spec = held_at(swift_spec(tiny, hosts, 1, out, hs=hs, max_steps=10, save_steps=5, max_restarts=1,
+        spec = held_at(swift_spec(tiny, hosts, 1, out, hs=hs, max_steps=20, save_steps=5, max_restarts=1,
                                   restart_backoff_s=1), 5, str(tmp_path / "hold"))
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "v*-*", "checkpoint-5", "trainer_state.json"),
                            b"swift.cli.sft", release=str(tmp_path / "hold")) as killed:
             r = submit_timed(tmp_path, spec)
     assert killed, "no worker was killed"
-    state = assert_trained(r, out, 10)
+    state = assert_trained(r, out, 20)
     first = checkpoint(out, 5)
     assert f"restart 1/1: resuming from {first}" in r.stdout, r.stdout[-3000:]
     assert attempt_exit(r.stdout, 0) in KILLED_OR_PEER and attempt_exit(r.stdout, 1) == 0
     # The restart wrote its checkpoints into a new, later version directory.
-    v_first, v_last = (os.path.basename(os.path.dirname(p)) for p in (first, checkpoint(out, 10)))
+    v_first, v_last = (os.path.basename(os.path.dirname(p)) for p in (first, checkpoint(out, 20)))
     assert int(v_first[1:].split("-")[0]) < int(v_last[1:].split("-")[0]), (v_first, v_last)
     ref_loss, got = losses(ref_state), losses(state)
-    for step in range(6, 11):
+    for step in range(6, 21):   # the 15 steps after the kill
         assert got[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-6), (step, got, ref_loss)
 
 
