@@ -147,10 +147,10 @@ def tiny(tmp_path_factory):
     return {**build_tiny(str(root)), "root": str(root)}
 
 
-def lf_in_image(tiny: dict, hs, image: str, out: str, tmp_path, **kw) -> dict:
+def lf_in_image(tiny: dict, hs, image: str, out: str, tmp_path, max_steps: int = 10, **kw) -> dict:
     """The tiny LLaMA-Factory LoRA job of the training tests, each node's torchrun in the image."""
     from .training import lf_spec
-    spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=10, save_steps=5, **kw)
+    spec = lf_spec(tiny, [h.ip for h in hs.hosts], 1, out, hs=hs, max_steps=max_steps, save_steps=5, **kw)
     spec["cluster"]["python"] = IMAGE_PYTHON
     spec["cluster"]["container"] = container_block(image, tiny["root"], str(tmp_path))
     spec["name"] = "lfbox" + secrets.token_hex(3)
@@ -160,17 +160,17 @@ def lf_in_image(tiny: dict, hs, image: str, out: str, tmp_path, **kw) -> dict:
 def test_llamafactory_lora_in_containers_resumes_after_a_killed_worker(make_hostset, image, tiny, tmp_path):
     """Real LLaMA-Factory LoRA on 2 namespace hosts, each node's torchrun in a podman
     container: a worker on host 1 killed after checkpoint-5 makes one automatic restart
-    (new containers) that resumes there; steps 6-10 have the losses of an uninterrupted run
+    (new containers) that resumes there; steps 6-20 have the losses of an uninterrupted run
     in the same image, and no container or process of either run is left."""
     from .training import (KILLED_OR_PEER, attempt_exit, held_at, losses, submit_timed, trainer_state,
                            worker_killed)
     ref_out, out = str(tmp_path / "ref"), str(tmp_path / "out")
     with make_hostset(2) as hs:
-        ref = lf_in_image(tiny, hs, image, ref_out, tmp_path)
+        ref = lf_in_image(tiny, hs, image, ref_out, tmp_path, max_steps=20)
         r = submit_timed(tmp_path, ref, timeout=900, preflight=True)   # preflight in the image passes
         assert "preflight" in r.stdout and r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
         hold = str(tmp_path / "hold")
-        spec = held_at(lf_in_image(tiny, hs, image, out, tmp_path, max_restarts=1, restart_backoff_s=1),
+        spec = held_at(lf_in_image(tiny, hs, image, out, tmp_path, max_steps=20, max_restarts=1, restart_backoff_s=1),
                        5, hold)
         with worker_killed(hs.hosts[1].pids, os.path.join(out, "checkpoint-5", "trainer_state.json"),
                            b"llamafactory.launcher", release=hold) as killed:
@@ -181,8 +181,8 @@ def test_llamafactory_lora_in_containers_resumes_after_a_killed_worker(make_host
         assert attempt_exit(console, 0) in KILLED_OR_PEER and attempt_exit(console, 1) == 0, console[-3000:]
         assert f"resuming from {out}/checkpoint-5" in console
         got, want = losses(trainer_state(out)), losses(trainer_state(ref_out))
-        assert trainer_state(out)["global_step"] == 10 and sorted(got) == list(range(1, 11))
-        for step in range(6, 11):
+        assert trainer_state(out)["global_step"] == 20 and sorted(got) == list(range(1, 21))
+        for step in range(6, 21):   # the 15 steps after the kill
             assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), (step, got, want)
         for name in (ref["name"], spec["name"]):
             wait_nothing_left(hs.hosts, name)
