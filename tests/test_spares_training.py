@@ -14,8 +14,9 @@ import re
 import pytest
 
 from .helpers import limit
-from .training import (adam_moments, adam_steps, build_tiny, by_attempt, held_at, lf_spec, logged, losses,
-                       require_trainer, same_optimizer_state, submit_and_cut, submit_timed, trainer_state)
+from .training import (adam_moments, adam_steps, build_tiny, by_attempt, cut_then_release, held_at, lf_spec,
+                       logged, losses, require_trainer, same_optimizer_state, submit_and_cut, submit_timed,
+                       trainer_state)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -46,7 +47,7 @@ def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
         spec["cluster"] |= {"spare_hosts": [spare.ip], "hangup_after_s": 6}
         held_at(spec, 5, where)
         held = lambda: len(glob.glob(f"{where}/held-5-rank*")) == 3  # noqa: E731
-        code, rest = submit_and_cut(tmp_path, spec, held, lambda _: _cut_then_release(b, where))
+        code, rest = submit_and_cut(tmp_path, spec, held, lambda _: cut_then_release(b, where))
     assert code == 0, rest[-4000:]
     assert re.search(rf"host replaced: node1 {re.escape(b.ip)} -> spare {re.escape(spare.ip)} "
                      r"\(connection lost: not responding [^\n]*\); the world stays 3 processes", rest), rest[-4000:]
@@ -65,11 +66,6 @@ def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
     print(f"[losses] attempt 0: {first}; attempt 1 on the spare: {second}; uninterrupted: {reference}")
     for step, loss in {**first, **second}.items():
         assert loss == pytest.approx(reference[step], rel=1e-5), (step, first, second, reference)
-
-
-def _cut_then_release(host, where: str) -> None:
-    host.link_down()
-    open(os.path.join(where, "release"), "w").close()
 
 
 CUT_AT, AFTER = 5, 20   # the checkpoint the freeze follows; steps compared after the cut

@@ -15,7 +15,8 @@ import re
 import pytest
 
 from .helpers import free_port, limit, ssh_of
-from .training import (KILLED_OR_PEER, SWIFT_PYTHON, adam_steps, attempt_exit, build_tiny, by_attempt, held_at, logged, losses,
+from .training import (KILLED_OR_PEER, SWIFT_PYTHON, adam_steps, attempt_exit, build_tiny, by_attempt,
+                       cut_then_release, held_at, logged, losses,
                        require_swift, require_trainer, submit_and_cut, submit_timed, tiny_schedule,
                        worker_killed)
 
@@ -152,7 +153,7 @@ def test_swift_zero3_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make
         spec["cluster"] |= {"min_nodes": 2, "hangup_after_s": 6}
         held_at(spec, 3, where)
         held = lambda: len(glob.glob(f"{where}/held-3-rank*")) == 3  # noqa: E731
-        code, rest = submit_and_cut(tmp_path, spec, held, lambda _: _cut_then_release(hs.hosts[2], where))
+        code, rest = submit_and_cut(tmp_path, spec, held, lambda _: cut_then_release(hs.hosts[2], where))
     assert code == 0, rest[-4000:]
     assert re.search(rf"shrink: lost node2 {re.escape(hosts[2])} \(connection lost: not responding "
                      r"[^\n]*\); the next attempt runs on 2 nodes, world 3 -> 2 processes, "
@@ -185,8 +186,3 @@ def test_swift_zero3_lost_node_shrinks_3_to_2_from_the_universal_checkpoint(make
           "relative difference: " + "; ".join(f"{s} {second[s]:.4f} {reference[s]:.4f} {rel[s]:+.2%}" for s in rel))
     assert all(abs(v) < 0.002 for v in rel.values()), rel
     assert got[last] < got[4], got
-
-
-def _cut_then_release(host, where: str) -> None:
-    host.link_down()
-    open(os.path.join(where, "release"), "w").close()

@@ -187,6 +187,13 @@ def held_at(spec: dict, step: int, where: str) -> dict:
     return spec
 
 
+def cut_then_release(host, where: str) -> None:
+    """The link of a namespace host cut, then the trainers held by held_at(where) released:
+    the others go on into their next collective and block on that host."""
+    host.link_down()
+    open(os.path.join(where, "release"), "w").close()
+
+
 @contextmanager
 def worker_killed(pids, state_glob: str, module: bytes, **kw):
     """While the block runs, kill_worker_when(pids, state_glob, module, **kw) watches in a
