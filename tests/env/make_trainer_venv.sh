@@ -8,6 +8,7 @@
 # tests/env/trainer-requirements.txt, plus two local workarounds:
 #   * a stand-in `torchaudio` package      (tests/env/stubs/torchaudio)
 #   * a sitecustomize.py for CPU DDP resume (tests/env/sitecustomize)
+# and bitsandbytes moved out of site-packages into DEST/optional (park_bitsandbytes).
 # See tests/env/README.md for why. The shared steps are in tests/env/venv_lib.sh.
 #
 # Environment:
@@ -52,7 +53,6 @@ import torchaudio
 
 assert getattr(torchaudio, "STUB", False), "torchaudio is not the stub"
 assert importlib.util.find_spec("bitsandbytes") is None, "bitsandbytes is on the default path"
-sys.path.insert(0, os.path.join(sys.prefix, "optional"))
 import deepspeed  # noqa: F401
 import llamafactory.train.tuner  # noqa: F401
 import peft  # noqa: F401
@@ -61,6 +61,8 @@ import transformers  # noqa: F401
 import trl  # noqa: F401
 import adam_mini  # noqa: F401
 import badam  # noqa: F401
+
+sys.path.insert(0, os.path.join(sys.prefix, "optional"))   # as the 8-bit optimizer tests' jobs
 import bitsandbytes  # noqa: F401
 
 names = ["torch", "transformers", "tokenizers", "accelerate", "datasets", "peft", "trl",
