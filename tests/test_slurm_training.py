@@ -98,11 +98,13 @@ def test_zero2_drained_node_shrinks_3_to_2_through_a_universal_conversion_job(sl
     lost = []
 
     def cut(console: str) -> None:   # node 2 of the first attempt
-        first = re.search(r"slurm job (\d+) running on (\S+), (\S+), (\S+)\n", console)
-        assert first, console
-        lost.append(first.group(4))
-        drain_and_kill(slurm3, lost[0])
-        open(os.path.join(hold, "release"), "w").close()
+        try:
+            first = re.search(r"slurm job (\d+) running on (\S+), (\S+), (\S+)\n", console)
+            assert first, console
+            lost.append(first.group(4))
+            drain_and_kill(slurm3, lost[0])
+        finally:   # a failed cut must not leave the trainers held on the module's cluster
+            open(os.path.join(hold, "release"), "w").close()
     code, console = submit_and_cut(tmp_path, spec, os.path.join(out, "checkpoint-3", "trainer_state.json"),
                                    cut, "--no-preflight", env={"SLURM_CONF": slurm3.conf})
     lost = lost[0]
