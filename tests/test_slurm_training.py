@@ -11,8 +11,8 @@ from .runs import Runs
 from .slurmjobs import baseline, drain_and_kill, leftovers, slurm_cluster
 from .loadfactor import limit
 from .training import (KILLED_OR_PEER, TRAINER_PYTHON, adam_moments, adam_steps, build_tiny, held_at, lf_spec,
-                       losses, require_trainer, same_optimizer_state, submit_and_cut, submit_timed, trainer_state,
-                       worker_killed)
+                       losses, require_trainer, same_optimizer_state, submit_and_cut, trainer_state,
+                       uninterrupted, worker_killed)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -64,10 +64,9 @@ def test_killed_worker_restarts_from_its_checkpoint_as_a_new_job(slurm2, tmp_pat
     assert sorted(p for p in os.listdir(run_dir) if p.startswith("node") and ".attempt" not in p) == [
         f"node{k}-{n}.log" for k, n in enumerate(names)]
     assert leftovers(slurm2, keep) == {h.name: set() for h in slurm2.hs.hosts}
-    ref_out = str(tmp_path / "reference")
-    r = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 2, ref_out, max_steps=20, save_steps=5))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    got, want = losses(state), losses(trainer_state(ref_out))
+    got = losses(state)
+    want = uninterrupted(tmp_path, lf_spec(tiny, ["localhost"], 2, str(tmp_path / "reference"),
+                                           max_steps=20, save_steps=5))
     print(f"[losses] Slurm, restarted from checkpoint-5: {got}; uninterrupted: {want}")
     for step in range(1, 21):
         assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
@@ -125,9 +124,7 @@ def test_zero2_drained_node_shrinks_3_to_2_through_a_universal_conversion_job(sl
     ref_out = str(tmp_path / "reference")
     ref = lf_spec(tiny, ["localhost"], 2, ref_out, **sched)
     ref["batch"] = {"per_device": 2, "grad_accum": 3}
-    r = submit_timed(tmp_path, ref, timeout=limit(900))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    want = losses(trainer_state(ref_out))
+    want = uninterrupted(tmp_path, ref, timeout=limit(900))
     rel = {s: got[s] / want[s] - 1 for s in range(4, 16)}
     print("[losses] Slurm ZeRO-2 shrunk 3 -> 2 after step 3: step, shrunk, uninterrupted world 2, "
           "relative difference: " + "; ".join(f"{s} {got[s]:.4f} {want[s]:.4f} {rel[s]:+.2%}" for s in rel))

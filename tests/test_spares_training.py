@@ -15,8 +15,8 @@ import pytest
 
 from .helpers import limit
 from .training import (adam_moments, adam_steps, build_tiny, by_attempt, cut_then_release, held_at, lf_spec,
-                       logged, losses, require_trainer, same_optimizer_state, submit_and_cut, submit_timed,
-                       trainer_state)
+                       logged, losses, require_trainer, same_optimizer_state, submit_and_cut, trainer_state,
+                       uninterrupted)
 
 pytestmark = [pytest.mark.multihost, pytest.mark.training]
 
@@ -59,10 +59,8 @@ def test_lora_lost_node_resumes_on_the_spare(make_hostset, tmp_path, tiny):
     assert sorted(first) == list(range(1, 6)) and sorted(second) == list(range(6, STEPS + 1)), rows
     for step, loss in losses(state).items():   # the final curve: attempt 0's to the checkpoint, then the spare's
         assert loss == pytest.approx(first[step] if step <= 5 else second[step], rel=1e-5), step
-    ref_out = str(tmp_path / "reference")
-    r = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 3, ref_out, max_steps=STEPS, save_steps=5))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    reference = losses(trainer_state(ref_out))
+    reference = uninterrupted(tmp_path, lf_spec(tiny, ["localhost"], 3, str(tmp_path / "reference"),
+                                                max_steps=STEPS, save_steps=5))
     print(f"[losses] attempt 0: {first}; attempt 1 on the spare: {second}; uninterrupted: {reference}")
     for step, loss in {**first, **second}.items():
         assert loss == pytest.approx(reference[step], rel=1e-5), (step, first, second, reference)
@@ -93,11 +91,9 @@ def _shrink_and_reference(make_hostset, tmp_path, tiny, deepspeed: dict) -> tupl
         finally:
             hs.hosts[3].thaw()
     assert code == 0, rest[-4000:]
-    ref_out = str(tmp_path / "reference")
-    ref = lf_spec(tiny, ["localhost"], 3, ref_out, **sched) | {"batch": {"per_device": 1, "grad_accum": 4}}
-    r = submit_timed(tmp_path, ref, timeout=limit(900))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return rest, [h.ip for h in hs.hosts], out, losses(trainer_state(ref_out))
+    ref = lf_spec(tiny, ["localhost"], 3, str(tmp_path / "reference"), **sched) | {
+        "batch": {"per_device": 1, "grad_accum": 4}}
+    return rest, [h.ip for h in hs.hosts], out, uninterrupted(tmp_path, ref, timeout=limit(900))
 
 
 def _freeze_then_release(host, where: str) -> None:

@@ -187,6 +187,15 @@ def held_at(spec: dict, step: int, where: str) -> dict:
     return spec
 
 
+def uninterrupted(tmp_path, spec: dict, timeout: float = 600) -> dict[int, float]:
+    """step -> loss of spec run to its end through `mlaunch submit`: the uninterrupted
+    reference a restarted, spared or shrunk run's curve is held to (spec's output_dir keeps its
+    checkpoints for an optimizer-state comparison)."""
+    r = submit_timed(tmp_path, spec, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return losses(trainer_state(spec["output_dir"]))
+
+
 def cut_then_release(host, where: str) -> None:
     """The link of a namespace host cut, then the trainers held by held_at(where) released:
     the others go on into their next collective and block on that host."""
