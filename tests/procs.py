@@ -36,7 +36,7 @@ def job_pids_left(run_id_prefix: str, wait_s: float = 10.0) -> set[int]:
     the relay: what the teardown ends, and the guard would end later) is left at once."""
     import time
     left = job_pids(run_id_prefix)
-    others = {p for p in left if _program(p) not in (None, *GUARD_PROGRAMS)}
+    others = {p for p in left if program_name(p) not in (None, *GUARD_PROGRAMS)}
     deadline = time.monotonic() + wait_s
     while left and not others and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -44,7 +44,7 @@ def job_pids_left(run_id_prefix: str, wait_s: float = 10.0) -> set[int]:
     return others or left
 
 
-def _program(pid: int) -> str | None:
+def program_name(pid: int) -> str | None:
     """The base name of pid's argv[0]; None when it is gone."""
     import os
     try:

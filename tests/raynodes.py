@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from .helpers import SCRIPTS, free_port, limit
+from .procs import GUARD_PROGRAMS, program_name
 
 
 def ray_script_job(cluster, tmp_path, script: str, args: list[str], *, nodes: int = 3,
@@ -69,6 +71,19 @@ def run_procs(cluster, run_id: str) -> dict[str, set[tuple[int, int]]]:
                 pid = _parent(pid)
         out[h.name] = {(p, s) for p in found if (s := _start(p)) is not None}
     return out
+
+
+def run_procs_left(cluster, run_id: str, wait_s: float = 10.0) -> dict[str, set[tuple[int, int]]]:
+    """run_procs once mlaunch has returned. A node's hang-up guard (tests/procs.py's
+    GUARD_PROGRAMS) ends just after its session closed, so while only those are left they
+    get up to wait_s (scaled to the load) to end; anything else is returned at once."""
+    deadline = time.monotonic() + limit(wait_s)
+    while True:
+        left = run_procs(cluster, run_id)
+        others = any(program_name(p) not in (None, *GUARD_PROGRAMS) for ps in left.values() for p, _ in ps)
+        if others or not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def still_alive(procs: dict[str, set[tuple[int, int]]]) -> dict[str, set[int]]:

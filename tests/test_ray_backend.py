@@ -12,7 +12,7 @@ import re
 import pytest
 
 from .helpers import mlaunch, write_spec
-from .raynodes import ray_script_job, ray_state, run_procs, still_alive
+from .raynodes import ray_script_job, ray_state, run_procs, run_procs_left, still_alive
 from .runs import Runs
 
 pytestmark = pytest.mark.multihost
@@ -37,7 +37,7 @@ def test_allreduce_across_three_ray_nodes(ray3, tmp_path):
     logs = sorted(glob.glob(str(tmp_path / "out" / "logs" / "*" / "node*.log")))
     assert [os.path.basename(p) for p in logs] == [f"node{k}-bundle{k}.log" for k in range(3)]
     run_id = re.search(r"job (\S+) succeeded", r.stdout).group(1)
-    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    assert run_procs_left(ray3, run_id) == {h.name: set() for h in ray3.hs}
     state = ray_state(ray3, run_id)
     assert state["agents"] == [] and set(state["groups"]) <= {"REMOVED"}, state
 
@@ -48,7 +48,7 @@ def test_a_rank_failing_ends_the_run_with_its_code_and_nothing_is_left(ray3, tmp
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr
     assert re.search(r"^\[node2 bundle2 local0\] rank 4 exiting 3$", r.stdout, re.M), r.stdout[-3000:]
     run_id = re.search(r"run (\S+): 3 nodes", r.stdout).group(1)
-    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    assert run_procs_left(ray3, run_id) == {h.name: set() for h in ray3.hs}
 
 
 def test_stop_of_a_detached_run_leaves_nothing_and_the_cluster_runs_the_next_job(ray3, tmp_path):
@@ -65,7 +65,7 @@ def test_stop_of_a_detached_run_leaves_nothing_and_the_cluster_runs_the_next_job
     stop = runs.cli("stop", run_id, timeout=240)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert still_alive(procs) == {h.name: set() for h in ray3.hs}
-    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    assert run_procs_left(ray3, run_id) == {h.name: set() for h in ray3.hs}
     assert runs.run(run_id)["state"] == "stopped", open(runs.console_path(run_id)).read()[-3000:]
     state = ray_state(ray3, run_id)
     assert state["agents"] == [] and set(state["groups"]) <= {"REMOVED"} and state["alive"] == 3, state
@@ -98,7 +98,7 @@ def test_ctrl_c_of_a_foreground_run_tears_it_down_on_every_ray_node(ray3, tmp_pa
     assert proc.returncode == 130, "".join(seen)[-2000:] + out[-3000:] + err
     assert "interrupted: tearing down" in out
     assert still_alive(procs) == {h.name: set() for h in ray3.hs}
-    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    assert run_procs_left(ray3, run_id) == {h.name: set() for h in ray3.hs}
     state = ray_state(ray3, run_id)
     assert state["agents"] == [] and set(state["groups"]) <= {"REMOVED"} and state["alive"] == 3, state
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .raynodes import run_procs
+from .raynodes import run_procs_left
 from .runs import Runs
 from .test_ray_training import ray_lf, tiny  # noqa: F401  (the module's tiny model fixture)
 from .training import losses, submit_timed, trainer_state
@@ -85,4 +85,4 @@ def test_raylet_killed_mid_run_shrinks_3_to_2_and_keeps_the_global_batch(ray3, t
           "; ".join(f"{s} {got[s]:.5f} {reference[s]:.5f}" for s in range(1, 15)))
     for step in range(5, 15):   # the same samples per step at either world: the same model
         assert got[step] == pytest.approx(reference[step], rel=1e-4), (step, got, reference)
-    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    assert run_procs_left(ray3, run_id) == {h.name: set() for h in ray3.hs}

@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from .helpers import mlaunch, write_spec
-from .raynodes import ray_script_job, run_procs
+from .raynodes import ray_script_job, run_procs_left
 from .runs import Runs
 
 pytestmark = pytest.mark.multihost
@@ -41,4 +41,4 @@ def test_lost_ray_node_is_replaced_by_a_free_one_world_kept(ray3, tmp_path):
     assert {ip for _, ip in again} == ({*placed.values()} - {victim.ip}) | {free.ip}, again
     done = sorted(p.name for p in out.iterdir() if p.name.startswith("done-"))
     assert done == ["done-rank0-attempt1", "done-rank1-attempt1"], done
-    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    assert run_procs_left(ray3, run_id) == {h.name: set() for h in ray3.hs}

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from .raynodes import run_procs
+from .raynodes import run_procs_left
 from .runs import Runs
 from .training import (KILLED_OR_PEER, TRAINER_PYTHON, attempt_exit, build_tiny, held_at, lf_spec,
                        losses, require_trainer, submit_timed, trainer_state, worker_killed)
@@ -68,4 +68,4 @@ def test_lora_through_ray_and_a_killed_worker_resumes_like_the_uninterrupted_run
     assert state["global_step"] == 20 and sorted(got) == list(range(1, 21))
     for step in range(6, 21):   # the 15 steps after the kill
         assert got[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), (step, got, ref)
-    assert run_procs(ray3, run_id) == {h.name: set() for h in ray3.hs}
+    assert run_procs_left(ray3, run_id) == {h.name: set() for h in ray3.hs}

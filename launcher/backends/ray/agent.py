@@ -65,7 +65,16 @@ class _Session:
         if done:
             code = self.proc.wait()
             code = 128 - code if code < 0 else code
+            self.hang_up()
         return out, err, code
+
+    def hang_up(self) -> None:
+        """Close the session's stdin, as sshd does once the command ended: the node's
+        hang-up guard then ends what is left of it now, not when this actor is killed."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
 
 
 class NodeAgent:
@@ -104,11 +113,7 @@ class NodeAgent:
 
     def hang_up(self, key: str) -> None:
         """Close the session's stdin: its hang-up guard ends what is left of the node."""
-        proc = self._sessions[key].proc
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
+        self._sessions[key].hang_up()
 
     def run(self, argv: list[str], data: bytes, timeout: float, env: dict) -> tuple[int, str]:
         """A short command with data on its stdin: (exit code, its output)."""
