@@ -86,9 +86,16 @@ def run_procs_left(cluster, run_id: str, wait_s: float = 10.0) -> dict[str, set[
         time.sleep(0.1)
 
 
-def still_alive(procs: dict[str, set[tuple[int, int]]]) -> dict[str, set[int]]:
-    """Of procs (run_procs), those still running (the same pid and start time)."""
-    return {name: {p for p, s in ps if _start(p) == s} for name, ps in procs.items()}
+def still_alive(procs: dict[str, set[tuple[int, int]]], wait_s: float = 10.0) -> dict[str, set[int]]:
+    """Of procs (run_procs), those still running (the same pid and start time) once mlaunch
+    has returned: the agents' Ray workers end when Ray has killed them, and the hang-up guard
+    when its session closed, both just after; so they get up to wait_s (scaled to the load)."""
+    deadline = time.monotonic() + limit(wait_s)
+    while True:
+        alive = {name: {p for p, s in ps if _start(p) == s} for name, ps in procs.items()}
+        if not any(alive.values()) or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 _STATE = """
