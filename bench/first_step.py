@@ -11,7 +11,9 @@ the launcher is started to rank 0's first step (an all-reduce: every rank has re
 The variants alternate, --runs each; medians with the range, ratios against pdsh. For
 mlaunch, its phases (launcher/record/phases.py) too, as medians. Node-side CPU: every session
 each host's sshd served in the run (its reaped children's CPU, after the sessions ended), per
-host: mlaunch's minus pdsh's is what mlaunch costs a node beyond torchrun's own.
+host: mlaunch's minus pdsh's is what mlaunch costs a node beyond torchrun's own. Launcher-side CPU: what the command this script
+started used, its children included (pdsh and its ssh clients; mlaunch, its ssh clients and
+its local helpers), from start to exit.
 
   python bench/first_step.py --hosts 8 --runs 5 [--tree /other/launcher/tree,...]
 """
@@ -22,6 +24,7 @@ import glob
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -111,6 +114,13 @@ def last_start(events: list[dict]) -> float | None:
     return (datetime.fromisoformat(max(starts)) - datetime.fromisoformat(at[0])).total_seconds()
 
 
+def launcher_cpu() -> float:
+    """CPU seconds of this script's reaped children: the launcher of each run, its children
+    included, once it has exited."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=8)
@@ -132,10 +142,11 @@ def main() -> None:
             for case in cases:
                 v, tree = case
                 sshds = [h.sshd_pid for h in hs.hosts[:args.hosts]]
-                c0 = reaped_cpu(sshds)
+                c0, l0 = reaped_cpu(sshds), launcher_cpu()
                 try:
                     s, ph = by_hand(hs, args.hosts, tmp) if v == "pdsh" else \
                         mlaunch(hs, args.hosts, tmp, tree, v == "mlaunch")
+                    ph["(launcher-side CPU s)"] = launcher_cpu() - l0
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     print(f"run {i} {v} {tree}: FAILED {str(e)[:300]}", flush=True)
                     continue
@@ -147,7 +158,8 @@ def main() -> None:
                 for k, x in ph.items():
                     parts[case][k].append(x)
                 print(f"run {i} {v:8s} {tree:12s} {s:6.2f} s   node CPU per host "
-                      f"{ph['(node CPU s per host)']:.3f} s", flush=True)
+                      f"{ph['(node CPU s per host)']:.3f} s   launcher-side CPU "
+                      f"{ph['(launcher-side CPU s)']:.3f} s", flush=True)
     base = statistics.median(got[("pdsh", "")]) if got[("pdsh", "")] else None
     print()
     for case in cases:
