@@ -178,7 +178,8 @@ def test_restart_resumes_and_matches_uninterrupted_run(make_hostset, tmp_path, t
 
 def check_phases(out: str, attempts) -> None:
     """The restarted LLaMA-Factory run's phase timeline (record/phases.py): LLaMA-Factory's
-    own lines close rendezvous, data, model and trainer setup in each attempt; the restart's
+    own lines close rendezvous, data, model and (when its line came before the first step's)
+    trainer setup in each attempt; the restart's
     phases come between; the registry holds the same; each attempt's first_step event ends
     its first-step phase."""
     from launcher.record import phases
@@ -188,8 +189,13 @@ def check_phases(out: str, attempts) -> None:
     got = phases.timeline(events)
     start = ["stage", "start", "rendezvous", "data", "model", "trainer setup", "first step", "training"]
     names = {n: [p.name for p in phases.of_attempt(got, n)] for n in (0, 1)}
-    assert names[0] == ["connect", "checkpoint"] + start + ["teardown", "settle"], names   # submit -d: --no-preflight
-    assert names[1] == ["backoff", "decide", "checkpoint"] + start, names   # resumed at 6, past 5: no catch-up
+    # The Trainer's "Running training" goes to stderr and the step's loss to stdout; torchrun's
+    # tee reads the two in threads of their own, so when the first step comes within its poll
+    # (a resumed tiny run: 50 ms) the loss line may reach mlaunch first. The stage is then
+    # folded into the first step, as any stage no line told of in time is (docs/design.md).
+    folded = [p for p in start if p != "trainer setup"]
+    assert names[0] in [["connect", "checkpoint"] + seq + ["teardown", "settle"] for seq in (start, folded)], names   # submit -d: --no-preflight
+    assert names[1] in [["backoff", "decide", "checkpoint"] + seq for seq in (start, folded)], names   # resumed at 6, past 5: no catch-up
     assert [[p[0] for p in a.phases] for a in attempts] == [names[0], names[1]]
     origin = phases._t(next(e for e in events if e["event"] == "phase"))
     for n in (0, 1):
