@@ -8,6 +8,7 @@ measures the launcher side as one figure against pdsh's.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -18,21 +19,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.first_step import JOB, first_step  # noqa: E402
+from bench.scale import WRAP as SCALE_WRAP  # noqa: E402
 from tests.helpers import script_job, write_spec  # noqa: E402
 from tests.hosts import make_hosts  # noqa: E402
 
-# The launcher, run in-process with two reports on stderr: its own CPU every 0.5 s, and at exit
-# os.times()'s (user, system, children's user, children's system).
-WRAP = ("import atexit, os, runpy, sys, threading, time\n"
+# bench/scale.py's wrapper (its RUSAGE line at exit: the launcher's own CPU and its children's),
+# with a thread ahead of it that reports the launcher's own CPU every 0.5 s.
+WRAP = ("import os, sys, threading, time\n"
         "t0 = time.monotonic()\n"
         "def sample():\n"
         "    while True:\n"
         "        time.sleep(0.5)\n"
         "        sys.stderr.write('T %.1f %.3f\\n' % (time.monotonic() - t0, sum(os.times()[:2])))\n"
-        "threading.Thread(target=sample, daemon=True).start()\n"
-        "atexit.register(lambda: sys.stderr.write('SELF %.3f %.3f %.3f %.3f\\n' % os.times()[:4]))\n"
-        "sys.argv = ['mlaunch'] + sys.argv[1:]\n"
-        "runpy.run_module('launcher.cli', run_name='__main__')\n")
+        "threading.Thread(target=sample, daemon=True).start()\n") + SCALE_WRAP
 
 
 def one(hs, n: int, tmp: str, preflight: bool) -> str:
@@ -45,13 +44,12 @@ def one(hs, n: int, tmp: str, preflight: bool) -> str:
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
     if r.returncode != 0:
         raise RuntimeError(f"mlaunch exit {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
-    lines = r.stderr.splitlines()
-    user, system, cuser, csystem = map(float, next(ln for ln in lines if ln.startswith("SELF ")).split()[1:])
-    curve = [tuple(map(float, ln.split()[1:])) for ln in lines if ln.startswith("T ")]
+    usage = json.loads(r.stderr.rsplit("RUSAGE ", 1)[1].splitlines()[0])
+    curve = [tuple(map(float, ln.split()[1:])) for ln in r.stderr.splitlines() if ln.startswith("T ")]
     early = next((c for t, c in curve if t >= 1.0), None)
-    return (f"first step {first_step(r.stdout, t0):5.2f} s; launcher's own CPU {user + system:.3f} s "
+    return (f"first step {first_step(r.stdout, t0):5.2f} s; launcher's own CPU {usage['self']:.3f} s "
             f"({early if early is not None else float('nan'):.3f} s by 1.0 s after its start); "
-            f"its children's {cuser + csystem:.3f} s")
+            f"its children's {usage['children']:.3f} s")
 
 
 def main() -> None:
