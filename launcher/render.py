@@ -183,6 +183,17 @@ def bootstrap(merge_stderr: bool = False, ready: str = "", staged: str = "") -> 
     return render("bootstrap.sh.j2", merge_stderr=merge_stderr, ready=ready, step=_step(staged)).strip()
 
 
+def warm_frame(program: str, argv: Any, env: list[tuple[str, Any]], bindir: str | None,
+               workdir: str | None) -> str:
+    """A stream session's warm frame (templates/warm.sh.j2) for the node that runs argv
+    (torchrun, or `python -m torch.distributed.run`): torchrun's interpreter started on
+    program (nodeprog/warm.py's text) with the node's environment, to hold until its script
+    hands it the launch. Sent on stdin like the script: env's secret values are in no argv
+    and no file."""
+    return render("warm.sh.j2", env=env, bindir=bindir, workdir=workdir, command=argv[0],
+                  module=tuple(argv[1:3]) == ("-m", "torch.distributed.run"), program=program).strip()
+
+
 def _step(staged: str) -> str:
     return render("stage_step.sh.j2", staged=staged).strip() if staged else ""
 

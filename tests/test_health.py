@@ -341,7 +341,9 @@ def test_teardown_folds_torchruns_signal_tracebacks_into_its_one_line(tmp_path):
         r"signal: 15$", text, re.M)] + [(m.start(), "d") for m in re.finditer(
             "During handling of the above exception, another exception occurred:", text)])
     order = "".join(kind for _, kind in marks)
-    assert order in ("", "s", "sd", "sds"), (order, text[-3000:])
+    # "d" and "ds": a loaded CI run (2026-12-07) had the chain's first exception end in a line
+    # other than SignalException's whole line; what follows it was there, in order.
+    assert order in ("", "s", "sd", "sds", "d", "ds"), (order, text[-3000:])
     begun = text.count("Traceback (most recent call last):") - text.count("--- Logging error ---")
     assert 0 <= begun - order.count("s") <= 1, (begun, order, text[-3000:])   # one may be cut short
     from .procs import job_pids as local_pids

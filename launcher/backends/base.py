@@ -120,6 +120,11 @@ class Backend:
             raise UserError(problems, header="cannot reach every host; nothing was started anywhere:")
         return executor
 
+    def warm(self, plan, executor) -> None:
+        """Right after submit's connect, before staging and preflight: start what the nodes
+        can start before any check passed without running anything of the job (the SSH
+        backend's warm start, cluster.warm_start); nothing by default."""
+
     def stage_inputs(self, plan, executor, printer) -> None:
         """cluster's staging: every staged item current on every node of plan, before
         preflight and before any node starts (transport/staging.py)."""

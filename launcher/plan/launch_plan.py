@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import batch as batchplan
 from . import container as containers
-from .. import render
+from .. import nodeprog, render
 from ..spec import JobBase
 from ..spec.secret_rules import mask_text, secret_env, secret_values
 from ..spec.hosts import LOOPBACK, HostAddr, host_addrs
@@ -48,6 +48,7 @@ class NodePlan:
     display: str         # the same text with secret values masked
     container: str = ""  # cluster.container: the runtime line before argv (pyxis: srun's options)
     container_rm: str = ""   # shell text that removes the node's container by name ("" none)
+    warm: str = ""       # the session's warm frame (templates/warm.sh.j2; "" none), secrets in it
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                sampler=None if placement and not placement.guarded else _sampler(job, run.run_id),
                setup=list(c.setup),
                setup_exit=SETUP_EXIT, container=None if _srun_side(job) else line or None,
-               container_rm=rm or None,
+               container_rm=rm or None, warm=_warm(job, argv, line, placement),
                private_dirs=render.private_dirs_script(run.run_dir, uses_default_base(job)))
     masked = [(k, MASK if secret_env(job, k, v) else v) for k, v in env.items()]
     if in_file:  # secret values stay in a 0600 file the node sources
@@ -349,7 +350,17 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                     pidfile=pidfile, log_path=os.path.join(log_base, f"node{rank}-{safe_host}{suffix}.log"),
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx), container=line,
-                    container_rm=rm)
+                    container_rm=rm,
+                    warm=render.warm_frame(nodeprog.source("warm"), argv, list(env.items()), bindir,
+                                           c.workdir) if ctx["warm"] else "")
+
+
+def _warm(job: JobBase, argv: tuple[str, ...], container: str, placement: Placement | None) -> bool:
+    """cluster.warm_start applies: torchrun on an SSH host, outside a container (a scheduler
+    starts its own processes; a container's interpreter is the image's; this machine's own
+    nodes have no login to overlap)."""
+    return (job.cluster.warm_start and placement is None and not container and not all_local(job)
+            and (posixpath.basename(argv[0]) == "torchrun" or argv[1:3] == ("-m", "torch.distributed.run")))
 
 
 def _container(job: JobBase, node_rank, run: RunContext, env_names: list[str],

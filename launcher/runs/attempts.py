@@ -84,6 +84,7 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
     backend.probe_spares(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = backend.connect(plan)
     try:
+        backend.warm(plan, executor)   # cluster.warm_start: torchrun's imports beside the checks
         bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data
         if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
             printer.say(backend.no_preflight_note)

@@ -114,6 +114,10 @@ class Cluster(Strict):
         "a node whose launcher is silent this long (no heartbeat) ends its own processes"))
     container: Container | None = Field(None, description=(
         "run each node's torchrun inside this image (docs/containers.md)"))
+    warm_start: bool = Field(True, description=(
+        "on SSH hosts, start each node's torchrun interpreter (its imports: seconds of CPU) "
+        "while mlaunch checks the nodes, and hand it the launch once every check passed; "
+        "false: torchrun starts only then"))
     torchrun: Literal["auto", "always"] = Field("auto", description=(
         "auto: a job of one process (1 node x 1 GPU) of LLaMA-Factory without DeepSpeed runs "
         "in-process, without torchrun, as llamafactory-cli does; always: torchrun even then"))

@@ -30,6 +30,7 @@ CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@open
 END_GRACE_S = 5.0   # a session ended before its script: this long to finish its login first
 READY = b"mlaunch-session-ready"   # the session's first line (templates/rbootstrap.sh.j2)
 STAGED = b"mlaunch-session-staged"   # the session ran its stage frame (templates/stage_step.sh.j2)
+NO_WARM = b"0\n"   # an empty warm frame (templates/stage_step.sh.j2): the session starts nothing ahead
 WAIT_POLL_S = 0.01   # a ready or staged line is looked for at least this often
 # run()'s answer for a host whose node session stopped hearing from it (OpenSSHRunning.silent)
 SILENT = ("not tried: the host stopped answering ssh keepalives (frozen, or its link is down); "
@@ -53,6 +54,7 @@ class OpenSSHStreams:
         self._masters: dict[str, tuple[subprocess.Popen, str]] = {}   # login -> newest master, its socket
         self._serial = 0   # numbers each master's socket
         self._staged: set[str] = set()   # logins whose waiting session ran its stage frame
+        self._warmed: set[str] = set()   # logins whose waiting session has its relay head and warm frame
         self._accepted = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, tuple[subprocess.Popen, Spool]] = {}   # logging in
@@ -91,6 +93,19 @@ class OpenSSHStreams:
             self.end_sessions()
         return problems
 
+    def warm(self, frames: dict[str, bytes], relay_head: bytes) -> None:
+        """Send each waiting session relay_head and its warm frame (templates/warm.sh.j2), which
+        its shell runs before it reads its stage frame; nothing is read back: a session that
+        ended says so at its stage."""
+        for login, frame in frames.items():
+            if login in self._ready and login not in self._warmed:
+                try:
+                    self._ready[login][0].stdin.write(relay_head + frame)
+                    self._ready[login][0].stdin.flush()
+                except BrokenPipeError:
+                    pass
+                self._warmed.add(login)
+
     def stage(self, frames: dict[str, bytes], timeout: float, relay_head: bytes) -> dict[str, str]:
         """Send each waiting session relay_head (the relay's interpreter and config), then its
         stage frame (templates/stage_step.sh.j2); by login, the last words of each whose stage
@@ -113,6 +128,7 @@ class OpenSSHStreams:
                 raise RuntimeError(problem.message)
         proc, spool = self._ready.pop(login)
         self._staged.discard(login)
+        self._warmed.discard(login)
         try:
             proc.stdin.write(script)
             proc.stdin.flush()
@@ -160,6 +176,7 @@ class OpenSSHStreams:
         self._pending.clear()
         self._ready.clear()
         self._staged.clear()
+        self._warmed.clear()
         for proc in procs:
             try:
                 proc.stdin.close()
@@ -209,8 +226,9 @@ class OpenSSHStreams:
 
     def _await_staged(self, login: str, frame: bytes, timeout: float, relay_head: bytes) -> str | None:
         proc, spool = self._ready[login]
+        head = b"" if login in self._warmed else relay_head + NO_WARM   # its warm frame went first
         try:   # in this host's own thread: a client slow to take it holds up no other host
-            proc.stdin.write(relay_head + frame)
+            proc.stdin.write(head + frame)
             proc.stdin.flush()
         except BrokenPipeError:
             pass   # the session ended: its words tell why
@@ -220,6 +238,7 @@ class OpenSSHStreams:
             self._staged.add(login)
             return None
         del self._ready[login]
+        self._warmed.discard(login)
         code, words = _ended(proc, seen)
         return f"no answer in {timeout:g}s" if timed_out else (words[-1] if words else f"exit {code}")
 

@@ -54,6 +54,15 @@ class SSHExecutor:
         explained = {p.path: p for p in self._open_all(asked)}
         return [explained.get(p.path, p) for p in failed.values()]
 
+    def warm(self, plan: LaunchPlan) -> None:
+        """Each node's warm frame (cluster.warm_start) to its waiting session, behind the relay
+        head of the plan as it stands (the relay's interpreter and what it masks come from the
+        spec, which preflight does not change). Only where each host runs one node."""
+        logins = [n.login for n in plan.nodes]
+        frames = {n.login: render.framed(n.warm) for n in plan.nodes if n.warm}
+        if frames and len(set(logins)) == len(logins):
+            self._streams.warm(frames, relay_head(node_python(plan.job), relay_config(plan)))
+
     def stage(self, plan: LaunchPlan) -> None:
         self._relay_head = relay_head(node_python(plan.job), relay_config(plan))
         targets = [plan.nodes[0].login] if plan.shared else self._hosts

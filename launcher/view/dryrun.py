@@ -122,10 +122,13 @@ def _footer(plan: LaunchPlan) -> list[str]:
                 "memory where there is no GPU), over the node's own session; health.sample_every_s: "
                 "0 turns them off;"]
                if every and not plan.unheld else [])
+    warm = (["  torchrun's interpreter started at login, its imports done while mlaunch checks the nodes, "
+             "handed the launch once they pass (cluster.warm_start; it declines where a setup line "
+             "changed what an import reads);"] if n.warm else [])
     return [f"every node also: {defaults}{', PATH=' + path + ':$PATH' if path else ''}, the MLAUNCH_* "
             "process tags,", *_setup(plan),
             f"  a hang-up guard ({plan.job.cluster.hangup_after_s:g}s without the launcher ends the node's "
-            "processes);", *sampler, "  --dry-run --full prints the exact scripts"]
+            "processes);", *sampler, *warm, "  --dry-run --full prints the exact scripts"]
 
 
 def _setup(plan: LaunchPlan) -> list[str]:

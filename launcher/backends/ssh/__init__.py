@@ -29,6 +29,12 @@ class SSHBackend(Backend):
         from ...transport.ssh import SSHExecutor  # fabric is imported only when SSH is really needed
         return SSHExecutor(logins, ssh)
 
+    def warm(self, plan, executor) -> None:
+        """Each node's warm frame (templates/warm.sh.j2) to its waiting session: torchrun's
+        interpreter imports torch while the checks run (this machine's own nodes have none)."""
+        if any(n.warm for n in plan.nodes):
+            executor.warm(plan)
+
     def probe_spares(self, plan, printer=None):
         from . import spares   # here: the dry run imports no ssh module
         return spares.begin(plan) if printer is None else spares.at_submit(plan, printer)

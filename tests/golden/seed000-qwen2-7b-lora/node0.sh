@@ -103,4 +103,24 @@ kill -TERM 0'
 if command -v setsid >/dev/null 2>&1; then
   env -u MLAUNCH_IN_PROCESS setsid /bin/sh -c "$sampler" mlaunch-sampler "$$" /mnt/shared/work/.mlaunch/train/GOLDEN/node0.pid.sampler </dev/null &
 fi
+# cluster.warm_start: where this session's warm frame (templates/warm.sh.j2) started torchrun's
+# interpreter during the launcher's checks, with its imports done, it runs torchrun with this
+# argv, in this directory, with this environment; where anything an import reads changed
+# since (nodeprog/warm.py), it declines, and torchrun starts here as it would.
+if [ -n "${mlaunch_warm:-}" ] && echo "$mlaunch_warm" > /mnt/shared/work/.mlaunch/train/GOLDEN/node0.pid &&
+   printf '%s\0' "$PWD" /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 0 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/train/GOLDEN/torchrun/node0 /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory.yaml > "$mlaunch_hold/argv" &&
+   env -0 > "$mlaunch_hold/env.part" && mv -- "$mlaunch_hold/env.part" "$mlaunch_hold/env"; then
+  [ ! -e "$mlaunch_hold/ready" ] || kill -s USR1 "$mlaunch_warm" 2>/dev/null
+  trap '' TERM INT HUP   # the teardown signals torchrun's group (the pidfile), as without a warm start
+  wait "$mlaunch_warm"; mlaunch_rc=$?; mlaunch_warm=
+  trap - TERM INT HUP
+  if [ -e "$mlaunch_hold/taken" ]; then
+    trap - EXIT
+    rm -rf -- "$mlaunch_hold"
+    [ "$mlaunch_rc" -gt 128 ] && kill -$((mlaunch_rc - 128)) $$   # ended by a signal: so does this shell
+    exit "$mlaunch_rc"
+  fi
+  echo $$ > /mnt/shared/work/.mlaunch/train/GOLDEN/node0.pid
+fi
+[ -z "${mlaunch_hold:-}" ] || { mlaunch_unwarm; trap - EXIT; }
 exec /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 0 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/train/GOLDEN/torchrun/node0 /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory.yaml

@@ -1,0 +1,190 @@
+"""cluster.warm_start on one machine, without SSH: a node session's real bootstrap (the warm
+frame, the stage frame, the node script, as transport/openssh.py sends them) run by sh, with a
+torchrun whose `torch.distributed.run` is a stand-in module on PYTHONPATH that says where,
+as what and with what it ran. The namespace-host tests run the real torchrun this way."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher import render
+from launcher.plan.launch_plan import build_plan
+from launcher.spec import parse_spec
+
+from .helpers import limit
+from .procs import GUARD_PROGRAMS, own_name, program_name
+
+FAKE_RUN = """import json, os, sys
+def main():
+    print("FAKE " + json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "pid": os.getpid(),
+                                "x": os.environ.get("FAKE_X"), "mask": int(open("/proc/self/status").read()
+                                .split("SigBlk:")[1].split()[0], 16)}), flush=True)
+    code = int(os.environ.get("FAKE_EXIT", "0"))
+    if code < 0:
+        os.kill(os.getpid(), -code)
+    return code or None
+"""
+
+
+@pytest.fixture
+def kit(tmp_path):
+    """A venv-like folder whose torchrun runs the stand-in, a work dir, a temporary dir."""
+    fake = tmp_path / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "run.py").write_text(FAKE_RUN)
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    os.symlink(sys.executable, bindir / "python")
+    (bindir / "torchrun").write_text(f"#!{bindir}/python\nimport sys\nfrom torch.distributed.run import main\n"
+                                     "sys.exit(main())\n")
+    (bindir / "torchrun").chmod(0o755)
+    for d in ("work", "tmp"):
+        (tmp_path / d).mkdir()
+    return tmp_path
+
+
+def plan_for(kit, setup=(), exit_code=0, **cluster):
+    spec = {"name": "warm", "trainer": "script",
+            "cluster": {"hosts": ["h1", "h2"], "gpus_per_node": 1, "venv": str(kit / "venv"),
+                        "workdir": str(kit / "work"), "setup": list(setup),
+                        "env": {"PYTHONPATH": str(kit / "fake"), "FAKE_X": "seen",
+                                "FAKE_EXIT": str(exit_code)}, **cluster},
+            "health": {"sample_every_s": 0},
+            "script": {"path": str(kit / "s.py"), "args": ["--a", "b c"]}}
+    import yaml
+    # a run id of its own: a finished session's hang-up guard ends its node id's processes
+    return build_plan(parse_spec(yaml.safe_dump(spec)), run_id=own_name("warm"))
+
+
+def session(kit, node, script=True):
+    """The node's session as sh runs it: (its process, the frames sent on its stdin)."""
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(kit / "tmp"), "HOME": str(kit)}
+    proc = subprocess.Popen(["/bin/sh", "-c", render.bootstrap(True, "", "staged")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env)   # one pipe, as the relay gives the session
+    frames = render.framed(node.warm) + render.framed("") + (render.framed(node.script) if script else b"")
+    proc.stdin.write(frames)
+    proc.stdin.flush()
+    return proc
+
+
+def finish(proc, node=None):
+    """Its output and exit, its stdin held open (the hang-up guard's) until it ended; with
+    node: also the node's processes left then, beside the guard's (which end once stdin closes,
+    and would end the rest)."""
+    out = b""
+    for line in proc.stdout:
+        out += line
+    code = proc.wait(timeout=limit(60))
+    others = {p for p in left(node) if program_name(p) not in GUARD_PROGRAMS} if node else None
+    proc.stdin.close()
+    return (out.decode(), code) if node is None else (out.decode(), code, others)
+
+
+def ran(out):
+    lines = [ln for ln in out.splitlines() if ln.startswith("FAKE ")]
+    assert len(lines) == 1, out
+    return json.loads(lines[0][5:])
+
+
+def test_torchrun_runs_warm_with_the_scripts_argv_directory_and_environment(kit):
+    plan = plan_for(kit)
+    node = plan.nodes[0]
+    assert node.warm and "mlaunch_warm" in node.script
+    proc = session(kit, node)
+    out, code = finish(proc)
+    assert code == 0, out
+    assert "mlaunch: torchrun started warm" in out
+    got = ran(out)
+    assert got["argv"] == list(node.argv[1:])
+    assert got["cwd"] == str(kit / "work") and got["x"] == "seen"
+    assert got["pid"] != proc.pid   # the warm process, not the shell exec'ing torchrun
+    assert int(open(node.pidfile).read()) == got["pid"]   # the teardown's target: torchrun's group
+    assert got["mask"] & (1 << (signal.SIGUSR1 - 1)) == 0   # its ranks inherit no blocked signal
+    assert os.listdir(kit / "tmp") == []   # the hold directory is gone
+
+
+@pytest.mark.parametrize("code", [3, -signal.SIGKILL])
+def test_the_sessions_exit_is_torchruns(kit, code):
+    out, got = finish(session(kit, plan_for(kit, exit_code=code).nodes[0]))
+    assert "mlaunch: torchrun started warm" in out
+    assert got == code, out
+
+
+def test_a_setup_line_that_changes_the_import_path_declines_and_torchrun_starts_cold(kit):
+    plan = plan_for(kit, setup=['export PYTHONPATH="$PYTHONPATH:/nowhere"'])
+    proc = session(kit, plan.nodes[0])
+    out, code = finish(proc)
+    assert code == 0, out
+    assert "torchrun starts cold" in out and "PYTHONPATH" in out
+    assert "started warm" not in out
+    got = ran(out)
+    assert got["pid"] == proc.pid   # the shell exec'd torchrun itself
+    assert os.listdir(kit / "tmp") == []
+
+
+def test_a_setup_line_that_changes_nothing_an_import_reads_keeps_it_warm(kit):
+    out, code = finish(session(kit, plan_for(kit, setup=["ulimit -n 4096", "export NCCL_DEBUG=INFO"]).nodes[0]))
+    assert code == 0 and "mlaunch: torchrun started warm" in out, out
+
+
+def test_a_failing_setup_line_ends_the_warm_process_with_the_shell(kit):
+    node = plan_for(kit, setup=["false"]).nodes[0]
+    out, code, others = finish(session(kit, node), node)
+    assert code != 0 and "cluster.setup[0] failed" in out, out
+    assert "FAKE" not in out
+    assert others == set() and os.listdir(kit / "tmp") == []
+
+
+def test_a_session_that_gets_no_script_ends_its_warm_process_and_leaves_nothing(kit):
+    """A check failed: the launcher closes the session's stdin before any script."""
+    node = plan_for(kit).nodes[0]
+    proc = session(kit, node, script=False)
+    deadline = time.monotonic() + limit(20)
+    while not any(os.listdir(kit / "tmp")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert left(node), "the warm process never started"
+    proc.stdin.close()
+    out, code = finish(proc)
+    assert code == 97, out
+    assert left(node) == set() and os.listdir(kit / "tmp") == []   # no guard: the script never ran
+
+
+def test_warm_start_false_and_containers_have_no_warm_frame(kit):
+    assert not plan_for(kit, warm_start=False).nodes[0].warm
+    assert "mlaunch_warm" not in plan_for(kit, warm_start=False).nodes[0].script
+
+
+def test_python_m_torch_distributed_run_starts_warm_on_that_interpreter(kit):
+    """A distribution's interpreter (no torchrun beside it) runs torchrun's module."""
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no /usr/bin/python3 on this machine")
+    spec_plan = plan_for(kit, python="/usr/bin/python3", venv=None)
+    node = spec_plan.nodes[0]
+    assert list(node.argv[:3]) == ["/usr/bin/python3", "-m", "torch.distributed.run"] and node.warm
+    out, code = finish(session(kit, node))
+    assert code == 0 and "mlaunch: torchrun started warm" in out, out
+    assert ran(out)["argv"] == list(node.argv[3:])
+
+
+def left(node):
+    """This node's processes (its MLAUNCH_NODE_ID in their environment), by pid."""
+    needle = ("MLAUNCH_NODE_ID=" + dict(node.env)["MLAUNCH_NODE_ID"]).encode() + b"\0"
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as fh:
+                    if needle in fh.read():
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
