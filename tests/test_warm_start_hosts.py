@@ -1,0 +1,50 @@
+"""cluster.warm_start on namespace hosts with the real torchrun: taken on every node, the
+job's sums and exit as without it, and a refused preflight leaves no warm process on any host."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from .helpers import script_job
+from .test_fanout import check_allreduce, job_pids, node_logs, submit
+
+WARM = "mlaunch: torchrun started warm"
+
+
+@pytest.mark.multihost
+@pytest.mark.parametrize("warm", [True, False])
+def test_every_node_runs_torchrun_warm_and_the_job_is_the_same(make_hostset, tmp_path, warm):
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        r = submit(tmp_path, script_job([h.ip for h in hs.hosts], 2, "allreduce.py", [], out, hs=hs,
+                                        warm_start=warm))
+        check_allreduce(r, 4, 2, out)
+        logs = node_logs(out)
+        assert len(logs) == 2 and all((WARM in text) == warm for text in logs.values()), logs
+        for h in hs.hosts:
+            assert job_pids(h, set()) == set(), f"left on {h.name}"
+
+
+@pytest.mark.multihost
+def test_a_refused_preflight_ends_every_warm_process_and_starts_nothing(make_hostset, tmp_path):
+    """The warm processes start at login, before the checks; the port check on node 0 fails:
+    exit 2, and no host keeps a process of the job (each namespace's own, by pid)."""
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = script_job([h.ip for h in hs.hosts], 1, "allreduce.py", [], out, hs=hs)
+        port = spec["cluster"]["master_port"]
+        code = (f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', {port})); s.listen(); "
+                "print('up', flush=True); time.sleep(300)")
+        squatter = hs.hosts[0].popen([sys.executable, "-c", code], stdout=-1)
+        try:
+            assert squatter.stdout.readline().strip() == "up"
+            r = submit(tmp_path, spec)
+            assert r.returncode == 2, r.stdout[-3000:] + r.stderr
+            assert f"TCP {port} is in use" in r.stdout + r.stderr
+            for h in hs.hosts:
+                keep = {squatter.pid} if h is hs.hosts[0] else set()
+                assert job_pids(h, keep) == set(), f"left on {h.name}"
+        finally:
+            squatter.kill()
+            squatter.wait()
