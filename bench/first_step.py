@@ -7,6 +7,8 @@ the launcher is started to rank 0's first step (an all-reduce: every rank has re
               --max-restarts 0 --tee 3 --log-dir, PYTHONUNBUFFERED=1)
   mlaunch     `mlaunch submit` (preflight included)
   nopre       `mlaunch submit --no-preflight`
+  cold        `mlaunch submit` with cluster.warm_start: false (torchrun starts only after the
+              checks, as before the warm start)
 
 The variants alternate, --runs each; medians with the range, ratios against pdsh. For
 mlaunch, its phases (launcher/record/phases.py) too, as medians. Node-side CPU: every session
@@ -71,9 +73,11 @@ def by_hand(hs, n: int, tmp: str) -> tuple[float, dict]:
     return first_step(r.stdout, t0), {}
 
 
-def mlaunch(hs, n: int, tmp: str, tree: str, preflight: bool) -> tuple[float, dict]:
+def mlaunch(hs, n: int, tmp: str, tree: str, preflight: bool, warm: bool = True) -> tuple[float, dict]:
     out = os.path.join(tmp, f"out-{time.time_ns()}")
     spec = script_job([h.ip for h in hs.hosts[:n]], 1, "steps.py", ["3"], out, hs=hs) | {"name": "first-step"}
+    if not warm:   # only then: a launcher tree older than the key refuses it
+        spec["cluster"]["warm_start"] = False
     spec["script"]["path"] = JOB
     # The tree first, then PYTHONPATH's own entries: on the GPU machine those hold the carried
     # wheels the launcher imports (pydantic, paramiko: bench/device_kit.sh run's /tmp/site).
@@ -126,14 +130,14 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--tree", default=ROOT, help="launcher source trees, comma-separated: alternated")
-    ap.add_argument("--variants", default="pdsh,mlaunch,nopre", help="which of pdsh, mlaunch, nopre")
+    ap.add_argument("--variants", default="pdsh,mlaunch,nopre,cold", help="which of pdsh, mlaunch, nopre, cold")
     args = ap.parse_args()
     trees = args.tree.split(",")
     for tree in trees:   # byte-compiled, as pip installs it (a stale cache recompiles ~0.1 s per run)
         subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "launcher")],
                        check=True, stdout=subprocess.DEVNULL)
     wanted = args.variants.split(",")
-    cases = [("pdsh", "")] * ("pdsh" in wanted) + [(v, t) for t in trees for v in ("mlaunch", "nopre") if v in wanted]
+    cases = [("pdsh", "")] * ("pdsh" in wanted) + [(v, t) for t in trees for v in ("mlaunch", "nopre", "cold") if v in wanted]
     got: dict[tuple, list[float]] = defaultdict(list)
     parts: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     print(f"{args.hosts} hosts, 1 process each; {args.runs} runs per variant, alternating; trees {trees}")
@@ -145,7 +149,7 @@ def main() -> None:
                 c0, l0 = reaped_cpu(sshds), launcher_cpu()
                 try:
                     s, ph = by_hand(hs, args.hosts, tmp) if v == "pdsh" else \
-                        mlaunch(hs, args.hosts, tmp, tree, v == "mlaunch")
+                        mlaunch(hs, args.hosts, tmp, tree, v != "nopre", warm=v != "cold")
                     ph["(launcher-side CPU s)"] = launcher_cpu() - l0
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     print(f"run {i} {v} {tree}: FAILED {str(e)[:300]}", flush=True)
