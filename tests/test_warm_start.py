@@ -158,9 +158,14 @@ def test_a_session_that_gets_no_script_ends_its_warm_process_and_leaves_nothing(
     assert left(node) == set() and os.listdir(kit / "tmp") == []   # no guard: the script never ran
 
 
-def test_warm_start_false_and_containers_have_no_warm_frame(kit):
+def test_warm_start_false_containers_and_localhost_have_no_warm_frame(kit):
     assert not plan_for(kit, warm_start=False).nodes[0].warm
     assert "mlaunch_warm" not in plan_for(kit, warm_start=False).nodes[0].script
+    boxed = plan_for(kit, container={"image": "localhost/x:1", "gpus": False}).nodes[0]
+    assert boxed.container and not boxed.warm   # the image's interpreter, not the host's
+    assert "mlaunch_warm" not in boxed.script
+    assert not plan_for(kit, hosts=["localhost"]).nodes[0].warm   # no login to overlap
+    assert plan_for(kit).nodes[0].warm   # the same job on SSH hosts
 
 
 def test_python_m_torch_distributed_run_starts_warm_on_that_interpreter(kit):
