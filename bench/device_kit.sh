@@ -54,8 +54,15 @@ run)
     echo "${t#*:}" 2>/dev/null > "/proc/sys/net/ipv4/neigh/default/gc_thresh${t%%:*}" ||
       echo "device_kit: gc_thresh${t%%:*} left at $(cat /proc/sys/net/ipv4/neigh/default/gc_thresh${t%%:*} 2>&1)" >&2
   done
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # Byte-compiled, as pip installs them: the image sets PYTHONDONTWRITEBYTECODE=1 and ships
+  # packages without .pyc files (its jinja2 at least), which every launcher start, and every
+  # torchrun where torch is one, would compile again (bench/results/launcher-start-device-*).
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD PATH=$K/bin:$PATH
+  python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os
+for m in ("jinja2", "markupsafe", "yaml", "click", "torch", "numpy", "sympy", "networkx", "filelock", "fsspec"):
+    s = u.find_spec(m)
+    if s and s.origin: print(os.path.dirname(s.origin))') > /dev/null
   head -2 /etc/os-release; echo "cores: $(nproc)"; python3 --version; ssh -V; pdsh -V | head -2
   "$@" ;;
 *) echo "usage: $0 build | run CMD..." >&2; exit 2 ;;
