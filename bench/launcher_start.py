@@ -20,16 +20,10 @@ import time
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEC = """name: start
-trainer: script
-cluster:
-  hosts: [{hosts}]
-  gpus_per_node: 1
-  python: {python}
-  master_port: 29555
-script: {{path: {root}/tests/scripts/steps.py, args: ["3"]}}
-output_dir: {out}
-"""
+sys.path.insert(0, ROOT)
+
+# the test suite's script job, as bench/first_step.py writes it
+from tests.helpers import script_job, write_spec  # noqa: E402
 
 
 def timed(argv: list[str], runs: int, env: dict) -> list[float]:
@@ -61,10 +55,8 @@ def main() -> None:
                    check=True, stdout=subprocess.DEVNULL)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
     with tempfile.TemporaryDirectory() as tmp:
-        spec = os.path.join(tmp, "job.yaml")
-        with open(spec, "w") as f:
-            f.write(SPEC.format(hosts=", ".join(f"10.9.0.{i}" for i in range(1, 9)), python=sys.executable,
-                                root=ROOT, out=os.path.join(tmp, "out")))
+        spec = write_spec(tmp, script_job([f"10.9.0.{i}" for i in range(1, 9)], 1, "steps.py", ["3"],
+                                          os.path.join(tmp, "out")) | {"name": "start"})
         env["MLAUNCH_HOME"] = os.path.join(tmp, "home")
         cases = {"python -c pass": [sys.executable, "-c", "pass"],
                  "import pydantic, jinja2, yaml, click": [sys.executable, "-c", "import pydantic, jinja2, yaml, click"],
