@@ -20,11 +20,20 @@ from launcher.spec import parse_spec
 from .helpers import limit
 from .procs import GUARD_PROGRAMS, own_name, program_name
 
-FAKE_RUN = """import json, os, sys
+FAKE_RUN = """import json, os, resource, signal, sys, time
+while os.environ.get("FAKE_IMPORT_WAIT") and not os.path.exists(os.environ["FAKE_IMPORT_WAIT"]):
+    time.sleep(0.01)   # an import that takes its time: a teardown may come meanwhile
+def status(key):
+    return int(open("/proc/self/status").read().split(key + ":")[1].split()[0], 16)
 def main():
+    umask = os.umask(0)
+    os.umask(umask)
     print("FAKE " + json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "pid": os.getpid(),
-                                "x": os.environ.get("FAKE_X"), "mask": int(open("/proc/self/status").read()
-                                .split("SigBlk:")[1].split()[0], 16)}), flush=True)
+                                "x": os.environ.get("FAKE_X"), "mask": status("SigBlk"),
+                                "ignored": status("SigIgn"), "umask": umask,
+                                "int_handler": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                                "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                                "comm": open("/proc/self/comm").read().strip()}), flush=True)
     code = int(os.environ.get("FAKE_EXIT", "0"))
     if code < 0:
         os.kill(os.getpid(), -code)
@@ -131,9 +140,71 @@ def test_a_setup_line_that_changes_the_import_path_declines_and_torchrun_starts_
     assert os.listdir(kit / "tmp") == []
 
 
-def test_a_setup_line_that_changes_nothing_an_import_reads_keeps_it_warm(kit):
-    out, code = finish(session(kit, plan_for(kit, setup=["ulimit -n 4096", "export NCCL_DEBUG=INFO"]).nodes[0]))
+def test_a_setup_line_that_changes_nothing_torchrun_inherits_keeps_it_warm(kit):
+    out, code = finish(session(kit, plan_for(kit, setup=["mlaunch_x=1", "export NCCL_DEBUG=INFO"]).nodes[0]))
     assert code == 0 and "mlaunch: torchrun started warm" in out, out
+
+
+@pytest.mark.parametrize("line, named, field", [
+    ("ulimit -n {nofile}", "max open files", "nofile"),
+    ("umask 0007", "Umask", "umask"),
+])
+def test_a_setup_line_that_changes_what_torchrun_inherits_declines(kit, line, named, field):
+    """A limit or umask set by a setup line reaches torchrun as it would without a warm start."""
+    nofile = max(64, min(1024, __import__("resource").getrlimit(__import__("resource").RLIMIT_NOFILE)[0]) - 1)
+    proc = session(kit, plan_for(kit, setup=[line.format(nofile=nofile)]).nodes[0])
+    out, code = finish(proc)
+    assert code == 0, out
+    assert "torchrun starts cold" in out and named in out, out
+    got = ran(out)
+    assert got["pid"] == proc.pid
+    assert got[field] == {"nofile": nofile, "umask": 0o007}[field]
+    assert os.listdir(kit / "tmp") == []
+
+
+def test_warm_torchrun_inherits_what_a_cold_one_would(kit):
+    """Signal dispositions (sh starts a background job with SIGINT and SIGQUIT ignored: a warm
+    torchrun's are not), the name `ps` and pgrep see, and no module of the working directory
+    in place of the standard library's."""
+    for name in ("signal", "ctypes", "time"):
+        (kit / "work" / f"{name}.py").write_text(f"open({str(kit / 'shadowed')!r}, 'a').write({name!r})\n")
+    warm, _ = finish(session(kit, plan_for(kit).nodes[0]))
+    cold, _ = finish(session(kit, plan_for(kit, warm_start=False).nodes[0]))
+    assert "started warm" in warm and "started warm" not in cold, (warm, cold)
+    w, c = ran(warm), ran(cold)
+    assert w["pid"] != c["pid"]
+    for key in ("ignored", "int_handler", "comm", "umask", "nofile", "mask"):
+        assert w[key] == c[key], (key, w, c)
+    assert w["int_handler"] and w["comm"] == "torchrun"
+    assert not (kit / "shadowed").exists()
+
+
+def test_a_teardown_before_the_hand_off_is_taken_starts_nothing(kit):
+    """The teardown signals the pidfile's group while torchrun's imports still run: the warm
+    process ends, and the node's shell does not start torchrun cold in its place."""
+    gate = kit / "imports-done"
+    node = plan_for(kit, env={"PYTHONPATH": str(kit / "fake"), "FAKE_X": "seen", "FAKE_EXIT": "0",
+                              "FAKE_IMPORT_WAIT": str(gate)}).nodes[0]
+    proc = session(kit, node)
+    deadline = time.monotonic() + limit(30)
+    pid = None
+    while time.monotonic() < deadline:   # the script wrote the warm process's pid: the hand-off began
+        try:
+            pid = int(open(node.pidfile).read())
+        except (OSError, ValueError):
+            pid = None
+        if pid and pid != proc.pid and _leads_its_group(pid):   # as torchrun's group, the teardown's target
+            break
+        time.sleep(0.02)
+    assert pid and pid != proc.pid, "the hand-off never began"
+    os.killpg(pid, signal.SIGTERM)
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    gate.write_text("")   # a cold torchrun started now would import and run
+    out, code, others = finish(proc, node)
+    assert "FAKE" not in out, out
+    assert code == -signal.SIGTERM, out
+    assert others == set() and os.listdir(kit / "tmp") == []
 
 
 def test_a_failing_setup_line_ends_the_warm_process_with_the_shell(kit):
@@ -149,8 +220,8 @@ def test_a_session_that_gets_no_script_ends_its_warm_process_and_leaves_nothing(
     node = plan_for(kit).nodes[0]
     proc = session(kit, node, script=False)
     deadline = time.monotonic() + limit(20)
-    while not any(os.listdir(kit / "tmp")) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while not list((kit / "tmp").glob("*/ready")) and time.monotonic() < deadline:
+        time.sleep(0.02)   # `ready`: the warm program runs (the hold directory comes before its exec)
     assert left(node), "the warm process never started"
     proc.stdin.close()
     out, code = finish(proc)
@@ -180,6 +251,13 @@ def test_python_m_torch_distributed_run_starts_warm_on_that_interpreter(kit):
     assert ran(out)["argv"] == list(node.argv[3:])
 
 
+def _leads_its_group(pid):
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 def left(node):
     """This node's processes (its MLAUNCH_NODE_ID in their environment), by pid."""
     needle = ("MLAUNCH_NODE_ID=" + dict(node.env)["MLAUNCH_NODE_ID"]).encode() + b"\0"
@@ -193,3 +271,15 @@ def left(node):
             except OSError:
                 pass
     return out
+
+
+def test_the_dry_runs_warm_frame_shows_no_secret_even_one_the_shell_quotes(kit):
+    """`--dry-run --full` prints node 0's warm frame made from the masked environment: a
+    secret with a quote in it is quoted in pieces for the shell, which no text mask finds."""
+    from launcher.view.present import describe_plan
+    secret = "pa'ss-word-123"
+    plan = plan_for(kit, env={"PYTHONPATH": str(kit / "fake"), "HF_TOKEN": secret})
+    assert any(secret.split("'")[1] in line for line in plan.nodes[0].warm.splitlines())   # the real frame has it
+    shown = describe_plan(plan, full=True)
+    assert "its session's warm frame" in shown
+    assert "ss-word-123" not in shown and "HF_TOKEN=" in shown

@@ -49,6 +49,7 @@ class NodePlan:
     container: str = ""  # cluster.container: the runtime line before argv (pyxis: srun's options)
     container_rm: str = ""   # shell text that removes the node's container by name ("" none)
     warm: str = ""       # the session's warm frame (templates/warm.sh.j2; "" none), secrets in it
+    warm_display: str = ""   # the same frame made from the masked environment
 
 
 @dataclass(frozen=True)
@@ -351,8 +352,18 @@ def _node(job: JobBase, rank: int, addr: HostAddr, master: str, run: RunContext,
                     script=render.node_script(env=list(env.items()), **ctx),
                     display=render.node_script(env=masked, **ctx), container=line,
                     container_rm=rm,
-                    warm=render.warm_frame(nodeprog.source("warm"), argv, list(env.items()), bindir,
-                                           c.workdir) if ctx["warm"] else "")
+                    **_warm_frames(ctx["warm"], argv, env, masked, bindir, c.workdir))
+
+
+def _warm_frames(warm: bool, argv: tuple[str, ...], env: dict, masked: list, bindir: str | None,
+                 workdir: str | None) -> dict:
+    """The node's warm frame and its display copy, made from the masked environment (a secret
+    quoted for the shell is no longer the text plan.mask looks for)."""
+    if not warm:
+        return {}
+    program = nodeprog.source("warm")
+    return {"warm": render.warm_frame(program, argv, list(env.items()), bindir, workdir),
+            "warm_display": render.warm_frame(program, argv, masked, bindir, workdir)}
 
 
 def _warm(job: JobBase, argv: tuple[str, ...], container: str, placement: Placement | None) -> bool:

@@ -58,9 +58,9 @@ def describe_plan(plan: LaunchPlan, full: bool = False, with_nodes: bool = True,
     for node in plan.nodes if full else ():
         lines += ["", f"=== node {node.rank}: {node.host} ({reach(node.login)}) ===",
                   node.display.rstrip("\n")]
-        if node.warm:   # secret values masked below, with the rest
+        if node.warm:   # made from the masked environment (and masked below, with the rest)
             lines += ["", f"=== node {node.rank}: its session's warm frame, run at login (cluster.warm_start) ==="]
-            lines.append(node.warm if node is plan.nodes[0] else
+            lines.append(node.warm_display if node is plan.nodes[0] else
                          "node 0's, with this node's environment (its exports above)")
     for f in plan.files:
         lines += ["", f"=== file {f.path} ==="]
