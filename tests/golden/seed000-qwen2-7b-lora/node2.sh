@@ -105,20 +105,30 @@ if command -v setsid >/dev/null 2>&1; then
 fi
 # cluster.warm_start: where this session's warm frame (templates/warm.sh.j2) started torchrun's
 # interpreter during the launcher's checks, with its imports done, it runs torchrun with this
-# argv, in this directory, with this environment; where anything an import reads changed
-# since (nodeprog/warm.py), it declines, and torchrun starts here as it would.
-if [ -n "${mlaunch_warm:-}" ] && echo "$mlaunch_warm" > /mnt/shared/work/.mlaunch/train/GOLDEN/node2.pid &&
-   printf '%s\0' "$PWD" /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 2 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/train/GOLDEN/torchrun/node2 /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory.yaml > "$mlaunch_hold/argv" &&
-   env -0 > "$mlaunch_hold/env.part" && mv -- "$mlaunch_hold/env.part" "$mlaunch_hold/env"; then
-  [ ! -e "$mlaunch_hold/ready" ] || kill -s USR1 "$mlaunch_warm" 2>/dev/null
-  trap '' TERM INT HUP   # the teardown signals torchrun's group (the pidfile), as without a warm start
-  wait "$mlaunch_warm"; mlaunch_rc=$?; mlaunch_warm=
-  trap - TERM INT HUP
-  if [ -e "$mlaunch_hold/taken" ]; then
-    trap - EXIT
-    rm -rf -- "$mlaunch_hold"
-    [ "$mlaunch_rc" -gt 128 ] && kill -$((mlaunch_rc - 128)) $$   # ended by a signal: so does this shell
-    exit "$mlaunch_rc"
+# argv, in this directory, with this environment and the signals this shell ignores; where
+# anything torchrun would inherit changed since (nodeprog/warm.py), it declines, and torchrun
+# starts here as it would. The signal goes before `env` is renamed into place: once the warm
+# process sees `env`, no signal of this hand-off is still to come.
+if [ -n "${mlaunch_warm:-}" ]; then
+  mlaunch_ign=
+  while IFS= read -r mlaunch_l; do
+    case $mlaunch_l in SigIgn:*) mlaunch_ign=${mlaunch_l#SigIgn:};; esac
+  done < /proc/$$/status
+  if echo "$mlaunch_warm" > /mnt/shared/work/.mlaunch/train/GOLDEN/node2.pid &&
+     printf '%s\0' "$PWD" "$mlaunch_ign" /opt/conda/bin/torchrun --nnodes 4 --nproc-per-node 4 --node-rank 2 --master-addr 192.168.1.10 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /mnt/shared/work/.mlaunch/train/GOLDEN/torchrun/node2 /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory_entry.py /mnt/shared/work/.mlaunch/train/GOLDEN/llamafactory.yaml > "$mlaunch_hold/argv" &&
+     env -0 > "$mlaunch_hold/env.part" &&
+     { [ ! -e "$mlaunch_hold/ready" ] || kill -s USR1 "$mlaunch_warm" 2>/dev/null; } &&
+     mv -- "$mlaunch_hold/env.part" "$mlaunch_hold/env"; then
+    trap '' TERM INT HUP   # the teardown signals torchrun's group (the pidfile), as without a warm start
+    wait "$mlaunch_warm"; mlaunch_rc=$?; mlaunch_warm=
+    trap - TERM INT HUP
+    if [ -e "$mlaunch_hold/taken" ] || [ "$mlaunch_rc" -gt 128 ]; then
+      # torchrun ran and ended, or a teardown's signal ended the warm process first: nothing starts
+      trap - EXIT
+      rm -rf -- "$mlaunch_hold"
+      [ "$mlaunch_rc" -gt 128 ] && kill -$((mlaunch_rc - 128)) $$   # ended by a signal: so does this shell
+      exit "$mlaunch_rc"
+    fi
   fi
   echo $$ > /mnt/shared/work/.mlaunch/train/GOLDEN/node2.pid
 fi

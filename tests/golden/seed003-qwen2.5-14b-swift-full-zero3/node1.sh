@@ -102,20 +102,30 @@ if command -v setsid >/dev/null 2>&1; then
 fi
 # cluster.warm_start: where this session's warm frame (templates/warm.sh.j2) started torchrun's
 # interpreter during the launcher's checks, with its imports done, it runs torchrun with this
-# argv, in this directory, with this environment; where anything an import reads changed
-# since (nodeprog/warm.py), it declines, and torchrun starts here as it would.
-if [ -n "${mlaunch_warm:-}" ] && echo "$mlaunch_warm" > /data/work/.mlaunch/root/GOLDEN/node1.pid &&
-   printf '%s\0' "$PWD" /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/root/GOLDEN/torchrun/node1 -m swift.cli.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --template qwen2_5 --dataset /data/work/data/alpaca_zh_demo.json /data/work/data/identity.json --max_length 2048 --tuner_type full --torch_dtype bfloat16 --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --learning_rate 1e-05 --lr_scheduler_type cosine --warmup_ratio 0.03 --num_train_epochs 3.0 --max_grad_norm 1.0 --gradient_checkpointing true --deepspeed /data/work/.mlaunch/root/GOLDEN/ds_config.json --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-full --check_model false > "$mlaunch_hold/argv" &&
-   env -0 > "$mlaunch_hold/env.part" && mv -- "$mlaunch_hold/env.part" "$mlaunch_hold/env"; then
-  [ ! -e "$mlaunch_hold/ready" ] || kill -s USR1 "$mlaunch_warm" 2>/dev/null
-  trap '' TERM INT HUP   # the teardown signals torchrun's group (the pidfile), as without a warm start
-  wait "$mlaunch_warm"; mlaunch_rc=$?; mlaunch_warm=
-  trap - TERM INT HUP
-  if [ -e "$mlaunch_hold/taken" ]; then
-    trap - EXIT
-    rm -rf -- "$mlaunch_hold"
-    [ "$mlaunch_rc" -gt 128 ] && kill -$((mlaunch_rc - 128)) $$   # ended by a signal: so does this shell
-    exit "$mlaunch_rc"
+# argv, in this directory, with this environment and the signals this shell ignores; where
+# anything torchrun would inherit changed since (nodeprog/warm.py), it declines, and torchrun
+# starts here as it would. The signal goes before `env` is renamed into place: once the warm
+# process sees `env`, no signal of this hand-off is still to come.
+if [ -n "${mlaunch_warm:-}" ]; then
+  mlaunch_ign=
+  while IFS= read -r mlaunch_l; do
+    case $mlaunch_l in SigIgn:*) mlaunch_ign=${mlaunch_l#SigIgn:};; esac
+  done < /proc/$$/status
+  if echo "$mlaunch_warm" > /data/work/.mlaunch/root/GOLDEN/node1.pid &&
+     printf '%s\0' "$PWD" "$mlaunch_ign" /opt/venvs/swift/bin/torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --max-restarts 0 --tee 3 --log-dir /data/work/.mlaunch/root/GOLDEN/torchrun/node1 -m swift.cli.sft --model /data/models/Qwen2.5-14B-Instruct --model_type qwen2 --template qwen2_5 --dataset /data/work/data/alpaca_zh_demo.json /data/work/data/identity.json --max_length 2048 --tuner_type full --torch_dtype bfloat16 --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --learning_rate 1e-05 --lr_scheduler_type cosine --warmup_ratio 0.03 --num_train_epochs 3.0 --max_grad_norm 1.0 --gradient_checkpointing true --deepspeed /data/work/.mlaunch/root/GOLDEN/ds_config.json --save_steps 100 --logging_steps 5 --seed 42 --output_dir /data/work/output/qwen25-14b-swift-full --check_model false > "$mlaunch_hold/argv" &&
+     env -0 > "$mlaunch_hold/env.part" &&
+     { [ ! -e "$mlaunch_hold/ready" ] || kill -s USR1 "$mlaunch_warm" 2>/dev/null; } &&
+     mv -- "$mlaunch_hold/env.part" "$mlaunch_hold/env"; then
+    trap '' TERM INT HUP   # the teardown signals torchrun's group (the pidfile), as without a warm start
+    wait "$mlaunch_warm"; mlaunch_rc=$?; mlaunch_warm=
+    trap - TERM INT HUP
+    if [ -e "$mlaunch_hold/taken" ] || [ "$mlaunch_rc" -gt 128 ]; then
+      # torchrun ran and ended, or a teardown's signal ended the warm process first: nothing starts
+      trap - EXIT
+      rm -rf -- "$mlaunch_hold"
+      [ "$mlaunch_rc" -gt 128 ] && kill -$((mlaunch_rc - 128)) $$   # ended by a signal: so does this shell
+      exit "$mlaunch_rc"
+    fi
   fi
   echo $$ > /data/work/.mlaunch/root/GOLDEN/node1.pid
 fi
