@@ -15,9 +15,8 @@ def validate_all(args: tuple[str, ...], as_json: bool) -> int:
 
     One JOB: its problems raise as any command's do. Several: each file's verdict in turn,
     problems on stderr, so one bad spec does not hide the next one's."""
-    from ..spec.overrides import is_override
-    jobs = [a for a in args if not is_override(a) or os.path.exists(a)]
-    overrides = tuple(a for a in args if a not in jobs)
+    jobs = [a for i, a in enumerate(args) if not _meant_as_override(a, first=i == 0)]
+    overrides = tuple(a for i, a in enumerate(args) if _meant_as_override(a, first=i == 0))
     if not jobs:
         raise UserError("validate: no JOB given (only KEY=VALUE overrides); give a spec file or -")
     if jobs.count("-") > 1:
@@ -26,6 +25,21 @@ def validate_all(args: tuple[str, ...], as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps(results if len(jobs) > 1 else results[0], indent=2))
     return 0 if all(r["ok"] for r in results) else 2
+
+
+def _meant_as_override(arg: str, first: bool) -> bool:
+    """Whether arg is a KEY=VALUE override (or a try at one) rather than a JOB file.
+
+    A file that exists is a JOB whatever its name. Any argument KEY=VALUE is an override;
+    after the first, so is any other one with a '=' (`=x`, `lr =1e-5`) and a dotted key
+    without one (`training.learning_rate`), which are malformed overrides: parse() says so
+    as plan and submit do, rather than "cannot read the spec" for a file never meant."""
+    from ..spec.overrides import is_override, looks_like_key
+    if arg == "-" or os.path.exists(arg):
+        return False
+    if is_override(arg):
+        return True
+    return not first and ("=" in arg or looks_like_key(arg))
 
 
 def _one(job: str, overrides: tuple[str, ...], raise_it: bool) -> dict:

@@ -18,7 +18,7 @@ from . import memory
 from ..errors import Problem, UserError
 from ..spec import JobBase, LlamaFactoryJob, SwiftJob, world_size
 from ..spec.ds_rules import zero_of
-from ..spec.rules import auto_batch
+from ..spec.rules import auto_batch, batch_splits
 
 CKPT_COST = 1.37
 T0_TOKENS, T0_PARAMS = 8000.0, 0.39e9
@@ -92,7 +92,7 @@ def resolve(job: JobBase, inputs: MemoryInputs | None = None) -> Decision | None
     gpu = inputs.gpu_gib if inputs.gpu_gib is not None else ASSUMED_GIB
     budget = gpu * (1 - b.memory_margin) * memory.GIB
     per_rank = b.global_ // size if b.global_ else None
-    micros = [pd] if pd else ([per_rank // ga] if ga else _divisors(per_rank))
+    micros = [pd] if pd else ([per_rank // ga] if ga else batch_splits(per_rank))
     cands = [Candidate(m, c, t := memory.estimate(shape, setting(job, shape, m, c)).total, t <= budget)
              for m in micros for c in ([ck] if ck is not None else [False, True])]
     pick = _best(cands, shape, job) if chosen else cands[0]
@@ -212,7 +212,7 @@ def _blind(job, inputs, pd, ga, ck, chosen, size) -> Decision:
     per_rank = b.global_ // size if b.global_ else None
     why = []
     if pd is None:
-        pd = per_rank // ga if ga else max(d for d in _divisors(per_rank) if d <= FALLBACK_MICRO)
+        pd = per_rank // ga if ga else _cautious(per_rank)
     ga = ga or (per_rank // pd if per_rank else 1)
     if ck is None:
         ck = True
@@ -243,8 +243,13 @@ def _size(job) -> int:
     return world_size(job)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _cautious(per_rank: int) -> int:
+    """The largest micro-batch up to FALLBACK_MICRO that divides per_rank, else (its
+    accumulation over GRAD_ACCUM_MAX) the smallest one within the limits (spec/rules.py
+    checked that one exists)."""
+    splits = batch_splits(per_rank)
+    small = [d for d in splits if d <= FALLBACK_MICRO]
+    return max(small) if small else min(splits)
 
 
 def _count(n: int) -> str:

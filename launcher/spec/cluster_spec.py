@@ -6,21 +6,27 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from .hosts import USER_RE   # the rule of `user@host` host strings, for cluster.ssh.user too
 from .ray_spec import Ray
 from .strict import Strict
 
 
 Procs = Annotated[int, Field(ge=1, le=1024)]
+# A path (or file) field: text with something besides blanks. `""` would render an empty path
+# into every node's command line (`cd ''`, `--model_name_or_path ''`), which fails only there;
+# refused here, one line (explain_voice.blank), as `null` is for a required one.
+NOT_BLANK = r"\S"
+PathText = Annotated[str, Field(pattern=NOT_BLANK)]
 
 
 class SSH(Strict):
     """How the launcher reaches each node."""
 
-    user: str | None = None
+    user: Annotated[str, Field(pattern=USER_RE.pattern)] | None = None
     port: int = Field(22, ge=1, le=65535)
-    key_file: str | None = None
-    config_file: str | None = Field(None, description="an ssh_config file to read (aliases, ProxyJump, ...)")
-    known_hosts: str | None = None
+    key_file: PathText | None = None
+    config_file: PathText | None = Field(None, description="an ssh_config file to read (aliases, ProxyJump, ...)")
+    known_hosts: PathText | None = None
     jump_host: str | None = Field(None, description="[user@]host[:port] to hop through")
     strict_host_keys: bool = Field(True, description="refuse hosts whose key is not in known_hosts")
     connect_timeout: float = Field(10.0, gt=0, le=300)
@@ -102,10 +108,10 @@ class Cluster(Strict):
     setup: list[str] = Field(default_factory=list, description=(
         "shell lines every node runs before torchrun, in the shell that starts it (module load "
         "cuda, source env.sh); a failing line fails that node"))
-    python: str | None = Field(None, description="remote interpreter; its directory must hold torchrun")
-    venv: str | None = Field(None, description="remote virtualenv; same as python: VENV/bin/python")
-    workdir: str | None = None
-    shared_dir: str | None = Field(None, description="storage every node sees at the same path")
+    python: PathText | None = Field(None, description="remote interpreter; its directory must hold torchrun")
+    venv: PathText | None = Field(None, description="remote virtualenv; same as python: VENV/bin/python")
+    workdir: PathText | None = None
+    shared_dir: PathText | None = Field(None, description="storage every node sees at the same path")
     gpu_memory_gb: float | None = Field(None, gt=0, description=(
         "memory per GPU in GiB (nvidia-smi's MiB / 1024: 80 for an 80 GB H100, 140 for an H200) "
         "for batch planning when no GPU is asked (dry run, --no-preflight); with preflight the "

@@ -13,7 +13,8 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ValidationError
 
 from ..errors import Problem
-from .explain_voice import generic, shown_value
+from .cluster_spec import NOT_BLANK
+from .explain_voice import blank, generic, shown_value
 from . import known_args
 from .models import TRAINER_MODELS, JobBase
 from .owned import LLAMAFACTORY_OWNED, SWIFT_OWNED
@@ -166,6 +167,12 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
         typo = [t for t in typo if t not in valid]
         return (f"required: one of {', '.join(TRAINER_MODELS)}; add e.g. `trainer: llamafactory`" + (
             f"; did you misspell it as {typo[0]!r}?" if typo else ""))
+    if kind == "string_pattern_mismatch" and (e.get("ctx") or {}).get("pattern") == NOT_BLANK:
+        leaf = _leaf(trainer, loc)
+        return blank(shown, _path(loc), leaf is not None and _allows_none(leaf[0]))
+    if kind == "string_pattern_mismatch" and loc == ["cluster", "ssh", "user"]:
+        return (f"{shown} is not a user name: write the login name (letters, digits, '.', '_' or "
+                "'-', at most 64, not starting with '.' or '-'), e.g. `user: train`, or leave it out")
     if kind == "string_pattern_mismatch":
         return f"{shown} must be letters, digits, '.', '_' or '-' (at most 64)"
     return _generic(kind, given, shown, loc, trainer, e.get("ctx"))

@@ -49,6 +49,11 @@ def generic(kind: str, given: Any, shown: str, path: str, forms: list[str], desc
         return missing(path, forms, description)
     if given is None and path in MINIMAL:
         return f"empty; write {MINIMAL[path]}"
+    if kind == "mlaunch_limit":   # spec.models._at_most: an upper bound past any real job
+        limit = (ctx or {}).get("limit")
+        rest = "".join(f", or {f}" for f in forms if not f.startswith("an integer"))
+        return (f"{shown} is too large: write an integer from 1 to {limit}{rest} (the limit is "
+                "past any real job; a larger value is a typo)")
     wrong = WRONG.get(kind, "is not accepted")
     if kind == "list_type" and isinstance(given, (str, int, float)) and not isinstance(given, bool):
         leaf = path.rpartition(".")[2]
@@ -61,6 +66,15 @@ def generic(kind: str, given: Any, shown: str, path: str, forms: list[str], desc
         forms = [" and ".join(f"a value {sym} {ctx[k]}" for k, sym in _CTX if k in (ctx or {}))
                  or "the value this field takes"]
     return f"{shown} {wrong}: write " + ", or ".join(forms) + _about(description)
+
+
+def blank(shown: str, path: str, optional: bool) -> str:
+    """`model: '' is empty; write ...`: an empty or all-blank path, worded as `model: null` is
+    (a path field: spec.cluster_spec.PathText); an optional one may be left out instead."""
+    if path in MINIMAL:
+        return f"{shown} is empty; write {MINIMAL[path]}"
+    leaf = path.rpartition(".")[2]
+    return f"{shown} is empty; write `{leaf}: PATH`" + (f", or leave {leaf} out" if optional else "")
 
 
 def missing(path: str, forms: list[str], description: str | None) -> str:

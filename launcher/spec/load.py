@@ -241,7 +241,7 @@ def _short(values: list) -> str:
 def _absolute_ds_config(raw: dict, base: str) -> None:
     """deepspeed.config names a file relative to the spec, like cluster.hostfile."""
     ds = raw.get("deepspeed")
-    if isinstance(ds, dict) and isinstance(ds.get("config"), str) and ds["config"]:
+    if isinstance(ds, dict) and isinstance(ds.get("config"), str) and ds["config"].strip():
         ds["config"] = os.path.join(base, os.path.expanduser(ds["config"]))
 
 
@@ -252,7 +252,7 @@ def _launcher_file_notes(raw: dict) -> list[str]:
     given = [("cluster.hostfile", cluster.get("hostfile") if isinstance(cluster, dict) else None),
              ("deepspeed.config", ds.get("config") if isinstance(ds, dict) else None)]
     return [f"{name} {value!r} is relative: mlaunch reads it from the spec's directory"
-            for name, value in given if isinstance(value, str) and value
+            for name, value in given if isinstance(value, str) and value.strip()
             and not value.startswith(("/", "~"))]
 
 

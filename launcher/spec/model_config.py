@@ -34,4 +34,11 @@ def config_int(cfg: dict | None, key: str) -> int | None:
 
 
 def divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    return ", ".join(map(str, divisor_list(n)))
+
+
+def divisor_list(n: int) -> list[int]:
+    """The divisors of n in ascending order, in O(sqrt(n)) steps (n may be a batch of 2^31)."""
+    from math import isqrt
+    small = [d for d in range(1, isqrt(n) + 1) if n % d == 0] if n > 0 else []
+    return small + [n // d for d in reversed(small) if d * d != n]

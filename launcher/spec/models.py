@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BeforeValidator, Field, PrivateAttr
+from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr
+from pydantic_core import PydanticCustomError
 
 
 from .cluster_spec import SSH, Cluster, Container, Procs, Ray, Slurm, Strict  # noqa: F401  (re-exported)
+from .cluster_spec import PathText
 from .staging import CheckpointCopies, StageItem
 
 
@@ -36,6 +38,23 @@ class Finetuning(Strict):
 
 Auto = Literal["auto"]
 PositiveInt = Annotated[int, Field(ge=1)]
+# Upper bounds of the batch sizes, far past any real job (large pre-training runs take a few
+# thousand sequences per step, a few million tokens), yet low enough that a typo such as 10**20
+# is refused in one line instead of planned and printed. global stays a signed 32-bit integer.
+PER_DEVICE_MAX = 65536
+GRAD_ACCUM_MAX = 65536
+GLOBAL_MAX = 2**31 - 1
+
+
+def _at_most(limit: int):
+    """An AfterValidator for an `int | auto` field: an integer above limit is refused with the
+    error type mlaunch_limit (explain_voice words it: the value, the limit, the fix). Outside the
+    union, so the error names the field itself, not one of the union's branches."""
+    def check(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            raise PydanticCustomError("mlaunch_limit", "larger than {limit}", {"limit": limit})
+        return value
+    return AfterValidator(check)
 
 
 class Batch(Strict):
@@ -43,12 +62,17 @@ class Batch(Strict):
 
     per_device omitted (or auto) with global given: mlaunch picks the micro-batch, the
     accumulation and gradient checkpointing from its memory estimate (launcher/plan/batch.py).
+    Each size has an upper bound that no real job reaches (PER_DEVICE_MAX, GRAD_ACCUM_MAX,
+    GLOBAL_MAX), so that a typo is refused rather than planned.
     """
 
-    per_device: PositiveInt | Auto | None = Field(None, description="omit or auto: mlaunch chooses (needs global)")
-    grad_accum: PositiveInt | Auto = Field(1, description=(
-        "omitted: global / (world x per_device) when both are given, else 1; chosen with per_device"))
-    global_: int | None = Field(None, alias="global", ge=1)
+    per_device: Annotated[PositiveInt | Auto | None, _at_most(PER_DEVICE_MAX)] = Field(None, description=(
+        f"omit or auto: mlaunch chooses (needs global); at most {PER_DEVICE_MAX}, past any real job"))
+    grad_accum: Annotated[PositiveInt | Auto, _at_most(GRAD_ACCUM_MAX)] = Field(1, description=(
+        "omitted: global / (world x per_device) when both are given, else 1; chosen with per_device; "
+        f"at most {GRAD_ACCUM_MAX}, past any real job"))
+    global_: int | None = Field(None, alias="global", ge=1, le=GLOBAL_MAX, description=(
+        "all processes x per_device x grad_accum; the limit (2^31 - 1) is past any real job"))
     memory_margin: float = Field(0.1, ge=0, lt=1, description=(
         "fraction of each GPU's memory the estimate must leave free"))
 
@@ -64,13 +88,13 @@ class DeepSpeed(Strict):
     """
 
     stage: Literal[0, 1, 2, 3] | None = None
-    config: str | None = Field(None, description=(
+    config: PathText | None = Field(None, description=(
         "your ds_config.json: every \"auto\" resolved, batch checked against the spec, tuning kept"))
     name: Literal[SWIFT_DS_NAMES] | None = Field(None, description=(  # type: ignore[valid-type]
         "ms-swift's config name (zero2, zero3_offload, ...); `deepspeed: zero3` is the short form"))
     offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
     offload_param: Literal["none", "cpu", "nvme"] = "none"
-    nvme_path: str | None = None
+    nvme_path: PathText | None = None
     overlap_comm: bool | None = None
     contiguous_gradients: bool | None = None
     reduce_bucket_size: int | None = Field(None, ge=1, description="default: hidden_size²")
@@ -158,7 +182,7 @@ def _number_args(value: Any) -> Any:
 class Script(Strict):
     """Any Python script or module, started by torchrun on every node."""
 
-    path: str | None = None
+    path: PathText | None = None
     module: str | None = None
     args: Annotated[list[str], BeforeValidator(_number_args)] = Field(default_factory=list, description=(
         "the script's arguments; YAML numbers pass as their text (3 -> \"3\"), booleans must be quoted"))
@@ -201,7 +225,7 @@ class JobBase(Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     cluster: Cluster
-    output_dir: str | None = None
+    output_dir: PathText | None = None
     max_restarts: int = Field(0, ge=0, le=100)
     restart_backoff_s: float = Field(5.0, ge=0, le=3600)
     preflight: Preflight = Preflight()
@@ -225,10 +249,10 @@ class LlamaFactoryJob(JobBase):
 
     trainer: Literal["llamafactory"]
     stage: Literal["sft", "pt", "dpo", "kto", "rm"] = "sft"
-    model: str
+    model: PathText
     template: str | None = Field(None, description="required except for stage pt")
     dataset: str | list[str]
-    dataset_dir: str | None = None
+    dataset_dir: PathText | None = None
     cutoff_len: int = Field(2048, ge=1)
     tokenize_once: str | None = Field(None, description=(
         "an absolute path on every node: the dataset is tokenized there once, on node 0, before "
@@ -242,7 +266,7 @@ class LlamaFactoryJob(JobBase):
     training: Training
     report_to: Literal["none", "tensorboard", "wandb", "mlflow", "swanlab"] = Field(
         "none", description="experiment tracker; rank 0 reports, run name = run id")
-    output_dir: str
+    output_dir: PathText
     passthrough: dict[str, Any] = Field(default_factory=dict)
 
     def effective_preference(self) -> Preference | None:
@@ -282,7 +306,7 @@ class SwiftJob(JobBase):
                                                 "(megatron sft | pt | rlhf with a megatron section)")
     rlhf_type: Literal[RLHF_TYPES] | None = Field(None, description="with stage rlhf: dpo, kto, grpo, "
                                                   "gkd, rm, orpo, simpo, cpo, ppo")
-    model: str
+    model: PathText
     model_type: str | None = Field(None, description="ms-swift model type; inferred from the model when omitted")
     template: str | None = Field(None, description="ms-swift template; the model type's default when omitted")
     dataset: str | list[str]
@@ -295,7 +319,7 @@ class SwiftJob(JobBase):
         _deepspeed_name, json_schema_input_type=DeepSpeed | Literal[SWIFT_DS_NAMES] | None)] = None
     megatron: Megatron | None = None
     training: Training
-    output_dir: str
+    output_dir: PathText
     passthrough: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -18,6 +18,11 @@ _KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
 _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
+# Characters no value may hold (spec/load.py refuses them in the spec file); NEL too, which YAML
+# reads as a line break.
+_LINE_BREAKS = ("\n", "\r", "\0", "\x85")
+
+
 @dataclass(frozen=True)
 class Override:
     """One KEY=VALUE from the command line: the dotted key, the parsed value, the text."""
@@ -29,7 +34,14 @@ class Override:
 
 def is_override(arg: str) -> bool:
     """An argument of the form KEY=VALUE (a key before the first '=')."""
-    return "=" in arg and bool(_KEY.match(arg.split("=", 1)[0]))
+    return "=" in arg and bool(_KEY.fullmatch(arg.split("=", 1)[0]))
+
+
+def looks_like_key(arg: str) -> bool:
+    """A dotted key alone (`training.learning_rate`): an override missing its =VALUE, not a
+    file name (`job.yaml`, `runs/job`: a spec's suffix or a path separator say file)."""
+    return bool(_KEY.fullmatch(arg)) and "." in arg and "/" not in arg and \
+        not arg.lower().endswith((".yaml", ".yml", ".json"))
 
 
 def parse(args: tuple[str, ...] | list[str]) -> tuple[Override, ...]:
@@ -37,7 +49,7 @@ def parse(args: tuple[str, ...] | list[str]) -> tuple[Override, ...]:
     out, bad = [], []
     for arg in args:
         key, sep, text = arg.partition("=")
-        if not sep or not _KEY.match(key):
+        if not sep or not _KEY.fullmatch(key):   # fullmatch: `$` would take a trailing newline
             shown = "***" if TOKEN_SHAPE.search(arg) else repr(arg)
             if sep and re.fullmatch(r"[A-Za-z_][\w.]*\[\d*\]", key):
                 bad.append(Problem(f"override {shown}", "a list's items are not set one by one; "
@@ -45,6 +57,12 @@ def parse(args: tuple[str, ...] | list[str]) -> tuple[Override, ...]:
             else:
                 bad.append(Problem(f"override {shown}", "not KEY=VALUE; write a dotted key, e.g. "
                                    "training.learning_rate=1e-5"))
+            continue
+        if any(c in text for c in _LINE_BREAKS):
+            # YAML would fold it into a space (`/a\nb` -> `/a b`) and the value change unseen:
+            # refused as a newline in a spec value is (spec/load.py _bad_strings).
+            bad.append(Problem(f"override {key}", "the value contains a newline or NUL character; "
+                               "use a single-line value"))
             continue
         try:
             value = yaml.load(text, Loader=BoundedLoader) if text.strip() else ""

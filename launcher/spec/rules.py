@@ -16,7 +16,8 @@ from .cluster_rules import ENV_NAME, LAUNCHER_ENV, OWNED_ENV, RENDEZVOUS_WHY  # 
 from .cluster_rules import _check_shared_hosts, machines, node_devices, node_path_notes, output_dir_note  # noqa: F401
 from .cluster_rules import check_cluster, check_output_dir
 from .ds_rules import _ds_stage, check_deepspeed  # noqa: F401  (swift_rules imports it from here)
-from .models import JobBase, LlamaFactoryJob, ScriptJob
+from .model_config import divisor_list
+from .models import GLOBAL_MAX, GRAD_ACCUM_MAX, PER_DEVICE_MAX, JobBase, LlamaFactoryJob, ScriptJob
 from .secret_rules import check_batch_secrets, check_passthrough_secrets, check_script_secrets
 from .owned import LLAMAFACTORY_OWNED  # noqa: F401  (importable from here)
 from .select import auto_batch, world_factor, world_size, world_text  # noqa: F401  (importable from here)
@@ -61,16 +62,47 @@ def check_batch(job: LlamaFactoryJob) -> list[Problem]:
                               + ([f"{ga} accumulation"] if ga else []))
             return [Problem("batch.global", f"{b.global_} is not a multiple of {what} = {unit}; "
                             f"set global to a multiple of {unit}")]
-        return []
-    if b.global_ is None:
-        return []
+        return _derived_limits(job, size, pd, ga)
     want = size * pd * ga
+    if b.global_ is None:
+        if want <= GLOBAL_MAX:
+            return []
+        return [Problem("batch.global", f"{world_factor(job.cluster)} × {pd} per device × {ga} "
+                        f"accumulation = {want}, over the limit of {GLOBAL_MAX} (2^31 - 1, past any "
+                        "real job); lower per_device or grad_accum")]
     if b.global_ == want:
         return []
     return [Problem("batch.global",
                     f"{b.global_} ≠ {world_factor(job.cluster)} × {pd} per device × "
                     f"{ga} accumulation = {want}; set global to {want}, change "
                     "per_device/grad_accum, or omit global")]
+
+
+def _derived_limits(job, size: int, pd: int | None, ga: int | None) -> list[Problem]:
+    """The per_device or grad_accum that global fixes (or leaves mlaunch to split) stays within
+    the limits the fields have when given (spec.models: PER_DEVICE_MAX, GRAD_ACCUM_MAX)."""
+    per_rank = job.batch.global_ // size
+    world = world_factor(job.cluster)
+    if pd is not None and per_rank // pd > GRAD_ACCUM_MAX:
+        return [Problem("batch.grad_accum", f"global {job.batch.global_} / ({world} × {pd} per device) "
+                        f"= {per_rank // pd} accumulation steps, over the limit of {GRAD_ACCUM_MAX}; "
+                        "raise per_device or lower global")]
+    if ga is not None and per_rank // ga > PER_DEVICE_MAX:
+        return [Problem("batch.per_device", f"global {job.batch.global_} / ({world} × {ga} accumulation) "
+                        f"= {per_rank // ga} per device, over the limit of {PER_DEVICE_MAX}; "
+                        "raise grad_accum or lower global")]
+    if pd is None and ga is None and not batch_splits(per_rank):
+        return [Problem("batch.global", f"{job.batch.global_} / {world} = {per_rank} samples per "
+                        f"process, which no per_device ≤ {PER_DEVICE_MAX} × grad_accum ≤ "
+                        f"{GRAD_ACCUM_MAX} makes; choose a global with more divisors (e.g. a "
+                        "multiple of a power of 2)")]
+    return []
+
+
+def batch_splits(per_rank: int) -> list[int]:
+    """The micro-batches b dividing per_rank with b ≤ PER_DEVICE_MAX and per_rank / b ≤
+    GRAD_ACCUM_MAX: the per_device values mlaunch may choose (O(sqrt(per_rank)) steps)."""
+    return [d for d in divisor_list(per_rank) if d <= PER_DEVICE_MAX and per_rank // d <= GRAD_ACCUM_MAX]
 
 
 
