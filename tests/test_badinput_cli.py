@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import yaml
 
 from .helpers import mlaunch, write_spec
 
@@ -139,3 +140,80 @@ def test_ssh_user_that_cannot_be_a_login_is_refused(base, user):
 def test_ordinary_ssh_user_is_accepted(base):
     r = mlaunch("validate", base, "cluster.ssh.user=train.bot-1")
     assert r.returncode == 0, r.stderr
+
+
+# ---- 6: each YAML error says what to do at its line and column -------------------------------------
+
+@pytest.mark.parametrize("tail,fix", [
+    ("---\nname: other\n", "one document per spec: remove the second `---`"),
+    ("template: !!python/object:os.system x\n", "tags (!!python/..., !name) are not accepted: write a plain value"),
+    ("dataset: [a\n", "fix the YAML at that line and column (check indentation and quoting)"),
+])
+def test_yaml_error_line_has_a_fix(tmp_path, tail, fix):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({k: v for k, v in BASE.items() if k != "template"},
+                                   sort_keys=False) + tail)
+    line = refused(mlaunch("validate", str(spec)), f"{spec}:")
+    assert "YAML syntax" in line and fix in line, line
+
+
+# ---- 7: a deepspeed.config that is not JSON: where, and the fix ------------------------------------
+
+def test_deepspeed_config_not_json_says_where_and_the_fix(tmp_path):
+    bad = tmp_path / "bad_ds.json"
+    bad.write_text('{"train_batch_size": 16,\n "zero_optimization": {"stage": 2,, }}\n')
+    spec = write_spec(tmp_path, {**BASE, "deepspeed": {"config": str(bad)}})
+    line = refused(mlaunch("validate", spec), "deepspeed.config")
+    assert f"{bad} is not JSON: Expecting property name" in line
+    assert "at line 2, column 35; fix it there (keys and strings in double quotes" in line, line
+
+
+# ---- 8: an invalid cluster.env name says what a valid one is ---------------------------------------
+
+def test_invalid_env_name_says_what_a_name_is(base):
+    line = refused(mlaunch("validate", base, "cluster.env={1BAD: x}"), "cluster.env.1BAD")
+    assert "not a valid environment variable name: use letters, digits and _, not starting with a " \
+           "digit" in line, line
+
+
+# ---- 9: nvme offload without nvme_path: what to write ----------------------------------------------
+
+def test_nvme_offload_without_path_gives_an_example(base):
+    line = refused(mlaunch("validate", base, "deepspeed={stage: 3, offload_param: nvme}"),
+                   "deepspeed.nvme_path")
+    assert "`nvme_path: /local_nvme`" in line and "offload to cpu" in line, line
+
+
+# ---- 10: an unset ${VAR} set by an override says what is wrong, as in the spec file ----------------
+
+def test_unset_env_ref_through_an_override_says_it_is_not_set(base, tmp_path):
+    r = mlaunch("validate", base, "cluster.env.X=${MLAUNCH_TEST_UNSET_ZZZ}")
+    line = refused(r, "cluster.env.X")
+    assert "${MLAUNCH_TEST_UNSET_ZZZ} is not set in this shell: export MLAUNCH_TEST_UNSET_ZZZ=" in line
+    assert "(set by the override" in line
+    in_file = write_spec(tmp_path, {**BASE, "cluster": {**BASE["cluster"],
+                                                        "env": {"X": "${MLAUNCH_TEST_UNSET_ZZZ}"}}},
+                         name="in_file.yaml")
+    assert "is not set in this shell: export" in refused(mlaunch("validate", in_file), "cluster.env.X")
+
+
+# ---- 11: a spec path with a newline stays on one line ----------------------------------------------
+
+def test_spec_path_with_a_newline_is_shown_escaped(tmp_path):
+    spec = write_spec(tmp_path, {**BASE, "precision": "bf61"}, name="new\nline.yaml")
+    r = mlaunch("validate", spec)
+    shown = repr(spec)
+    assert refused(r, shown) == f"mlaunch: {shown}: invalid job spec"
+    assert refused(r, "precision").startswith("mlaunch: precision: 'bf61' is not one of")
+    missing = str(tmp_path / "no\nfile.yaml")
+    assert "cannot read the spec" in refused(mlaunch("validate", missing), repr(missing))
+
+
+# ---- 12: a key of another trainer's spec names the trainer, not a near miss ------------------------
+
+def test_other_trainers_key_names_the_trainer(base):
+    line = refused(mlaunch("validate", base, "trainer=swift"), "dataset_dir")
+    assert line == ("mlaunch: dataset_dir: unknown key for trainer swift (it is LLaMA-Factory's); "
+                    "remove it or set `trainer: llamafactory`")
+    line = refused(mlaunch("validate", base, "rlhf_type=dpo"), "rlhf_type")
+    assert "unknown key for trainer llamafactory (it is ms-swift's); remove it or set `trainer: swift`" in line

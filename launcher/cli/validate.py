@@ -45,6 +45,7 @@ def _meant_as_override(arg: str, first: bool) -> bool:
 def _one(job: str, overrides: tuple[str, ...], raise_it: bool) -> dict:
     """The verdict on one JOB as a dict; printed unless JSON is asked for (the caller prints)."""
     from ..spec import load_spec
+    from ..spec.load import shown_path
     from ..spec.overrides import parse
     from ..runs.attempts import SubmitOptions, check_offline
     name = "<stdin>" if job == "-" else job
@@ -64,7 +65,7 @@ def _one(job: str, overrides: tuple[str, ...], raise_it: bool) -> dict:
     if not _json_wanted():
         for note in spec._notes:
             click.echo(f"note: {note}")
-        click.echo(f"{name}: ok ({summary})")
+        click.echo(f"{shown_path(name)}: ok ({summary})")
     return {"job": name, "ok": True, "trainer": spec.trainer, "summary": summary,
             "notes": list(spec._notes)}
 
@@ -72,10 +73,11 @@ def _one(job: str, overrides: tuple[str, ...], raise_it: bool) -> dict:
 def check_path(value: str) -> None:
     """A directory given as JOB, refused in mlaunch's voice (one line, exit 2)."""
     if value != "-" and os.path.isdir(value):
+        from ..spec.load import shown_path
         specs = sorted(f for f in os.listdir(value) if f.endswith((".yaml", ".yml", ".json")))[:3]
         hint = f" (it holds {', '.join(specs)})" if specs else ""
-        raise UserError(f"JOB {value}: a directory, not a job spec file{hint}; give the spec's "
-                        "YAML file, e.g. mlaunch validate configs/quickstart.yaml")
+        raise UserError(f"JOB {shown_path(value)}: a directory, not a job spec file{hint}; give "
+                        "the spec's YAML file, e.g. mlaunch validate configs/quickstart.yaml")
 
 
 def _summary(spec) -> str:

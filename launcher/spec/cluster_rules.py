@@ -85,7 +85,8 @@ def _check_env(c: Cluster) -> list[Problem]:
         p.append(Problem("cluster.venv", "give either python or venv, not both"))
     for name in c.env:
         if not ENV_NAME.fullmatch(name):
-            p.append(Problem(f"cluster.env.{name}", "not a valid environment variable name"))
+            p.append(Problem(f"cluster.env.{name}", "not a valid environment variable name: use "
+                             "letters, digits and _, not starting with a digit (e.g. MY_VAR)"))
         elif name in MLAUNCH_ENV:
             p.append(Problem(f"cluster.env.{name}", "mlaunch's own: it sets it on every node "
                              "to find and tear down the run's processes; remove it (--run-id "

@@ -69,8 +69,11 @@ def read_user_file(path: str) -> tuple[dict | None, str | None]:
                       "let mlaunch write it (deepspeed: {stage: N})")
     except SpecError as e:
         return None, str(e.problems[0])
+    except json.JSONDecodeError as e:
+        return None, (f"{path} is not JSON: {e.msg} at line {e.lineno}, column {e.colno}; fix it "
+                      "there (keys and strings in double quotes, no trailing comma, no comments)")
     except ValueError as e:
-        return None, f"{path} is not JSON: {e}"
+        return None, f"{path} is not JSON: {e}; save it as UTF-8 JSON text"
     return (data, None) if isinstance(data, dict) else (None, f"{path}: expected a JSON object")
 
 

@@ -28,7 +28,9 @@ def check_deepspeed(job) -> list[Problem]:
                          f"parameter offload exists only in ZeRO-3 (stage is {ds.stage}); "
                          "use offload_optimizer, or stage 3"))
     if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
-        p.append(Problem("deepspeed.nvme_path", "required when offloading to nvme"))
+        p.append(Problem("deepspeed.nvme_path", "required when offloading to nvme: add e.g. "
+                         "`nvme_path: /local_nvme` under deepspeed (a local NVMe mount on every "
+                         "node), or offload to cpu instead"))
     p += _check_zero3_init(job)
     if ds.name is not None:
         p += [Problem(f"deepspeed.{k}", f"not beside name {ds.name}: give stage "

@@ -140,8 +140,10 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
             f"{shown} is not an integer", f"{shown} is a YAML boolean (true/false/yes/no/on/off), not a number", 1)
     if kind == "extra_forbidden":
         near = _did_you_mean(loc[-1], _known_fields(trainer, loc[:-1]))
-        # a near miss of a sibling first; at the top, a trainer's own name before a near miss
-        return "unknown key" + (_unknown_hint(loc, trainer) or (near if len(loc) > 1 else "")
+        # a near miss of a sibling first; at the top, a trainer's own name before a near miss;
+        # a key of another trainer's spec before any near miss (it is no typo: the trainer is)
+        return "unknown key" + (_unknown_hint(loc, trainer) or _other_trainer(loc, trainer)
+                                or (near if len(loc) > 1 else "")
                                 or _trainer_name(loc, trainer) or near or _unknown_fallback(loc, trainer))
     if kind == "mlaunch_forms":
         return _forms_text(shown, trainer, loc)
@@ -213,6 +215,28 @@ def _trainer_name(loc: list, trainer: Any) -> str:
     return ""
 
 
+def _other_trainer(loc: list, trainer: Any) -> str:
+    """A key unknown only because of the trainer chosen (dataset_dir, LLaMA-Factory's, under
+    trainer: swift): whose key it is, and the way out. Not for this trainer's own argument
+    names, which go under passthrough (_unknown_fallback)."""
+    if trainer not in TRAINER_MODELS or _own_argument(loc, trainer):
+        return ""
+    owners = [t for t in TRAINER_MODELS if t != trainer and str(loc[-1]) in _known_fields(t, loc[:-1])]
+    if not owners:
+        return ""
+    whose = " and ".join(TRAINER_WORD.get(t, f"trainer {t}") + "'s" for t in owners)
+    return (f" for trainer {trainer} (it is {whose}); remove it or set "
+            + " or ".join(f"`trainer: {t}`" for t in owners))
+
+
+def _own_argument(loc: list, trainer: Any) -> bool:
+    """Whether the top-level key loc is one of the trainer's own argument names."""
+    if len(loc) != 1 or trainer not in ("llamafactory", "swift"):
+        return False
+    entries = ((known_args._data().get(trainer) or {}).get("entries") or {}).values()
+    return any(str(loc[0]) in names for names in entries)
+
+
 def _unknown_fallback(loc: list, trainer: Any) -> str:
     """The fix for an unknown key nothing else explains: a secret's place, where a trainer's own
     argument goes, else remove it."""
@@ -220,11 +244,9 @@ def _unknown_fallback(loc: list, trainer: Any) -> str:
     if SECRET_NAME.search(key):
         return (": a secret goes in cluster.env only (e.g. HF_TOKEN: ${HF_TOKEN}, read from this "
                 "shell), where mlaunch masks it; remove it here")
-    if len(loc) == 1 and trainer in ("llamafactory", "swift"):
-        name = TRAINER_WORD[trainer]
-        entries = ((known_args._data().get(trainer) or {}).get("entries") or {}).values()
-        if any(key in names for names in entries):
-            return f": {name}'s own arguments go under passthrough; write passthrough: {{{key}: ...}}"
+    if _own_argument(loc, trainer):
+        return (f": {TRAINER_WORD[trainer]}'s own arguments go under passthrough; write "
+                f"passthrough: {{{key}: ...}}")
     return ": remove it, or check its spelling (`mlaunch schema` lists every key)"
 
 

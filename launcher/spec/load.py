@@ -49,7 +49,30 @@ def load_spec(path: str, overrides: tuple = ()) -> JobBase:
         data = read_stream(getattr(sys.stdin, "buffer", sys.stdin), "spec")
         text = data if isinstance(data, str) else _decode(data, "<stdin>", "spec")
         return parse_spec(text, source="<stdin>", overrides=overrides)
-    return parse_spec(read_text(path, "spec"), source=path, overrides=overrides)
+    try:
+        return parse_spec(read_text(path, "spec"), source=path, overrides=overrides)
+    except SpecError as e:
+        raise _one_line(e, path) from None
+
+
+def shown_path(path: str) -> str:
+    """path as printed: repr-escaped when a newline or other control character would split
+    or garble its line."""
+    return path if path.isprintable() else repr(path)
+
+
+def _one_line(e: SpecError, path: str) -> SpecError:
+    """e with path (and any other control character in its lines) escaped: one line each."""
+    if path.isprintable():
+        return e
+
+    def fix(text: str | None) -> str | None:
+        return text and "".join(c if c.isprintable() else repr(c)[1:-1]
+                                for c in text.replace(path, shown_path(path)))
+    e.header = fix(e.header)
+    e.problems = [Problem(p.path, fix(p.message)) for p in e.problems]
+    e.args = ("\n".join(e.lines()),)
+    return e
 
 
 def read_text(path: str, what: str) -> str:
@@ -74,7 +97,7 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise SpecError(f"{where}: YAML syntax: {e.problem or e.context}") from None
+        raise SpecError(f"{where}: YAML syntax: {e.problem or e.context}; {_yaml_fix(e)}") from None
     except AliasBomb as e:
         raise SpecError(f"{source}: {e}") from None
     except yaml.reader.ReaderError as e:  # a control character such as NUL: binary?
@@ -109,6 +132,18 @@ def parse_spec(text: str, source: str = "<spec>", overrides: tuple = ()) -> JobB
         raise ov.name_in(e, overrides) from None
     job._overridden = keys
     return job
+
+
+def _yaml_fix(e: yaml.MarkedYAMLError) -> str:
+    """What to do about a YAML error at its mark."""
+    problem = str(e.problem or e.context)
+    if "another document" in problem:
+        return "one document per spec: remove the second `---` and what follows it"
+    if "constructor for the tag" in problem:
+        return "tags (!!python/..., !name) are not accepted: write a plain value"
+    if problem.startswith("duplicate key"):
+        return "keep one of them"
+    return "fix the YAML at that line and column (check indentation and quoting)"
 
 
 def _refuse_llamafactory_yaml(raw: dict, source: str) -> None:

@@ -93,10 +93,10 @@ def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
             # Taken literally: a `$` in it is no reference for the nodes to expand (env_refs).
             new[name] = os.environ[m[1]] if SECRET_NAME.search(str(name)) else literal_of(os.environ[m[1]])
         else:
-            problems.append(Problem(f"cluster.env.{name}", f"{value} is not set in this shell: "
-                                    f"export {m[1]}=… in the shell that runs mlaunch (the value never goes "
-                                    "into the spec file)" if SECRET_NAME.search(str(name)) or SECRET_NAME.search(m[1])
-                                    else f"export {m[1]}=… or write the value"))
+            fix = (f"export {m[1]}=… in the shell that runs mlaunch (the value never goes into the "
+                   "spec file)" if SECRET_NAME.search(str(name)) or SECRET_NAME.search(m[1])
+                   else f"export {m[1]}=… or write the value")
+            problems.append(Problem(f"cluster.env.{name}", f"{value} is not set in this shell: {fix}"))
     return {**raw, "cluster": {**cluster, "env": new}}, problems
 
 
