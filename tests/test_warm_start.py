@@ -283,3 +283,13 @@ def test_the_dry_runs_warm_frame_shows_no_secret_even_one_the_shell_quotes(kit):
     shown = describe_plan(plan, full=True)
     assert "its session's warm frame" in shown
     assert "ss-word-123" not in shown and "HF_TOKEN=" in shown
+
+
+def test_a_setup_line_that_changes_directory_declines(kit):
+    """torchrun runs where the script would run it: a setup line's `cd` declines the warm start."""
+    (kit / "elsewhere").mkdir()
+    proc = session(kit, plan_for(kit, setup=[f"cd {kit / 'elsewhere'}"]).nodes[0])
+    out, code = finish(proc)
+    assert code == 0 and "torchrun starts cold" in out and "the working directory" in out, out
+    got = ran(out)
+    assert got["pid"] == proc.pid and got["cwd"] == str(kit / "elsewhere")
