@@ -202,3 +202,17 @@ def test_mesh_reads_each_shared_marker_until_it_is_seen_then_never_again(tmp_pat
     assert got["shared"] == {"0": "ok", "1": "ok"}
     assert opened.count(str(early)) == 1
     assert opened.count(str(late)) == 2   # missing; written just before the second look, seen
+
+
+def test_the_shared_dir_marker_is_never_written_through_a_planted_link(tmp_path):
+    """Its name is on the probe's argv: another user of shared_dir may plant a link there
+    first. The marker is created new (O_EXCL, O_NOFOLLOW): the check fails, the target is kept."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    marker = tmp_path / ".mlaunch-preflight-n1-node0"
+    marker.symlink_to(victim)
+    got = facts(shared_file=str(marker))
+    assert got["shared"]["ok"] is False and victim.read_text() == "keep"
+    marker.unlink()
+    assert facts(shared_file=str(marker))["shared"]["ok"] is True
+    assert marker.read_text() == "n1 0\n" and not marker.is_symlink()

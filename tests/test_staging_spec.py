@@ -126,3 +126,38 @@ def test_copies_lines_name_each_part_and_its_hosts():
                "parts": {"0": ["a", "b"], "10": ["c", "a"], "2": ["b", "c"]}} for n in (5, 10, 15, 20)]
     assert copies_lines(events + [{"event": "step"}]) == [
         f"checkpoint-{n}: part0 on a, b; part2 on b, c; part10 on c, a" for n in (10, 15, 20)]
+
+
+def test_manifest_commit_writes_its_record_beside_the_copy_never_through_a_link(tmp_path):
+    src, tmp, dst = tmp_path / "src", tmp_path / "d.tmp", tmp_path / "d"
+    for d in (src, tmp):
+        d.mkdir()
+        (d / "f").write_text("same")
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / ("d" + mf.SUFFIX + ".tmp")).symlink_to(victim)   # planted where the record is written
+    assert mf.commit(str(tmp), str(dst), mf.manifest(str(src))["digest"]) == 0
+    assert victim.read_text() == "keep"
+    assert mf.stored(str(dst))["digest"] == mf.manifest(str(src))["digest"]
+
+
+def test_a_link_planted_at_the_temporary_name_is_removed_not_followed(tmp_path):
+    """rsync -a --delete into a link's target would empty it (a teammate's directory, in a
+    group-writable scratch): the node's copy script removes the link first."""
+    import subprocess
+    from launcher import render
+    src, victim, tmp = tmp_path / "src", tmp_path / "victim", tmp_path / "d.mlaunch-tmp"
+    src.mkdir()
+    (src / "f").write_text("staged")
+    victim.mkdir()
+    (victim / "keep").write_text("theirs")
+    tmp.symlink_to(victim)
+    script = render.staging_pull_script(link_dest=None, parent=str(tmp_path), shell="ssh", merge=False,
+                                        host=None, src=f"{src}/", tmp=f"{tmp}/", tmp_name=str(tmp))
+    r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (victim / "keep").read_text() == "theirs" and not (victim / "f").exists()
+    assert not tmp.is_symlink() and (tmp / "f").read_text() == "staged"
+    argv = render.staging_push_argv(link_dest=None, files_from=False, parent="/n", shell="ssh",
+                                    src="/s/", host="h", tmp="/n/d.mlaunch-tmp/", tmp_name="/n/d.mlaunch-tmp")
+    assert "[ ! -L /n/d.mlaunch-tmp ] || rm -f -- /n/d.mlaunch-tmp" in next(a for a in argv if a.startswith("--rsync-path="))

@@ -244,7 +244,10 @@ def shared_facts():
     if not f:
         return {}
     try:
-        with open(f, "w") as fh:
+        # a new file of this run's, never through a link or over a file another user put there
+        # first (the name is known from the probe's argv): O_EXCL, O_NOFOLLOW
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
             fh.write("%s %d\n" % (P["nonce"], P["rank"]))
         return {"ok": True}
     except OSError as e:

@@ -144,7 +144,8 @@ def commit(tmp, dst, want=None):
         os.rename(dst, old)
     os.rename(tmp, dst)   # a rename keeps every file's mtime: man holds the copy in place
     remove(old)
-    with open(side + ".tmp", "w") as f:
+    remove(side + ".tmp")   # a new file, never through a link left or planted there
+    with os.fdopen(os.open(side + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
         json.dump(man, f)
     os.rename(side + ".tmp", side)
     print(json.dumps({"digest": man["digest"], "bytes": man["bytes"]}))

@@ -245,7 +245,8 @@ def copy_one(plan: LaunchPlan, executor, item: Item, c: Copy) -> str | None:
         shell, host = executor.rsync_shell(c.dst)
         argv = render.staging_push_argv(link_dest=link, files_from=item.names is not None,
                                         parent=posixpath.dirname(dst), shell=shell,
-                                        src=item.spec.path.rstrip("/") + slash, host=host, tmp=tmp + slash)
+                                        src=item.spec.path.rstrip("/") + slash, host=host, tmp=tmp + slash,
+                                        tmp_name=tmp)
         listing = b"\0".join(n.encode("utf-8", "surrogateescape") for n in item.names or [])
         r = subprocess.run(argv, input=listing, capture_output=True, timeout=COPY_TIMEOUT_S)
         if r.returncode != 0:
@@ -256,7 +257,8 @@ def copy_one(plan: LaunchPlan, executor, item: Item, c: Copy) -> str | None:
         same = c.src == c.dst
         script = render.staging_pull_script(
             link_dest=link, parent=posixpath.dirname(dst), shell=node_shell(plan, c.src), merge=False,
-            host=None if same else node_host(c.src), src=from_path.rstrip("/") + slash, tmp=tmp + slash) + "\n"
+            host=None if same else node_host(c.src), src=from_path.rstrip("/") + slash, tmp=tmp + slash,
+            tmp_name=tmp) + "\n"
     script += nodeprog.script(remote_python(plan.job), "manifest", ["commit", tmp, dst, item.source["digest"]])
     code, out = executor.run(c.dst, script, COPY_TIMEOUT_S)
     return None if code == 0 else (_last(out) or f"exit {code}")
