@@ -3,8 +3,6 @@ override read as a spec file, a newline in an override value, empty paths, an ss
 space. Each is a user error: one line per problem naming the field, no traceback, exit 2."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 
@@ -47,15 +45,14 @@ def refused(r, field: str) -> str:
 # ---- 1: batch sizes: bounded, and planning a huge global batch finishes -----------------------
 
 def test_huge_global_batch_with_auto_split_finishes_and_is_refused(base):
-    start = time.monotonic()
+    # the hang this was: an O(n) divisor loop; the call's timeout (load-scaled) is the guard
     r = mlaunch("validate", base, "batch.per_device=auto", "batch.grad_accum=auto",
                 "batch.global=1000000000000", timeout=60)
     line = refused(r, "batch.global")
     assert "1000000000000 is too large" in line and "2147483647" in line
-    assert time.monotonic() - start < 60
 
 
-def test_largest_global_batch_is_planned_quickly(base):
+def test_largest_global_batch_is_planned(base):
     # 2^30 over 16 processes: 2^26 per process, split within the limits (divisors in O(sqrt n))
     r = mlaunch("plan", base, "batch.per_device=auto", "batch.grad_accum=auto",
                 "batch.global=1073741824", timeout=60)
@@ -217,3 +214,18 @@ def test_other_trainers_key_names_the_trainer(base):
                     "remove it or set `trainer: llamafactory`")
     line = refused(mlaunch("validate", base, "rlhf_type=dpo"), "rlhf_type")
     assert "unknown key for trainer llamafactory (it is ms-swift's); remove it or set `trainer: swift`" in line
+
+
+# ---- LLaMA-Factory checkpoints without optimizer state cannot be resumed ----------------------
+
+def test_llamafactory_save_only_model_refuses_restarts_and_resume(tmp_path):
+    """The Trainer's save_only_model writes weights and trainer_state.json only: a resume would
+    go on at the saved step with a fresh optimizer and the LR schedule restarted. Refused, as
+    for ms-swift, where a restart or --resume would need it."""
+    spec = write_spec(tmp_path, {**BASE, "passthrough": {"save_only_model": True}})
+    line = refused(mlaunch("validate", spec, "max_restarts=2"), "max_restarts")
+    assert "save_only_model" in line and "max_restarts: 0" in line
+    r = mlaunch("submit", spec, "--resume", "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--resume: nothing can be resumed" in r.stderr and "save_only_model" in r.stderr
+    assert mlaunch("validate", spec).returncode == 0   # without restarts or a resume: its choice

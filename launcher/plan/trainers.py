@@ -13,6 +13,7 @@ from . import defaults
 from .. import render
 from ..spec import JobBase, LlamaFactoryJob, ScriptJob, SwiftJob, model_config, world_size
 from ..spec.deepspeed import build_for
+from ..spec.lf_rules import not_resumable as lf_not_resumable
 from ..spec.swift_rules import (MEGATRON_SCHEDULERS, config_int, not_resumable,
                                 rendered_passthrough, swift_notes)
 
@@ -67,6 +68,10 @@ class LlamaFactory:
 
     def discovery_args(self, job: LlamaFactoryJob) -> list[str]:
         return deepspeed_discovery_args(job)
+
+    def not_resumable(self, job: LlamaFactoryJob) -> str | None:
+        """Why no checkpoint of this job can be resumed (submit refuses --resume then)."""
+        return lf_not_resumable(job)
 
     def files(self, job: LlamaFactoryJob, run: RunContext) -> list[RenderedFile]:
         ds_path = posixpath.join(run.run_dir, "ds_config.json") if job.deepspeed else None

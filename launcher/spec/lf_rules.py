@@ -21,7 +21,7 @@ def check_llamafactory(job: LlamaFactoryJob) -> list[Problem]:
     """Every LLaMA-Factory-specific rule of a validated job."""
     return (_check_template(job) + _check_preference(job) + _check_stage(job) + _check_fsdp(job)
             + _check_quant_sharding(job) + _check_distributed(job) + _check_ray(job)
-            + check_optimizers(job) + _check_dataset_form(job))
+            + check_optimizers(job) + _check_dataset_form(job) + _check_resumable(job))
 
 
 def _check_dataset_form(job: LlamaFactoryJob) -> list[Problem]:
@@ -105,6 +105,26 @@ def _check_stage(job: LlamaFactoryJob) -> list[Problem]:
                 p.append(Problem(f"passthrough.{key}", f"only valid for stage sft (stage is "
                                  f"{job.stage}); remove it"))
     return p
+
+
+def not_resumable(job: LlamaFactoryJob) -> str | None:
+    """Why no checkpoint of this job can be resumed: the Trainer's save_only_model writes the
+    weights and trainer_state.json only, and a resume from that silently starts a fresh
+    optimizer and LR schedule at the saved step (with DeepSpeed, no checkpoint loads at all)."""
+    if job.passthrough.get("save_only_model") is True:
+        return ("passthrough save_only_model: true saves no optimizer, scheduler or RNG state "
+                "(and no DeepSpeed engine state): a resume would go on with a fresh optimizer and "
+                "the LR schedule restarted")
+    return None
+
+
+def _check_resumable(job: LlamaFactoryJob) -> list[Problem]:
+    """Restarts that could only go on with another optimizer state are refused, with the reason."""
+    why = not_resumable(job)
+    if job.max_restarts and why:
+        return [Problem("max_restarts", f"{job.max_restarts}: no restart could resume a checkpoint: "
+                        f"{why}; remove that key or set max_restarts: 0")]
+    return []
 
 
 def resume_refusal(job) -> str | None:
