@@ -255,7 +255,7 @@ def test_restarts_that_can_only_start_over(mega, key, why):
     data["passthrough"] = {key: True}
     assert validate(data)   # without restarts: fine, a run that never resumes
     data["max_restarts"] = 2
-    assert problems(data) == [f"max_restarts: 2: every restart would start over: {why}; remove that "
+    assert problems(data) == [f"max_restarts: 2: no restart could resume a checkpoint: {why}; remove that "
                               "key or set max_restarts: 0"]
     data["max_restarts"] = 0
     job = validate(data)

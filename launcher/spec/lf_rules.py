@@ -10,6 +10,7 @@ from ..errors import Problem
 from .ds_rules import zero_of
 from .lf_optim_rules import check_optimizers
 from .models import LlamaFactoryJob
+from .rules import check_restarts
 from .select import world_size
 
 # Stages whose datasets must be pairwise rankings (LLaMA-Factory loads DPO data as "rm").
@@ -120,11 +121,7 @@ def not_resumable(job: LlamaFactoryJob) -> str | None:
 
 def _check_resumable(job: LlamaFactoryJob) -> list[Problem]:
     """Restarts that could only go on with another optimizer state are refused, with the reason."""
-    why = not_resumable(job)
-    if job.max_restarts and why:
-        return [Problem("max_restarts", f"{job.max_restarts}: no restart could resume a checkpoint: "
-                        f"{why}; remove that key or set max_restarts: 0")]
-    return []
+    return check_restarts(job, not_resumable(job))
 
 
 def resume_refusal(job) -> str | None:

@@ -196,3 +196,12 @@ def check_script(job: ScriptJob) -> list[Problem]:
     if (s.path is None) == (s.module is None):
         return [Problem("script", "give exactly one of path (a .py file) or module (python -m)")]
     return check_script_secrets(s.args)
+
+
+def check_restarts(job, why: str | None) -> list[Problem]:
+    """max_restarts on a job none of whose checkpoints a restart could resume (why: the
+    trainer's reason, or None): refused, with the reason."""
+    if job.max_restarts and why:
+        return [Problem("max_restarts", f"{job.max_restarts}: no restart could resume a checkpoint: "
+                        f"{why}; remove that key or set max_restarts: 0")]
+    return []

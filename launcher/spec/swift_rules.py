@@ -7,7 +7,7 @@ from ..errors import Problem
 from .models import SwiftJob
 from . import known_args
 from .models import MEGATRON_RLHF_TYPES, RLHF_TYPES
-from .rules import USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning, check_training
+from .rules import USE_CPU_WHY, check_batch, check_deepspeed, check_finetuning, check_restarts, check_training
 from .secret_rules import check_passthrough_secrets, secret_name
 from .owned import SWIFT_OWNED  # noqa: F401  (importable from here)
 from .model_config import MEGATRON_SCHEDULERS, config_int, divisors, model_config  # noqa: F401  (importable from here)
@@ -82,11 +82,7 @@ def not_resumable(job: SwiftJob) -> str | None:
 
 def check_resumable(job: SwiftJob) -> list[Problem]:
     """Restarts that can only start over are refused, with the reason."""
-    why = not_resumable(job)
-    if job.max_restarts and why:
-        return [Problem("max_restarts", f"{job.max_restarts}: every restart would start over: "
-                        f"{why}; remove that key or set max_restarts: 0")]
-    return []
+    return check_restarts(job, not_resumable(job))
 
 
 def _check_swift_freeze(job: SwiftJob) -> list[Problem]:
