@@ -206,3 +206,24 @@ def test_a_zero3_conversion_is_complete_with_rank_0s_model_states(tmp_path):
     with pytest.raises(UserError) as err:
         universal.prepare(job, plan, ShellExecutor({"MODEL_STATES": "other.pt"}), ck2, Said(), Events())
     assert "is incomplete (latest_universal, model states, zero/)" in str(err.value)
+
+
+def test_a_checkpoint_saved_again_after_its_conversion_is_converted_again(tmp_path):
+    """A later run that saves checkpoint-N into the same folder (--overwrite, the same step)
+    leaves the earlier run's conversion beside it: it is another run's weights, and the next
+    restart converts the new save instead of loading the old one."""
+    job = zero_job(tmp_path)
+    plan = build_plan(job, run_id="r")
+    ck = checkpoint(tmp_path, shards=4)
+    assert universal.prepare(job, plan, ShellExecutor(), ck, Said(), Events()) is True
+    assert open(f"{ck}/calls").read() == "converted\n"
+    shard = f"{ck}/global_step3/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    with open(shard, "w") as fh:   # the new run's save: other bytes, a later time
+        fh.write("the new run's optimizer state")
+    os.utime(shard, (os.path.getatime(shard), os.path.getmtime(shard) + 5))
+    said = Said()
+    assert universal.prepare(job, plan, ShellExecutor(), ck, said, Events()) is True
+    assert "; converted to DeepSpeed's universal" in said.lines[0], said.lines
+    assert open(f"{ck}/calls").read() == "converted\nconverted\n"
+    assert universal.prepare(job, plan, ShellExecutor(), ck, Said(), Events()) is True   # and once only
+    assert open(f"{ck}/calls").read() == "converted\nconverted\n"
