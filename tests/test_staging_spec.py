@@ -161,3 +161,49 @@ def test_a_link_planted_at_the_temporary_name_is_removed_not_followed(tmp_path):
     argv = render.staging_push_argv(link_dest=None, files_from=False, parent="/n", shell="ssh",
                                     src="/s/", host="h", tmp="/n/d.mlaunch-tmp/", tmp_name="/n/d.mlaunch-tmp")
     assert "[ ! -L /n/d.mlaunch-tmp ] || rm -f -- /n/d.mlaunch-tmp" in next(a for a in argv if a.startswith("--rsync-path="))
+
+
+def _bare_plan(tmp_path):
+    from launcher.plan.launch_plan import build_plan
+    from launcher.spec import validate
+    from .test_badinput_cli import BASE
+    job = validate({**BASE, "cluster": {**BASE["cluster"], "hosts": ["n0", "n1", "n2"]},
+                    "output_dir": str(tmp_path / "out"), "checkpoints": {"replicas": 1},
+                    "passthrough": {"save_total_limit": 1}})
+    return build_plan(job, run_id="r")
+
+
+def test_a_fresh_starts_restart_never_takes_an_earlier_runs_checkpoint_on_bare_nodes(tmp_path, monkeypatch):
+    """--overwrite on nodes whose own disks still hold yesterday's checkpoint-500 (and copies of
+    its parts): a restart resumes this run's newest complete checkpoint, never 500; the copies
+    never copy it, and retention (save_total_limit) never removes it nor, because of it, this
+    run's own."""
+    from launcher.transport import replicas as rp
+    plan = _bare_plan(tmp_path)
+    logins = [n.login for n in plan.nodes]
+    part = {"complete": True, "state": False, "ranks": []}
+    inv = {lg: {"own": {"500": {**part, "state": i == 0}, "20": {**part, "state": i == 0}},
+                "replicas": {"500": {str((i + 2) % 3): [0]}}} for i, lg in enumerate(logins)}
+    monkeypatch.setattr(rp, "_inventories", lambda plan, executor: inv)
+    taken, pruned, copied = [], [], []
+    monkeypatch.setattr(rp, "_put_together", lambda plan, ex, say, num, parts, world: taken.append(num) or num)
+    stale = rp.leftovers(plan, None)
+    assert stale == {"500", "20"}   # before the run: both are an earlier run's
+    inv = {lg: {"own": {**v["own"], "30": {**part, "state": i == 0}}, "replicas": {
+        **v["replicas"], "30": {str((i + 2) % 3): [0]}}} for i, (lg, v) in enumerate(inv.items())}
+    assert rp.assemble(plan, None, lambda line: None, {}, frozenset({"500"})) == "30"
+    assert rp.assemble(plan, None, lambda line: None, {}) == "500"   # what it did without stale
+    assert taken == ["30", "500"]
+
+    class Exec:
+        def run(self, login, script, timeout):
+            if "prune" in script:
+                pruned.append(script)
+            return 0, "[]"
+    rep = rp.Replicator(plan, Exec(), lambda line: None, None, {}, frozenset({"500"}))
+    monkeypatch.setattr(rep, "_copy_all", lambda num, todo: copied.append(num) or True)
+    monkeypatch.setattr(rep, "_record", lambda num, holders: rep.done.add(num))
+    rep.round()
+    assert copied == ["20", "30"]   # 500 never copied
+    assert rep.done == {"30"}   # save_total_limit 1: this run's newest kept, its 20 removed ...
+    assert pruned and all('["30", "500"]' in s for s in pruned)   # ... and the earlier run's 500 kept

@@ -249,6 +249,8 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
     # --resume on other hosts or GPUs than saved it: converted before attempt 0 (issue 50)
     universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
     saved_world: dict[str, int] = {}   # checkpoint number -> the world that saved it (bare.copies)
+    # no shared disk, a fresh start: the checkpoints the nodes already hold are an earlier run's
+    stale = bare.leftovers(plan, executor, printer) if resume_from is None else frozenset()
     while True:
         plan = plan.replanned(job=job, resume_from=resume_from, attempt=attempt, universal=universal,
                               overwrite=_overwrite_why(opts, attempt, resume_from, master))
@@ -256,7 +258,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         rec.planned(data)   # before any node starts: stop finds every host this attempt uses
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
-        with bare.copies(plan, executor, printer, events, saved_world):   # checkpoints: {replicas: N}
+        with bare.copies(plan, executor, printer, events, saved_world, stale):   # checkpoints: {replicas: N}
             result = backend.run_attempt(plan, executor, printer, started)
         rec.attempt_ended(attempt, result.code, result.interrupted, events.path)
         for line in describe_result(plan, result).splitlines():
@@ -284,7 +286,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         bare.stage(backend, plan, executor, printer)   # a spare gets the model, data and code
         events.emit(phases.PHASE, phase="checkpoint")
         if getattr(job, "checkpoints", None):   # no shared disk: the newest checkpoint complete across copies, on every node
-            found = bare.newest(plan, executor, printer, master, saved_world)
+            found = bare.newest(plan, executor, printer, master, saved_world, stale)
         else:
             found = master.discover() if TRAINERS[job.trainer].resumable else None
         resume_from = found.latest if found else None

@@ -40,6 +40,21 @@ def _ranks(plan: LaunchPlan) -> list[list[int]]:
     return out
 
 
+def leftovers(plan: LaunchPlan, executor) -> frozenset[str]:
+    """The checkpoint numbers any node of plan holds (its own, or a copy) before a fresh
+    start: an earlier run's, which this run never resumes, copies or removes."""
+    inv = _inventories(plan, executor)
+    return frozenset(n for v in inv.values() for part in ("own", "replicas") for n in v[part])
+
+
+def _without(inv: dict[str, dict], stale: frozenset[str]) -> dict[str, dict]:
+    """inv less the checkpoints numbered in stale (an earlier run's, at a fresh start)."""
+    if not stale:
+        return inv
+    return {login: {part: {n: e for n, e in v[part].items() if n not in stale} for part in ("own", "replicas")}
+            for login, v in inv.items()}
+
+
 def _inventories(plan: LaunchPlan, executor) -> dict[str, dict]:
     """{login: its inventory} of every node that answered (a lost node is left out)."""
     ranks, world, python = _ranks(plan), sum(map(len, _ranks(plan))), remote_python(plan.job)
@@ -59,8 +74,10 @@ def _inventories(plan: LaunchPlan, executor) -> dict[str, dict]:
 class Replicator:
     """The copies of every node's checkpoint parts during one attempt (a thread)."""
 
-    def __init__(self, plan: LaunchPlan, executor, say, events, saved_world: dict[str, int]):
+    def __init__(self, plan: LaunchPlan, executor, say, events, saved_world: dict[str, int],
+                 stale: frozenset[str] = frozenset()):
         self.plan, self.executor, self.say, self.events = plan, executor, say, events
+        self.stale = stale                  # an earlier run's checkpoint numbers (leftovers()): never touched
         self.saved_world = saved_world      # checkpoint number -> the world that saved it (for assemble)
         self.copies = plan.job.checkpoints.replicas
         self.done: set[str] = set()         # checkpoint numbers whose every part has its copies
@@ -86,7 +103,7 @@ class Replicator:
     def round(self) -> None:
         """One look at every node: copy each complete part its targets lack; record and say
         each checkpoint once all its parts have their copies; retention."""
-        inv = _inventories(self.plan, self.executor)
+        inv = _without(_inventories(self.plan, self.executor), self.stale)
         nodes = [n.login for n in self.plan.nodes]
         head = inv.get(nodes[0], {}).get("own", {})
         ranks = _ranks(self.plan)
@@ -155,17 +172,19 @@ class Replicator:
                 continue
             held = set(inv[node.login]["own"]) | set(inv[node.login]["replicas"])
             if held - keep:
-                script = nodeprog.script(remote_python(self.plan.job), "replicas",
-                                         ["prune", self.plan.job.output_dir, json.dumps(sorted(keep, key=int))])
+                script = nodeprog.script(remote_python(self.plan.job), "replicas",   # never an earlier run's
+                                         ["prune", self.plan.job.output_dir, json.dumps(sorted(keep | self.stale, key=int))])
                 self.executor.run(node.login, script, RUN_TIMEOUT_S)
                 gone |= held - keep
         self.done &= keep
 
 
-def assemble(plan: LaunchPlan, executor, say, saved_world: dict[str, int]) -> str | None:
+def assemble(plan: LaunchPlan, executor, say, saved_world: dict[str, int],
+             stale: frozenset[str] = frozenset()) -> str | None:
     """The newest checkpoint complete across the copies the nodes of plan hold, put together on
-    node 0 and staged to every node of plan; its path, or None (no checkpoint is complete)."""
-    inv = _inventories(plan, executor)
+    node 0 and staged to every node of plan; its path, or None (no checkpoint is complete).
+    stale: an earlier run's checkpoint numbers, never taken (leftovers())."""
+    inv = _without(_inventories(plan, executor), stale)
     lost = [n.host for n in plan.nodes if n.login not in inv]
     if lost:
         raise UserError(f"checkpoints: cannot ask {', '.join(lost)} what they hold; nothing was started")
@@ -203,7 +222,7 @@ def _put_together(plan, executor, say, num: str, parts: dict[int, tuple[str, str
         script = render.staging_pull_script(link_dest=None, parent=posixpath.dirname(ckpt),
                                             shell=node_shell(plan, login), merge=True,
                                             host=None if login == head.login else node_host(login),
-                                            src=path + "/", tmp=ckpt + "/")
+                                            src=path + "/", tmp=ckpt + "/", tmp_name=None)   # merged into the checkpoint itself
         code, text = executor.run(head.login, script, GATHER_TIMEOUT_S)
         if code != 0:
             raise UserError(f"checkpoints: node0 {head.host} could not fetch a part of {ckpt} "
