@@ -222,3 +222,30 @@ def test_zero2_saved_at_one_world_resumes_at_another(tmp_path, saved, world):
     for key in ("exp_avg", "exp_avg_sq"):   # the shards differ by world: their norms combined
         combined = [math.sqrt(sum(v[key] ** 2 for v in m.values())) for m in (got, want)]
         assert combined[0] == pytest.approx(combined[1], rel=0.02), (key, got, want)
+
+
+def test_a_restart_after_a_resume_with_nothing_newer_resumes_the_same_checkpoint(tmp_path):
+    """--resume=PATH (a rollback, or a checkpoint outside output_dir), then a failure before the
+    first new save: the restart resumes PATH again. It used to find nothing newer complete in
+    output_dir and start fresh from step 0 (or take output_dir's own newer checkpoint)."""
+    job = validate(lora(hosts=2, gpus=1, per_device=1, grad_accum=3) | {
+        "output_dir": str(tmp_path / "out"), "max_restarts": 1, "restart_backoff_s": 0})
+    ck = str(tmp_path / "elsewhere" / "checkpoint-7")
+    plans = []
+
+    def run_job(plan, *a, **kw):
+        plans.append(plan)
+        code = 1 if len(plans) == 1 else 0
+        return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
+                         first_failure=0 if code else None)
+    backend = SimpleNamespace(name="ssh", run_attempt=lambda plan, *a: run_job(plan),
+                              next_attempt=lambda job, plan, ex, *a: (job, plan, ex))
+    logs = str(tmp_path / "logs")
+    plan = plan_of(job, run_id="r", log_dir=logs, resume_from=ck)
+    code = attempts._attempts(plan, ShellExecutor(), Said(), SubmitOptions(log_dir=logs, resume=ck),
+                              Found(None), ck, Rec(), backend)
+    assert code == 0 and [p.resume_from for p in plans] == [ck, ck]
+    events = read_events(os.path.join(plan.log_dir, "events.jsonl"))
+    assert [e.get("resume_from") for e in events if e["event"] == "restart"] == [ck]
+    assert attempts.named_resume(SubmitOptions(resume=ck))
+    assert not any(attempts.named_resume(SubmitOptions(resume=r)) for r in (None, "latest", "auto"))

@@ -119,11 +119,17 @@ def _checked(plan: LaunchPlan, executor, printer: Printer, opts: SubmitOptions, 
         rec.ended_because(done)
         return 0
     # A fresh start (--overwrite, --resume=auto with nothing complete) restarts only
-    # from checkpoints this launch wrote, never from an older run's left in output_dir.
-    master.ignore = () if resume_from else before
+    # from checkpoints this launch wrote, never from an older run's left in output_dir; so does
+    # a resume from a named checkpoint (--resume=PATH, a rollback), or from that one again.
+    master.ignore = () if resume_from and not named_resume(opts) else before
     claim.locked()
     claim.ran = True
     return _attempts(plan, executor, printer, opts, master, resume_from, rec, backend, marks)
+
+
+def named_resume(opts: SubmitOptions) -> bool:
+    """--resume=PATH: a checkpoint the user named, not the latest one found."""
+    return opts.resume not in (None, "latest", "auto")
 
 
 def check_flags(job: JobBase, opts: SubmitOptions) -> None:
@@ -246,6 +252,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
     notice = timeout_notice(job)
     if notice:
         printer.say(notice)
+    first = resume_from   # what this launch resumed (None: a fresh start)
     # --resume on other hosts or GPUs than saved it: converted before attempt 0 (issue 50)
     universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
     saved_world: dict[str, int] = {}   # checkpoint number -> the world that saved it (bare.copies)
@@ -289,8 +296,10 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
             found = bare.newest(plan, executor, printer, master, saved_world, stale)
         else:
             found = master.discover() if TRAINERS[job.trainer].resumable else None
-        resume_from = found.latest if found else None
-        if found and (done := finished.complete_line(job, found)):
+        # nothing newer complete: the checkpoint this launch resumed, again (never a fresh start
+        # after a resume, never an older run's checkpoint after --resume=PATH)
+        resume_from = (found.latest if found else None) or first
+        if found and found.latest and (done := finished.complete_line(job, found)):
             printer.say(f"restart {attempt}/{limit} not needed: {done}")
             return 0, done
         universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
