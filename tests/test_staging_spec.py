@@ -163,11 +163,11 @@ def test_a_link_planted_at_the_temporary_name_is_removed_not_followed(tmp_path):
     assert "[ ! -L /n/d.mlaunch-tmp ] || rm -f -- /n/d.mlaunch-tmp" in next(a for a in argv if a.startswith("--rsync-path="))
 
 
-def _bare_plan(tmp_path):
+def _bare_plan(tmp_path, hosts=("n0", "n1", "n2")):
     from launcher.plan.launch_plan import build_plan
     from launcher.spec import validate
     from .test_badinput_cli import BASE
-    job = validate({**BASE, "cluster": {**BASE["cluster"], "hosts": ["n0", "n1", "n2"]},
+    job = validate({**BASE, "cluster": {**BASE["cluster"], "hosts": list(hosts)},
                     "output_dir": str(tmp_path / "out"), "checkpoints": {"replicas": 1},
                     "passthrough": {"save_total_limit": 1}})
     return build_plan(job, run_id="r")
@@ -207,3 +207,33 @@ def test_a_fresh_starts_restart_never_takes_an_earlier_runs_checkpoint_on_bare_n
     assert copied == ["20", "30"]   # 500 never copied
     assert rep.done == {"30"}   # save_total_limit 1: this run's newest kept, its 20 removed ...
     assert pruned and all('["30", "500"]' in s for s in pruned)   # ... and the earlier run's 500 kept
+
+
+def test_a_checkpoint_missing_the_last_nodes_part_is_not_taken_for_a_smaller_worlds(tmp_path, monkeypatch):
+    """checkpoint-40's trainer_state.json is on node 0, then the last node is lost before its
+    part was copied: the ranks left look like a complete world of 16. The copies noted the
+    world that saved it (24) when node 0's state appeared, so a restart takes checkpoint-30,
+    complete across copies, instead of a checkpoint with a third of its optimizer state missing."""
+    from launcher.transport import replicas as rp
+    plan = _bare_plan(tmp_path)
+    logins = [n.login for n in plan.nodes]
+
+    def part(i, state=False):
+        return {"complete": True, "state": state, "ranks": list(range(8 * i, 8 * i + 8))}
+    inv = {lg: {"own": {"30": part(i, i == 0), "40": part(i, i == 0)}, "replicas": {}}
+           for i, lg in enumerate(logins[:2])}
+    inv[logins[2]] = {"own": {"30": part(2)}, "replicas": {}}
+    monkeypatch.setattr(rp, "_inventories", lambda plan, executor: inv)
+    saved_world = {"30": 24}
+    rep = rp.Replicator(plan, None, lambda line: None, None, saved_world)
+    monkeypatch.setattr(rep, "_copy_all", lambda num, todo: False)
+    rep.round()
+    assert saved_world == {"30": 24, "40": 24}
+    del inv[logins[2]]   # the last node is lost
+    for v in inv.values():
+        v["replicas"] = {"30": {"16": list(range(16, 24))}}   # 30's lost part has a copy
+    taken = []
+    monkeypatch.setattr(rp, "_put_together", lambda plan, ex, say, num, parts, world: taken.append((num, world)) or num)
+    shrunk = _bare_plan(tmp_path, hosts=("n0", "n1"))   # the restart's nodes
+    assert rp.assemble(shrunk, None, lambda line: None, saved_world) == "30"
+    assert taken == [("30", 24)]

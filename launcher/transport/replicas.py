@@ -108,6 +108,9 @@ class Replicator:
         head = inv.get(nodes[0], {}).get("own", {})
         ranks = _ranks(self.plan)
         for num in sorted((k for k, v in head.items() if v["state"]), key=int):
+            # the world that saved it: this attempt's, known once node 0's trainer_state.json is
+            # there; a restart then needs every rank's part, even where the last node's is lost
+            self.saved_world.setdefault(num, sum(map(len, ranks)))
             if num in self.done:
                 continue
             todo, holders = [], {}
