@@ -65,12 +65,12 @@ class LocalRunning:
                 pass
 
 
-def start_relayed(argv: list[str], head: bytes, data: bytes) -> LocalRunning:
+def start_relayed(argv: list[str], head: bytes, data: bytes, env: dict | None = None) -> LocalRunning:
     """argv under the relay on this machine's interpreter: head (the relay's config frame),
-    then data, go on its stdin ahead of the heartbeats."""
+    then data, go on its stdin ahead of the heartbeats. env: argv's environment (None: this one)."""
     spool = Spool(tempfile.gettempdir())
     proc = subprocess.Popen([sys.executable, "-S", "-c", _relay(), *argv], stdin=subprocess.PIPE,
-                            stdout=spool.fd, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=spool.fd, stderr=subprocess.PIPE, start_new_session=True, env=env)
     try:
         proc.stdin.write(head + data)
         proc.stdin.flush()

@@ -22,7 +22,7 @@ from ...errors import Problem
 from ...plan.launch_plan import user_base
 from ...record import fsmode
 from ...transport.local import LocalExecutor, LocalRunning, start_relayed
-from .commands import cancel_and_wait, hostnames, job_info, sbatch_error
+from .commands import cancel_and_wait, client_env, hostnames, job_info, sbatch_error
 
 ALLOC_WAIT_S = 300.0   # how long check waits for the allocation to start
 
@@ -47,7 +47,7 @@ class AllocationExecutor(LocalExecutor):
 
     def connect(self) -> list[Problem]:
         r = subprocess.run(salloc_argv(self.job), capture_output=True,
-                           text=True, timeout=ALLOC_WAIT_S, stdin=subprocess.DEVNULL)
+                           text=True, timeout=ALLOC_WAIT_S, stdin=subprocess.DEVNULL, env=client_env())
         m = re.search(r"Granted job allocation (\d+)", r.stderr + r.stdout)
         if r.returncode != 0 or not m:
             err = sbatch_error(r.stderr or r.stdout)
@@ -69,7 +69,7 @@ class AllocationExecutor(LocalExecutor):
         # The script travels on stdin (`sh -s`), never on a command line.
         try:
             done = subprocess.run([*self._srun(host), "/bin/sh", "-s"], input=script,
-                                  capture_output=True, text=True, timeout=timeout)
+                                  capture_output=True, text=True, timeout=timeout, env=client_env())
         except subprocess.TimeoutExpired as e:
             return 124, str(e.stdout or "")
         return done.returncode, done.stdout + done.stderr
@@ -79,7 +79,7 @@ class AllocationExecutor(LocalExecutor):
         fd, path = tempfile.mkstemp(prefix=f"node{node.rank}-", suffix=".sh", dir=self.scratch)
         with os.fdopen(fd, "w") as fh:
             fh.write(node.script)
-        return start_relayed([*self._srun(node.host), "/bin/sh", path], self.relay_head(), b"")
+        return start_relayed([*self._srun(node.host), "/bin/sh", path], self.relay_head(), b"", client_env())
 
     def close(self) -> None:
         if self.job_id:

@@ -45,13 +45,24 @@ SBATCH_FIELDS = (("partition", "cluster.slurm.partition"), ("account", "cluster.
                  ("node count", "cluster.slurm.nodes"), ("nodes", "cluster.slurm.nodes"))
 
 
+def client_env() -> dict[str, str]:
+    """This environment less every secret-named variable (HF_TOKEN, WANDB_API_KEY, ...):
+    sbatch, salloc and srun export the whole environment into the job by default, where
+    slurmctld stores it (and slurmdbd, with AccountingStoreFlags=job_env, for `sacct
+    --env-vars`). A secret the nodes need is named in cluster.env, which reaches them in a
+    0600 file (templates/secrets_env.sh.j2), never through Slurm."""
+    import os
+    from ...spec import SECRET_NAME
+    return {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
+
+
 def slurm_cmd(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
     """A Slurm client command (SLURM_CONF and PATH from this environment). Never raises: a
     missing binary is exit 127 and no answer within timeout exit 124 (NO_ANSWER), each with
     a stderr line saying so, so that every caller handles it as the command failing."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env=client_env())
     except OSError as e:
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {e.strerror or e}")
     except subprocess.TimeoutExpired:

@@ -11,7 +11,7 @@ from ...errors import Problem, UserError
 from ...record import fsmode, phases
 from ...record.events import EventLog
 from ...transport.base import make_run_dirs
-from .commands import NO_ANSWER, sbatch_error, slurm_cmd
+from .commands import NO_ANSWER, client_env, sbatch_error, slurm_cmd
 
 
 class SlurmExecutor:
@@ -52,7 +52,7 @@ class SlurmExecutor:
         from . import sbatch
         try:
             done = subprocess.run(sbatch.step_argv(plan, name), input=script, capture_output=True,
-                                  text=True, timeout=timeout)
+                                  text=True, timeout=timeout, env=client_env())
         except OSError as e:
             return 127, f"srun: {e.strerror or e}"
         except subprocess.TimeoutExpired as e:
