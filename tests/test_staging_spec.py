@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from launcher.nodeprog import manifest as mf
 from launcher.plan.staging import needed_bytes, rounds
 
@@ -237,3 +239,29 @@ def test_a_checkpoint_missing_the_last_nodes_part_is_not_taken_for_a_smaller_wor
     shrunk = _bare_plan(tmp_path, hosts=("n0", "n1"))   # the restart's nodes
     assert rp.assemble(shrunk, None, lambda line: None, saved_world) == "30"
     assert taken == [("30", 24)]
+
+
+def test_tokenize_once_keeps_its_output_masked_in_a_private_file(tmp_path, monkeypatch):
+    """LLaMA-Factory's tokenizing run has cluster.env's secrets exported and may print them:
+    its output is masked before it is kept, in a 0600 file of the run's 0700 log directory, and
+    the refusal that names that file shows no secret either."""
+    import stat
+    from launcher.errors import UserError
+    from launcher.plan.launch_plan import build_plan
+    from launcher.spec import validate
+    from launcher.transport import tokenize
+    from .test_badinput_cli import BASE
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz123456")
+    job = validate({**BASE, "cluster": {**BASE["cluster"], "env": {"HF_TOKEN": "${HF_TOKEN}"}},
+                    "output_dir": str(tmp_path / "out"), "tokenize_once": str(tmp_path / "tok")})
+    plan = build_plan(job, run_id="r", log_dir=str(tmp_path / "logs"))
+
+    class Node0:
+        def run(self, login, script, timeout):
+            return 1, "token is hf_abcdefghijklmnopqrstuvwxyz123456\nmlaunch-tokenize failed hf_abcdefghijklmnopqrstuvwxyz123456 refused\n"
+    with pytest.raises(UserError) as err:
+        tokenize.tokenize_once(plan, Node0(), lambda line: None, {})
+    assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in "\n".join(err.value.lines())
+    log = os.path.join(plan.log_dir, tokenize.LOG)
+    assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in open(log).read() and "token is " in open(log).read()
+    assert stat.S_IMODE(os.stat(log).st_mode) == 0o600 and stat.S_IMODE(os.stat(plan.log_dir).st_mode) == 0o700

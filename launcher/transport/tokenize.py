@@ -12,6 +12,7 @@ import time
 from .. import nodeprog, render
 from ..errors import UserError
 from ..plan.launch_plan import LaunchPlan, remote_bin, remote_python
+from ..record import fsmode
 from ..spec.staging import NODE, StageItem
 from .staging import TMP, Item, stage_items
 
@@ -36,9 +37,9 @@ def tokenize_once(plan: LaunchPlan, executor, say, digests: dict[str, str]) -> N
                                     nodeprog.script(python, "manifest", ["seal", path + TMP, path]))
     t0 = time.monotonic()
     code, text = executor.run(node.login, script, TOKENIZE_TIMEOUT_S)
-    log = os.path.join(plan.log_dir, LOG)
-    os.makedirs(plan.log_dir, exist_ok=True)
-    with open(log, "a", encoding="utf-8") as f:
+    text = plan.mask(text)   # LLaMA-Factory ran with cluster.env's secrets exported
+    log = os.path.join(fsmode.private_dir(plan.log_dir), LOG)   # the run's 0700 log dir, as the nodes' logs
+    with fsmode.open_private(log) as f:
         f.write(text)
     status = next((ln.split(" ", 1)[1] for ln in reversed(text.splitlines())
                    if ln.startswith("mlaunch-tokenize ")), f"failed exit {code}")
