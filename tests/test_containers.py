@@ -76,7 +76,8 @@ def test_podman_line_host_namespaces_mounts_env_by_name_and_a_name_per_node():
     p = plan(spec(mounts=["/data/models:/models:ro"], args=["--shm-size=16g"]))
     n0, n1 = p.nodes[0], p.nodes[1]
     line = n0.container
-    assert line.startswith("podman run --rm --name mlaunch-R-a0-n0 --network host --ipc host --uts host --pull missing ")
+    assert line.startswith("podman run --rm --name mlaunch-R-a0-n0 --label \"mlaunch.name=\"mlaunch-R-a0-n0 "
+                           "--label \"mlaunch.uid=$(id -u)\" --network host --ipc host --uts host --pull missing ")
     assert "--device nvidia.com/gpu=all" in line
     for d in ("/mnt/shared/work:/mnt/shared/work", "/mnt/shared/output/qwen-lora:/mnt/shared/output/qwen-lora",
               "/data/models:/models:ro"):
@@ -134,9 +135,13 @@ def test_teardown_and_hang_up_guard_remove_the_nodes_container():
     from launcher import render
     p = plan(spec(command=["/opt/bin/podman"]))
     n = p.nodes[1]
-    assert n.container_rm == "/opt/bin/podman rm -f mlaunch-R-a0-n1 >/dev/null 2>&1"
+    # only the container of that name this user started (its labels): a daemon other users
+    # share may hold another user's of the same name
+    assert n.container_rm == ('/opt/bin/podman rm -f $(/opt/bin/podman ps -aq --filter '
+                              '"label=mlaunch.name="mlaunch-R-a0-n1 --filter "label=mlaunch.uid=$(id -u)") '
+                              '>/dev/null 2>&1')
     # The hang-up guard's teardown (in the node script) removes this node's container.
-    assert "/opt/bin/podman rm -f mlaunch-R-a0-n1" in n.script
+    assert '--filter "label=mlaunch.name="mlaunch-R-a0-n1 ' in n.script
     text = render.teardown_script("MLAUNCH_RUN_ID=R", [n.pidfile], 5, containers=[n.container_rm])
     kill = text.index("kill -KILL $p")
     assert text.index(n.container_rm) > kill and text.rstrip().endswith('left"')
@@ -162,7 +167,9 @@ def test_podman_under_slurm_removes_its_container_however_the_task_ends():
     n = plan(data).nodes[0]
     name = 'mlaunch-R-a0-n"${SLURM_NODEID}"'
     assert f"--name {name} " in n.container
-    assert f"trap 'podman rm -f {name} >/dev/null 2>&1' EXIT" in n.script
+    from launcher import render
+    assert f"trap {render.quote(n.container_rm)} EXIT" in n.script
+    assert f'--filter "label=mlaunch.name="{name} ' in n.container_rm
     assert "exec podman" not in n.script
 
 
@@ -197,7 +204,8 @@ def test_stop_removes_every_recorded_attempts_containers_on_each_host():
     from launcher.view.plandata import plan_data
     p = plan(spec())
     data = plan_data(p, "ssh")
-    assert data["nodes"][2]["container_rm"] == "podman rm -f mlaunch-R-a0-n2 >/dev/null 2>&1"
+    assert data["nodes"][2]["container_rm"] == p.nodes[2].container_rm
+    assert '"label=mlaunch.name="mlaunch-R-a0-n2 ' in data["nodes"][2]["container_rm"]
 
     class Exec:
         def run(self, host, script, timeout):
@@ -205,9 +213,9 @@ def test_stop_removes_every_recorded_attempts_containers_on_each_host():
             return 0, "mlaunch-teardown: 0 left"
     ex = Exec()
     sweep._host(ex, "h", ["/x/node0.pid"], ["R", "R+a1"], False,
-                ["podman rm -f mlaunch-R-a0-n2 >/dev/null 2>&1", "podman rm -f mlaunch-R-a1-n2 >/dev/null 2>&1"])
-    assert ex.script.count("podman rm -f mlaunch-R-a0-n2") == 1 and "mlaunch-R-a1-n2" in ex.script
-    assert ex.script.rindex("rm -f mlaunch-R-a0-n2") > ex.script.rindex("MLAUNCH_RUN_ID=R+a1")
+                [p.nodes[2].container_rm, p.nodes[2].container_rm.replace("a0-n2", "a1-n2")])
+    assert ex.script.count("mlaunch-R-a0-n2") == 1 and "mlaunch-R-a1-n2" in ex.script
+    assert ex.script.rindex("mlaunch-R-a0-n2") > ex.script.rindex("MLAUNCH_RUN_ID=R+a1")
 
 
 def test_plan_record_without_container_is_unchanged():
@@ -222,8 +230,36 @@ def test_a_universal_checkpoint_conversion_runs_in_the_image():
     from launcher import render
     p = plan(spec())
     line = _in_image(p.job, p)
-    assert line.startswith("podman run --rm --name mlaunch-R-universal --network host ")
+    assert line.startswith("podman run --rm --name mlaunch-R-universal --label \"mlaunch.name=\"mlaunch-R-universal ")
+    assert " --network host " in line
     text = render.universal_script(p.nodes[0].env, None, "/opt/conda/bin/python", "/o/checkpoint-5", 8,
                                    container=line)
     assert f"{line} /opt/conda/bin/python -m deepspeed.checkpoint.ds_to_universal" in text
     assert _in_image(plan(copy.deepcopy(load_yaml(SSH_LORA))).job, plan(copy.deepcopy(load_yaml(SSH_LORA)))) is None
+
+
+def test_removal_takes_only_this_users_container_of_that_name(tmp_path):
+    """A rootful daemon shared by two users may hold another user's container of the same name
+    (the same --run-id): the removal asks the runtime for the one labelled with the name AND
+    this user's id, and removes only that one. A stand-in runtime answers `ps` from a table."""
+    import subprocess
+    from launcher import render
+    me = os.getuid()
+    (tmp_path / "table").write_text(f"c-theirs mlaunch-R-a0-n1 {me + 1}\nc-mine mlaunch-R-a0-n1 {me}\n"
+                                    f"c-other mlaunch-R-a0-n2 {me}\n")
+    runtime = tmp_path / "runtime"
+    runtime.write_text(f"""#!/bin/sh
+table={tmp_path / 'table'}
+case $1 in
+ps) name= uid=; shift
+    while [ $# -gt 0 ]; do case $1 in --filter) case $2 in label=mlaunch.name=*) name=${{2#label=mlaunch.name=}};;
+      label=mlaunch.uid=*) uid=${{2#label=mlaunch.uid=}};; esac; shift;; esac; shift; done
+    [ -n "$name" ] && [ -n "$uid" ] || exit 2   # never an unfiltered list
+    while read -r id n u; do [ "$n" = "$name" ] && [ "$u" = "$uid" ] && echo "$id"; done < "$table";;
+rm) shift; shift; echo "$@" >> {tmp_path / 'removed'};;
+esac
+""")
+    runtime.chmod(0o755)
+    r = subprocess.run(["/bin/sh", "-c", render.container_rm([str(runtime)], "mlaunch-R-a0-n1")])
+    assert r.returncode == 0
+    assert (tmp_path / "removed").read_text() == "c-mine\n"
