@@ -8,6 +8,7 @@ sacct: accounting may not exist). Imports at module level are standard library o
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -51,7 +52,6 @@ def client_env() -> dict[str, str]:
     slurmctld stores it (and slurmdbd, with AccountingStoreFlags=job_env, for `sacct
     --env-vars`). A secret the nodes need is named in cluster.env, which reaches them in a
     0600 file (templates/secrets_env.sh.j2), never through Slurm."""
-    import os
     from ...spec import SECRET_NAME
     return {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
 
