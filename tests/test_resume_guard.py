@@ -52,6 +52,12 @@ def tree(path) -> list[str]:
     return sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
 
 
+def set_aside(out) -> dict[str, list[str]]:
+    """output_dir/mlaunch-set-aside/: each attempt's folder (<run>-attempt<k>) and its files."""
+    top = os.path.join(out, "mlaunch-set-aside")
+    return {d: tree(os.path.join(top, d)) for d in os.listdir(top)} if os.path.isdir(top) else {}
+
+
 def test_fresh_submit_refuses_existing_checkpoints(tmp_path):
     out = tmp_path / "out"
     checkpoint(out, 5)
@@ -75,7 +81,12 @@ def test_resume_skips_half_written_checkpoint(tmp_path):
     seen = yaml.safe_load((tmp_path / "seen.yaml").read_text())
     assert seen["resume_from_checkpoint"] == f"{out}/checkpoint-5"
     assert seen["overwrite_output_dir"] is False
-    assert set(before) <= set(tree(out)), "a checkpoint file was deleted"
+    # checkpoint-10 is the step this run saves again: moved whole out of its way, nothing deleted
+    (attempt, moved), = set_aside(out).items()
+    assert attempt.endswith("-attempt0") and moved == ["checkpoint-10/adapter_model.safetensors"], moved
+    assert f"output_dir: checkpoint-10 moved to {out}/mlaunch-set-aside/{attempt} before attempt 0" in r.stdout
+    assert tree(out / "checkpoint-5") == ["adapter_model.safetensors", "trainer_state.json"]
+    assert not (out / "checkpoint-10").exists()
 
 
 def test_resume_without_checkpoint(tmp_path):
@@ -97,7 +108,7 @@ def test_resume_auto_over_half_checkpoint_starts_really_fresh(tmp_path):
     assert r.returncode == 0 and "starting fresh (--resume=auto)" in r.stdout, r.stdout + r.stderr
     seen = yaml.safe_load((tmp_path / "seen.yaml").read_text())
     assert "resume_from_checkpoint" not in seen and seen["overwrite_output_dir"] is True
-    assert (out / "checkpoint-10").exists()
+    assert [files for files in set_aside(out).values()] == [["checkpoint-10/adapter_model.safetensors"]]
 
 
 def test_overwrite_renders_overwrite(tmp_path):
@@ -106,7 +117,10 @@ def test_overwrite_renders_overwrite(tmp_path):
     r = mlaunch("submit", write_spec(tmp_path, lf_job(tmp_path, str(out))), "--overwrite", "--no-preflight")
     assert r.returncode == 0, r.stderr
     assert yaml.safe_load((tmp_path / "seen.yaml").read_text())["overwrite_output_dir"] is True
-    assert (out / "checkpoint-5" / "trainer_state.json").exists()
+    # the older run's checkpoint: kept whole, out of the new run's way
+    assert list(set_aside(out).values()) == [["checkpoint-5/adapter_model.safetensors",
+                                              "checkpoint-5/trainer_state.json"]]
+    assert not (out / "checkpoint-5").exists()
 
 
 @pytest.mark.launches

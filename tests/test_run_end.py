@@ -61,11 +61,14 @@ class Rec:
 class Master:
     """output_dir's helper: no checkpoint anywhere."""
 
-    executor = plan = None
+    executor = plan = last = None
     ignore = ()
 
     def discover(self):
         return None
+
+    def set_aside(self, tag, resume_from):
+        return {"moved": [], "to": None}
 
 
 def failed(code: int, rank: int = 1) -> JobResult:

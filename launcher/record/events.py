@@ -19,7 +19,7 @@ from . import fsmode
 EVENTS = ("run_start", "node_start", "first_step", "step", "checkpoint", "hang", "stacks", "nan",
           "world_size_suspect", "world_size_mismatch", "node_exit", "teardown", "restart",
           "run_end", "gpu_sample", "stop", "host_replaced", "shrink", "node_excluded",
-          "hardware_error", "universal_checkpoint", "spare_unreachable", "checkpoint_copies", "phase")
+          "hardware_error", "universal_checkpoint", "spare_unreachable", "checkpoint_copies", "checkpoints_set_aside", "phase")
 
 
 def utc_now() -> str:

@@ -22,7 +22,7 @@ from ..view.present import describe_result
 from ..record.recorder import NullRecorder, Recorder
 from ..spec import JobBase
 from ..plan.trainers import TRAINERS
-from .outputdir import Claim, Master, starting_point
+from .outputdir import Claim, Master, clear_way, starting_point
 
 
 @dataclass(frozen=True)
@@ -265,6 +265,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         rec.planned(data)   # before any node starts: stop finds every host this attempt uses
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
+        clear_way(plan, master, printer, events, resume_from)   # a save never lands in another world's folder
         with bare.copies(plan, executor, printer, events, saved_world, stale):   # checkpoints: {replicas: N}
             result = backend.run_attempt(plan, executor, printer, started)
         rec.attempt_ended(attempt, result.code, result.interrupted, events.path)

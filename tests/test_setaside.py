@@ -1,0 +1,181 @@
+"""A save never lands in another world's folder: before each attempt on a shared output_dir,
+the checkpoint-N folders it may save again are moved whole into output_dir/mlaunch-set-aside/
+(launcher/nodeprog/setaside.py, runs/outputdir.py clear_way). The node program runs here
+as the launcher sends it (its source in a shell here-document); the attempt loop runs with
+node 0's real helpers in a local shell."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+from launcher import nodeprog
+from launcher.nodeprog import setaside
+from launcher.record.events import read_events
+from launcher.runs import attempts
+from launcher.runs.attempts import SubmitOptions
+from launcher.runs.outputdir import Master
+from launcher.session.outcome import JobResult, NodeOutcome
+from launcher.spec import validate
+from launcher.transport.base import Exit
+
+from .helpers import plan_of
+from .test_run_end import Rec
+from .test_shrink import lora
+from .test_spares import Said
+from .test_universal import ShellExecutor
+
+
+def checkpoint(parent, step: int, complete: bool = True, shards: int = 1) -> str:
+    d = os.path.join(parent, f"checkpoint-{step}")
+    os.makedirs(os.path.join(d, f"global_step{step}"))
+    for r in range(shards):
+        with open(os.path.join(d, f"global_step{step}", f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), "w") as fh:
+            fh.write(f"shard {r} of step {step}")
+    with open(os.path.join(d, "adapter_model.safetensors"), "w") as fh:
+        fh.write(f"weights of step {step}")
+    if complete:
+        with open(os.path.join(d, "trainer_state.json"), "w") as fh:
+            json.dump({"global_step": step}, fh)
+    return d
+
+
+def files(path: str) -> dict[str, str]:
+    """Every file under path, relative, with its text."""
+    out = {}
+    for d, _, names in os.walk(path):
+        for n in names:
+            with open(os.path.join(d, n)) as fh:
+                out[os.path.relpath(os.path.join(d, n), path)] = fh.read()
+    return out
+
+
+def remote(out: str, tag: str, *args: str) -> dict:
+    """The program as the launcher runs it on node 0: its source through python3 in a shell."""
+    code, text = ShellExecutor().run("node0", nodeprog.script("python3", "setaside", [out, tag, *args]), 60)
+    assert code == 0, text
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_only_the_steps_the_attempt_saves_again_move_whole_and_nothing_is_deleted(tmp_path):
+    out = str(tmp_path / "out")
+    for step in (4, 8, 12):
+        checkpoint(out, step, shards=4)
+    checkpoint(out, 16, complete=False, shards=4)   # a save cut part-way
+    before = files(out)
+    got = remote(out, "r-attempt1", "--resume", os.path.join(out, "checkpoint-8"))
+    aside = os.path.join(out, "mlaunch-set-aside", "r-attempt1")
+    assert got == {"moved": ["checkpoint-12", "checkpoint-16"], "to": aside}
+    assert sorted(os.listdir(out)) == ["checkpoint-4", "checkpoint-8", "mlaunch-set-aside"]
+    after = files(out)
+    assert len(after) == len(before)   # every file kept, the moved ones byte for byte
+    for rel, text in before.items():
+        step = rel.split("/")[0]
+        moved = f"mlaunch-set-aside/r-attempt1/{rel}" if step in ("checkpoint-12", "checkpoint-16") else rel
+        assert after[moved] == text, rel
+
+
+def test_a_fresh_start_moves_every_checkpoint_and_a_second_attempt_keeps_the_first_ones(tmp_path):
+    out = str(tmp_path / "out")
+    checkpoint(out, 10)
+    checkpoint(out, 100)   # numbers sort as numbers: 10 before 100
+    assert remote(out, "r-attempt0")["moved"] == ["checkpoint-10", "checkpoint-100"]
+    checkpoint(out, 10)
+    assert remote(out, "r-attempt1")["moved"] == ["checkpoint-10"]
+    top = os.path.join(out, "mlaunch-set-aside")
+    assert sorted(os.listdir(top)) == ["r-attempt0", "r-attempt1"]
+    assert sorted(os.listdir(os.path.join(top, "r-attempt0"))) == ["checkpoint-10", "checkpoint-100"]
+
+
+def test_a_version_folder_is_cleared_where_the_resumed_checkpoint_is(tmp_path):
+    """ms-swift's output_dir/v<M>-<time>/checkpoint-N: the resumed one's folder, kept as a path
+    under the set-aside folder; another version folder is not touched."""
+    out = str(tmp_path / "out")
+    v1, v2 = os.path.join(out, "v1-20261207-120000"), os.path.join(out, "v2-20261207-130000")
+    for step in (5, 10):
+        checkpoint(v1, step)
+    checkpoint(v2, 10)
+    got = remote(out, "r-attempt2", "--resume", os.path.join(v1, "checkpoint-5"))
+    assert got["moved"] == ["v1-20261207-120000/checkpoint-10"]
+    assert os.path.isdir(os.path.join(out, "mlaunch-set-aside", "r-attempt2", "v1-20261207-120000", "checkpoint-10"))
+    assert os.path.isdir(os.path.join(v2, "checkpoint-10"))
+
+
+def test_a_checkpoint_outside_output_dir_clears_output_dir_above_its_step(tmp_path):
+    out, elsewhere = str(tmp_path / "out"), str(tmp_path / "elsewhere")
+    checkpoint(out, 6)
+    checkpoint(out, 9)
+    ck = checkpoint(elsewhere, 7)
+    os.rename(ck, os.path.join(elsewhere, "my-best"))   # a name without the step: trainer_state says 7
+    assert remote(out, "r-attempt0", "--resume", os.path.join(elsewhere, "my-best"))["moved"] == ["checkpoint-9"]
+    assert sorted(os.listdir(elsewhere)) == ["my-best"]
+
+
+def test_a_step_nobody_knows_moves_nothing(tmp_path):
+    out = str(tmp_path / "out")
+    checkpoint(out, 9)
+    os.makedirs(tmp_path / "plain")
+    got = remote(out, "r-attempt0", "--resume", str(tmp_path / "plain"))
+    assert got["moved"] == [] and os.path.isdir(os.path.join(out, "checkpoint-9"))
+
+
+def test_a_link_at_the_set_aside_folder_is_never_followed_out(tmp_path):
+    """Someone's link output_dir/mlaunch-set-aside -> their folder: nothing is moved there."""
+    out, theirs = str(tmp_path / "out"), tmp_path / "theirs"
+    theirs.mkdir()
+    checkpoint(out, 3)
+    os.symlink(theirs, os.path.join(out, "mlaunch-set-aside"))
+    got = remote(out, "r-attempt0")
+    assert got["moved"] == [] and "leads out of" in got["error"], got
+    assert os.listdir(theirs) == [] and os.path.isdir(os.path.join(out, "checkpoint-3"))
+
+
+def test_a_name_already_set_aside_is_never_replaced(tmp_path):
+    out = str(tmp_path / "out")
+    checkpoint(out, 3)
+    kept = os.path.join(out, "mlaunch-set-aside", "r-attempt0", "checkpoint-3")
+    os.makedirs(kept)
+    got = remote(out, "r-attempt0")
+    assert got["error"] == f"{kept} already exists" and os.path.isdir(os.path.join(out, "checkpoint-3"))
+    assert setaside.resumed_step(os.path.join(out, "checkpoint-3")) == 3
+
+
+def test_a_restart_moves_the_cut_save_before_it_starts_and_says_so(tmp_path):
+    """The attempt loop with node 0's real helpers: attempt 0 saves checkpoint-8 at world 3 and
+    is cut mid-save of checkpoint-12 (its shards, no trainer_state.json); the restart resumes
+    checkpoint-8, and before it starts, checkpoint-12 is in the set-aside folder, said in one
+    line and a checkpoints_set_aside event. A failed move ends the run before the attempt."""
+    out = str(tmp_path / "out")
+    job = validate(lora(hosts=3, gpus=1, per_device=1, grad_accum=2, python=sys.executable) | {
+        "output_dir": out, "max_restarts": 1, "restart_backoff_s": 0})
+    seen = []
+
+    def run_job(plan):
+        seen.append((plan.resume_from, sorted(os.listdir(out))))
+        if len(seen) == 1:
+            checkpoint(out, 8, shards=3)
+            checkpoint(out, 12, complete=False, shards=3)
+        code = 1 if len(seen) == 1 else 0
+        return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
+                         first_failure=0 if code else None)
+    backend = SimpleNamespace(name="ssh", run_attempt=lambda plan, *a: run_job(plan),
+                              next_attempt=lambda job, plan, ex, *a: (job, plan, ex))
+    logs = str(tmp_path / "logs")
+    plan = plan_of(job, run_id="r", log_dir=logs)
+    os.makedirs(out)
+    master = Master(plan, ShellExecutor())
+    master.discover()
+    said = Said()
+    code = attempts._attempts(plan, ShellExecutor(), said, SubmitOptions(log_dir=logs), master, None,
+                              Rec(), backend)
+    ck8 = os.path.join(out, "checkpoint-8")
+    assert code == 0 and seen == [(None, []), (ck8, ["checkpoint-8", "mlaunch-set-aside"])], seen
+    aside = os.path.join(out, "mlaunch-set-aside", "r-attempt1")
+    assert sorted(files(aside)) == ["checkpoint-12/adapter_model.safetensors"] + [
+        f"checkpoint-12/global_step12/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(3)]
+    assert any(line.startswith(f"output_dir: checkpoint-12 moved to {aside} before attempt 1")
+               for line in said.lines), said.lines
+    events = read_events(os.path.join(plan.log_dir, "events.jsonl"))
+    moved = [(e["attempt"], e["moved"], e["to"]) for e in events if e["event"] == "checkpoints_set_aside"]
+    assert moved == [(1, ["checkpoint-12"], aside)]
