@@ -249,3 +249,32 @@ def test_a_restart_after_a_resume_with_nothing_newer_resumes_the_same_checkpoint
     assert [e.get("resume_from") for e in events if e["event"] == "restart"] == [ck]
     assert attempts.named_resume(SubmitOptions(resume=ck))
     assert not any(attempts.named_resume(SubmitOptions(resume=r)) for r in (None, "latest", "auto"))
+
+
+@pytest.mark.training
+def test_a_failure_before_the_first_save_after_resume_path_resumes_it_again_on_the_same_curve(tmp_path):
+    """LLaMA-Factory LoRA on localhost, world 2: `--resume=PATH` of checkpoint-4 copied outside
+    output_dir, then rank 0 ends right after step 6, before the run's first save (step 10). The
+    restart resumes PATH again (before, it found nothing complete in output_dir and trained
+    from step 0), and attempt 1's steps 5-12 have the uninterrupted run's losses within 0.5 %."""
+    from .helpers import mlaunch, write_spec
+    from .training import build_tiny, by_attempt, exits_at, lf_spec, logged, submit_timed
+    tiny = build_tiny(str(tmp_path / "tiny"))
+    whole, out = str(tmp_path / "whole"), str(tmp_path / "out")
+    r = submit_timed(tmp_path, lf_spec(tiny, ["localhost"], 2, whole, max_steps=12, save_steps=4))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    reference = dict(logged(whole))
+    ck = str(tmp_path / "elsewhere" / "checkpoint-4")
+    shutil.copytree(os.path.join(whole, "checkpoint-4"), ck)
+    spec = exits_at(lf_spec(tiny, ["localhost"], 2, out, max_steps=12, save_steps=10, max_restarts=1,
+                            restart_backoff_s=0), 6, str(tmp_path / "hold"))
+    r = mlaunch("submit", write_spec(tmp_path, spec, "again.yaml"), "--no-preflight", f"--resume={ck}",
+                timeout=600)
+    console = r.stdout + r.stderr
+    assert r.returncode == 0, console[-4000:]
+    assert f"restart 1/1: resuming from {ck}" in console, console[-4000:]
+    cut, after = by_attempt(logged(out), resumed=4)
+    assert sorted(cut) == [5, 6] and sorted(after) == list(range(5, 13)), logged(out)
+    for s in sorted(after):
+        print(f"step {s}: uninterrupted {reference[s]:.4f}, resumed {ck} again {after[s]:.4f}")
+        assert after[s] == pytest.approx(reference[s], rel=0.005), (s, after, reference)

@@ -187,6 +187,15 @@ def held_at(spec: dict, step: int, where: str) -> dict:
     return spec
 
 
+def exits_at(spec: dict, step: int, where: str) -> dict:
+    """spec, its rank 0 ended (exit 1) right after logging step `step`, once per run (a marker
+    in where): a failure between two saves, at the same step however fast the machine is."""
+    os.makedirs(where, exist_ok=True)
+    spec["cluster"]["env"] = {**spec["cluster"].get("env", {}), "PYTHONPATH": HOLD,
+                              "MLAUNCH_TEST_EXIT_AT": str(step), "MLAUNCH_TEST_HOLD_DIR": where}
+    return spec
+
+
 def uninterrupted(tmp_path, spec: dict, timeout: float = 600) -> dict[int, float]:
     """step -> loss of spec run to its end through `mlaunch submit`: the uninterrupted
     reference a restarted, spared or shrunk run's curve is held to (spec's output_dir keeps its

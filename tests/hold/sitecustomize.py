@@ -2,7 +2,8 @@
 the spec's cluster.env; tests/training.py held_at). It runs the venv's own sitecustomize,
 then, when MLAUNCH_TEST_HOLD_AT=N, holds each trainer process right after the Trainer has
 saved checkpoint-N (its on_save callbacks, so after ms-swift's own additions too) until the
-file MLAUNCH_TEST_HOLD_DIR/release exists.
+file MLAUNCH_TEST_HOLD_DIR/release exists; when MLAUNCH_TEST_EXIT_AT=N, ends rank 0 once
+step N is logged (tests/training.py exits_at).
 
 Why: a test that kills a worker once checkpoint-5 is saved raced the training: the tiny
 model's steps 6-10 took 0.16 s, and under load the killer came after checkpoint-10 (loaded
@@ -41,6 +42,10 @@ def _hold(state) -> None:
 
 
 def _patch(module) -> None:
+    if os.environ.get("MLAUNCH_TEST_EXIT_AT"):
+        _patch_exit(module, int(os.environ["MLAUNCH_TEST_EXIT_AT"]))
+    if not os.environ.get("MLAUNCH_TEST_HOLD_AT"):
+        return
     step = int(os.environ["MLAUNCH_TEST_HOLD_AT"])
     on_save = module.CallbackHandler.on_save
 
@@ -51,6 +56,24 @@ def _patch(module) -> None:
         return control
 
     module.CallbackHandler.on_save = held_on_save
+
+
+def _patch_exit(module, step: int) -> None:
+    """MLAUNCH_TEST_EXIT_AT=N: rank 0 ends with exit 1 right after step N has been logged, once
+    per run (a marker in MLAUNCH_TEST_HOLD_DIR): a failure between two saves that no machine's
+    speed can move past the next save."""
+    on_log = module.CallbackHandler.on_log
+
+    def exiting_on_log(self, args, state, control, logs):
+        control = on_log(self, args, state, control, logs)
+        marker = os.path.join(os.environ["MLAUNCH_TEST_HOLD_DIR"], f"exited-{step}")
+        if state.global_step == step and os.environ.get("RANK", "0") == "0" and not os.path.exists(marker):
+            open(marker, "w").close()
+            sys.stdout.flush()
+            os._exit(1)
+        return control
+
+    module.CallbackHandler.on_log = exiting_on_log
 
 
 class _AfterImport:
@@ -74,5 +97,6 @@ class _AfterImport:
 
 
 _run_the_venvs_own()
-if os.environ.get("MLAUNCH_TEST_HOLD_AT") and os.environ.get("MLAUNCH_TEST_HOLD_DIR"):
+if (os.environ.get("MLAUNCH_TEST_HOLD_AT") or os.environ.get("MLAUNCH_TEST_EXIT_AT")) and \
+        os.environ.get("MLAUNCH_TEST_HOLD_DIR"):
     sys.meta_path.insert(0, _AfterImport())
