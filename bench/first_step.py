@@ -17,7 +17,11 @@ host: mlaunch's minus pdsh's is what mlaunch costs a node beyond torchrun's own.
 started used, its children included (pdsh and its ssh clients; mlaunch, its ssh clients and
 its local helpers), from start to exit.
 
-  python bench/first_step.py --hosts 8 --runs 5 [--tree /other/launcher/tree,...]
+--launcher-cores K keeps the launchers (pdsh or mlaunch, and the ssh clients they start) on the
+first K cores and the hosts on the others, as on a cluster, where the launcher's machine is not
+a node's; without it, launchers and hosts share every core.
+
+  python bench/first_step.py --hosts 8 --runs 5 [--launcher-cores 2] [--tree /other/launcher/tree,...]
 """
 from __future__ import annotations
 
@@ -54,6 +58,30 @@ def first_step(text: str, t0: float) -> float:
     return json.loads(m.group(1))["wall"] - t0
 
 
+LAUNCHER_CORES: set[int] | None = None   # --launcher-cores: where each launcher runs (else anywhere)
+
+
+def pinned() -> None:
+    """preexec_fn of each launcher (pdsh or mlaunch): its process and every child it starts
+    (ssh clients) on the launcher's cores, apart from the hosts'."""
+    if LAUNCHER_CORES:
+        os.sched_setaffinity(0, LAUNCHER_CORES)
+
+
+def split_cores(hs, k: int) -> str:
+    """The first k cores for the launchers, the rest for the hosts: each host's sshd (whose
+    sessions, torchrun and ranks inherit it) pinned to them. As on a cluster, where the launcher
+    runs on a machine of its own and no node's CPU time is taken by it."""
+    global LAUNCHER_CORES
+    cores = sorted(os.sched_getaffinity(0))
+    if not 0 < k < len(cores):
+        raise SystemExit(f"--launcher-cores {k}: this machine has {len(cores)} cores")
+    LAUNCHER_CORES = set(cores[:k])
+    for h in hs.hosts:
+        os.sched_setaffinity(h.sshd_pid, set(cores[k:]))
+    return f"launchers on cores {cores[:k]}, hosts on the other {len(cores) - k}"
+
+
 def by_hand(hs, n: int, tmp: str) -> tuple[float, dict]:
     hosts = hs.hosts[:n]
     port = free_port()
@@ -67,7 +95,7 @@ def by_hand(hs, n: int, tmp: str) -> tuple[float, dict]:
            f"-i {hs.key_file} -o UserKnownHostsFile={hs.known_hosts} -o BatchMode=yes -o StrictHostKeyChecking=yes"}
     t0 = time.time()
     r = subprocess.run(["pdsh", "-f", str(max(32, n)), "-l", "root", "-w", ",".join(h.ip for h in hosts), cmd],
-                       env=env, capture_output=True, text=True, timeout=240)
+                       env=env, capture_output=True, text=True, timeout=240, preexec_fn=pinned)
     if r.returncode != 0:
         raise RuntimeError(f"pdsh exit {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     return first_step(r.stdout, t0), {}
@@ -85,7 +113,7 @@ def mlaunch(hs, n: int, tmp: str, tree: str, preflight: bool, warm: bool = True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "MLAUNCH_HOME": os.path.join(tmp, "home")}
     argv = [sys.executable, "-m", "launcher.cli", "submit", write_spec(tmp, spec)] + ([] if preflight else ["--no-preflight"])
     t0 = time.time()
-    r = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=240, preexec_fn=pinned)
     if r.returncode != 0:
         raise RuntimeError(f"mlaunch exit {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     found = glob.glob(f"{out}/logs/*/events.jsonl")
@@ -131,6 +159,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--tree", default=ROOT, help="launcher source trees, comma-separated: alternated")
     ap.add_argument("--variants", default="pdsh,mlaunch,nopre,cold", help="which of pdsh, mlaunch, nopre, cold")
+    ap.add_argument("--launcher-cores", type=int, default=0,
+                    help="run the launchers on this many cores and the hosts on the others (0: all share every core)")
     args = ap.parse_args()
     trees = args.tree.split(",")
     for tree in trees:   # byte-compiled, as pip installs it (a stale cache recompiles ~0.1 s per run)
@@ -142,6 +172,8 @@ def main() -> None:
     parts: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     print(f"{args.hosts} hosts, 1 process each; {args.runs} runs per variant, alternating; trees {trees}")
     with tempfile.TemporaryDirectory() as tmp, make_hosts(args.hosts, isolated_home=True) as hs:
+        if args.launcher_cores:
+            print(split_cores(hs, args.launcher_cores), flush=True)
         for i in range(args.runs):
             for case in cases:
                 v, tree = case
