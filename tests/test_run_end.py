@@ -54,6 +54,9 @@ class Rec:
     def restarting(self):
         pass
 
+    def changed_output(self):
+        self.changed = True
+
     def ended_because(self, reason):
         self.reasons.append(reason)
 

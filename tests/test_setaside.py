@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 
 from launcher import nodeprog
+from launcher.errors import UserError
 from launcher.nodeprog import setaside
 from launcher.record.events import read_events
 from launcher.runs import attempts
@@ -88,18 +89,44 @@ def test_a_fresh_start_moves_every_checkpoint_and_a_second_attempt_keeps_the_fir
     assert sorted(os.listdir(os.path.join(top, "r-attempt0"))) == ["checkpoint-10", "checkpoint-100"]
 
 
-def test_a_version_folder_is_cleared_where_the_resumed_checkpoint_is(tmp_path):
-    """ms-swift's output_dir/v<M>-<time>/checkpoint-N: the resumed one's folder, kept as a path
-    under the set-aside folder; another version folder is not touched."""
+def test_a_resume_from_the_set_aside_folder_clears_output_dirs_own_top_level(tmp_path):
+    """The trainer saves into output_dir's top level whatever it resumes: resumed from a folder
+    an earlier attempt set aside, output_dir's newer checkpoints move, that folder stays."""
     out = str(tmp_path / "out")
-    v1, v2 = os.path.join(out, "v1-20261207-120000"), os.path.join(out, "v2-20261207-130000")
-    for step in (5, 10):
-        checkpoint(v1, step)
-    checkpoint(v2, 10)
-    got = remote(out, "r-attempt2", "--resume", os.path.join(v1, "checkpoint-5"))
-    assert got["moved"] == ["v1-20261207-120000/checkpoint-10"]
-    assert os.path.isdir(os.path.join(out, "mlaunch-set-aside", "r-attempt2", "v1-20261207-120000", "checkpoint-10"))
-    assert os.path.isdir(os.path.join(v2, "checkpoint-10"))
+    old = os.path.join(out, "mlaunch-set-aside", "r-attempt0")
+    checkpoint(old, 100)
+    checkpoint(out, 200)
+    got = remote(out, "s-attempt0", "--resume", os.path.join(old, "checkpoint-100"))
+    assert got == {"moved": ["checkpoint-200"], "to": os.path.join(out, "mlaunch-set-aside", "s-attempt0")}
+    assert os.path.isdir(os.path.join(old, "checkpoint-100"))
+
+
+def test_the_resumed_checkpoint_is_never_moved_whatever_its_names_say(tmp_path):
+    """checkpoint-300, a link to checkpoint-100 (whose trainer_state says 100), resumed: the
+    larger number counts, and the resumed folder itself never moves."""
+    out = str(tmp_path / "out")
+    checkpoint(out, 100)
+    checkpoint(out, 400)
+    os.symlink("checkpoint-100", os.path.join(out, "checkpoint-300"))
+    got = remote(out, "r-attempt0", "--resume", os.path.join(out, "checkpoint-300"))
+    assert got["moved"] == ["checkpoint-400"], got
+    assert os.path.islink(os.path.join(out, "checkpoint-300")) and os.path.isdir(os.path.join(out, "checkpoint-100"))
+    assert setaside.set_aside(out, "r-attempt1", 0, keep=os.path.join(out, "checkpoint-300"))["moved"] == []
+
+
+def test_output_dir_spelled_through_a_link_stays_inside_it(tmp_path):
+    """output_dir given through a link, --resume through the real path: the moves stay in
+    output_dir/mlaunch-set-aside, nothing is made beside it."""
+    real = tmp_path / "real" / "out"
+    real.mkdir(parents=True)
+    os.symlink(tmp_path / "real", tmp_path / "alias")
+    out = str(tmp_path / "alias" / "out")
+    checkpoint(str(real), 5)
+    checkpoint(str(real), 10)
+    got = remote(out, "r-attempt0", "--resume", str(real / "checkpoint-5"))
+    assert got == {"moved": ["checkpoint-10"], "to": os.path.join(out, "mlaunch-set-aside", "r-attempt0")}
+    assert sorted(os.listdir(tmp_path)) == ["alias", "real"] and sorted(os.listdir(tmp_path / "real")) == ["out"]
+    assert os.path.isdir(real / "mlaunch-set-aside" / "r-attempt0" / "checkpoint-10")
 
 
 def test_a_checkpoint_outside_output_dir_clears_output_dir_above_its_step(tmp_path):
@@ -137,8 +164,8 @@ def test_a_name_already_set_aside_is_never_replaced(tmp_path):
     kept = os.path.join(out, "mlaunch-set-aside", "r-attempt0", "checkpoint-3")
     os.makedirs(kept)
     got = remote(out, "r-attempt0")
-    assert got["error"] == f"{kept} already exists" and os.path.isdir(os.path.join(out, "checkpoint-3"))
-    assert setaside.resumed_step(os.path.join(out, "checkpoint-3")) == 3
+    assert got["error"] == f"{kept} already exists" and got["path"] == os.path.join(out, "checkpoint-3")
+    assert os.path.isdir(os.path.join(out, "checkpoint-3"))
 
 
 def test_a_restart_moves_the_cut_save_before_it_starts_and_says_so(tmp_path):
@@ -179,3 +206,46 @@ def test_a_restart_moves_the_cut_save_before_it_starts_and_says_so(tmp_path):
     events = read_events(os.path.join(plan.log_dir, "events.jsonl"))
     moved = [(e["attempt"], e["moved"], e["to"]) for e in events if e["event"] == "checkpoints_set_aside"]
     assert moved == [(1, ["checkpoint-12"], aside)]
+
+
+def test_a_move_that_fails_ends_the_run_before_the_attempt_names_the_folder_and_keeps_the_record(tmp_path):
+    """A fresh start (--overwrite) over checkpoint-3 and checkpoint-4, where the set-aside
+    folder already holds a checkpoint-4: checkpoint-3 moves, checkpoint-4 stays, no attempt
+    starts, the error names checkpoint-4 and the fix, and the run's record is kept (it changed
+    output_dir)."""
+    out = str(tmp_path / "out")
+    job = validate(lora(hosts=2, gpus=1, per_device=1, grad_accum=3, python=sys.executable) | {"output_dir": out})
+    checkpoint(out, 3)
+    checkpoint(out, 4)
+    os.makedirs(os.path.join(out, "mlaunch-set-aside", "r-attempt0", "checkpoint-4"))
+    started = []
+    backend = SimpleNamespace(name="ssh", run_attempt=lambda plan, *a: started.append(plan))
+    logs = str(tmp_path / "logs")
+    plan = plan_of(job, run_id="r", log_dir=logs)
+    master = Master(plan, ShellExecutor())
+    master.discover()
+    rec, said = Rec(), Said()
+    try:
+        attempts._attempts(plan, ShellExecutor(), said, SubmitOptions(log_dir=logs, overwrite=True), master,
+                           None, rec, backend)
+        raise AssertionError("no refusal")
+    except UserError as e:
+        assert e.lines() == [f"output_dir: could not move {out}/checkpoint-4 out of the way of attempt 0's saves: "
+                             f"{out}/mlaunch-set-aside/r-attempt0/checkpoint-4 already exists; move it out of {out} "
+                             "yourself (nothing was deleted), then submit again"]
+    assert started == [] and getattr(rec, "changed", False)
+    assert sorted(os.listdir(out)) == ["checkpoint-4", "mlaunch-set-aside"]
+    assert sorted(os.listdir(os.path.join(out, "mlaunch-set-aside", "r-attempt0"))) == ["checkpoint-3", "checkpoint-4"]
+    assert said.lines[-1].startswith(f"output_dir: checkpoint-3 moved to {out}/mlaunch-set-aside/r-attempt0")
+
+
+def test_only_trainers_that_save_into_output_dir_itself_are_cleared():
+    """ms-swift makes a new v<M>-<time> folder for every run unless add_version is off; a script
+    job's checkpoints are its own."""
+    from launcher.plan.trainers import TRAINERS
+    swift = TRAINERS["swift"].saves_in_output_dir
+    assert not swift(SimpleNamespace(passthrough={}))
+    assert swift(SimpleNamespace(passthrough={"add_version": False}))
+    assert swift(SimpleNamespace(passthrough={"no_add_version": True}))
+    assert TRAINERS["llamafactory"].saves_in_output_dir(None)
+    assert not TRAINERS["script"].saves_in_output_dir(None)

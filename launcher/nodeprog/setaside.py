@@ -1,7 +1,10 @@
 """Before an attempt starts, move the checkpoint folders it may save into out of its way.
-Standard library only: the launcher runs this file's source where output_dir lives (node 0; on
-bare nodes, every node) as `python3 - OUTPUT_DIR TAG [--after STEP] [--within DIR]`, and it
-prints one JSON object: {"moved": [names], "to": folder} or {"error": why}.
+Standard library only: the launcher runs this file's source where output_dir lives (node 0, or
+the login node under a scheduler) as `python3 - OUTPUT_DIR TAG [--resume CHECKPOINT]`, and it
+prints one JSON object: {"moved": [names], "to": folder}, with "error" (why) and "path" (the
+folder not moved) when a move failed. Only output_dir's own top level: where LLaMA-Factory and
+ms-swift with `add_version: false` save (ms-swift otherwise saves each attempt in a new
+v<M>-<time> folder, and the launcher does not call this).
 
 Why: a trainer saves checkpoint-N into an existing checkpoint-N folder file by file. A save of a
 larger world cut part-way (or an older run's checkpoint, after --overwrite) leaves that world's
@@ -24,33 +27,40 @@ ASIDE = "mlaunch-set-aside"
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
-def set_aside(output_dir: str, tag: str, after: int | None = None, within: str | None = None) -> dict:
-    """Rename each checkpoint-N (N > after; all when after is None) of `within` (output_dir, or a
-    folder in it such as ms-swift's v<M>-<time>) into output_dir/ASIDE/tag/; what moved."""
-    base = within or output_dir
-    if not _inside(base, output_dir):
-        return {"moved": [], "to": None}
+def set_aside(output_dir: str, tag: str, after: int | None = None, keep: str | None = None) -> dict:
+    """Rename each checkpoint-N of output_dir (N > after; all when after is None) into
+    output_dir/ASIDE/tag/, never the folder keep (the resumed checkpoint, by its real path);
+    what moved, and where a move failed, why."""
     try:
-        names = sorted(os.listdir(base), key=lambda n: (len(n), n))
+        names = sorted(os.listdir(output_dir), key=lambda n: (len(n), n))
     except FileNotFoundError:
         return {"moved": [], "to": None}
-    dest = os.path.normpath(os.path.join(output_dir, ASIDE, tag, os.path.relpath(base, output_dir)))
-    moved = []
+    dest = os.path.join(output_dir, ASIDE, tag)
+    kept = os.path.realpath(keep) if keep else None
+    moved: list[str] = []
     for name in names:
-        m = CKPT_RE.match(name)
-        if not m or (after is not None and int(m.group(1)) <= after):
+        m, src = CKPT_RE.match(name), os.path.join(output_dir, name)
+        if not m or (after is not None and int(m.group(1)) <= after) or os.path.realpath(src) == kept:
             continue
-        if not _made(output_dir, dest):   # a link planted on the way: never followed out
-            return {"error": f"{dest} leads out of {output_dir}", "moved": moved, "to": None}
-        target = os.path.join(dest, name)
-        if os.path.lexists(target):   # never over what an earlier set-aside kept
-            return {"error": f"{target} already exists", "moved": moved, "to": dest}
-        try:
-            os.rename(os.path.join(base, name), target)
-        except OSError as e:
-            return {"error": f"{os.path.join(base, name)}: {e.strerror}", "moved": moved, "to": dest}
-        moved.append(os.path.relpath(os.path.join(base, name), output_dir))
+        why = _move(output_dir, src, dest)
+        if why:
+            return {"moved": moved, "to": dest if moved else None, "error": why, "path": src}
+        moved.append(name)
     return {"moved": moved, "to": dest if moved else None}
+
+
+def _move(output_dir: str, src: str, dest: str) -> str | None:
+    """src renamed into dest (made below output_dir, no link followed); why not, or None."""
+    if not _made(output_dir, dest):   # a link planted on the way: never followed out
+        return f"{dest} leads out of {output_dir}"
+    target = os.path.join(dest, os.path.basename(src))
+    if os.path.lexists(target):   # never over what an earlier set-aside kept
+        return f"{target} already exists"
+    try:
+        os.rename(src, target)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def _made(output_dir: str, dest: str) -> bool:
@@ -76,33 +86,20 @@ def _mkdir(path: str) -> bool:
 
 
 def resumed_step(checkpoint: str) -> int | None:
-    """The step a checkpoint resumes at: its trainer_state.json's global_step, else the number
-    in its name; None when neither says."""
+    """The step a checkpoint resumes at: the larger of its trainer_state.json's global_step and
+    the number in its name (a link named checkpoint-300 to checkpoint-100 clears above 300:
+    never a folder the trainer may still need); None when neither says."""
+    steps = []
     try:
         with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as fh:
             step = json.load(fh).get("global_step")
         if isinstance(step, int) and not isinstance(step, bool):
-            return step
+            steps.append(step)
     except (OSError, ValueError, AttributeError):
         pass
     m = CKPT_RE.match(os.path.basename(os.path.normpath(checkpoint)))
-    return int(m.group(1)) if m else None
-
-
-def _inside(path: str, output_dir: str) -> bool:
-    """Whether path is output_dir or a folder in it, links resolved (never a folder elsewhere)."""
-    real, top = os.path.realpath(path), os.path.realpath(output_dir)
-    return real == top or real.startswith(top.rstrip("/") + "/")
-
-
-def plan_for(output_dir: str, resume: str | None) -> tuple[int | None, str | None]:
-    """(after, within) for an attempt that resumes `resume` (None: a fresh start): the folder
-    that holds the resumed checkpoint when it is in output_dir, else output_dir itself."""
-    if resume is None:
-        return None, None
-    step = resumed_step(resume)
-    parent = os.path.dirname(os.path.normpath(resume))
-    return step, (parent if _inside(parent, output_dir) else None)
+    steps += [int(m.group(1))] if m else []
+    return max(steps) if steps else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     output_dir, tag = args[0], args[1]
     resume = args[args.index("--resume") + 1] if "--resume" in args else None
-    after, within = plan_for(output_dir, resume)
+    after = resumed_step(resume) if resume is not None else None
     if resume is not None and after is None:   # no step known: nothing is moved
         print(json.dumps({"moved": [], "to": None, "unknown_step": resume}))
         return 0
-    print(json.dumps(set_aside(output_dir, tag, after, within)))
+    print(json.dumps(set_aside(output_dir, tag, after, keep=resume)))
     return 0
 
 

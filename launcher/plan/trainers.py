@@ -54,6 +54,10 @@ class Trainer(Protocol):
     def discovery_args(self, job: JobBase) -> list[str]:
         """Arguments for launcher/nodeprog/checkpoints.py beyond output_dir (DeepSpeed layout)."""
 
+    def saves_in_output_dir(self, job: JobBase) -> bool:
+        """Whether the trainer saves checkpoint-N straight into output_dir (so into a folder an
+        older save may have left there)."""
+
 
 class LlamaFactory:
     """LLaMA-Factory via its launcher module, fed one rendered YAML (+ ds_config.json)."""
@@ -68,6 +72,10 @@ class LlamaFactory:
 
     def discovery_args(self, job: LlamaFactoryJob) -> list[str]:
         return deepspeed_discovery_args(job)
+
+    def saves_in_output_dir(self, job: LlamaFactoryJob) -> bool:
+        """checkpoint-N folders go straight into output_dir (runs/outputdir.py clear_way)."""
+        return True
 
     def not_resumable(self, job: LlamaFactoryJob) -> str | None:
         """Why no checkpoint of this job can be resumed (submit refuses --resume then)."""
@@ -109,6 +117,10 @@ class Script:
     def discovery_args(self, job: ScriptJob) -> list[str]:
         return []
 
+    def saves_in_output_dir(self, job: ScriptJob) -> bool:
+        """Its checkpoints are the script's own business: mlaunch never moves them."""
+        return False
+
     def files(self, job: ScriptJob, run: RunContext) -> list[RenderedFile]:
         return []
 
@@ -135,6 +147,13 @@ class Swift:
 
     def discovery_args(self, job: SwiftJob) -> list[str]:
         return ["--megatron"] if job.megatron else deepspeed_discovery_args(job)
+
+    def saves_in_output_dir(self, job: SwiftJob) -> bool:
+        """Whether checkpoint-N folders go straight into output_dir, where a save may land in an
+        older one: only with add_version off (ms-swift otherwise makes a new v<M>-<time> folder
+        for every run, a resume included)."""
+        pt = job.passthrough
+        return pt.get("add_version") in (False, "false", "False") or pt.get("no_add_version") in (True, "true", "True")
 
     def files(self, job: SwiftJob, run: RunContext) -> list[RenderedFile]:
         if not job.deepspeed or job.megatron:

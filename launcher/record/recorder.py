@@ -143,6 +143,7 @@ class Recorder:
         self._told = False
         self.started_any = False   # an attempt started (or a scheduler queued one)
         self.refused = False       # the submit was refused before anything started: no run
+        self.changed = False       # it moved something in output_dir (changed_output): a run after all
 
     def begin(self, plan: LaunchPlan, job: JobBase, out: TextIO) -> TextIO:
         """Register the run (state starting); return the stream the printer writes to."""
@@ -252,6 +253,11 @@ class Recorder:
         else:
             say(line)
 
+    def changed_output(self) -> None:
+        """The run changed output_dir (moved checkpoints aside): its record stays, even when it
+        ends before an attempt starts (a refusal is otherwise forgotten)."""
+        self.changed = True
+
     def note(self, lines: list[str]) -> None:
         """Error lines for the console log only (the terminal gets them on stderr)."""
         if self.console is not None:
@@ -271,7 +277,7 @@ class Recorder:
         is no run: its row and console log are removed; the terminal has said why."""
         if self.reg is None:
             return
-        if self.refused and not self.started_any:
+        if self.refused and not self.started_any and not self.changed:
             self._forget()
             return
         stopped = interrupted or code == STOPPED_EXIT
@@ -336,6 +342,9 @@ class NullRecorder(Recorder):
         pass
 
     def note(self, lines):
+        pass
+
+    def changed_output(self):
         pass
 
     def ended_because(self, reason):

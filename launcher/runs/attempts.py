@@ -265,7 +265,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         rec.planned(data)   # before any node starts: stop finds every host this attempt uses
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
-        clear_way(plan, master, printer, events, resume_from)   # a save never lands in another world's folder
+        clear_way(plan, master, printer, events, resume_from, rec)   # a save never lands in another world's folder
         with bare.copies(plan, executor, printer, events, saved_world, stale):   # checkpoints: {replicas: N}
             result = backend.run_attempt(plan, executor, printer, started)
         rec.attempt_ended(attempt, result.code, result.interrupted, events.path)

@@ -51,27 +51,33 @@ def starting_point(job: JobBase, master: "Master", opts, printer: Printer,
     return None, found.stamps
 
 
-def clear_way(plan: LaunchPlan, master: "Master", printer: Printer, events, resume_from: str | None) -> None:
+def clear_way(plan: LaunchPlan, master: "Master", printer: Printer, events, resume_from: str | None,
+              rec=None) -> None:
     """Before an attempt on a shared output_dir: the checkpoint folders it may save into (above
     the step it resumes; all at a fresh start) moved, whole, into output_dir/mlaunch-set-aside/
     (nodeprog/setaside.py says why), one line and a `checkpoints_set_aside` event naming them.
-    A move that fails ends the run before the attempt starts (UserError), nothing deleted.
-    Bare nodes (`checkpoints:`) keep their own rule for an earlier run's numbers (runs/bare.py)."""
-    job = plan.job
-    if not job.output_dir or not TRAINERS[job.trainer].resumable or getattr(job, "checkpoints", None):
+    A move that fails ends the run before the attempt starts (UserError), nothing deleted; the
+    run's record is kept once anything moved (rec). Bare nodes (`checkpoints:`) keep their own
+    rule for an earlier run's numbers (runs/bare.py)."""
+    job, n = plan.job, plan.attempt
+    trainer = TRAINERS[job.trainer]
+    if not job.output_dir or not trainer.resumable or not trainer.saves_in_output_dir(job) \
+            or getattr(job, "checkpoints", None):
         return
-    if plan.attempt == 0 and master.last is not None and not master.last.found_any:
+    if n == 0 and master.last is not None and not master.last.found_any:
         return   # node 0's scan at this launch saw no checkpoint folder, and output_dir is locked since
-    got = master.set_aside(f"{plan.run_id}-attempt{plan.attempt}", resume_from)
+    got = master.set_aside(f"{plan.run_id}-attempt{n}", resume_from)
     if got.get("moved"):
-        names = ", ".join(got["moved"])
-        printer.say(f"output_dir: {names} moved to {got['to']} before attempt {plan.attempt}: it saves "
-                    "those steps again, and a save never mixes with another world's or run's shards; "
-                    "nothing was deleted (remove that folder when you no longer need it)")
+        if rec is not None:
+            rec.changed_output()
+        printer.say(f"output_dir: {', '.join(got['moved'])} moved to {got['to']} before attempt {n}: it "
+                    "saves those steps again, and a save never mixes with another world's or run's "
+                    "shards; nothing was deleted (remove that folder when you no longer need it)")
         events.emit("checkpoints_set_aside", moved=got["moved"], to=got["to"])
     if got.get("error"):
-        raise UserError(f"output_dir: could not move {got['error']} out of the way of attempt "
-                        f"{plan.attempt}'s saves; move or remove it yourself, then submit with --resume")
+        raise UserError(f"output_dir: could not move {got['path']} out of the way of attempt {n}'s "
+                        f"saves: {got['error']}; move it out of {job.output_dir} yourself (nothing "
+                        "was deleted), then submit again")
 
 
 def _explicit(job: JobBase, master: "Master", path: str, printer: Printer) -> str:
@@ -117,7 +123,8 @@ class Master:
 
     def set_aside(self, tag: str, resume_from: str | None) -> dict:
         """Move the checkpoint folders an attempt resuming resume_from (None: fresh) may save
-        into out of its way, on node 0 (launcher/nodeprog/setaside.py); what it did."""
+        into out of its way, on node 0 (launcher/nodeprog/setaside.py); what it did. Each move
+        is one rename: many checkpoints take well under _run's minute."""
         args = [self.output_dir, tag] + (["--resume", resume_from] if resume_from else [])
         return json.loads(self._run("setaside", args))
 
