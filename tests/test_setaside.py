@@ -249,3 +249,56 @@ def test_only_trainers_that_save_into_output_dir_itself_are_cleared():
     assert swift(SimpleNamespace(passthrough={"no_add_version": True}))
     assert TRAINERS["llamafactory"].saves_in_output_dir(None)
     assert not TRAINERS["script"].saves_in_output_dir(None)
+
+
+class PerNode(ShellExecutor):
+    """Each login's own disk: node scripts run in a local shell with output_dir swapped for
+    that login's folder (a node program gets output_dir as an argument)."""
+
+    def __init__(self, out: str, disks: dict[str, str]):
+        super().__init__()
+        self.out, self.disks = out, disks
+
+    def run(self, login, script, timeout):   # the spec's /opt/conda python: this one
+        script = script.replace(self.out, self.disks[login]).replace("/opt/conda/bin/python", sys.executable)
+        return super().run(login, script, timeout)
+
+
+def test_a_restart_on_bare_nodes_moves_each_nodes_cut_save_and_its_copies(tmp_path):
+    """No shared disk: attempt 0 saved checkpoint-8 at world 4 and was cut saving checkpoint-12,
+    leaving each node's own part of it (n1 holds the lost fourth node's rank 3 too) and a copy
+    of a part. Before the shrunk restart (resuming checkpoint-8), every node's checkpoint-12 and
+    its copies are moved aside, checkpoint-8 stays, and the copies forget that 12 was saved at
+    world 4. A fresh start (attempt 0) moves nothing: an earlier run's numbers are never resumed."""
+    from launcher.runs import bare
+    from .test_spares import Events
+    from .test_staging_spec import _bare_plan
+    plan = _bare_plan(tmp_path)
+    out = plan.job.output_dir
+    disks = {n.login: str(tmp_path / f"disk-{n.login}") for n in plan.nodes}
+    for i, d in enumerate(disks.values()):
+        checkpoint(d, 8)
+        if i < 2:
+            checkpoint(d, 12, complete=False, shards=1 + 2 * i)
+    os.makedirs(os.path.join(disks["n0"], ".mlaunch-replicas", "checkpoint-12", "part2"))
+    saved_world = {"8": 3, "12": 4}
+    said, events = Said(), Events()
+    ex = PerNode(out, disks)
+    bare.clear_way(plan, ex, said, events, None, saved_world)
+    assert all(os.path.isdir(os.path.join(d, "checkpoint-8")) for d in disks.values()) and said.lines == []
+    restart = plan.replanned(attempt=1, resume_from=os.path.join(out, "checkpoint-8"))
+    bare.clear_way(restart, ex, said, events, os.path.join(out, "checkpoint-8"), saved_world)
+    assert saved_world == {"8": 3}
+    for login, d in disks.items():
+        assert sorted(set(os.listdir(d)) - {".mlaunch-replicas"}) == (
+            ["checkpoint-8"] if login == "n2" else ["checkpoint-8", "mlaunch-set-aside"])
+    assert os.listdir(os.path.join(disks["n0"], ".mlaunch-replicas")) == []
+    aside = os.path.join(disks["n1"], "mlaunch-set-aside", "r-attempt1", "checkpoint-12", "global_step12")
+    assert sorted(os.listdir(aside)) == [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(3)]
+    assert os.path.isdir(os.path.join(disks["n0"], "mlaunch-set-aside", "r-attempt1", ".mlaunch-replicas",
+                                      "checkpoint-12", "part2"))
+    assert said.lines == [f"checkpoints: moved to {out}/mlaunch-set-aside/r-attempt1 on each node before attempt 1, "
+                          "which saves those steps again (n0: checkpoint-12, .mlaunch-replicas/checkpoint-12; "
+                          "n1: checkpoint-12); nothing was deleted"], said.lines
+    assert events.seen == [("checkpoints_set_aside", {"moved": [".mlaunch-replicas/checkpoint-12", "checkpoint-12"],
+                                                      "to": f"{out}/mlaunch-set-aside/r-attempt1", "hosts": ["n0", "n1"]})]

@@ -1,6 +1,7 @@
 """Before an attempt starts, move the checkpoint folders it may save into out of its way.
 Standard library only: the launcher runs this file's source where output_dir lives (node 0, or
-the login node under a scheduler) as `python3 - OUTPUT_DIR TAG [--resume CHECKPOINT]`, and it
+the login node under a scheduler; every node without a shared disk) as
+`python3 - OUTPUT_DIR TAG [--resume CHECKPOINT] [--also FOLDER]`, and it
 prints one JSON object: {"moved": [names], "to": folder}, with "error" (why) and "path" (the
 folder not moved) when a move failed. Only output_dir's own top level: where LLaMA-Factory and
 ms-swift with `add_version: false` save (ms-swift otherwise saves each attempt in a new
@@ -27,26 +28,36 @@ ASIDE = "mlaunch-set-aside"
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
-def set_aside(output_dir: str, tag: str, after: int | None = None, keep: str | None = None) -> dict:
+def set_aside(output_dir: str, tag: str, after: int | None = None, keep: str | None = None,
+              also: tuple[str, ...] = ()) -> dict:
     """Rename each checkpoint-N of output_dir (N > after; all when after is None) into
     output_dir/ASIDE/tag/, never the folder keep (the resumed checkpoint, by its real path);
-    what moved, and where a move failed, why."""
-    try:
-        names = sorted(os.listdir(output_dir), key=lambda n: (len(n), n))
-    except FileNotFoundError:
-        return {"moved": [], "to": None}
-    dest = os.path.join(output_dir, ASIDE, tag)
+    the same for each folder of `also` in output_dir (bare nodes' copies of other nodes' parts,
+    into ASIDE/tag/<that folder>/). What moved, and where a move failed, why."""
+    top = os.path.join(output_dir, ASIDE, tag)
     kept = os.path.realpath(keep) if keep else None
     moved: list[str] = []
-    for name in names:
-        m, src = CKPT_RE.match(name), os.path.join(output_dir, name)
-        if not m or (after is not None and int(m.group(1)) <= after) or os.path.realpath(src) == kept:
-            continue
-        why = _move(output_dir, src, dest)
-        if why:
-            return {"moved": moved, "to": dest if moved else None, "error": why, "path": src}
-        moved.append(name)
-    return {"moved": moved, "to": dest if moved else None}
+    for sub in ("", *also):
+        base = os.path.join(output_dir, sub) if sub else output_dir
+        for name in _numbered(base, after):
+            src = os.path.join(base, name)
+            if os.path.realpath(src) == kept:
+                continue
+            why = _move(output_dir, src, os.path.join(top, sub) if sub else top)
+            if why:
+                return {"moved": moved, "to": top if moved else None, "error": why, "path": src}
+            moved.append(os.path.join(sub, name) if sub else name)
+    return {"moved": moved, "to": top if moved else None}
+
+
+def _numbered(base: str, after: int | None) -> list[str]:
+    """base's checkpoint-N names with N > after (all when None), in step order."""
+    try:
+        names = os.listdir(base)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = sorted((int(n.split("-", 1)[1]), n) for n in names if CKPT_RE.match(n))
+    return [n for step, n in found if after is None or step > after]
 
 
 def _move(output_dir: str, src: str, dest: str) -> str | None:
@@ -103,15 +114,17 @@ def resumed_step(checkpoint: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI for remote use: OUTPUT_DIR TAG [--resume CHECKPOINT]; prints one JSON object."""
+    """CLI for remote use: OUTPUT_DIR TAG [--resume CHECKPOINT] [--also FOLDER]; prints one
+    JSON object."""
     args = sys.argv[1:] if argv is None else argv
     output_dir, tag = args[0], args[1]
     resume = args[args.index("--resume") + 1] if "--resume" in args else None
+    also = (args[args.index("--also") + 1],) if "--also" in args else ()
     after = resumed_step(resume) if resume is not None else None
     if resume is not None and after is None:   # no step known: nothing is moved
         print(json.dumps({"moved": [], "to": None, "unknown_step": resume}))
         return 0
-    print(json.dumps(set_aside(output_dir, tag, after, keep=resume)))
+    print(json.dumps(set_aside(output_dir, tag, after, keep=resume, also=also)))
     return 0
 
 

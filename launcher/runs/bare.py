@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from ..errors import UserError
 from ..logs.stream import Printer
 
 
@@ -46,6 +47,43 @@ def copies(plan, executor, printer: Printer, events, saved_world: dict[str, int]
         yield
     finally:
         rep.stop()
+
+
+def clear_way(plan, executor, printer: Printer, events, resume_from: str | None,
+              saved_world: dict[str, int]) -> None:
+    """Before a restart on nodes that share no disk: on every node, the checkpoint folders
+    the attempt may save again (above the step it resumes) and the copies of their parts moved
+    into output_dir/mlaunch-set-aside/ (launcher/nodeprog/setaside.py). A save cut part-way
+    leaves its ranks' files on each node's own disk; the smaller world's save of that step would
+    land beside them, and putting the checkpoint together would merge both. Their numbers are
+    forgotten by the copies (saved_world). At a fresh start an earlier run's numbers are never
+    resumed at all (leftovers). A failed move ends the run before the attempt starts."""
+    if not getattr(plan.job, "checkpoints", None) or not plan.job.output_dir or plan.attempt == 0:
+        return
+    import posixpath
+    from ..nodeprog.setaside import ASIDE
+    from ..transport.replicas import set_aside
+    tag = f"{plan.run_id}-attempt{plan.attempt}"
+    got = set_aside(plan, executor, tag, resume_from)
+    moved = {h: v["moved"] for h, v in got.items() if v.get("moved")}
+    for names in moved.values():
+        for name in names:
+            saved_world.pop(name.rsplit("checkpoint-", 1)[1], None)
+    if moved:
+        where = "; ".join(f"{h}: {', '.join(names)}" for h, names in moved.items())
+        to = posixpath.join(plan.job.output_dir, ASIDE, tag)   # the same path on every node
+        printer.say(f"checkpoints: moved to {to} on each node before attempt {plan.attempt}, which saves "
+                    f"those steps again ({where}); nothing was deleted")
+        events.emit("checkpoints_set_aside", moved=sorted({n for ns in moved.values() for n in ns}), to=to,
+                    hosts=sorted(moved))
+    bad = [(f"on {h}: could not move {v['path']} out of the way of attempt {plan.attempt}'s saves: "
+            f"{v['error']}; move it out of {plan.job.output_dir} there yourself (nothing was deleted), "
+            "then submit again") if v.get("path") else
+           (f"on {h}: could not look for checkpoint folders that attempt {plan.attempt} saves again "
+            f"({v['error']}); the run ends before it (nothing was moved there)")
+           for h, v in got.items() if v.get("error")]
+    if bad:
+        raise UserError(bad)
 
 
 def newest(plan, executor, printer: Printer, master, saved_world: dict[str, int],
