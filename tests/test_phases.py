@@ -145,7 +145,18 @@ def test_report_draws_a_bar_per_phase_per_attempt(tmp_path):
     timeline.draw(ax, data)
     bars = [p for p in ax.patches]
     assert len(bars) == len(got)
-    assert [round(b.get_x(), 3) for b in bars] == [round(p.start_s, 3) for p in got]
+    # each attempt's phases one after the other from the attempt's own start; a training bar
+    # drawn at most a quarter of the longest attempt's other phases (at least 5 s) long
+    cap = max(5.0, 0.25 * max(sum(p.seconds for p in phases.of_attempt(got, a) if p.name not in timeline.LONG)
+                               for a in (0, 1)))
+    want = []
+    for a in (0, 1):
+        x = 0.0
+        for p in phases.of_attempt(got, a):
+            w = min(p.seconds, cap) if p.name in timeline.LONG else p.seconds
+            want.append((round(x, 3), round(max(w, 0.05), 3)))
+            x += w
+    assert [(round(b.get_x(), 3), round(b.get_width(), 3)) for b in bars] == want
     assert [t.get_text() for t in ax.get_yticklabels()] == ["attempt 0", "attempt 1"]
     assert "first step 10.0 s after submit" in ax.get_title()
     assert "attempt 1 training again 13.0 s after the failure" in ax.get_title()
@@ -153,6 +164,27 @@ def test_report_draws_a_bar_per_phase_per_attempt(tmp_path):
     md = "\n".join(timeline.markdown(got))
     assert "- submit to the first step: 10.0 s" in md
     assert "| 1 | catch-up | 30.0 | 3.0 |" in md
+
+
+def test_a_long_run_still_shows_its_start_up_and_its_training_length():
+    """Three hours of training after a 10 s start: the start-up phases keep their bars (they
+    were slivers on an axis of 10,800 s), training is drawn short and says its length."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    got = [phases.Phase(0, n, st, s) for n, st, s in (("connect", 0.0, 1.0), ("preflight", 1.0, 2.0),
+                                                     ("rendezvous", 3.0, 6.0), ("first step", 9.0, 1.0),
+                                                     ("training", 10.0, 10800.0))]
+    md = "\n".join(timeline.markdown(got))
+    assert "| 0 | rendezvous | 3.0 | 6.0 | " + "█" * 16 + " |" in md, md   # 40 cells for 15 s drawn
+    assert "| 0 | training | 10.0 | 10800.0 | " + "█" * 13 + "» |" in md, md
+    fig, ax = plt.subplots()
+    timeline.draw(ax, [{"run_id": "r", "phases": timeline.series(got)}])
+    widths = [round(b.get_width(), 3) for b in ax.patches]
+    assert widths == [1.0, 2.0, 6.0, 1.0, 5.0]
+    assert "training\n10800.0 s" in [t.get_text() for t in ax.texts]
+    plt.close(fig)
 
 
 def write_events(log_dir: str, events: list[dict]) -> None:
@@ -202,3 +234,46 @@ def test_ps_names_the_phase_going_on_and_warns_of_one_far_slower_than_last_run(t
     assert len(warnings) == 2, r.stdout
     lines = json.loads(js.stdout)["phase_lines"]   # a moment later: the open phase has grown
     assert lines[0].startswith("phase: rendezvous ") and lines[1] == warnings[0] and len(lines) == 3
+
+
+def test_training_is_never_held_against_the_previous_runs_and_a_failed_catch_up_is_not_back():
+    """A run that trains for 600 s after one that was stopped after 30 s: no warning (training,
+    catch-up and the nodes' settling are the job's length, not the launcher's). An attempt that
+    fails again during its catch-up never was back at training: no figure for it."""
+    assert phases.slow_lines([("training", 600.0), ("catch-up", 90.0), ("settle", 40.0)],
+                             [("training", 30.0), ("catch-up", 3.0), ("settle", 1.0)], "prev") == []
+    failed_again = RESTARTED[:-2] + [ph(31.0, "teardown", 1), ph(32.0, "settle", 1), ev(33.0, "run_end", 1, code=1)]
+    assert phases.back_to_training_s(phases.timeline(failed_again)) == {}
+    assert phases.back_to_training_s(phases.timeline(RESTARTED)) == {1: 13.0}
+
+
+def test_a_damaged_event_line_is_skipped_not_a_crash():
+    """A hand-edited line without a time zone and one whose attempt is null: the timeline is
+    the other lines' (`mlaunch report` died on both with a traceback)."""
+    damaged = [dict(RESTARTED[0], time="2026-12-05T12:00:00.200"), dict(RESTARTED[1], attempt=None)] + RESTARTED[2:]
+    got = phases.timeline(damaged)
+    assert [p.name for p in got][:2] == ["preflight", "checkpoint"] and got[0].attempt == 0
+
+
+def test_the_previous_run_is_the_newest_comparable_one_with_phases(tmp_path):
+    """ps holds a run against the newest earlier run of its job with the same backend and node
+    count whose first attempt has phases: not a lost one in between (none stored), not one at
+    another host count."""
+    from launcher.cli.runs import _previous_phases
+    reg = Registry(str(tmp_path / "runs.db"))
+    try:
+        def run(rid, hosts, stored):
+            reg.create(rid, name="job", backend="ssh", hosts=hosts, spec={}, detached=True,
+                       supervisor=(0, None), log_dir=str(tmp_path / rid), output_dir=None)
+            reg.attempt_started(rid, 0, rid, [], None)
+            if stored:
+                reg.set_phases(rid, 0, [["rendezvous", 0.0, stored]])
+            time.sleep(0.01)
+        run("job-1", ["a", "b"], 4.0)
+        run("job-2", ["a", "b", "c", "d"], 9.0)   # another node count
+        run("job-3", ["a", "b"], None)            # lost: nothing stored
+        run("job-4", ["a", "b"], None)            # this one
+        now = next(r for r in reg.runs() if r.id == "job-4")
+        assert _previous_phases(reg, now) == ("job-1", [("rendezvous", 4.0)])
+    finally:
+        reg.close()

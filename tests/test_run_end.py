@@ -152,6 +152,21 @@ def test_restart_limit_nan_and_interrupt_say_why(tmp_path, monkeypatch):
         "code": 130, "reason": "attempt 0 interrupted (Ctrl-C or mlaunch stop)", "attempts": 1}
 
 
+def test_the_step_reached_is_never_lowered_by_an_attempt_that_got_less_far(tmp_path, monkeypatch):
+    """Attempt 0 reaches step 50 and fails; attempt 1 fails before its first step, attempt 2
+    at step 45 (in its catch-up): each restart's catch-up still ends at step 50 (the backoff
+    marks' `reached`, which the next attempt's Watch reads)."""
+    again = lambda job, plan, ex, *a: (job, plan, ex)  # noqa: E731
+    job = job3(tmp_path, max_restarts=3, restart_backoff_s=0)
+    results = [failed(1), failed(1), failed(1), ok()]
+    for r, step in zip(results, (50, None, 45)):
+        r.last_step = step
+    code, events, _ = run(tmp_path / "1", monkeypatch, job, results, again)
+    assert code == 0
+    assert [(e["attempt"], e.get("reached")) for e in events if e.get("phase") == "backoff"] == [
+        (1, 50), (2, 50), (3, 50)]
+
+
 @pytest.mark.parametrize("raised, code, reason", [
     (UserError("cluster.min_nodes: 2: lost node1 b (connection lost); node2 c (unreachable: "
                "connection timed out), which leaves 1 node(s) and no spare host; the run ends"), 2,

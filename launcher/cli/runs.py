@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import sys
 import time
@@ -174,12 +173,23 @@ def _phase_lines(r, log_dir: str | None) -> list[str]:
     from ..view import timeline
     if not log_dir:
         return []
-    reg = _registry()
-    before = [p for p in reg.runs() if p.name == r.name and p.created < r.created]
-    previous = [(name, secs) for a in reg.attempts(before[0].id) for name, _, secs in (a.phases or [])] \
-        if before else []
+    before, previous = _previous_phases(_registry(), r)
     now = datetime.now(timezone.utc) if r.active else None
-    return timeline.ps_lines(runevents.read(log_dir), now, previous, before[0].id if before else "")
+    return timeline.ps_lines(runevents.read(log_dir), now, previous, before)
+
+
+def _previous_phases(reg, r) -> tuple[str, list[tuple[str, float]]]:
+    """The job's previous run to hold this one's phases against, and its phases: the newest
+    earlier run of the same name, backend and node count whose first attempt has its phases
+    stored (a run lost, refused, stopped before its start, or still going has none: the one
+    before it counts); ("", []) when there is none."""
+    for p in reg.runs():   # newest first
+        if p.name != r.name or p.created >= r.created or p.backend != r.backend or len(p.hosts) != len(r.hosts):
+            continue
+        first = next((a for a in reg.attempts(p.id) if a.n == 0), None)
+        if first is not None and first.phases:
+            return p.id, [(name, secs) for a in reg.attempts(p.id) for name, _, secs in (a.phases or [])]
+    return "", []
 
 
 def _with_world(lines: list[str], rows) -> list[str]:

@@ -30,6 +30,9 @@ PHASE = "phase"
 TRAINING = "training"
 CATCH_UP = "catch-up"
 SLOW_FACTOR, SLOW_MIN_S = 2.0, 10.0   # a phase this many times its last run's, and longer than this
+# Phases whose length is the job's, not the launcher's (as long as training runs, the steps a
+# fault cost, the nodes' own exit): never compared with the previous run's.
+OPEN_ENDED = frozenset({TRAINING, CATCH_UP, "settle"})
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,21 @@ def now() -> datetime:
 
 
 def _t(e: dict) -> datetime | None:
+    """An event's time; None without a readable one, or without a zone (a hand-edited or
+    damaged line: it cannot be placed against the others)."""
     try:
-        return datetime.fromisoformat(str(e["time"]).replace("Z", "+00:00"))
+        t = datetime.fromisoformat(str(e["time"]).replace("Z", "+00:00"))
     except (KeyError, ValueError):
         return None
+    return t if t.tzinfo is not None else None
+
+
+def _attempt(e: dict) -> int:
+    """An event's attempt number (0 where a damaged line has none usable)."""
+    try:
+        return int(e.get("attempt") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def timeline(events: list[dict], now: datetime | None = None) -> list[Phase]:
@@ -90,7 +104,7 @@ def timeline(events: list[dict], now: datetime | None = None) -> list[Phase]:
         else:
             stop = end or now or last
             name, still = e.get("phase"), end is None and now is not None
-        out.append(Phase(int(e.get("attempt", 0)), str(name), (t - origin).total_seconds(),
+        out.append(Phase(_attempt(e), str(name), (t - origin).total_seconds(),
                          max(0.0, (stop - t).total_seconds()), still))
     return out
 
@@ -115,7 +129,10 @@ def reached_before(events: list[dict], attempt: int) -> int | None:
     `reached`): where that attempt's catch-up ends."""
     for e in events:
         if e.get("event") == PHASE and e.get("attempt") == attempt and e.get("reached") is not None:
-            return int(e["reached"])
+            try:
+                return int(e["reached"])
+            except (TypeError, ValueError):
+                return None
     return None
 
 
@@ -128,7 +145,7 @@ def slow_lines(now: list[tuple[str, float]], before: list[tuple[str, float]], be
         had.setdefault(name, s)
     out, seen = [], set()
     for name, s in now:
-        if name in seen or name not in had:
+        if name in seen or name not in had or name in OPEN_ENDED:
             continue
         seen.add(name)
         if s > SLOW_MIN_S and s > SLOW_FACTOR * had[name]:
@@ -147,13 +164,19 @@ def first_step_s(phases: list[Phase]) -> float | None:
 
 def back_to_training_s(phases: list[Phase]) -> dict[int, float]:
     """attempt n (n >= 1) -> seconds from the failure seen (attempt n-1's teardown began)
-    until attempt n trains again (its first step; after a catch-up, the step reached before)."""
+    until attempt n trains again (its first step; after a catch-up, the step reached before).
+    An attempt that failed again before it got there has no figure: it never was back."""
     out = {}
     for p in phases:
         if p.name != "teardown" or p.attempt + 1 not in {q.attempt for q in phases}:
             continue
-        back = next((q for q in phases if q.attempt == p.attempt + 1 and q.name == "catch-up"), None) \
-            or next((q for q in phases if q.attempt == p.attempt + 1 and q.name == "first step"), None)
+        mine = [q for q in phases if q.attempt == p.attempt + 1]
+        catch = [i for i, q in enumerate(mine) if q.name == CATCH_UP]
+        if catch:   # back only once the catch-up ended in training (not in a teardown)
+            i = catch[0]
+            back = mine[i] if i + 1 < len(mine) and mine[i + 1].name == TRAINING else None
+        else:
+            back = next((q for q in mine if q.name == "first step"), None)
         if back is not None:
             out[p.attempt + 1] = round(back.start_s + back.seconds - p.start_s, 3)
     return out

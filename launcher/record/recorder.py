@@ -11,8 +11,7 @@ import re
 import sys
 from typing import Callable, TextIO
 
-from . import fsmode, phases, registry, regguard
-from .events import read_events
+from . import fsmode, phases, registry, regguard, runevents
 from ..errors import UserError
 from ..plan.launch_plan import MASK, LaunchPlan
 from ..spec import JobBase
@@ -218,7 +217,7 @@ class Recorder:
         self._write(self.reg.attempt_ended, self.run_id, attempt, code, state)
         if events_path:
             try:
-                timeline = phases.timeline(read_events(events_path), now=phases.now())
+                timeline = phases.timeline(runevents.jsonl(events_path), now=phases.now())   # a torn line skipped
             except (OSError, ValueError):   # the record is a convenience: the run goes on
                 return
             self._write(self.reg.set_phases, self.run_id, attempt,

@@ -256,6 +256,7 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
     # --resume on other hosts or GPUs than saved it: converted before attempt 0 (issue 50)
     universal = universal_ckpt.prepare(job, plan, executor, resume_from, printer, events)
     saved_world: dict[str, int] = {}   # checkpoint number -> the world that saved it (bare.copies)
+    reached = None   # the highest step any attempt reached
     # no shared disk, a fresh start: the checkpoints the nodes already hold are an earlier run's
     stale = bare.leftovers(plan, executor, printer) if resume_from is None else frozenset()
     while True:
@@ -279,7 +280,10 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         rec.restarting()
         events.attempt = attempt
         reason = getattr(result.health, "event", None) or _lost_or_exit(result)
-        events.emit(phases.PHASE, phase="backoff", reached=result.last_step, cause=reason)
+        # the step the run had reached (an attempt that failed before its first step, or during
+        # its catch-up, does not lower it): where the next attempt's catch-up ends
+        reached = max((x for x in (reached, result.last_step) if x is not None), default=None)
+        events.emit(phases.PHASE, phase="backoff", reached=reached, cause=reason)
         later = _replaceable(job)
         if not later:
             _back_off(job, printer, attempt, limit)

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import render
 from . import hwcause, milestones, stacks
-from ..record import fsmode, phases
-from ..record.events import EventLog, read_events, utc_now
+from ..record import fsmode, phases, runevents
+from ..record.events import EventLog, utc_now
 from .health import HealthConfig, Monitor, Verdict, may_matter
 from ..plan.launch_plan import LaunchPlan, remote_bin
 
@@ -75,7 +75,8 @@ class Watch:
         self.hardware: dict[int, tuple[str, bool]] = {}   # node -> its first hwcause line
         self._lock = threading.Lock()
         self._logged = 0
-        reached = phases.reached_before(read_events(self.events.path), plan.attempt) if plan.attempt else None
+        # read as the report reads it: a torn line (a full disk) must not end the run
+        reached = phases.reached_before(runevents.jsonl(self.events.path), plan.attempt) if plan.attempt else None
         self.milestones = milestones.Milestones(lambda **f: self.events.emit(phases.PHASE, **f), reached)
 
     def phase(self, name: str, **fields) -> None:
