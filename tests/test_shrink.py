@@ -170,6 +170,16 @@ def test_drop_keeps_node0_and_the_global_batch():
     assert re.search(r"^gradient_accumulation_steps: 3$", yaml, re.M), yaml
 
 
+def test_a_shrink_keeps_each_nodes_own_gpus():
+    """cuda_visible_devices given per node: the lost node's list goes with it, so n2 still runs
+    on GPUs 4,5 (it ran on n1's 2,3 after a shrink)."""
+    job = validate(lora(per_device=1, grad_accum=2, min_nodes=2, cuda_visible_devices=[[0, 1], [2, 3], [4, 5]]))
+    new = shrink.drop(job, {1: "connection lost"}, Said(), Events())
+    assert new.cluster.cuda_visible_devices == [[0, 1], [4, 5]]
+    plan = plan_of(new, run_id="r")
+    assert [(n.host, dict(n.env).get("CUDA_VISIBLE_DEVICES")) for n in plan.nodes] == [("n0", "0,1"), ("n2", "4,5")]
+
+
 def test_drop_refusals():
     job = validate(lora(gpus=1, per_device=2, grad_accum=3, min_nodes=2))   # global 18
     with pytest.raises(UserError) as err:

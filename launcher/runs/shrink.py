@@ -35,7 +35,11 @@ def drop(job: JobBase, bad: dict[int, str], printer: Printer, events: EventLog) 
         raise UserError(f"cluster.master_addr: {c.master_addr} is node 0 ({c.hosts[0]}), which "
                         f"is lost ({bad[0]}); a shrink cannot move the master while master_addr "
                         "names it: leave master_addr out (it follows node 0) and submit again")
-    new = job.model_copy(update={"cluster": c.model_copy(update={"hosts": hosts})})
+    update = {"hosts": hosts}
+    devs = c.cuda_visible_devices
+    if devs and isinstance(devs[0], list):   # one list per node: each stays with its host
+        update["cuda_visible_devices"] = [d for r, d in enumerate(devs) if r not in bad]
+    new = job.model_copy(update={"cluster": c.model_copy(update=update)})
     return resized(job, new, lost, f"lost {lost}", printer, events)
 
 
