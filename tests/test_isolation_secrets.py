@@ -197,3 +197,13 @@ def test_8_a_secret_override_of_any_type_or_as_a_mapping_is_refused(override):
     (line,) = [str(p) for p in e.value.problems]
     assert "a secret on the command line stays in mlaunch's argv" in line, line
     assert "123456" not in line and "abc123xyz" not in line, line
+
+
+def test_4_a_referenced_secret_with_a_dollar_is_masked_in_the_dry_run(tmp_path):
+    """MY_KEY: ${SRC} whose value holds a `$`: the dry run showed it in clear (the mask held the
+    value with its `$` doubled, as the spec keeps it; the nodes get it with one)."""
+    path = _spec(tmp_path, "env_job.py", [], env={"MY_KEY": "${SRC}"})
+    for extra in ([], ["--json"], ["--full"]):
+        r = mlaunch("submit", path, "--dry-run", *extra, env={"SRC": "zz$qqRSTU"})
+        assert r.returncode == 0, r.stderr
+        assert "qqRSTU" not in r.stdout + r.stderr, (extra, r.stdout)

@@ -68,3 +68,24 @@ def test_render_writes_job_sbatch(tmp_path):
     assert not [w for w in written if w.startswith("node0")], written   # one node script
     with open(os.path.join(GOLDEN, "slurm-qwen2-7b-full-zero3", "job.sbatch")) as fh:
         assert (tmp_path / "job.sbatch").read_text() == fh.read()
+
+
+def test_a_dollar_in_a_referenced_secret_reaches_the_ranks_as_written_and_is_masked(monkeypatch):
+    """cluster.env MY_KEY: ${SRC} (a plain name: a secret because it is a reference), whose value
+    holds a `$`: Slurm's secrets file exports the value itself (it exported it with the `$`
+    doubled, so the ranks got another value), and the mask covers the value the ranks print."""
+    from launcher.spec.load import load_spec as load
+    import yaml
+    with open(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw["cluster"]["env"] = {**raw["cluster"].get("env", {}), "MY_KEY": "${SRC}"}
+    monkeypatch.setenv("SRC", "zz$qqRSTU")
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dollar-{os.getpid()}.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(raw, fh)
+    try:
+        plan = plan_of(load(path), run_id="G")
+    finally:
+        os.remove(path)
+    assert "export MY_KEY='zz$qqRSTU'\n" in sbatch.request(plan).secrets.content
+    assert plan.mask("rank 0: MY_KEY=zz$qqRSTU") == "rank 0: MY_KEY=***"

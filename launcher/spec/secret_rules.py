@@ -13,7 +13,7 @@ import re
 import shlex
 
 from ..errors import Problem
-from .env_refs import literal_of
+from .env_refs import literal, literal_of
 from .explain import SECRET_NAME
 
 # The last word of a key or flag (split at _ - .) that names a secret. Only the last word:
@@ -120,7 +120,10 @@ def secret_env(job, name: str, value: str) -> bool:
 
 def secret_values(job) -> tuple[str, ...]:
     """Every secret value of cluster.env, and every password inside a URL there; longest first."""
-    vals = {v for k, v in job.cluster.env.items() if v and (SECRET_NAME.search(k) or k in job._secret_env)}
+    secret = [(k, v) for k, v in job.cluster.env.items() if v and (SECRET_NAME.search(k) or k in job._secret_env)]
+    # as written and as the node gets it: a `${NAME}` value of another name is kept with its
+    # `$` doubled (env_refs.literal_of), and reaches the ranks (and their output) with one `$`
+    vals = {v for _, v in secret} | {literal(k, v) for k, v in secret}
     vals |= {m[2] for v in job.cluster.env.values() for m in URL_CREDS.finditer(v)}
     return tuple(sorted(vals, key=len, reverse=True))
 

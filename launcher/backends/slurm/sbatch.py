@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ... import render
 from ...plan.launch_plan import SECRETS_FILE, LaunchPlan
+from ...spec.env_refs import literal
 from ...spec.secret_rules import secret_env
 from ...plan.trainers import RenderedFile
 
@@ -101,7 +102,8 @@ def step_argv(plan: LaunchPlan, name: str) -> list[str]:
 
 
 def _secrets(plan: LaunchPlan) -> RenderedFile | None:
-    env = [(k, v) for k, v in plan.job.cluster.env.items() if secret_env(plan.job, k, v)]
+    # the value the ranks get (a `${NAME}` of another name is kept with its `$` doubled)
+    env = [(k, literal(k, v)) for k, v in plan.job.cluster.env.items() if secret_env(plan.job, k, v)]
     if not env:
         return None
     return RenderedFile(posixpath.join(plan.run_dir, SECRETS_FILE), render.secrets_env(env))
