@@ -233,3 +233,23 @@ def test_stop_after_a_spare_took_a_nodes_place_reaches_the_spare(make_hostset, t
         assert r.returncode == 0, r.stdout + r.stderr
         assert "0 processes left on 3 hosts" in r.stdout, r.stdout + r.stderr
         assert all_gone(hs) == {h.name: set() for h in hs.hosts}
+
+
+@pytest.mark.launches
+def test_a_detached_run_gives_the_ranks_the_users_pythonpath(tmp_path, runs):
+    """submit -d starts its supervisor with mlaunch's own package root first on PYTHONPATH (so
+    that it imports itself); local ranks inherited it and saw mlaunch's files first. They get
+    the user's PYTHONPATH (here none, then one of theirs), as a foreground run gives them."""
+    for theirs in (None, str(tmp_path / "mine")):
+        if theirs is None:
+            runs.env.pop("PYTHONPATH", None)
+        else:
+            runs.env["PYTHONPATH"] = theirs
+        out = str(tmp_path / f"out-{theirs is None}")
+        run_id = runs.detach(tmp_path, script_job(["localhost"], 1, "pythonpath_job.py", [], out),
+                             name=f"pp-{theirs is None}.yaml")
+        row = runs.wait_state(run_id, ("succeeded", "failed", "stopped", "lost"))
+        assert row["state"] == "succeeded", row
+        with open(runs.console_path(run_id)) as fh:
+            got = re.findall(r"pythonpath (\S+)$", fh.read(), re.M)
+        assert got == [theirs or "-"], got

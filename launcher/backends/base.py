@@ -189,7 +189,8 @@ class Backend:
         run_id = request.plan.run_id
         payload = json.dumps({"job": job.model_dump(mode="json", by_alias=True, exclude_unset=True),
                               "secret_env": sorted(job._secret_env),
-                              "opts": {**asdict(opts), "run_id": run_id}, "backend": self.name})
+                              "opts": {**asdict(opts), "run_id": run_id}, "backend": self.name,
+                              "pythonpath": os.environ.get("PYTHONPATH")})   # the user's, restored there
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [pkg_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}

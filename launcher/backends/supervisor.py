@@ -19,9 +19,22 @@ from ..record import fsmode
 from .base import DETACHED, proc_start
 
 
+def _restore_pythonpath(payload: dict) -> None:
+    """The user's own PYTHONPATH back (or none): this process started with mlaunch's package
+    root put first so that it could import itself, and what it starts (local nodes, Slurm's
+    sbatch with its exported environment) must get what a foreground run gives them."""
+    if "pythonpath" not in payload:
+        return
+    if payload["pythonpath"] is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = payload["pythonpath"]
+
+
 def main(argv: list[str]) -> int:
     run_id = argv[0]
     payload = json.loads(sys.stdin.read())
+    _restore_pythonpath(payload)
     _quiet_stdin()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _interrupt)   # mlaunch stop: the same teardown as Ctrl-C
