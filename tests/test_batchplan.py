@@ -323,3 +323,18 @@ def test_refusal_without_global_suggests_a_bound():
     assert float(m[1]) == round(d.estimate.total / memory.GIB, 1)
     n = int(m[2])
     assert fits(j, "0.39b", n, True, d.budget) and not fits(j, "0.39b", n + 1, True, d.budget)
+
+
+def test_render_writes_the_batch_the_dry_run_shows(tmp_path):
+    """A batch mlaunch picks from the model's config.json and cluster.gpu_memory_gb: `mlaunch
+    render` wrote another one (its plan was made without the memory inputs the dry run uses)."""
+    path = cli_spec(tmp_path, gpu_memory_gb=80, batch={"global": 128})
+    dry = mlaunch("submit", "--dry-run", path)
+    assert dry.returncode == 0, dry.stderr
+    want = re.search(r"^per_device_train_batch_size: (\d+)\n(?:.*\n)*?gradient_accumulation_steps: (\d+)$",
+                     dry.stdout, re.M)
+    r = mlaunch("render", path, "--out", str(tmp_path / "rendered"))
+    assert r.returncode == 0 and want, r.stderr
+    yaml_text = next(open(p).read() for p in r.stdout.split() if p.endswith(".yaml"))
+    assert f"per_device_train_batch_size: {want[1]}\n" in yaml_text
+    assert f"gradient_accumulation_steps: {want[2]}\n" in yaml_text

@@ -234,9 +234,10 @@ def render_cmd(job: str, overrides: tuple[str, ...], out: str, run_id: str | Non
     from ..runs.attempts import SubmitOptions, check_offline
     from .writeout import render_start, write_rendered
     spec = _load(job, overrides)
-    check_offline(spec, SubmitOptions(resume=resume, overwrite=overwrite))
+    decision = check_offline(spec, SubmitOptions(resume=resume, overwrite=overwrite))
     resume_from, overwrite = render_start(spec, resume, overwrite)
-    plan = backend_of(spec).plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite)
+    plan = backend_of(spec).plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite,
+                                 memory=decision.inputs if decision else None)   # the dry run's batch
     for path in write_rendered(plan, out):
         click.echo(path)
 
