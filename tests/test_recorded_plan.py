@@ -22,12 +22,12 @@ def runs(tmp_path) -> Runs:
     return Runs(str(tmp_path / "home"))
 
 
-def _dry_and_run(runs: Runs, spec_path: str, run_id: str) -> tuple[dict, object, list]:
+def _dry_and_run(runs: Runs, spec_path: str, run_id: str, *flags: str) -> tuple[dict, object, list]:
     """(the dry-run's JSON, the registered run, its attempts) of one spec and run id."""
-    d = runs.cli("submit", spec_path, "--run-id", run_id, "--dry-run", "--json")
+    d = runs.cli("submit", spec_path, "--run-id", run_id, "--dry-run", "--json", *flags)
     assert d.returncode == 0, d.stdout + d.stderr
     dry = json.loads(d.stdout)
-    r = runs.cli("submit", spec_path, "--run-id", run_id, timeout=240)   # preflight on
+    r = runs.cli("submit", spec_path, "--run-id", run_id, *flags, timeout=240)   # preflight on
     assert r.returncode == 0, r.stdout + r.stderr
     assert "preflight: checking" in r.stdout, r.stdout
     reg = Registry(os.path.join(runs.home, "runs.db"))
@@ -62,8 +62,9 @@ def test_a_localhost_run_records_exactly_its_dry_run_plan(tmp_path, runs):
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello rank', os.environ['RANK'], flush=True)\n")
     spec["script"]["path"] = str(script)
-    dry, run, attempts = _dry_and_run(runs, write_spec(tmp_path, spec), "R")
+    dry, run, attempts = _dry_and_run(runs, write_spec(tmp_path, spec), "R", "--max-restarts", "2")
 
+    assert dry["restarts"]["max_restarts"] == 2   # the flag's policy, recorded as the dry run shows it
     assert dry["preflight_decides"] == [] and len(dry["nodes"]) == 2
     assert [(a.n, a.tag, a.state) for a in attempts] == [(0, "R", "succeeded")]
     assert attempts[0].plan == dry

@@ -126,6 +126,9 @@ def _run_submit(job: str, dry_run: bool, full: bool, run_id, log_dir, resume, ov
         if given and not dry_run:
             raise UserError(f"{flag} only goes with --dry-run")
     spec = _load(job, overrides)
+    if max_restarts is not None:   # the recorded plan (ps, report, stop's sweep) holds the policy run
+        from .dryrun import _with
+        spec = _with(spec, max_restarts=max_restarts)
     opts = SubmitOptions(run_id=run_id, log_dir=log_dir, resume=resume, overwrite=overwrite,
                          max_restarts=max_restarts, preflight=not no_preflight, force=force,
                          overridden=spec._overridden)
