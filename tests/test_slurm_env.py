@@ -39,3 +39,29 @@ def test_salloc_and_srun_get_the_same_environment(monkeypatch):
     monkeypatch.setattr("launcher.backends.slurm.sbatch.step_argv", lambda plan, name: ["srun"])
     ex.run_step(None, "step", "true", 5)
     assert len(seen) == 3 and all(e is not None and "HF_TOKEN" not in e and "PATH" in e for e in seen)
+
+
+def test_the_variables_a_specs_references_read_stay_out_of_slurm(monkeypatch, tmp_path):
+    """HF_TOKEN: ${MY_HF} and DATA_URL: ${DATA_URL} (a password in it): the shell's MY_HF and
+    DATA_URL are secrets under names of the user's choosing; sbatch exported them into the job,
+    where slurmctld keeps them. PATH read by a reference stays (the clients need it)."""
+    import yaml
+    from launcher.spec import load_spec
+    from launcher.spec.secret_rules import REF_SOURCES
+    monkeypatch.setenv("MY_HF", "hf_from_a_plain_name")
+    monkeypatch.setenv("DATA_URL", "https://u:pw_in_url@db.example/x")
+    from .helpers import script_job
+    spec = script_job(["localhost"], 1, "steps.py", ["3"], str(tmp_path / "out"))
+    spec["cluster"]["env"] = {"HF_TOKEN": "${MY_HF}", "DATA_URL": "${DATA_URL}", "MY_PATH": "${PATH}"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    before = set(REF_SOURCES)
+    try:
+        load_spec(str(path))
+        r = commands.slurm_cmd(["/usr/bin/env"])
+    finally:
+        REF_SOURCES.clear()
+        REF_SOURCES.update(before)
+    assert r.returncode == 0
+    assert "hf_from_a_plain_name" not in r.stdout and "pw_in_url" not in r.stdout
+    assert "\nPATH=" in "\n" + r.stdout

@@ -186,11 +186,13 @@ class Backend:
         has started (or it failed), then return; its exit code if it never detached."""
         import json
         from dataclasses import asdict
+        from ..spec.secret_rules import REF_SOURCES
         run_id = request.plan.run_id
         payload = json.dumps({"job": job.model_dump(mode="json", by_alias=True, exclude_unset=True),
                               "secret_env": sorted(job._secret_env),
                               "opts": {**asdict(opts), "run_id": run_id}, "backend": self.name,
-                              "pythonpath": os.environ.get("PYTHONPATH")})   # the user's, restored there
+                              "pythonpath": os.environ.get("PYTHONPATH"),   # the user's, restored there
+                              "ref_sources": sorted(REF_SOURCES)})
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [pkg_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}

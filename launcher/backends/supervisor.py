@@ -35,6 +35,8 @@ def main(argv: list[str]) -> int:
     run_id = argv[0]
     payload = json.loads(sys.stdin.read())
     _restore_pythonpath(payload)
+    from ..spec.secret_rules import REF_SOURCES
+    REF_SOURCES.update(payload.get("ref_sources", ()))   # the shell variables the spec's `${NAME}` read
     _quiet_stdin()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _interrupt)   # mlaunch stop: the same teardown as Ctrl-C

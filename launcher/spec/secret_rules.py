@@ -75,6 +75,13 @@ def check_script_secrets(args: list[str]) -> list[Problem]:
     return out
 
 
+# The launcher-shell variables a spec's `${NAME}` values were read from (MY_HF for HF_TOKEN:
+# ${MY_HF}): secrets under names of the user's choosing, kept out of what Slurm's clients
+# export (backends/slurm/commands.py client_env). One job per mlaunch process; a detached run's
+# supervisor is told them (its spec arrives resolved).
+REF_SOURCES: set[str] = set()
+
+
 def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
     """raw with every cluster.env value that is exactly `${NAME}` taken from this shell.
 
@@ -90,6 +97,7 @@ def resolve_env_refs(raw: dict) -> tuple[dict, list[Problem]]:
         if not m:
             continue
         if m[1] in os.environ:
+            REF_SOURCES.add(m[1])
             # Taken literally: a `$` in it is no reference for the nodes to expand (env_refs).
             new[name] = os.environ[m[1]] if SECRET_NAME.search(str(name)) else literal_of(os.environ[m[1]])
         else:

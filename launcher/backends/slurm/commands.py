@@ -46,14 +46,23 @@ SBATCH_FIELDS = (("partition", "cluster.slurm.partition"), ("account", "cluster.
                  ("node count", "cluster.slurm.nodes"), ("nodes", "cluster.slurm.nodes"))
 
 
+# What a client needs to run at all: kept even where a spec read a `${NAME}` from one of them
+ESSENTIAL = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ", "TMPDIR",
+                       "SLURM_CONF", "LD_LIBRARY_PATH"})
+
+
 def client_env() -> dict[str, str]:
-    """This environment less every secret-named variable (HF_TOKEN, WANDB_API_KEY, ...):
+    """This environment less every secret-named variable (HF_TOKEN, WANDB_API_KEY, ...) and
+    every variable a spec's `${NAME}` value was read from (spec/secret_rules.py REF_SOURCES):
     sbatch, salloc and srun export the whole environment into the job by default, where
     slurmctld stores it (and slurmdbd, with AccountingStoreFlags=job_env, for `sacct
     --env-vars`). A secret the nodes need is named in cluster.env, which reaches them in a
     0600 file (templates/secrets_env.sh.j2), never through Slurm."""
     from ...spec import SECRET_NAME
-    return {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
+    from ...spec.secret_rules import REF_SOURCES
+    refs = REF_SOURCES - ESSENTIAL
+    return {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k) and k not in refs}
+
 
 
 def slurm_cmd(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
