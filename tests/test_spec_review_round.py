@@ -48,7 +48,8 @@ def test_env_written_as_a_list_is_refused_without_showing_the_token(tmp_path):
 def test_a_secret_flag_with_a_literal_value_in_setup_is_refused(tmp_path, line, flag, env):
     got, = refused(tmp_path, set_path(seed000(), "cluster.setup", [line]))
     assert got.startswith(f"mlaunch: cluster.setup[0]: gives {flag} a literal value"), got
-    assert f"{env}: ${{{env}}}" in got and f'{flag} "${env}"' in got
+    assert f"{env}: ${{{env}}}" in got and f"drop {flag} where the tool reads {env} from its environment" in got
+    assert "every user of the node reads in /proc" in got   # why not `--token "$HF_TOKEN"`
 
 
 @pytest.mark.parametrize("line", ['huggingface-cli login --token "$HF_TOKEN"', "run --max-new-tokens 5",

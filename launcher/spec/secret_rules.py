@@ -216,7 +216,10 @@ def check_setup_secrets(setup: list[str]) -> list[Problem]:
             out.append(Problem(f"cluster.setup[{i}]", f"gives {flag} a literal value, which the dry "
                                "run prints and the run's record stores; put it in cluster.env as "
                                f"{name}: ${{{name}}} with {name} exported in this shell (masked "
-                               f"everywhere) and write {flag} \"${name}\" in this line"))
+                               f"everywhere), and drop {flag} where the tool reads {name} from its "
+                               f"environment (huggingface-cli and wandb do): {flag} \"${name}\" would "
+                               "put the value on that command's line, which every user of the node "
+                               "reads in /proc"))
         elif named or URL_CREDS.search(line):
             what = f"sets {named[0]} to a literal value" if named else "holds a URL with a password"
             name = named[0] if named else "DATA_URL"
