@@ -263,3 +263,18 @@ esac
     r = subprocess.run(["/bin/sh", "-c", render.container_rm([str(runtime)], "mlaunch-R-a0-n1")])
     assert r.returncode == 0
     assert (tmp_path / "removed").read_text() == "c-mine\n"
+
+
+def test_tokenize_once_is_refused_in_a_container_and_setup_says_where_its_exports_go():
+    """tokenize_once would start its tokenizing run on node 0's host with the image's interpreter
+    path: refused with the way out. cluster.setup runs in the host's shell: its exports do not
+    reach the container (it gets cluster.env's names), and the node script says so."""
+    data = spec()
+    data["tokenize_once"] = "/nvme/tokenized/x"
+    assert any(p.startswith("tokenize_once: with cluster.container the tokenizing run would start on node 0's host")
+               for p in problems(data)), problems(data)
+    data = spec()
+    data["cluster"]["setup"] = ["export NCCL_IB_HCA=mlx5_0"]
+    script = plan(data).nodes[0].script
+    assert "what it sets stays on this host: the container gets cluster.env" in script
+    assert "what it sets reaches the ranks" not in script

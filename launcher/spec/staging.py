@@ -115,7 +115,11 @@ def check_tokenize_once(job) -> list[Problem]:
         return [Problem("tokenize_once", f"{path!r}: give an absolute path on the nodes below / "
                         "(e.g. /nvme/tokenized/NAME)")]
     taken = [k for k in ("tokenized_path", "streaming") if job.passthrough.get(k)]
-    return _ssh_only(job, "tokenize_once") + [Problem(f"passthrough.{k}", f"{job.passthrough[k]!r} beside tokenize_once: remove "
+    boxed = [Problem("tokenize_once", "with cluster.container the tokenizing run would start on "
+                     "node 0's host, not in the image (cluster.python names the image's interpreter): "
+                     "remove tokenize_once, or leave it to each rank (LLaMA-Factory tokenizes on "
+                     "its own)")] if job.cluster.container is not None else []
+    return _ssh_only(job, "tokenize_once") + boxed + [Problem(f"passthrough.{k}", f"{job.passthrough[k]!r} beside tokenize_once: remove "
                     f"passthrough.{k} (tokenize_once sets tokenized_path and needs a dataset on disk)")
             for k in taken]
 
