@@ -65,6 +65,12 @@ def test_staged_once_node_to_node_then_in_place_then_changed_file_recopied(make_
         # one line per item: 3 nodes lacked it, one copy from here, two node to node
         assert re.search(r"staging\[0\] \S+: 2\.1 MB in 2 files to 3 of 3 nodes \(2 from here, 1 node to node\)", out), out
         assert re.search(r"staging\[1\] \S+: .* in 2 files to 3 of 3 nodes", out), out
+        # the copies are their own phase, between the connect and the checkpoint look (no preflight)
+        import glob
+        from launcher.record.events import read_events
+        (events,) = glob.glob(str(tmp_path / "**" / "events.jsonl"), recursive=True)
+        marks = [e["phase"] for e in read_events(events) if e["event"] == "phase"]
+        assert marks[:3] == ["connect", "staging", "checkpoint"], marks
         want = _sha(os.path.join(model, "sub", "weights.bin"))
         for h in hs.hosts:
             own = os.path.join(hs.disk_of(h), "models", "m")

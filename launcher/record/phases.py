@@ -8,11 +8,13 @@ were doing is known only once their line says it (LLaMA-Factory loads its data b
 model, ms-swift the other way round). While a phase lasts it carries the name it began with
 (``mlaunch ps RUN``: "rendezvous 41 s").
 
-A fresh attempt: connect, preflight, checkpoint (finding the resume point), stage, start
+A fresh attempt: connect, staging (the spec's `staging:` copies and tokenize_once, when it
+asks for any), preflight, checkpoint (finding the resume point), stage, start
 (every node's session), rendezvous, then what the nodes' lines tell (data, model, trainer
 setup, first step), then training. A restart: teardown (from the failure seen) and settle
 (every node reports) close the failed attempt; the next one begins with backoff, decide (a
-spare in, a shrink, or a reconnect), checkpoint (found, converted), then as a fresh one, with
+spare in, a shrink, or a reconnect), staging (a spare's copies), checkpoint (found, converted),
+then as a fresh one, with
 catch-up from its first step back to the step reached before the fault. Under Slurm, stage
 (the run's files written) then queued (sbatch took the job) replace connect to start: the
 queue's wait is its own bar, until the allocation runs (rendezvous).

@@ -85,6 +85,8 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
     executor = backend.connect(plan)
     try:
         backend.warm(plan, executor)   # cluster.warm_start: torchrun's imports beside the checks
+        if bare.stages(plan):   # its own bar: a slow copy read as a slow connect
+            marks.mark("staging")
         bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data
         if opts.preflight and not backend.preflight_at_submit:  # no node exists before the run
             printer.say(backend.no_preflight_note)
@@ -296,6 +298,8 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         elif later:
             printer.say(f"node failure: restart {attempt}/{limit} now, without the failed node")
         master.executor, master.plan = executor, plan
+        if bare.stages(plan):
+            events.emit(phases.PHASE, phase="staging")
         bare.stage(backend, plan, executor, printer)   # a spare gets the model, data and code
         events.emit(phases.PHASE, phase="checkpoint")
         if getattr(job, "checkpoints", None):   # no shared disk: the newest checkpoint complete across copies, on every node

@@ -10,10 +10,15 @@ from ..errors import UserError
 from ..logs.stream import Printer
 
 
+def stages(plan) -> bool:
+    """Whether the spec asks for staging (staging:, tokenize_once)."""
+    return bool(getattr(plan.job, "staging", None) or getattr(plan.job, "tokenize_once", None))
+
+
 def stage(backend, plan, executor, printer: Printer) -> None:
     """The backend's staging (staging:, tokenize_once) of plan's nodes, where the spec asks
     for any: before preflight, and again before a restart (a spare has nothing yet)."""
-    if getattr(plan.job, "staging", None) or getattr(plan.job, "tokenize_once", None):
+    if stages(plan):
         backend.stage_inputs(plan, executor, printer)
 
 

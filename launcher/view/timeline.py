@@ -11,7 +11,8 @@ COLORS = {"connect": "#9ecae1", "preflight": "#6baed6", "checkpoint": "#c6dbef",
           "start": "#2171b5", "rendezvous": "#fd8d3c", "data": "#fdd0a2", "model": "#fdae6b",
           "trainer setup": "#e6550d", "first step": "#a63603", "loading": "#fdae6b",
           "training": "#74c476", "catch-up": "#c7e9c0", "teardown": "#de2d26", "settle": "#fc9272",
-          "backoff": "#969696", "decide": "#756bb1", "queued": "#d9d9d9"}
+          "backoff": "#969696", "decide": "#756bb1", "queued": "#d9d9d9",
+          "staging": "#08519c"}
 
 
 def ps_lines(events: list[dict], now, previous: list[tuple[str, float]] | None = None,
