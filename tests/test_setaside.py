@@ -302,3 +302,15 @@ def test_a_restart_on_bare_nodes_moves_each_nodes_cut_save_and_its_copies(tmp_pa
                           "n1: checkpoint-12); nothing was deleted"], said.lines
     assert events.seen == [("checkpoints_set_aside", {"moved": [".mlaunch-replicas/checkpoint-12", "checkpoint-12"],
                                                       "to": f"{out}/mlaunch-set-aside/r-attempt1", "hosts": ["n0", "n1"]})]
+
+
+def test_the_dry_run_of_overwrite_says_the_older_checkpoints_are_set_aside(tmp_path):
+    from .helpers import mlaunch, write_spec
+    data = lora(hosts=2, gpus=1, per_device=1, grad_accum=3) | {"output_dir": str(tmp_path / "out")}
+    path = write_spec(tmp_path, data)
+    r = mlaunch("submit", path, "--dry-run", "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert (f"output_dir: before each attempt, the checkpoint-N folders it may save again (all of them at "
+            f"this fresh start; above the resumed step on a restart) are moved into {tmp_path}/out/"
+            "mlaunch-set-aside/<run>-attempt<k>/, nothing deleted") in r.stdout
+    assert "mlaunch-set-aside" not in mlaunch("submit", path, "--dry-run").stdout

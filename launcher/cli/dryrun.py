@@ -24,6 +24,19 @@ def dry_run(spec, opts, decision, full: bool = False, as_json: bool = False) -> 
     click.echo(backend.dryrun(plan, full=full).text, nl=False)
     if opts.resume and not explicit:
         click.echo("resume: from the latest complete checkpoint found at launch (dry run looks nowhere)")
+    if _sets_aside(spec, opts):
+        click.echo(f"output_dir: before each attempt, the checkpoint-N folders it may save again (all of "
+                   f"them at this fresh start; above the resumed step on a restart) are moved into "
+                   f"{spec.output_dir.rstrip('/')}/mlaunch-set-aside/<run>-attempt<k>/, nothing deleted")
+
+
+def _sets_aside(spec, opts) -> bool:
+    """Whether submit would move older checkpoint folders out of the way (runs/outputdir.py
+    clear_way) on a fresh start over them: said, since the dry run looks nowhere."""
+    from ..plan.trainers import TRAINERS
+    trainer = TRAINERS[spec.trainer]
+    return bool(opts.overwrite and spec.output_dir and trainer.resumable and trainer.saves_in_output_dir(spec)
+                and not getattr(spec, "checkpoints", None))
 
 
 def _with(spec, **update):
