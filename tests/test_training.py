@@ -207,8 +207,9 @@ def check_phases(out: str, attempts) -> None:
 
 
 def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tiny, ref20):
-    """--overwrite leaves an older run's checkpoint-100 in place (nothing is deleted); an
-    automatic restart must resume from this run's checkpoint-5, not from that one."""
+    """--overwrite moves an older run's checkpoint-100 whole into output_dir/mlaunch-set-aside/
+    (nothing is deleted); an automatic restart must resume from this run's checkpoint-5, not
+    from that one."""
     out, name = str(tmp_path / "out"), own_name("overwrite-restart")
     old = os.path.join(out, "checkpoint-100")
     # An older run's complete checkpoint of step 100: the shared 20-step run's checkpoint-5,
@@ -225,7 +226,10 @@ def test_restart_after_overwrite_ignores_the_older_runs_checkpoint(tmp_path, tin
     assert killed, "no worker was killed"
     assert f"restart 1/1: resuming from {out}/checkpoint-5" in r.stdout, r.stdout[-3000:]
     assert_trained(r, out, 10)
-    assert json.load(open(state_path))["global_step"] == 100, "the older run's checkpoint changed"
+    (kept,) = glob.glob(os.path.join(out, "mlaunch-set-aside", f"{name}-*-attempt0", "checkpoint-100"))
+    assert not os.path.exists(old) and f"output_dir: checkpoint-100 moved to {os.path.dirname(kept)}" in r.stdout
+    kept_state = json.load(open(os.path.join(kept, "trainer_state.json")))
+    assert kept_state == {**state, "global_step": 100}, "the older run's checkpoint changed"
 
 
 def test_resume_skips_planted_half_checkpoint(make_hostset, tmp_path, tiny, ref20):
