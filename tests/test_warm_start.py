@@ -237,6 +237,10 @@ def test_warm_start_false_containers_and_localhost_have_no_warm_frame(kit):
     assert "mlaunch_warm" not in boxed.script
     assert not plan_for(kit, hosts=["localhost"]).nodes[0].warm   # no login to overlap
     assert plan_for(kit).nodes[0].warm   # the same job on SSH hosts
+    # two nodes of one host share its login session, which holds one warm torchrun: the
+    # transport sends no frame then, and the dry run must not show one
+    twice = plan_for(kit, hosts=["h1", "h1"], cuda_visible_devices=[[0], [1]])
+    assert not any(n.warm or n.warm_display for n in twice.nodes)
 
 
 def test_python_m_torch_distributed_run_starts_warm_on_that_interpreter(kit):

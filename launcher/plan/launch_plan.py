@@ -369,8 +369,11 @@ def _warm_frames(warm: bool, argv: tuple[str, ...], env: dict, masked: list, bin
 def _warm(job: JobBase, argv: tuple[str, ...], container: str, placement: Placement | None) -> bool:
     """cluster.warm_start applies: torchrun on an SSH host, outside a container (a scheduler
     starts its own processes; a container's interpreter is the image's; this machine's own
-    nodes have no login to overlap)."""
+    nodes have no login to overlap), each host running one node (two nodes of one host share
+    its login session, which holds one warm torchrun: transport/ssh.py sends none then)."""
+    hosts = list(job.cluster.hosts or ())
     return (job.cluster.warm_start and placement is None and not container and not all_local(job)
+            and len(set(hosts)) == len(hosts)
             and (posixpath.basename(argv[0]) == "torchrun" or argv[1:3] == ("-m", "torch.distributed.run")))
 
 
