@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from launcher.record.events import read_events
+
 from .runs import Runs
 from .slurmjobs import baseline, drain_and_kill, leftovers, slurm_cluster
 from .loadfactor import limit
@@ -60,6 +62,11 @@ def test_killed_worker_restarts_from_its_checkpoint_as_a_new_job(slurm2, tmp_pat
     assert len(row["handle"]["job_ids"]) == 2, row["handle"]   # two chained sbatch jobs
     assert all(os.path.exists(p) for a in attempts for p in a.log_paths)
     run_dir = os.path.join(out, "logs", os.listdir(os.path.join(out, "logs"))[0])
+    # the failure seen is marked (teardown), so the report gives the time back to training
+    from launcher.record import phases
+    timeline = phases.timeline(read_events(os.path.join(run_dir, "events.jsonl")))
+    assert [p.name for p in phases.of_attempt(timeline, 0)][-1:] == ["teardown"], timeline
+    assert list(phases.back_to_training_s(timeline)) == [1], timeline
     names = [h.name for h in slurm2.hs.hosts]
     assert sorted(p for p in os.listdir(run_dir) if p.startswith("node") and ".attempt" not in p) == [
         f"node{k}-{n}.log" for k, n in enumerate(names)]

@@ -52,6 +52,7 @@ class Follow:
         self.never: str | None = None   # why Slurm can never start the job, once it says so
         self._final = False   # the job has ended: what is left is read, nothing is stopped
         self._start = self._next_state = 0.0
+        self._teardown = False   # the teardown phase is marked
 
     def run(self) -> JobResult:
         self._start = time.monotonic()
@@ -84,8 +85,17 @@ class Follow:
                 self._final = True
         if self.watch is not None and not self._final and (verdict := self.watch.tick()) is not None:
             self._health_stop(verdict)
+        if not self._final and is_gone(self.info) and self.info.get("JobState") != "COMPLETED":
+            self._torn_down()   # a node failed and srun ended the others: the failure seen now
         self._final = self._final or self.verdict is not None or is_gone(self.info)
         return self._final
+
+    def _torn_down(self) -> None:
+        """The phase timeline's teardown mark, once, when mlaunch first sees the job failing
+        (its end, a health stop, Ctrl-C): where the time back to training is counted from."""
+        if self.watch is not None and not self._teardown:
+            self._teardown = True
+            self.watch.phase("teardown")
 
     def _allocated(self) -> None:
         """The job has its nodes: name them, record the attempt, start reading their logs."""
@@ -137,6 +147,7 @@ class Follow:
 
     def _health_stop(self, verdict) -> None:
         self.verdict = verdict
+        self._torn_down()
         self.printer.say(f"health: {verdict.event}: {verdict.message}; scancel {self.job_id}")
         cancel_and_wait(self.job_id)
         self.info = job_info(self.job_id)
@@ -152,6 +163,7 @@ class Follow:
 
     def _cancel(self) -> None:
         self.interrupted = True
+        self._torn_down()
         self.printer.say(f"interrupted: scancel {self.job_id} (Ctrl-C again to SIGKILL at once)")
         try:
             gone = cancel_and_wait(self.job_id)
