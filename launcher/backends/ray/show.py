@@ -26,6 +26,10 @@ def placement_lines(plan: LaunchPlan) -> tuple[str, ...]:
              "node's script under the node relay and torchrun under cluster.python",
              "master: bundle 0's Ray node IP (MLAUNCH_MASTER_ADDR), port "
              f"{c.master_port} (cluster.master_port)"]
+    if bundle(c).get("GPU"):
+        lines.append("GPUs: Ray sets each agent's CUDA_VISIBLE_DEVICES to its bundle's GPUs, and the "
+                     "node's torchrun and ranks inherit it (where a node line below says it is not "
+                     "set, mlaunch sets none itself)")
     if plan.job.max_restarts:
         lines.append("restarts under ray: a new placement group each; a lost Ray node's bundle "
                      "goes to another Ray node" + (" or the world shrinks (cluster.min_nodes)"
