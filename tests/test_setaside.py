@@ -281,14 +281,14 @@ def test_a_restart_on_bare_nodes_moves_each_nodes_cut_save_and_its_copies(tmp_pa
         if i < 2:
             checkpoint(d, 12, complete=False, shards=1 + 2 * i)
     os.makedirs(os.path.join(disks["n0"], ".mlaunch-replicas", "checkpoint-12", "part2"))
-    saved_world = {"8": 3, "12": 4}
+    saved_world = {"8": 3, "12": 4, "16": 4}   # 16: saved by node 0 alone, lost with it
     said, events = Said(), Events()
     ex = PerNode(out, disks)
-    bare.clear_way(plan, ex, said, events, None, saved_world)
+    assert bare.clear_way(plan, ex, said, events, None, saved_world) == frozenset()
     assert all(os.path.isdir(os.path.join(d, "checkpoint-8")) for d in disks.values()) and said.lines == []
     restart = plan.replanned(attempt=1, resume_from=os.path.join(out, "checkpoint-8"))
-    bare.clear_way(restart, ex, said, events, os.path.join(out, "checkpoint-8"), saved_world)
-    assert saved_world == {"8": 3}
+    moved = bare.clear_way(restart, ex, said, events, os.path.join(out, "checkpoint-8"), saved_world)
+    assert moved == {"12"} and saved_world == {"8": 3}   # every number above the resumed step forgotten
     for login, d in disks.items():
         assert sorted(set(os.listdir(d)) - {".mlaunch-replicas"}) == (
             ["checkpoint-8"] if login == "n2" else ["checkpoint-8", "mlaunch-set-aside"])

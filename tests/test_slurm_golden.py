@@ -88,4 +88,13 @@ def test_a_dollar_in_a_referenced_secret_reaches_the_ranks_as_written_and_is_mas
     finally:
         os.remove(path)
     assert "export MY_KEY='zz$qqRSTU'\n" in sbatch.request(plan).secrets.content
+    # a URL with a password that names the node's own $NODE_HOST: expanded there, as over ssh
+    raw["cluster"]["env"]["DATA_URL"] = "https://u:pw@$NODE_HOST/x"
+    with open(path, "w") as fh:
+        yaml.safe_dump(raw, fh)
+    try:
+        plan = plan_of(load(path), run_id="G")
+    finally:
+        os.remove(path)
+    assert 'export DATA_URL=https://u:pw@"${NODE_HOST}"/x\n' in sbatch.request(plan).secrets.content
     assert plan.mask("rank 0: MY_KEY=zz$qqRSTU") == "rank 0: MY_KEY=***"

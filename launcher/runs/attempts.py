@@ -269,7 +269,8 @@ def _loop(plan, executor, printer, opts, master, resume_from, rec, events, histo
         # A scheduler calls it twice: once queued (its job id), then with the allocated plan.
         started = lambda p=plan, n=attempt, r=resume_from, d=data, **kw: rec.attempt_started(p, n, r, data=d, **kw)  # noqa: E731
         clear_way(plan, master, printer, events, resume_from, rec)   # a save never lands in another world's folder
-        bare.clear_way(plan, executor, printer, events, resume_from, saved_world)   # nor on a node's own disk
+        # nor on a node's own disk; an earlier run's number moved away is no longer one to shun
+        stale = stale - bare.clear_way(plan, executor, printer, events, resume_from, saved_world)
         with bare.copies(plan, executor, printer, events, saved_world, stale):   # checkpoints: {replicas: N}
             result = backend.run_attempt(plan, executor, printer, started)
         rec.attempt_ended(attempt, result.code, result.interrupted, events.path)

@@ -34,7 +34,8 @@ def leftovers(plan, executor, printer: Printer) -> frozenset[str]:
         names = ", ".join(f"checkpoint-{n}" for n in sorted(stale, key=int))
         printer.say(f"checkpoints: {names} on the nodes are an earlier run's: this run starts fresh, "
                     "and never resumes, copies or removes them (a save of this run under one of "
-                    "those numbers is not resumed either)")
+                    "those numbers is not resumed either, until a restart moves them into "
+                    "output_dir/mlaunch-set-aside/)")
     return stale
 
 
@@ -55,25 +56,27 @@ def copies(plan, executor, printer: Printer, events, saved_world: dict[str, int]
 
 
 def clear_way(plan, executor, printer: Printer, events, resume_from: str | None,
-              saved_world: dict[str, int]) -> None:
+              saved_world: dict[str, int]) -> frozenset[str]:
     """Before a restart on nodes that share no disk: on every node, the checkpoint folders
     the attempt may save again (above the step it resumes) and the copies of their parts moved
     into output_dir/mlaunch-set-aside/ (launcher/nodeprog/setaside.py). A save cut part-way
     leaves its ranks' files on each node's own disk; the smaller world's save of that step would
     land beside them, and putting the checkpoint together would merge both. Their numbers are
-    forgotten by the copies (saved_world). At a fresh start an earlier run's numbers are never
-    resumed at all (leftovers). A failed move ends the run before the attempt starts."""
+    forgotten by the copies (saved_world: every number above the resumed step, moved or not).
+    At a fresh start an earlier run's numbers are never resumed at all (leftovers). A failed
+    move ends the run before the attempt starts. The numbers moved (no node holds them now)."""
     if not getattr(plan.job, "checkpoints", None) or not plan.job.output_dir or plan.attempt == 0:
-        return
+        return frozenset()
     import posixpath
     from ..nodeprog.setaside import ASIDE
     from ..transport.replicas import set_aside
     tag = f"{plan.run_id}-attempt{plan.attempt}"
     got = set_aside(plan, executor, tag, resume_from)
     moved = {h: v["moved"] for h, v in got.items() if v.get("moved")}
-    for names in moved.values():
-        for name in names:
-            saved_world.pop(name.rsplit("checkpoint-", 1)[1], None)
+    numbers = frozenset(name.rsplit("checkpoint-", 1)[1] for names in moved.values() for name in names)
+    step = _step_of(resume_from)
+    for num in [k for k in saved_world if step is None or int(k) > step]:
+        del saved_world[num]   # a save of it now is this attempt's, at its world
     if moved:
         where = "; ".join(f"{h}: {', '.join(names)}" for h, names in moved.items())
         to = posixpath.join(plan.job.output_dir, ASIDE, tag)   # the same path on every node
@@ -89,6 +92,14 @@ def clear_way(plan, executor, printer: Printer, events, resume_from: str | None,
            for h, v in got.items() if v.get("error")]
     if bad:
         raise UserError(bad)
+    return numbers
+
+
+def _step_of(checkpoint: str | None) -> int | None:
+    """The step in a checkpoint-N path's name (the assembled one a bare restart resumes)."""
+    import re
+    m = re.search(r"checkpoint-(\d+)/*$", checkpoint or "")
+    return int(m.group(1)) if m else None
 
 
 def newest(plan, executor, printer: Printer, master, saved_world: dict[str, int],

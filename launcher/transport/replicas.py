@@ -183,21 +183,23 @@ class Replicator:
 
 
 def set_aside(plan: LaunchPlan, executor, tag: str, resume_from: str | None) -> dict[str, dict]:
-    """On every node of plan, its own checkpoint-N folders and its copies of other nodes' parts
-    above resume_from's step moved into output_dir/mlaunch-set-aside/tag
-    (launcher/nodeprog/setaside.py); {host: what it did} ({"error": ...} where it could not)."""
+    """On every host of plan (once, where it runs two nodes: one disk), its own checkpoint-N
+    folders and its copies of other nodes' parts above resume_from's step moved into
+    output_dir/mlaunch-set-aside/tag (launcher/nodeprog/setaside.py); {host: what it did}
+    ({"error": ...} where it could not)."""
     args = [plan.job.output_dir, tag, "--also", REPLICAS] + (["--resume", resume_from] if resume_from else [])
     script = nodeprog.script(remote_python(plan.job), "setaside", args)
+    hosts = {n.login: n.host for n in plan.nodes}   # one run per login
 
-    def one(node):
-        code, out = executor.run(node.login, script, RUN_TIMEOUT_S)
+    def one(login):
+        code, out = executor.run(login, script, RUN_TIMEOUT_S)
         try:
             got = json.loads(out.strip().splitlines()[-1]) if code == 0 else None
         except (ValueError, IndexError):
             got = None
-        return node.host, got if isinstance(got, dict) else {"moved": [], "error": f"exit {code}: {out.strip()[-200:]}"}
-    with ThreadPoolExecutor(max_workers=min(32, len(plan.nodes))) as pool:
-        return dict(pool.map(one, plan.nodes))
+        return hosts[login], got if isinstance(got, dict) else {"moved": [], "error": f"exit {code}: {out.strip()[-200:]}"}
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        return dict(pool.map(one, hosts))
 
 
 def assemble(plan: LaunchPlan, executor, say, saved_world: dict[str, int],

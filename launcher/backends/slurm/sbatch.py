@@ -18,8 +18,7 @@ import posixpath
 from dataclasses import dataclass
 
 from ... import render
-from ...plan.launch_plan import SECRETS_FILE, LaunchPlan
-from ...spec.env_refs import literal
+from ...plan.launch_plan import SECRETS_FILE, LaunchPlan, user_env
 from ...spec.secret_rules import secret_env
 from ...plan.trainers import RenderedFile
 
@@ -102,8 +101,10 @@ def step_argv(plan: LaunchPlan, name: str) -> list[str]:
 
 
 def _secrets(plan: LaunchPlan) -> RenderedFile | None:
-    # the value the ranks get (a `${NAME}` of another name is kept with its `$` doubled)
-    env = [(k, literal(k, v)) for k, v in plan.job.cluster.env.items() if secret_env(plan.job, k, v)]
+    # as the ssh node script sets it: the value the ranks get (a `${NAME}` of another name is
+    # kept with its `$` doubled), a `$NAME` of the node's own expanded there
+    secrets = {k: v for k, v in plan.job.cluster.env.items() if secret_env(plan.job, k, v)}
+    env = list(user_env(secrets).items())
     if not env:
         return None
     return RenderedFile(posixpath.join(plan.run_dir, SECRETS_FILE), render.secrets_env(env))
