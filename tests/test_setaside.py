@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+
+import pytest
 from types import SimpleNamespace
 
 from launcher import nodeprog
@@ -17,12 +19,10 @@ from launcher.record.events import read_events
 from launcher.runs import attempts
 from launcher.runs.attempts import SubmitOptions
 from launcher.runs.outputdir import Master
-from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.spec import validate
-from launcher.transport.base import Exit
 
 from .helpers import plan_of
-from .test_run_end import Rec
+from .test_run_end import Rec, fails_once
 from .test_shrink import lora
 from .test_spares import Said
 from .test_universal import ShellExecutor
@@ -158,6 +158,21 @@ def test_a_link_at_the_set_aside_folder_is_never_followed_out(tmp_path):
     assert os.listdir(theirs) == [] and os.path.isdir(os.path.join(out, "checkpoint-3"))
 
 
+def test_another_users_set_aside_folder_is_never_moved_into(tmp_path):
+    """output_dir/mlaunch-set-aside made by another user (they could read or change what is
+    moved there): refused, nothing moved."""
+    if os.getuid() != 0:
+        pytest.skip("making a folder another user's own needs root (the suite runs as root)")
+    out = str(tmp_path / "out")
+    checkpoint(out, 3)
+    theirs = os.path.join(out, "mlaunch-set-aside")
+    os.makedirs(theirs)
+    os.chown(theirs, os.getuid() + 1, -1)
+    got = remote(out, "r-attempt0")
+    assert got["moved"] == [] and got["error"].endswith("is not this user's own folder"), got
+    assert os.listdir(theirs) == [] and os.path.isdir(os.path.join(out, "checkpoint-3"))
+
+
 def test_a_name_already_set_aside_is_never_replaced(tmp_path):
     out = str(tmp_path / "out")
     checkpoint(out, 3)
@@ -178,16 +193,13 @@ def test_a_restart_moves_the_cut_save_before_it_starts_and_says_so(tmp_path):
         "output_dir": out, "max_restarts": 1, "restart_backoff_s": 0})
     seen = []
 
-    def run_job(plan):
-        seen.append((plan.resume_from, sorted(os.listdir(out))))
-        if len(seen) == 1:
+    def attempt(plan):   # what the attempt found; the first one saves 8, then is cut saving 12
+        found = (plan.resume_from, sorted(os.listdir(out)))
+        if not seen:
             checkpoint(out, 8, shards=3)
             checkpoint(out, 12, complete=False, shards=3)
-        code = 1 if len(seen) == 1 else 0
-        return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
-                         first_failure=0 if code else None)
-    backend = SimpleNamespace(name="ssh", run_attempt=lambda plan, *a: run_job(plan),
-                              next_attempt=lambda job, plan, ex, *a: (job, plan, ex))
+        return found
+    backend = fails_once(seen, attempt)
     logs = str(tmp_path / "logs")
     plan = plan_of(job, run_id="r", log_dir=logs)
     os.makedirs(out)

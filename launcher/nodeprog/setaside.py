@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 
 ASIDE = "mlaunch-set-aside"
@@ -39,7 +40,11 @@ def set_aside(output_dir: str, tag: str, after: int | None = None, keep: str | N
     moved: list[str] = []
     for sub in ("", *also):
         base = os.path.join(output_dir, sub) if sub else output_dir
-        for name in _numbered(base, after):
+        try:
+            names = _numbered(base, after)
+        except OSError as e:   # unreadable: said as one line by the launcher, nothing moved here
+            return {"moved": moved, "to": top if moved else None, "error": e.strerror or str(e), "path": base}
+        for name in names:
             src = os.path.join(base, name)
             if os.path.realpath(src) == kept:
                 continue
@@ -63,7 +68,7 @@ def _numbered(base: str, after: int | None) -> list[str]:
 def _move(output_dir: str, src: str, dest: str) -> str | None:
     """src renamed into dest (made below output_dir, no link followed); why not, or None."""
     if not _made(output_dir, dest):   # a link planted on the way: never followed out
-        return f"{dest} leads out of {output_dir}"
+        return f"{dest} leads out of {output_dir} or is not this user's own folder"
     target = os.path.join(dest, os.path.basename(src))
     if os.path.lexists(target):   # never over what an earlier set-aside kept
         return f"{target} already exists"
@@ -76,13 +81,15 @@ def _move(output_dir: str, src: str, dest: str) -> str | None:
 
 def _made(output_dir: str, dest: str) -> bool:
     """Make dest's folders below output_dir one by one; False where one is a link (made by
-    nothing of ours: it could lead anywhere) or not a folder."""
+    nothing of ours: it could lead anywhere), not a folder, or another user's (who could then
+    read or change what is moved there)."""
     path = output_dir
     for part in os.path.relpath(dest, output_dir).split(os.sep):
         path = os.path.join(path, part)
         if not os.path.lexists(path) and _mkdir(path):
             continue
-        if os.path.islink(path) or not os.path.isdir(path):
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             return False
     return True
 

@@ -4,10 +4,12 @@ made while an attempt runs, and the checkpoint a restart resumes from, found acr
 from __future__ import annotations
 
 import contextlib
+import posixpath
 from typing import Iterator
 
 from ..errors import UserError
 from ..logs.stream import Printer
+from ..nodeprog.setaside import ASIDE, CKPT_RE
 
 
 def stages(plan) -> bool:
@@ -67,8 +69,6 @@ def clear_way(plan, executor, printer: Printer, events, resume_from: str | None,
     move ends the run before the attempt starts. The numbers moved (no node holds them now)."""
     if not getattr(plan.job, "checkpoints", None) or not plan.job.output_dir or plan.attempt == 0:
         return frozenset()
-    import posixpath
-    from ..nodeprog.setaside import ASIDE
     from ..transport.replicas import set_aside
     tag = f"{plan.run_id}-attempt{plan.attempt}"
     got = set_aside(plan, executor, tag, resume_from)
@@ -97,8 +97,7 @@ def clear_way(plan, executor, printer: Printer, events, resume_from: str | None,
 
 def _step_of(checkpoint: str | None) -> int | None:
     """The step in a checkpoint-N path's name (the assembled one a bare restart resumes)."""
-    import re
-    m = re.search(r"checkpoint-(\d+)/*$", checkpoint or "")
+    m = CKPT_RE.match(posixpath.basename((checkpoint or "").rstrip("/")))
     return int(m.group(1)) if m else None
 
 
