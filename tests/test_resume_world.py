@@ -6,8 +6,6 @@ local shell with tests/test_universal.py's stand-in ds_to_universal; the last te
 ZeRO-2 full fine-tuning saved at world 2 on localhost, resumed at world 1, and the other way."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import glob
 import json
 import math
@@ -19,14 +17,12 @@ import pytest
 from .helpers import plan_of
 
 from launcher.errors import UserError
-from launcher.transport.base import Exit
-from launcher.session.outcome import JobResult, NodeOutcome
 from launcher.runs import attempts, universal
 from launcher.runs.attempts import SubmitOptions
 from launcher.record.events import read_events
 from launcher.spec import validate
 
-from .test_run_end import Master, Rec
+from .test_run_end import Master, Rec, fails_once
 from .test_shrink import lora
 from .test_spares import Events, Said
 from .test_universal import FAKE_CONVERTER, ShellExecutor, checkpoint
@@ -142,14 +138,7 @@ def test_submit_converts_before_attempt_0_and_a_restart_loads_it_again(tmp_path,
     job = zero(tmp_path).model_copy(update={"max_restarts": 1, "restart_backoff_s": 0})
     ck = checkpoint(tmp_path, shards=3)
     plans = []
-
-    def run_job(plan, *a, **kw):
-        plans.append(plan)
-        code = 1 if len(plans) == 1 else 0
-        return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
-                         first_failure=0 if code else None)
-    backend = SimpleNamespace(name="ssh", run_attempt=lambda plan, *a: run_job(plan),
-                              next_attempt=lambda job, plan, ex, *a: (job, plan, ex))
+    backend = fails_once(plans)
     logs = str(tmp_path / "logs")
     plan = plan_of(job, run_id="r", log_dir=logs)
     said = Said()
@@ -232,14 +221,7 @@ def test_a_restart_after_a_resume_with_nothing_newer_resumes_the_same_checkpoint
         "output_dir": str(tmp_path / "out"), "max_restarts": 1, "restart_backoff_s": 0})
     ck = str(tmp_path / "elsewhere" / "checkpoint-7")
     plans = []
-
-    def run_job(plan, *a, **kw):
-        plans.append(plan)
-        code = 1 if len(plans) == 1 else 0
-        return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
-                         first_failure=0 if code else None)
-    backend = SimpleNamespace(name="ssh", run_attempt=lambda plan, *a: run_job(plan),
-                              next_attempt=lambda job, plan, ex, *a: (job, plan, ex))
+    backend = fails_once(plans)
     logs = str(tmp_path / "logs")
     plan = plan_of(job, run_id="r", log_dir=logs, resume_from=ck)
     code = attempts._attempts(plan, ShellExecutor(), Said(), SubmitOptions(log_dir=logs, resume=ck),

@@ -7,8 +7,9 @@ reconnect with tests/test_spares.py's FakeExecutor; one test ends a real run on 
 namespace hosts with two links cut."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import glob
-import json
 import os
 import re
 
@@ -98,6 +99,18 @@ class FakeBackend:
 
     def next_attempt(self, job, plan, executor, result, printer, events):
         return self.restart(job, plan, executor, result, printer, events)
+
+
+def fails_once(seen: list, before=None) -> SimpleNamespace:
+    """A backend whose first attempt fails (exit 1 on node 0) and whose later ones succeed, each
+    on the same hosts again; seen gets each attempt's plan (before(plan), when given, runs
+    first: what the attempt leaves behind)."""
+    def run_job(plan, *a):
+        seen.append(before(plan) if before else plan)
+        code = 1 if len(seen) == 1 else 0
+        return JobResult(code, [NodeOutcome(r, n.host, Exit(code)) for r, n in enumerate(plan.nodes)],
+                         first_failure=0 if code else None)
+    return SimpleNamespace(name="ssh", run_attempt=run_job, next_attempt=lambda job, plan, ex, *a: (job, plan, ex))
 
 
 def run(tmp_path, monkeypatch, job, results, restart=None):

@@ -70,31 +70,26 @@ def test_render_writes_job_sbatch(tmp_path):
         assert (tmp_path / "job.sbatch").read_text() == fh.read()
 
 
-def test_a_dollar_in_a_referenced_secret_reaches_the_ranks_as_written_and_is_masked(monkeypatch):
+def test_a_dollar_in_a_referenced_secret_reaches_the_ranks_as_written_and_is_masked(monkeypatch, tmp_path):
     """cluster.env MY_KEY: ${SRC} (a plain name: a secret because it is a reference), whose value
     holds a `$`: Slurm's secrets file exports the value itself (it exported it with the `$`
     doubled, so the ranks got another value), and the mask covers the value the ranks print."""
-    from launcher.spec.load import load_spec as load
     import yaml
+    from launcher.spec.load import load_spec as load
     with open(os.path.join(CONFIGS, "slurm", "qwen2-7b-lora.yaml")) as fh:
         raw = yaml.safe_load(fh)
-    raw["cluster"]["env"] = {**raw["cluster"].get("env", {}), "MY_KEY": "${SRC}"}
     monkeypatch.setenv("SRC", "zz$qqRSTU")
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dollar-{os.getpid()}.yaml")
-    with open(path, "w") as fh:
-        yaml.safe_dump(raw, fh)
-    try:
-        plan = plan_of(load(path), run_id="G")
-    finally:
-        os.remove(path)
-    assert "export MY_KEY='zz$qqRSTU'\n" in sbatch.request(plan).secrets.content
-    # a URL with a password that names the node's own $NODE_HOST: expanded there, as over ssh
-    raw["cluster"]["env"]["DATA_URL"] = "https://u:pw@$NODE_HOST/x"
-    with open(path, "w") as fh:
-        yaml.safe_dump(raw, fh)
-    try:
-        plan = plan_of(load(path), run_id="G")
-    finally:
-        os.remove(path)
-    assert 'export DATA_URL=https://u:pw@"${NODE_HOST}"/x\n' in sbatch.request(plan).secrets.content
+
+    def secrets_of(env: dict):
+        raw["cluster"]["env"] = {**raw["cluster"].get("env", {}), **env}
+        path = tmp_path / "job.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        plan = plan_of(load(str(path)), run_id="G")
+        return plan, sbatch.request(plan).secrets.content
+
+    plan, text = secrets_of({"MY_KEY": "${SRC}"})
+    assert "export MY_KEY='zz$qqRSTU'\n" in text
     assert plan.mask("rank 0: MY_KEY=zz$qqRSTU") == "rank 0: MY_KEY=***"
+    # a URL with a password that names the node's own $NODE_HOST: expanded there, as over ssh
+    _, text = secrets_of({"DATA_URL": "https://u:pw@$NODE_HOST/x"})
+    assert 'export DATA_URL=https://u:pw@"${NODE_HOST}"/x\n' in text
