@@ -52,11 +52,25 @@ def test_a_secret_flag_with_a_literal_value_in_setup_is_refused(tmp_path, line, 
     assert "every user of the node reads in /proc" in got   # why not `--token "$HF_TOKEN"`
 
 
-@pytest.mark.parametrize("line", ['huggingface-cli login --token "$HF_TOKEN"', "run --max-new-tokens 5",
-                                  "tool --token=${HF_TOKEN}"])
-def test_setup_lines_with_references_or_token_counts_pass(line):
+@pytest.mark.parametrize("line, flag, env", [
+    ('huggingface-cli login --token "$HF_TOKEN"', "--token", "HF_TOKEN"),
+    ("tool --token=${HF_TOKEN}", "--token", "HF_TOKEN"),
+    ("wandb login --api-key $WANDB_API_KEY", "--api-key", "API_KEY"),
+])
+def test_a_secret_flag_given_a_reference_in_setup_is_refused(tmp_path, line, flag, env):
+    """The node's shell expands the reference onto the command's argv (/proc/<pid>/cmdline)."""
+    got, = refused(tmp_path, set_path(seed000(), "cluster.setup", [line]))
+    assert got.startswith(f"mlaunch: cluster.setup[0]: gives {flag} $"), got
+    assert "every user of the node reads it in /proc" in got
+    assert f"drop {flag} and let the tool read {env} from its environment" in got
+    assert f"{env}: ${{{env}}} in cluster.env" in got and "stdin or in a file" in got
+
+
+@pytest.mark.parametrize("line", ["run --max-new-tokens 5", "tool --token-file /run/x",
+                                  'huggingface-cli download "$MODEL_ID"'])
+def test_setup_lines_without_a_secret_flag_pass(line):
     job = validate(set_path(seed000(), "cluster.setup", [line]))
-    assert job.cluster.setup == (line,) or list(job.cluster.setup) == [line]
+    assert list(job.cluster.setup) == [line]
 
 
 @pytest.mark.parametrize("name, value, ref", [("HF_TOKEN", "$HF_TOKEN", "HF_TOKEN"),

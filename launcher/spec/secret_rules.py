@@ -210,8 +210,17 @@ def check_setup_secrets(setup: list[str]) -> list[Problem]:
     for i, line in enumerate(setup):
         named = [m[1] for m in _SET.finditer(line) if SECRET_NAME.search(m[1])
                  and m[2].strip("'\"") and not m[2].strip("'\"").startswith("$")]
-        flag = _literal_secret_flag(line)
-        if flag:
+        flag, value = _secret_flag(line)
+        if flag and value.startswith("$"):
+            name = _env_for_flag(flag)
+            out.append(Problem(f"cluster.setup[{i}]", f"gives {flag} {value}, which the node's shell "
+                               "expands onto that command's line: every user of the node reads it in "
+                               f"/proc while the command runs; drop {flag} and let the tool read "
+                               f"{name} from its environment (huggingface-cli and wandb do), with "
+                               f"{name}: ${{{name}}} in cluster.env and {name} exported in this shell "
+                               "(masked everywhere); a tool that takes it only as an argument: give it "
+                               "on the tool's stdin or in a file of mode 0600 instead"))
+        elif flag:
             name = _env_for_flag(flag)
             out.append(Problem(f"cluster.setup[{i}]", f"gives {flag} a literal value, which the dry "
                                "run prints and the run's record stores; put it in cluster.env as "
@@ -230,9 +239,10 @@ def check_setup_secrets(setup: list[str]) -> list[Problem]:
     return out
 
 
-def _literal_secret_flag(line: str) -> str | None:
-    """The secret-named flag (`--token X`, `--api-key=X`) of a shell line given a literal value
-    rather than a `$NAME` reference; None when there is none."""
+def _secret_flag(line: str) -> tuple[str | None, str]:
+    """The first secret-named flag of a shell line given a value (`--token X`, `--api-key=X`,
+    `--token "$HF_TOKEN"`: a reference lands on the command line as much as a literal does),
+    with that value as written; (None, "") when there is none."""
     try:
         words = shlex.split(line, comments=True)
     except ValueError:   # an unbalanced quote: the words as the blanks cut them
@@ -241,9 +251,9 @@ def _literal_secret_flag(line: str) -> str | None:
         flag, eq, value = word.partition("=")
         if not eq:
             flag, value = word, words[i + 1] if i + 1 < len(words) else ""
-        if flag.startswith("-") and secret_name(flag) and value and not value.startswith(("$", "-")):
-            return flag
-    return None
+        if flag.startswith("-") and secret_name(flag) and value and not value.startswith("-"):
+            return flag, value
+    return None, ""
 
 
 def _env_for_flag(flag: str) -> str:
