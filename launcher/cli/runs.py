@@ -155,8 +155,9 @@ def _ps_one(r, as_json: bool) -> None:
         click.echo("\n".join(["", "attempts:"] + [f"  {line}" for line in changes]))
     if copies:   # checkpoints: {replicas: N}: where each part of the newest checkpoints is
         click.echo("\n".join(["", "checkpoint copies:"] + [f"  {line}" for line in copies]))
-    if gone:
-        click.echo(f"no node samples: {gone}")
+    if gone:   # before the first attempt no log dir exists yet: no cause for alarm
+        click.echo("no node samples yet: no node has started" if r.active and not rows
+                   else f"no node samples: {gone}")
         return
     if snap is None:
         click.echo(f"no node samples in {log_dir} (health.sample_every_s: 0, or none yet)")
@@ -171,11 +172,15 @@ def _phase_lines(r, log_dir: str | None) -> list[str]:
     from datetime import datetime, timezone
     from ..record import runevents
     from ..view import timeline
-    if not log_dir:
+    from ..record import phases
+    events = runevents.read(log_dir) if log_dir else []
+    if not any(e.get("event") == phases.PHASE for e in events):   # not started: connect, preflight...
+        events = phases.pending_events(r.pending)
+    if not events:
         return []
     before, previous = _previous_phases(_registry(), r)
     now = datetime.now(timezone.utc) if r.active else None
-    return timeline.ps_lines(runevents.read(log_dir), now, previous, before)
+    return timeline.ps_lines(events, now, previous, before)
 
 
 def _previous_phases(reg, r) -> tuple[str, list[tuple[str, float]]]:

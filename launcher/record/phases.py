@@ -53,16 +53,26 @@ class Pending:
     point): written just after run_start (which stays the log's first line), each with the
     time it was made, so that a refused submit leaves no events.jsonl."""
 
-    def __init__(self) -> None:
+    def __init__(self, shown=None) -> None:
         self.marks: list[tuple[str, str, dict]] = []
+        self._shown = shown   # called with [[time, phase], ...] at each mark: `ps RUN` shows them meanwhile
 
     def mark(self, phase: str, **fields) -> None:
         self.marks.append((utc_now(), phase, fields))
+        if self._shown is not None:
+            self._shown([[at, name] for at, name, _ in self.marks])
 
     def flush(self, events) -> None:
         for at, phase, fields in self.marks:
             events.emit(PHASE, at=at, phase=phase, **fields)
         self.marks = []
+
+
+def pending_events(marks: list | None) -> list[dict]:
+    """A run's pending marks (the registry's [time, phase] pairs) as the phase events of its
+    first attempt: what `ps RUN` reads before events.jsonl holds any."""
+    return [{"event": PHASE, "time": at, "phase": name, "attempt": 0} for at, name in marks or ()
+            if isinstance(at, str) and isinstance(name, str)]
 
 
 def now() -> datetime:

@@ -252,6 +252,12 @@ class Recorder:
         else:
             say(line)
 
+    def pending(self, marks: list) -> None:
+        """The phases marked before the run's event log is written ([time, phase] each):
+        `ps RUN` names the one going on (a slow connect, a long preflight)."""
+        if self.reg is not None:
+            self._write(self.reg.set_pending, self.run_id, marks)
+
     def changed_output(self) -> None:
         """The run changed output_dir (moved checkpoints aside): its record stays, even when it
         ends before an attempt starts (a refusal is otherwise forgotten)."""

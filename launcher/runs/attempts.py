@@ -79,7 +79,8 @@ def run_request(request, opts: SubmitOptions, backend, out: TextIO | None = None
 
 def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printer,
             rec: Recorder, backend) -> int:
-    marks = phases.Pending()   # written once the run starts (_attempts): a refusal leaves none
+    # written once the run starts (_attempts): a refusal leaves none; the registry shows them meanwhile
+    marks = phases.Pending(rec.pending)
     marks.mark("connect")
     backend.probe_spares(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
     executor = backend.connect(plan)
