@@ -2,12 +2,15 @@
 job's sums and exit as without it, and a refused preflight leaves no warm process on any host."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
 import pytest
 
-from .helpers import script_job
-from .test_fanout import check_allreduce, job_pids, node_logs, submit
+from .helpers import limit, script_job
+from .test_fanout import check_allreduce, job_pids, node_logs, start, submit
 
 WARM = "mlaunch: torchrun started warm"
 
@@ -48,3 +51,46 @@ def test_a_refused_preflight_ends_every_warm_process_and_starts_nothing(make_hos
         finally:
             squatter.kill()
             squatter.wait()
+
+
+def _warm_pid(host) -> int | None:
+    """A warm process in host's namespace (its hold directory on the command line), by pid."""
+    for pid in host.pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"mlaunch-warm." in fh.read():
+                    return pid
+        except OSError:
+            pass
+    return None
+
+
+@pytest.mark.multihost
+def test_a_node_starts_warm_while_another_host_is_still_logging_in(make_hostset, tmp_path):
+    """Host 1's sshd is stopped (SIGSTOP: its logins wait in the listen queue): host 0's warm
+    process starts all the same, since each node's warm frame goes as soon as its own host is
+    logged in, not once the slowest one is (at 64 hosts the logins span a second). Host 1
+    resumed, the job runs warm on both and sums right. Before, host 0 waited for host 1."""
+    with make_hostset(2) as hs:
+        out = str(tmp_path / "out")
+        spec = script_job([h.ip for h in hs.hosts], 2, "allreduce.py", [], out, hs=hs)
+        spec["cluster"]["ssh"]["connect_timeout"] = min(300, limit(120))   # host 1 waits, it is no dead host
+        frozen = hs.hosts[1].sshd_pid
+        os.kill(frozen, signal.SIGSTOP)
+        proc = None
+        try:
+            proc = start(tmp_path, spec)
+            deadline = time.monotonic() + limit(60)
+            while (warm := _warm_pid(hs.hosts[0])) is None and proc.poll() is None:
+                assert time.monotonic() < deadline, "host 0 started no warm process while host 1 logged in"
+                time.sleep(0.05)
+            assert warm is not None, proc.communicate()[0][-3000:]
+            assert _warm_pid(hs.hosts[1]) is None   # its login has not even begun
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        out_text, _ = proc.communicate(timeout=limit(180))
+        r = type("R", (), {"returncode": proc.returncode, "stdout": out_text, "stderr": ""})()
+        check_allreduce(r, 4, 2, out)
+        assert all(WARM in text for text in node_logs(out).values())
+        for h in hs.hosts:
+            assert job_pids(h, set()) == set(), f"left on {h.name}"

@@ -109,11 +109,14 @@ class Backend:
         """The unconnected transport (launcher/transport/base.py's Executor) to plan's nodes."""
         raise NotImplementedError
 
-    def connect(self, plan):
+    def connect(self, plan, warm: bool = False):
         """transport(plan), connected to every node; UserError naming every host that failed
-        (nothing is started then)."""
+        (nothing is started then). warm: submit's connect, whose nodes start warm() as each
+        one is reached, not once the last one is (at 64 hosts the logins take a second)."""
         from ..errors import UserError
         executor = self.transport(plan)
+        if warm:
+            self.warm(plan, executor)
         problems = executor.connect()
         if problems:
             executor.close()
@@ -121,9 +124,10 @@ class Backend:
         return executor
 
     def warm(self, plan, executor) -> None:
-        """Right after submit's connect, before staging and preflight: start what the nodes
-        can start before any check passed without running anything of the job (the SSH
-        backend's warm start, cluster.warm_start); nothing by default."""
+        """At submit's connect (connect(warm=True)), on each node as soon as it is reached,
+        before staging and preflight: start what the nodes can start before any check passed
+        without running anything of the job (the SSH backend's warm start,
+        cluster.warm_start); nothing by default."""
 
     def stage_inputs(self, plan, executor, printer) -> None:
         """cluster's staging: every staged item current on every node of plan, before

@@ -83,9 +83,8 @@ def _submit(job: JobBase, opts: SubmitOptions, plan: LaunchPlan, printer: Printe
     marks = phases.Pending(rec.pending)
     marks.mark("connect")
     backend.probe_spares(plan, printer)   # a spare that is a node under another name refused; spares probed meanwhile
-    executor = backend.connect(plan)
+    executor = backend.connect(plan, warm=True)   # cluster.warm_start: torchrun's imports beside the checks
     try:
-        backend.warm(plan, executor)   # cluster.warm_start: torchrun's imports beside the checks
         if bare.stages(plan):   # its own bar: a slow copy read as a slow connect
             marks.mark("staging")
         bare.stage(backend, plan, executor, printer)   # staging: before any check reads the model or data

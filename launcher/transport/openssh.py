@@ -55,6 +55,7 @@ class OpenSSHStreams:
         self._serial = 0   # numbers each master's socket
         self._staged: set[str] = set()   # logins whose waiting session ran its stage frame
         self._warmed: set[str] = set()   # logins whose waiting session has its relay head and warm frame
+        self._first: dict[str, bytes] = {}   # login -> relay head and warm frame, sent once it is logged in
         self._accepted = os.path.join(self._dir, "known_hosts")
         self._argv: dict[str, list[str]] = {}
         self._pending: dict[str, tuple[subprocess.Popen, Spool]] = {}   # logging in
@@ -84,7 +85,8 @@ class OpenSSHStreams:
 
     def await_ready(self, timeout: float) -> dict[str, Problem]:
         """Wait for every login spawn() began; by login, a line for each that failed (then
-        every waiting session is ended: nothing is sent anywhere)."""
+        every waiting session is ended: nothing of the job is sent anywhere, and a warm start
+        already under way ends with its session)."""
         logins = list(self._pending)
         with ThreadPoolExecutor(max_workers=min(64, len(logins) or 1)) as pool:
             results = dict(zip(logins, pool.map(lambda h: self._await(h, timeout), logins)))
@@ -96,15 +98,21 @@ class OpenSSHStreams:
     def warm(self, frames: dict[str, bytes], relay_head: bytes) -> None:
         """Send each waiting session relay_head and its warm frame (templates/warm.sh.j2), which
         its shell runs before it reads its stage frame; nothing is read back: a session that
-        ended says so at its stage."""
+        ended says so at its stage. A host not logged in yet gets them the moment it is
+        (await_ready): each node's imports begin without waiting for the slowest login."""
         for login, frame in frames.items():
             if login in self._ready and login not in self._warmed:
-                try:
-                    self._ready[login][0].stdin.write(relay_head + frame)
-                    self._ready[login][0].stdin.flush()
-                except BrokenPipeError:
-                    pass
-                self._warmed.add(login)
+                self._send_warm(login, relay_head + frame)
+            elif login not in self._warmed:
+                self._first[login] = relay_head + frame
+
+    def _send_warm(self, login: str, data: bytes) -> None:
+        try:
+            self._ready[login][0].stdin.write(data)
+            self._ready[login][0].stdin.flush()
+        except BrokenPipeError:
+            pass
+        self._warmed.add(login)
 
     def stage(self, frames: dict[str, bytes], timeout: float, relay_head: bytes) -> dict[str, str]:
         """Send each waiting session relay_head (the relay's interpreter and config), then its
@@ -177,6 +185,7 @@ class OpenSSHStreams:
         self._ready.clear()
         self._staged.clear()
         self._warmed.clear()
+        self._first.clear()
         for proc in procs:
             try:
                 proc.stdin.close()
@@ -217,11 +226,14 @@ class OpenSSHStreams:
         proc, spool = self._pending.pop(login)
         seen, cut, timed_out = _read_until(proc, spool, lambda b: _line_at(b, READY), timeout)
         if cut is None:
+            self._first.pop(login, None)
             return self._refused(login, proc, timeout if timed_out else None)
         self.unreached.discard(login)
         end = seen.index(b"\n", cut) + 1
         spool.give_back(len(seen) - end)   # the node's first bytes, where they came with it
         self._ready[login] = (proc, spool)
+        if (first := self._first.pop(login, None)) is not None:   # in this host's own thread
+            self._send_warm(login, first)
         return None
 
     def _await_staged(self, login: str, frame: bytes, timeout: float, relay_head: bytes) -> str | None:

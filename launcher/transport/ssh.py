@@ -57,7 +57,8 @@ class SSHExecutor:
     def warm(self, plan: LaunchPlan) -> None:
         """Each node's warm frame (cluster.warm_start) to its waiting session, behind the relay
         head of the plan as it stands (the relay's interpreter and what it masks come from the
-        spec, which preflight does not change). Only where each host runs one node."""
+        spec, which preflight does not change); before connect(), each goes as soon as its
+        host is logged in. Only where each host runs one node."""
         logins = [n.login for n in plan.nodes]
         frames = {n.login: render.framed(n.warm) for n in plan.nodes if n.warm}
         if frames and len(set(logins)) == len(logins):
