@@ -56,7 +56,9 @@ def remote(out: str, tag: str, *args: str) -> dict:
     """The program as the launcher runs it on node 0: its source through python3 in a shell."""
     code, text = ShellExecutor().run("node0", nodeprog.script("python3", "setaside", [out, tag, *args]), 60)
     assert code == 0, text
-    return json.loads(text.strip().splitlines()[-1])
+    got = json.loads(text.strip().splitlines()[-1])
+    assert got.pop("after") == (setaside.resumed_step(args[args.index("--resume") + 1]) if "--resume" in args else None)
+    return got
 
 
 def test_only_the_steps_the_attempt_saves_again_move_whole_and_nothing_is_deleted(tmp_path):
@@ -326,3 +328,103 @@ def test_the_dry_run_of_overwrite_says_the_older_checkpoints_are_set_aside(tmp_p
             f"this fresh start; above the resumed step on a restart) are moved into {tmp_path}/out/"
             "mlaunch-set-aside/<run>-attempt<k>/, nothing deleted") in r.stdout
     assert "mlaunch-set-aside" not in mlaunch("submit", path, "--dry-run").stdout
+
+
+def test_bare_nodes_set_aside_once_per_machine_and_each_machines_answer_is_its_own(tmp_path):
+    """n1:2222 and n1:2223 are two machines (two sshds: containers, two disks); n0 and N0:22 are
+    one (DNS ignores case; 22 is cluster.ssh.port). One set-aside per machine, each answer under
+    its own login: n1:2223's failed move is said as n1:2223's, and ends the run, whatever the
+    other n1's answer was (before, both were filed under `n1` and the later one won)."""
+    if os.getuid() != 0:
+        pytest.skip("making a folder another user's own needs root (the suite runs as root)")
+    from launcher.runs import bare
+    from launcher.errors import UserError
+    from .test_spares import Events
+    from .test_staging_spec import _bare_plan
+    from launcher.plan.launch_plan import build_plan
+    plan = _bare_plan(tmp_path)
+    cluster = {"hosts": ["n0", "N0:22", "n1:2222", "n1:2223"], "cuda_visible_devices": [list(range(4)),
+               list(range(4, 8)), list(range(8)), list(range(8))]}   # n0's 8 GPUs, half each
+    plan = build_plan(plan.job.model_copy(update={"cluster": plan.job.cluster.model_copy(update=cluster)}),
+                      run_id="r")
+    out = plan.job.output_dir
+    disk = {"n0": "a", "N0:22": "a", "n1:2222": "b", "n1:2223": "c"}
+    disks = {n.login: str(tmp_path / f"disk-{disk[n.login]}") for n in plan.nodes}
+    for d in set(disks.values()):
+        checkpoint(d, 8)
+        checkpoint(d, 12, complete=False)
+    theirs = os.path.join(disks["n1:2223"], "mlaunch-set-aside")
+    os.makedirs(theirs)
+    os.chown(theirs, os.getuid() + 1, -1)
+    ex = PerNode(out, disks)
+    restart = plan.replanned(attempt=1, resume_from=os.path.join(out, "checkpoint-8"))
+    said, events = Said(), Events()
+    with pytest.raises(UserError) as e:
+        bare.clear_way(restart, ex, said, events, os.path.join(out, "checkpoint-8"), {})
+    assert str(e.value).startswith(f"on n1:2223: could not move {disks['n1:2223']}/checkpoint-12"), str(e.value)
+    assert "is not this user's own folder" in str(e.value) and "n1:2222" not in str(e.value)
+    assert said.lines == [f"checkpoints: moved to {out}/mlaunch-set-aside/r-attempt1 on each node before "
+                          "attempt 1, which saves those steps again (n0: checkpoint-12; n1:2222: "
+                          "checkpoint-12); nothing was deleted"], said.lines
+    assert os.path.isdir(os.path.join(disks["n1:2223"], "checkpoint-12"))   # not moved, not lost
+
+
+def test_a_set_aside_folder_owned_by_output_dirs_owner_is_used(tmp_path):
+    """Root-squashed NFS: what this user makes belongs to `nobody`, as output_dir does. The
+    set-aside folder attempt 0 made is output_dir's owner's: a restart moves into it."""
+    if os.getuid() != 0:
+        pytest.skip("changing a folder's owner needs root (the suite runs as root)")
+    out = str(tmp_path / "out")
+    checkpoint(out, 3)
+    assert remote(out, "r-attempt0")["moved"] == ["checkpoint-3"]
+    for d in (out, os.path.join(out, "mlaunch-set-aside")):
+        os.chown(d, 65534, -1)
+    checkpoint(out, 5)
+    got = remote(out, "r-attempt1")
+    assert got == {"moved": ["checkpoint-5"], "to": os.path.join(out, "mlaunch-set-aside", "r-attempt1")}, got
+
+
+def test_an_unreadable_folder_is_said_as_such_not_as_a_failed_move(tmp_path, monkeypatch):
+    """A listing that fails (permissions) names the folder as unreadable; the launcher's line
+    says it could not look there, never that it could not move output_dir itself."""
+    from launcher.runs import outputdir
+    out = str(tmp_path / "out")
+    checkpoint(out, 3)
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(setaside.os, "listdir", denied)
+    got = setaside.set_aside(out, "r-attempt1")
+    assert got == {"moved": [], "to": None, "error": "Permission denied", "unreadable": out}, got
+    monkeypatch.undo()
+    master = SimpleNamespace(last=None, set_aside=lambda tag, resume: got)
+    plan = SimpleNamespace(job=validate(lora(hosts=1, gpus=1, python=sys.executable) | {"output_dir": out}),
+                           attempt=1, run_id="r")
+    with pytest.raises(UserError) as e:
+        outputdir.clear_way(plan, master, Said(), None, None)
+    assert e.value.lines() == [f"output_dir: could not look for checkpoint folders that attempt 1 saves again "
+                               f"in {out} (Permission denied); make it readable and writable for this user, "
+                               "then submit again (nothing was moved)"]
+
+
+def test_a_bare_restart_from_a_checkpoint_named_otherwise_forgets_only_the_steps_above_it(tmp_path):
+    """--resume=.../best (global_step 8 in its trainer_state.json, no number in its name): the
+    nodes clear above step 8 and say so; the copies forget only the worlds of steps above 8
+    (before, every saved world was forgotten, and a checkpoint missing its top ranks' parts
+    could read as complete)."""
+    import shutil
+    from launcher.runs import bare
+    from .test_spares import Events
+    from .test_staging_spec import _bare_plan
+    plan = _bare_plan(tmp_path)
+    out = plan.job.output_dir
+    disks = {n.login: str(tmp_path / f"disk-{n.login}") for n in plan.nodes}
+    for d in disks.values():
+        checkpoint(d, 8)
+        checkpoint(d, 12, complete=False)
+        shutil.copytree(os.path.join(d, "checkpoint-8"), os.path.join(d, "best"))
+    saved_world = {"4": 3, "8": 3, "12": 4}
+    restart = plan.replanned(attempt=1, resume_from=os.path.join(out, "best"))
+    moved = bare.clear_way(restart, PerNode(out, disks), Said(), Events(), os.path.join(out, "best"), saved_world)
+    assert moved == {"12"} and saved_world == {"4": 3, "8": 3}
+    assert all(sorted(os.listdir(d)) == ["best", "checkpoint-8", "mlaunch-set-aside"] for d in disks.values())

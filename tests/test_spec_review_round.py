@@ -55,7 +55,8 @@ def test_a_secret_flag_with_a_literal_value_in_setup_is_refused(tmp_path, line, 
 @pytest.mark.parametrize("line, flag, env", [
     ('huggingface-cli login --token "$HF_TOKEN"', "--token", "HF_TOKEN"),
     ("tool --token=${HF_TOKEN}", "--token", "HF_TOKEN"),
-    ("wandb login --api-key $WANDB_API_KEY", "--api-key", "API_KEY"),
+    ("wandb login --api-key $WANDB_API_KEY", "--api-key", "WANDB_API_KEY"),
+    ("tool --api-key $(cat /run/key)", "--api-key", "API_KEY"),
 ])
 def test_a_secret_flag_given_a_reference_in_setup_is_refused(tmp_path, line, flag, env):
     """The node's shell expands the reference onto the command's argv (/proc/<pid>/cmdline)."""

@@ -3,7 +3,7 @@ Standard library only: the launcher runs this file's source where output_dir liv
 the login node under a scheduler; every node without a shared disk) as
 `python3 - OUTPUT_DIR TAG [--resume CHECKPOINT] [--also FOLDER]`, and it
 prints one JSON object: {"moved": [names], "to": folder}, with "error" (why) and "path" (the
-folder not moved) when a move failed. Only output_dir's own top level: where LLaMA-Factory and
+folder not moved) when a move failed, or "unreadable" (the folder) when one could not be listed. Only output_dir's own top level: where LLaMA-Factory and
 ms-swift with `add_version: false` save (ms-swift otherwise saves each attempt in a new
 v<M>-<time> folder, and the launcher does not call this).
 
@@ -43,7 +43,8 @@ def set_aside(output_dir: str, tag: str, after: int | None = None, keep: str | N
         try:
             names = _numbered(base, after)
         except OSError as e:   # unreadable: said as one line by the launcher, nothing moved here
-            return {"moved": moved, "to": top if moved else None, "error": e.strerror or str(e), "path": base}
+            return {"moved": moved, "to": top if moved else None, "error": e.strerror or str(e),
+                    "unreadable": base}
         for name in names:
             src = os.path.join(base, name)
             if os.path.realpath(src) == kept:
@@ -71,9 +72,12 @@ def _move(output_dir: str, src: str, dest: str) -> str | None:
         return f"{dest} leads out of {output_dir} or is not this user's own folder"
     target = os.path.join(dest, os.path.basename(src))
     if os.path.lexists(target):   # never over what an earlier set-aside kept
-        return f"{target} already exists"
+        # gone from output_dir: the same set-aside from another login of this disk moved it
+        return None if not os.path.lexists(src) else f"{target} already exists"
     try:
         os.rename(src, target)
+    except FileNotFoundError as e:   # moved meanwhile, as above
+        return None if os.path.lexists(target) else e.strerror or str(e)
     except OSError as e:
         return e.strerror or str(e)
     return None
@@ -81,15 +85,18 @@ def _move(output_dir: str, src: str, dest: str) -> str | None:
 
 def _made(output_dir: str, dest: str) -> bool:
     """Make dest's folders below output_dir one by one; False where one is a link (made by
-    nothing of ours: it could lead anywhere), not a folder, or another user's (who could then
-    read or change what is moved there)."""
+    nothing of ours: it could lead anywhere), not a folder, or owned by another user than this
+    one or output_dir's owner (who could then read or change what is moved there). The latter
+    counts as one's own: on root-squashed NFS what this user makes belongs to `nobody`, as
+    output_dir does, and its owner can rename anything in it already."""
+    owners = {os.getuid(), os.stat(output_dir).st_uid}
     path = output_dir
     for part in os.path.relpath(dest, output_dir).split(os.sep):
         path = os.path.join(path, part)
         if not os.path.lexists(path) and _mkdir(path):
             continue
         st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners:
             return False
     return True
 
@@ -129,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     also = (args[args.index("--also") + 1],) if "--also" in args else ()
     after = resumed_step(resume) if resume is not None else None
     if resume is not None and after is None:   # no step known: nothing is moved
-        print(json.dumps({"moved": [], "to": None, "unknown_step": resume}))
+        print(json.dumps({"moved": [], "to": None, "unknown_step": resume, "after": None}))
         return 0
-    print(json.dumps(set_aside(output_dir, tag, after, keep=resume, also=also)))
+    print(json.dumps({**set_aside(output_dir, tag, after, keep=resume, also=also), "after": after}))
     return 0
 
 

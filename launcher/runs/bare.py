@@ -74,9 +74,12 @@ def clear_way(plan, executor, printer: Printer, events, resume_from: str | None,
     got = set_aside(plan, executor, tag, resume_from)
     moved = {h: v["moved"] for h, v in got.items() if v.get("moved")}
     numbers = frozenset(name.rsplit("checkpoint-", 1)[1] for names in moved.values() for name in names)
-    step = _step_of(resume_from)
-    for num in [k for k in saved_world if step is None or int(k) > step]:
-        del saved_world[num]   # a save of it now is this attempt's, at its world
+    # the step the nodes cleared above (the resumed checkpoint's trainer_state.json or name)
+    steps = [v["after"] for v in got.values() if isinstance(v.get("after"), int)]
+    step = max(steps) if steps else _step_of(resume_from)
+    if resume_from is None or step is not None:   # no step known: nothing moved, nothing forgotten
+        for num in [k for k in saved_world if step is None or int(k) > step]:
+            del saved_world[num]   # a save of it now is this attempt's, at its world
     if moved:
         where = "; ".join(f"{h}: {', '.join(names)}" for h, names in moved.items())
         to = posixpath.join(plan.job.output_dir, ASIDE, tag)   # the same path on every node
@@ -87,8 +90,9 @@ def clear_way(plan, executor, printer: Printer, events, resume_from: str | None,
     bad = [(f"on {h}: could not move {v['path']} out of the way of attempt {plan.attempt}'s saves: "
             f"{v['error']}; move it out of {plan.job.output_dir} there yourself (nothing was deleted), "
             "then submit again") if v.get("path") else
-           (f"on {h}: could not look for checkpoint folders that attempt {plan.attempt} saves again "
-            f"({v['error']}); the run ends before it (nothing was moved there)")
+           (f"on {h}: could not look for checkpoint folders that attempt {plan.attempt} saves again"
+            f"{' in ' + v['unreadable'] if v.get('unreadable') else ''} ({v['error']}); the run ends "
+            "before it (nothing was moved there)")
            for h, v in got.items() if v.get("error")]
     if bad:
         raise UserError(bad)

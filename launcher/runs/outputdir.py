@@ -74,10 +74,14 @@ def clear_way(plan: LaunchPlan, master: "Master", printer: Printer, events, resu
                     "saves those steps again, and a save never mixes with another world's or run's "
                     "shards; nothing was deleted (remove that folder when you no longer need it)")
         events.emit("checkpoints_set_aside", moved=got["moved"], to=got["to"])
+    if got.get("error") and got.get("unreadable"):
+        raise UserError(f"output_dir: could not look for checkpoint folders that attempt {n} saves "
+                        f"again in {got['unreadable']} ({got['error']}); make it readable and "
+                        "writable for this user, then submit again (nothing was moved)")
     if got.get("error"):
-        raise UserError(f"output_dir: could not move {got['path']} out of the way of attempt {n}'s "
-                        f"saves: {got['error']}; move it out of {job.output_dir} yourself (nothing "
-                        "was deleted), then submit again")
+        raise UserError(f"output_dir: could not move {got.get('path', job.output_dir)} out of the way of "
+                        f"attempt {n}'s saves: {got['error']}; move it out of {job.output_dir} "
+                        "yourself (nothing was deleted), then submit again")
 
 
 def _explicit(job: JobBase, master: "Master", path: str, printer: Printer) -> str:

@@ -212,7 +212,8 @@ def check_setup_secrets(setup: list[str]) -> list[Problem]:
                  and m[2].strip("'\"") and not m[2].strip("'\"").startswith("$")]
         flag, value = _secret_flag(line)
         if flag and value.startswith("$"):
-            name = _env_for_flag(flag)
+            ref = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", value)
+            name = ref[1] if ref else _env_for_flag(flag)   # the variable it holds: the one to keep
             out.append(Problem(f"cluster.setup[{i}]", f"gives {flag} {value}, which the node's shell "
                                "expands onto that command's line: every user of the node reads it in "
                                f"/proc while the command runs; drop {flag} and let the tool read "

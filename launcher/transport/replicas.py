@@ -23,6 +23,7 @@ from ..errors import UserError
 from ..nodeprog.replicas import REPLICAS
 from ..plan.launch_plan import LaunchPlan, remote_python
 from ..plan.staging import Copy
+from ..spec.hosts import login_addr
 from ..spec.select import node_procs
 from ..spec.staging import NODE, StageItem
 from .staging import Item, copy_one, node_host, node_shell, stage_items
@@ -183,13 +184,16 @@ class Replicator:
 
 
 def set_aside(plan: LaunchPlan, executor, tag: str, resume_from: str | None) -> dict[str, dict]:
-    """On every host of plan (once, where it runs two nodes: one disk), its own checkpoint-N
-    folders and its copies of other nodes' parts above resume_from's step moved into
-    output_dir/mlaunch-set-aside/tag (launcher/nodeprog/setaside.py); {host: what it did}
-    ({"error": ...} where it could not)."""
+    """On every machine of plan (once, where two nodes share one: one disk), its own
+    checkpoint-N folders and its copies of other nodes' parts above resume_from's step moved
+    into output_dir/mlaunch-set-aside/tag (launcher/nodeprog/setaside.py); {login: what it did}
+    ({"error": ...} where it could not). A machine is its name (case and loopback aside) and
+    its sshd's port: `n1` and `n1:22` are one disk, `n1:2222` and `n1:2223` two (containers)."""
     args = [plan.job.output_dir, tag, "--also", REPLICAS] + (["--resume", resume_from] if resume_from else [])
     script = nodeprog.script(remote_python(plan.job), "setaside", args)
-    hosts = {n.login: n.host for n in plan.nodes}   # one run per login
+    machines: dict[tuple[str, int], str] = {}   # the first login of each machine
+    for n in plan.nodes:
+        machines.setdefault(login_addr(n.login).key(plan.job.cluster.ssh.port), n.login)
 
     def one(login):
         code, out = executor.run(login, script, RUN_TIMEOUT_S)
@@ -197,9 +201,10 @@ def set_aside(plan: LaunchPlan, executor, tag: str, resume_from: str | None) -> 
             got = json.loads(out.strip().splitlines()[-1]) if code == 0 else None
         except (ValueError, IndexError):
             got = None
-        return hosts[login], got if isinstance(got, dict) else {"moved": [], "error": f"exit {code}: {out.strip()[-200:]}"}
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        return dict(pool.map(one, hosts))
+        return login, got if isinstance(got, dict) else {"moved": [], "error": f"exit {code}: {out.strip()[-200:]}"}
+    logins = list(machines.values())
+    with ThreadPoolExecutor(max_workers=min(32, len(logins))) as pool:
+        return dict(pool.map(one, logins))
 
 
 def assemble(plan: LaunchPlan, executor, say, saved_world: dict[str, int],
