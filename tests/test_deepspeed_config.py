@@ -244,11 +244,15 @@ def test_swift_name_beside_fields_refused(model):
                               "zero2_offload, zero3_offload; did you mean 'zero3'?"]
 
 
-def test_qlora_with_a_zero3_user_file_refused(tmp_path, model):
+def test_qlora_with_a_zero3_user_file_takes_4_bit_only(tmp_path, model):
+    """LLaMA-Factory (and transformers) load bnb 4-bit weights sharded under ZeRO-3 (QLoRA
+    with ZeRO-3, as its examples do); 8-bit they refuse on the nodes, so mlaunch before."""
     data = lf_job(model, {"config": user_file(tmp_path, SEED_FILE)})
     data["finetuning"] = {**data["finetuning"], "quantization_bit": 4}
-    assert problems(data) == ["finetuning.quantization_bit: QLoRA cannot be combined with ZeRO-3; "
-                              "use deepspeed stage 0-2 or no quantization"]
+    assert validate(data).finetuning.quantization_bit == 4
+    data["finetuning"]["quantization_bit"] = 8
+    assert problems(data) == ["finetuning.quantization_bit: 8-bit cannot be combined with ZeRO-3: only bnb "
+                              "4-bit can (QLoRA under ZeRO-3); use 4, or deepspeed stage 0-2"]
 
 
 def test_literal_errors_list_their_choices(model):

@@ -154,6 +154,10 @@ def _check_quant_sharding(job: LlamaFactoryJob) -> list[Problem]:
     if job.fsdp and f.quantization_bit != 4:
         return [Problem("finetuning.quantization_bit", f"{f.quantization_bit}-bit cannot be combined "
                         "with FSDP: only bnb 4-bit can (FSDP+QLoRA); use 4")]
+    if f.quantization_bit != 4:
+        return [Problem("finetuning.quantization_bit", f"{f.quantization_bit}-bit cannot be combined "
+                        "with ZeRO-3: only bnb 4-bit can (QLoRA under ZeRO-3); use 4, or deepspeed "
+                        "stage 0-2")]
     return []
 
 

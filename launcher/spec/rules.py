@@ -121,9 +121,13 @@ def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:
                 p.append(Problem(f"finetuning.{name}", f"only applies to type {' or '.join(methods)}, "
                                  f"but type is {f.type}; remove it"))
     p += _check_quantization(f)
-    if f.quantization_bit and job.deepspeed and _ds_stage(job) == 3:
+    # QLoRA under ZeRO-3 loads 4-bit bitsandbytes weights sharded (bnb_4bit_quant_storage);
+    # 8-bit cannot be (transformers; LLaMA-Factory's own rules: lf_rules.py, with a user file's stage)
+    if f.quantization_bit and f.quantization_method == "bnb" and f.quantization_bit != 4 \
+            and job.trainer != "llamafactory" and job.deepspeed and _ds_stage(job) == 3:
         p.append(Problem("finetuning.quantization_bit",
-                         "QLoRA cannot be combined with ZeRO-3; use deepspeed stage 0-2 or no quantization"))
+                         f"{f.quantization_bit}-bit cannot be combined with ZeRO-3: only bnb 4-bit can "
+                         "(QLoRA under ZeRO-3); use 4, or deepspeed stage 0-2"))
     return p
 
 
