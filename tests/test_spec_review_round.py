@@ -269,3 +269,36 @@ def test_exec_without_a_command_after_the_dashes_runs_nothing(tmp_path, args, sa
     path = write_spec(tmp_path, script_job_spec(tmp_path))
     r = mlaunch("exec", path, *args, env={"MLAUNCH_HOME": str(tmp_path / "home")})
     assert r.returncode == 2 and r.stderr.startswith(f"mlaunch: {says}"), r.stderr
+
+
+# --- a reviewer's fresh-user trial, 2026-12-07 --------------------------------------------
+
+def test_a_number_given_by_an_override_gets_the_quotes_as_the_shell_must_pass_them(tmp_path):
+    """`cluster.env.NCCL_DEBUG="1"` reaches mlaunch as NCCL_DEBUG=1 (the shell takes the
+    quotes): the fix shows them inside the shell's own, and that form is taken."""
+    data = set_path(seed000(), "cluster.env", {"A": "1"})
+    got, = refused(tmp_path, data, "cluster.env.NCCL_DEBUG=1")
+    assert got == ("mlaunch: cluster.env.NCCL_DEBUG: 1 is a YAML number, not text: quote it inside the "
+                   "shell's quotes, e.g. 'cluster.env.NCCL_DEBUG=\"1\"' (set by the override "
+                   "cluster.env.NCCL_DEBUG=1)"), got
+    r = mlaunch("validate", write_spec(tmp_path, data), 'cluster.env.NCCL_DEBUG="1"')
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_max_steps_over_a_spec_with_epochs_says_how_to_drop_them(tmp_path):
+    got, = refused(tmp_path, seed000(), "max_steps=10")
+    assert got.startswith("mlaunch: training: give exactly one of epochs or max_steps")
+    assert "training.epochs=null training.max_steps=N" in got
+    r = mlaunch("validate", write_spec(tmp_path, seed000()), "training.epochs=null", "max_steps=10")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_example_for_a_host_listed_twice_fits_gpus_per_node(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)   # seed 000 reads it from the shell
+    data = set_path(set_path(seed000(), "cluster.hosts", ["gpu1", "gpu1"]), "cluster.gpus_per_node", 4)
+    data["batch"].pop("global", None)   # seed 000's is for its 4 nodes
+    line, = problems(data)
+    assert line.endswith("give cuda_visible_devices one list of gpus_per_node (4) GPUs per node, e.g. "
+                         "[[0, 1, 2, 3], [4, 5, 6, 7]], or list the host once"), line
+    job = validate(set_path(data, "cluster.cuda_visible_devices", [[0, 1, 2, 3], [4, 5, 6, 7]]))
+    assert len(job.cluster.hosts) == 2

@@ -187,6 +187,13 @@ def _check_devices(c: Cluster) -> list[Problem]:
     return p + _check_shared_hosts(c, per_node)
 
 
+def _split_example(per_node: int, nodes: int) -> str:
+    """cuda_visible_devices for `nodes` nodes of per_node GPUs on one host, as YAML."""
+    lists = ["[" + ", ".join(map(str, range(i * per_node, (i + 1) * per_node))) + "]"
+             for i in range(min(nodes, 2))]
+    return "[" + ", ".join(lists + (["..."] if nodes > 2 else [])) + "]"
+
+
 def _check_shared_hosts(c: Cluster, per_node: bool) -> list[Problem]:
     """Nodes on one machine (same name, case ignored, same SSH port) need disjoint GPUs."""
     hosts = c.hosts or []
@@ -199,8 +206,9 @@ def _check_shared_hosts(c: Cluster, per_node: bool) -> list[Problem]:
         host = " / ".join(dict.fromkeys(hosts[r] for r in ranks))
         if not per_node:
             p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on one host "
-                             "need their own GPUs; give cuda_visible_devices one list per node, "
-                             "e.g. [[0], [1]]"))
+                             "need their own GPUs; give cuda_visible_devices one list of "
+                             f"gpus_per_node ({c.gpus_per_node}) GPUs per node, e.g. "
+                             f"{_split_example(c.gpus_per_node, len(ranks))}, or list the host once"))
             continue
         seen: dict[int, int] = {}
         for r in ranks:

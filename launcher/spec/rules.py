@@ -153,7 +153,9 @@ def check_training(job: LlamaFactoryJob) -> list[Problem]:
     p: list[Problem] = []
     if (t.epochs is None) == (t.max_steps is None):
         p.append(Problem("training", "give exactly one of epochs or max_steps"
-                         + (" (max_steps would silently win)" if t.epochs else "")))
+                         + (" (max_steps would silently win); to run by steps, set epochs to null "
+                            "(on the command line: training.epochs=null training.max_steps=N)"
+                            if t.epochs else "")))
     if t.warmup_ratio is not None and t.warmup_steps is not None:
         p.append(Problem("training.warmup_steps", "give warmup_ratio or warmup_steps, not both"))
     return p
