@@ -47,3 +47,26 @@ def test_llamafactory_names_match_the_installed_parser():
     assert frozenset(json.loads(out.stdout.strip().splitlines()[-1])) == \
         known_args.names("llamafactory", "llamafactory")
     assert known_args.version("llamafactory") == "0.9.5"
+
+
+@pytest.mark.parametrize("trainer, code", [
+    ("llamafactory", "from llamafactory.data.template import TEMPLATES as T"),
+    ("swift", "from swift.template import TEMPLATE_MAPPING as T"),
+])
+def test_template_names_match_the_installed_trainer(trainer, code):
+    python = require_trainer() if trainer == "llamafactory" else require_swift()
+    out = subprocess.run([python, "-c", f"import json; {code}; print(json.dumps(sorted(T)))"],
+                         capture_output=True, text=True, timeout=limit(300), check=True,
+                         env={**os.environ, "DISABLE_VERSION_CHECK": "1"})
+    installed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert installed == known_args._data()[trainer]["templates"]
+    assert known_args.check_template(trainer, installed[0], "x") == []
+
+
+def test_a_template_the_trainer_lacks_is_refused_with_the_near_names():
+    """LLaMA-Factory would stop on every node after the launch ("Template foo does not exist")."""
+    line, = known_args.check_template("llamafactory", "qwen3x", "LLaMA-Factory 0.9.5")
+    assert str(line).startswith("template: 'qwen3x' is not a template of LLaMA-Factory 0.9.5; did you mean 'qwen3'")
+    line, = known_args.check_template("swift", "nothing_like_it", "ms-swift 4.6.0")
+    assert "templates start" in str(line) and "in all)" in str(line)
+    assert known_args.check_template("swift", None, "ms-swift 4.6.0") == []   # the model type's default

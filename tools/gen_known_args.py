@@ -1,4 +1,5 @@
-"""Regenerate launcher/spec/known_args.json: the argument names each trainer accepts.
+"""Regenerate launcher/spec/known_args.json: the argument names each trainer accepts, and the
+names of its chat templates (the spec's `template`).
 
     MLAUNCH_SWIFT_VENV/bin/python   tools/gen_known_args.py swift
     MLAUNCH_TRAINER_VENV/bin/python tools/gen_known_args.py llamafactory
@@ -21,13 +22,16 @@ def swift_section() -> dict:
     sys.path.insert(0, HERE)
     import swift
     import swift_args
+    from swift.template import TEMPLATE_MAPPING
     return {"version": swift.__version__,
-            "entries": {e: swift_args.names(e) for e in SWIFT_ENTRIES}}
+            "entries": {e: swift_args.names(e) for e in SWIFT_ENTRIES},
+            "templates": sorted(TEMPLATE_MAPPING)}
 
 
 def llamafactory_section() -> dict:
     import llamafactory
     import transformers
+    from llamafactory.data.template import TEMPLATES
     from llamafactory.hparams.parser import _TRAIN_ARGS
     from transformers import HfArgumentParser
     names = set()
@@ -35,7 +39,7 @@ def llamafactory_section() -> dict:
         names.update(o[2:] for o in action.option_strings if o.startswith("--") and "-" not in o[2:])
     names.discard("help")
     return {"version": llamafactory.__version__, "transformers": transformers.__version__,
-            "entries": {"llamafactory": sorted(names)}}
+            "entries": {"llamafactory": sorted(names)}, "templates": sorted(TEMPLATES)}
 
 
 def main(trainer: str) -> int:

@@ -62,5 +62,18 @@ def _hint(trainer: str, entry: str, key: str, known: frozenset[str]) -> str:
     return f"did you mean {close[0]!r}?" if close else "check the spelling against the trainer's --help"
 
 
+def check_template(trainer: str, template: str | None, what: str) -> list[Problem]:
+    """The spec's `template` against the trainer's own template names (what: e.g. "LLaMA-Factory
+    0.9.5"): a wrong one passes everything else and stops the trainer on every node only after
+    the launch (LLaMA-Factory: "Template foo does not exist")."""
+    known = (_data().get(trainer) or {}).get("templates")
+    if not template or not known or template in known:
+        return []
+    close = difflib.get_close_matches(template, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else \
+        f"its templates start {', '.join(known[:6])}, ... ({len(known)} in all)"
+    return [Problem("template", f"{template!r} is not a template of {what}; {hint}")]
+
+
 def version(trainer: str) -> str:
     return (_data().get(trainer) or {}).get("version", "?")

@@ -56,7 +56,9 @@ def _check_template(job: LlamaFactoryJob) -> list[Problem]:
     if job.template is None and job.stage != "pt":
         return [Problem("template", f"required for stage {job.stage} (LLaMA-Factory formats the "
                         "prompts with it, e.g. qwen); only stage pt may omit it")]
-    return []
+    from . import known_args
+    return known_args.check_template("llamafactory", job.template,
+                                     f"LLaMA-Factory {known_args.version('llamafactory')}")
 
 
 def _check_preference(job: LlamaFactoryJob) -> list[Problem]:
