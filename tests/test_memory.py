@@ -207,3 +207,22 @@ def test_zero2_step_copies_count_only_where_the_step_peaks_above_backward():
     assert small["step"] + small["activations"] + small["logits"] == pytest.approx(6 * psi)
     assert terms(1, world=4)["gradients"] == pytest.approx(psi / 2)
     assert terms(1, offload_optimizer=True)["step"] == 0
+
+
+def test_the_model_config_is_the_one_the_nodes_load(tmp_path, monkeypatch):
+    """Node 0's config (preflight) before this machine's copy; without it, a relative model
+    path is read where the nodes open it (cluster.workdir), not in mlaunch's own directory."""
+    import json
+    from types import SimpleNamespace
+    from launcher.plan import meminputs
+    for where, layers in (("here", 2), ("work", 40)):
+        os.makedirs(tmp_path / where / "m")
+        (tmp_path / where / "m" / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+    monkeypatch.chdir(tmp_path / "here")
+    job = SimpleNamespace(model="m", cluster=SimpleNamespace(workdir=str(tmp_path / "work")))
+    cfg, said = meminputs.config(job, None)
+    assert cfg == {"num_hidden_layers": 40} and said == f"{tmp_path}/work/m/config.json, read here"
+    cfg, said = meminputs.config(job, {"model_config": {"num_hidden_layers": 80}})
+    assert cfg == {"num_hidden_layers": 80} and said.endswith("read on node 0")
+    job.cluster.workdir = None
+    assert meminputs.config(job, None)[0] == {"num_hidden_layers": 2}

@@ -41,17 +41,22 @@ def gpu_memory(job: JobBase, preflight: dict | None) -> tuple[float | None, str]
 
 
 def config(job: JobBase, preflight: dict | None, unasked: str = DRY_RUN) -> tuple[dict | None, str]:
-    """(config.json, where from): this machine's copy, else the one node 0 read in preflight."""
+    """(config.json, where from): the one node 0 read in preflight (what the nodes load), else
+    this machine's copy, a relative path taken where the nodes take it (cluster.workdir)."""
     model = getattr(job, "model", None)
     if not isinstance(model, str):
         return None, "no model"
     path = os.path.join(os.path.expanduser(model), "config.json")
-    cfg = model_config(model)
-    if cfg is not None:
-        return cfg, f"{path}, read here"
     remote = (preflight or {}).get("model_config")
     if isinstance(remote, dict):
         return remote, f"{path}, read on node 0"
+    workdir = job.cluster.workdir
+    if workdir and workdir.startswith("/") and not os.path.isabs(os.path.expanduser(model)):
+        model = os.path.join(workdir, model)   # as the nodes open it (`cd` there first)
+        path = os.path.join(model, "config.json")
+    cfg = model_config(model)
+    if cfg is not None:
+        return cfg, f"{path}, read here"
     if preflight is None:
         return None, f"{path} is not on this machine and {unasked}"
     return None, f"{path} is readable neither here nor on node 0"

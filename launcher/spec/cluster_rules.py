@@ -139,7 +139,7 @@ def node_path_notes(job: JobBase) -> list[str]:
               ("dataset_dir", getattr(job, "dataset_dir", None)),
               ("script.path", getattr(getattr(job, "script", None), "path", None))]
     model = getattr(job, "model", None)
-    if isinstance(model, str) and model.startswith(("./", "../")):
+    if isinstance(model, str) and model.startswith("."):   # ./m, ../m, .cache/m: no hub id starts with a dot
         fields.append(("model", model))
     if job.output_dir and not output_dir_note(job):
         fields.append(("output_dir", job.output_dir))
