@@ -57,6 +57,7 @@ quickstart: done in $(( $(date +%s) - start )) s; final loss ${loss:-?}
 Next:
   source .venvs/mlaunch/bin/activate        # mlaunch on your PATH
   mlaunch ps --all                          # the run you just made, and its nodes
-  mlaunch submit configs/quickstart.yaml --dry-run   # exactly what would run, connecting nowhere
+  mlaunch submit configs/quickstart.yaml --dry-run --overwrite   # what a second run would run (over
+                                            # this one's checkpoints), connecting nowhere
 Then copy configs/quickstart.yaml, set cluster.hosts to your machines (docs/hosts.md).
 TXT

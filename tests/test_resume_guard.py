@@ -69,6 +69,23 @@ def test_fresh_submit_refuses_existing_checkpoints(tmp_path):
     assert tree(out) == before
 
 
+def test_the_dry_run_on_this_machine_refuses_what_submit_refuses(tmp_path):
+    """Nodes on this machine: output_dir is here, so the dry run looks as submit does and
+    refuses a fresh start over its checkpoints (before, it passed and submit then refused);
+    --overwrite and --resume pass, and nothing in output_dir changed."""
+    out = tmp_path / "out"
+    checkpoint(out, 5)
+    before = tree(out)
+    spec = write_spec(tmp_path, lf_job(tmp_path, str(out)))
+    r = mlaunch("submit", spec, "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"mlaunch: {out} already holds checkpoints; continue with --resume, or start "
+                                "over with --overwrite (submit would refuse the same)"), r.stderr
+    for flag in ("--overwrite", "--resume"):
+        assert mlaunch("submit", spec, "--dry-run", flag).returncode == 0
+    assert tree(out) == before
+
+
 def test_resume_skips_half_written_checkpoint(tmp_path):
     out = tmp_path / "out"
     checkpoint(out, 5)

@@ -7,6 +7,8 @@ import json
 
 import click
 
+from ..errors import UserError
+
 
 def dry_run(spec, opts, decision, full: bool = False, as_json: bool = False) -> None:
     """Print the plan submit would run with opts: the backend's view, or with as_json a dict."""
@@ -16,6 +18,8 @@ def dry_run(spec, opts, decision, full: bool = False, as_json: bool = False) -> 
     if opts.max_restarts is not None:  # the dry-run shows the policy the launch would follow
         spec = _with(spec, max_restarts=opts.max_restarts)
     backend = backend_of(spec)
+    if backend.name == "local":
+        _refuse_local_clobber(spec, opts)
     plan = backend.plan(spec, run_id=opts.run_id, log_dir=opts.log_dir, overwrite=opts.overwrite,
                         resume_from=explicit, memory=decision.inputs if decision else None)
     if as_json:
@@ -28,6 +32,23 @@ def dry_run(spec, opts, decision, full: bool = False, as_json: bool = False) -> 
         click.echo(f"output_dir: before each attempt, the checkpoint-N folders it may save again (all of "
                    f"them at this fresh start; above the resumed step on a restart) are moved into "
                    f"{spec.output_dir.rstrip('/')}/mlaunch-set-aside/<run>-attempt<k>/, nothing deleted")
+
+
+def _refuse_local_clobber(spec, opts) -> None:
+    """Nodes on this machine: output_dir is here, so the dry run refuses what submit would, a
+    fresh start over checkpoints already there (runs/outputdir.py starting_point); elsewhere the
+    dry run looks nowhere and submit decides at launch."""
+    import os
+    from ..nodeprog.checkpoints import has_checkpoints
+    from ..plan.trainers import TRAINERS
+    if opts.resume or opts.overwrite or not spec.output_dir or not TRAINERS[spec.trainer].resumable:
+        return
+    path = os.path.expanduser(spec.output_dir)
+    if spec.cluster.workdir and not os.path.isabs(path):   # where the nodes open it
+        path = os.path.join(os.path.expanduser(spec.cluster.workdir), path)
+    if has_checkpoints(path):
+        raise UserError(f"{spec.output_dir} already holds checkpoints; continue with --resume, or "
+                        "start over with --overwrite (submit would refuse the same)")
 
 
 def _sets_aside(spec, opts) -> bool:
