@@ -302,3 +302,17 @@ def test_the_example_for_a_host_listed_twice_fits_gpus_per_node(monkeypatch):
                          "[[0, 1, 2, 3], [4, 5, 6, 7]], or list the host once"), line
     job = validate(set_path(data, "cluster.cuda_visible_devices", [[0, 1, 2, 3], [4, 5, 6, 7]]))
     assert len(job.cluster.hosts) == 2
+
+
+def test_a_secret_written_in_the_spec_or_read_empty_gets_a_note(monkeypatch):
+    """Not refused (cluster.env is where secrets live, masked), but said: the job file holds a
+    literal one; an empty one read from the shell reaches the nodes empty."""
+    monkeypatch.setenv("HF_TOKEN", "")
+    job = validate(set_path(seed000(), "cluster.env.WANDB_API_KEY", TOKEN))
+    notes = [n for n in job._notes if n.startswith("cluster.env.")]
+    assert notes == [
+        "cluster.env.HF_TOKEN is empty in this shell: the nodes get it empty",
+        "cluster.env.WANDB_API_KEY is written in the spec: mlaunch masks it everywhere it prints or stores "
+        "it, but the file holds it; `WANDB_API_KEY: ${WANDB_API_KEY}` reads it from the shell that runs "
+        "mlaunch instead"], notes
+    assert not any(TOKEN in n for n in job._notes)

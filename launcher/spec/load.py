@@ -184,8 +184,24 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None,
         raise SpecError(problems, header=f"{source}: invalid job spec")
     where = output_dir_note(job)
     job._notes = (tuple(notes or ()) + tuple(selected) + ((where,) if where else ())
-                  + tuple(node_path_notes(job)) + tuple(ddp_option_notes(job)))
+                  + tuple(node_path_notes(job)) + tuple(ddp_option_notes(job)) + tuple(_secret_notes(job)))
     return job
+
+
+def _secret_notes(job: JobBase) -> list[str]:
+    """A secret written into the spec (masked everywhere mlaunch prints it, but the file holds
+    it), and one read from this shell empty: said, not refused."""
+    out = []
+    for name, value in job.cluster.env.items():
+        if not SECRET_NAME.search(name):
+            continue
+        if name not in job._secret_env and value:
+            out.append(f"cluster.env.{name} is written in the spec: mlaunch masks it everywhere it "
+                       f"prints or stores it, but the file holds it; `{name}: ${{{name}}}` reads it "
+                       "from the shell that runs mlaunch instead")
+        elif name in job._secret_env and not value:
+            out.append(f"cluster.env.{name} is empty in this shell: the nodes get it empty")
+    return out
 
 
 def _adapter() -> TypeAdapter:
