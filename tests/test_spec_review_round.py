@@ -316,3 +316,16 @@ def test_a_secret_written_in_the_spec_or_read_empty_gets_a_note(monkeypatch):
         "it, but the file holds it; `WANDB_API_KEY: ${WANDB_API_KEY}` reads it from the shell that runs "
         "mlaunch instead"], notes
     assert not any(TOKEN in n for n in job._notes)
+
+
+def test_plan_and_render_say_each_override_as_validate_does(tmp_path, monkeypatch):
+    """docs/commands.md: every override is said as a `note: override ...` line (render's on
+    stderr: its stdout lists the files it wrote)."""
+    env = {"HF_TOKEN": TOKEN, "MLAUNCH_HOME": str(tmp_path / "home")}
+    spec = write_spec(tmp_path, seed000())
+    note = "note: override training.learning_rate=0.0002 (the spec says 2.0e-05)"
+    r = mlaunch("plan", spec, "training.learning_rate=2e-4", env=env)
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == note, r.stdout + r.stderr
+    r = mlaunch("render", spec, "--out", str(tmp_path / "out"), "training.learning_rate=2e-4", env=env)
+    assert r.returncode == 0 and r.stderr.splitlines()[0] == note, r.stdout + r.stderr
+    assert all(os.path.isfile(line) for line in r.stdout.splitlines())

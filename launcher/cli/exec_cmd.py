@@ -32,7 +32,7 @@ def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
     Under Slurm CMD runs through srun in an allocation of the spec's nodes."""
     from ..backends import backend_of
     from ..logs.stream import Printer
-    from .validate import check_path
+    from .validate import check_path, say_overrides
     from ..spec import load_spec
     from ..spec.overrides import parse
     argv = ctx.meta.get("mlaunch_cmd") or []
@@ -45,6 +45,7 @@ def exec_cmd(ctx, job: str, overrides: tuple[str, ...]) -> None:
         raise UserError("exec: no CMD; put the command after --, e.g. mlaunch exec job.yaml -- nvidia-smi")
     check_path(job)
     spec = load_spec(job, parse(overrides))
+    say_overrides(spec, err=True)
     backend = backend_of(spec)
     plan = backend.plan(spec)
     printer = Printer(plan.mask)

@@ -212,7 +212,7 @@ def check(job: str, overrides: tuple[str, ...], as_json: bool, run_id: str | Non
 
 @cli.command()
 @click.argument("args", nargs=-1, required=True, metavar="JOB... [KEY=VALUE]...")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per JOB on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list on stdout, one object per JOB.")
 def validate(args: tuple[str, ...], as_json: bool) -> None:
     """Validate each JOB ("-": standard input); exit 0 if all are ok, else 2.
 
@@ -237,6 +237,8 @@ def render_cmd(job: str, overrides: tuple[str, ...], out: str, run_id: str | Non
     from ..runs.attempts import SubmitOptions, check_offline
     from .writeout import render_start, write_rendered
     spec = _load(job, overrides)
+    from .validate import say_overrides
+    say_overrides(spec, err=True)   # stdout lists the files written
     decision = check_offline(spec, SubmitOptions(resume=resume, overwrite=overwrite))
     resume_from, overwrite = render_start(spec, resume, overwrite)
     plan = backend_of(spec).plan(spec, run_id=run_id, resume_from=resume_from, overwrite=overwrite,

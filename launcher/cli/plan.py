@@ -26,9 +26,10 @@ def plan_cmd(job: str, overrides: tuple[str, ...], as_json: bool, force: bool) -
     from ..spec import load_spec
     from ..spec.overrides import parse
     from ..runs.attempts import SubmitOptions, check_offline
-    from .validate import check_path
+    from .validate import check_path, say_overrides
     check_path(job)
     spec = load_spec(job, parse(overrides))
+    say_overrides(spec, err=as_json)
 
     def show(decision) -> None:
         if decision is None:

@@ -70,6 +70,14 @@ def _one(job: str, overrides: tuple[str, ...], raise_it: bool) -> dict:
             "notes": list(spec._notes)}
 
 
+def say_overrides(spec, err: bool = False) -> None:
+    """One `note: override ...` line per command-line override, as validate and submit say them
+    (err: on stderr, where stdout is the command's own output)."""
+    for note in spec._notes:
+        if note.startswith("override "):
+            click.echo(f"note: {note}", err=err)
+
+
 def check_path(value: str) -> None:
     """A directory given as JOB, refused in mlaunch's voice (one line, exit 2)."""
     if value != "-" and os.path.isdir(value):
