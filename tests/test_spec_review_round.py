@@ -329,3 +329,10 @@ def test_plan_and_render_say_each_override_as_validate_does(tmp_path, monkeypatc
     r = mlaunch("render", spec, "--out", str(tmp_path / "out"), "training.learning_rate=2e-4", env=env)
     assert r.returncode == 0 and r.stderr.splitlines()[0] == note, r.stdout + r.stderr
     assert all(os.path.isfile(line) for line in r.stdout.splitlines())
+
+
+@pytest.mark.parametrize("key, value", [("training.epochs", float("inf")), ("training.learning_rate", float("nan"))])
+def test_an_infinite_or_nan_number_is_refused_as_such(key, value, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    line, = problems(set_path(seed000(), key, value))
+    assert line == f"{key}: {value} is not a finite number: write a number > 0", line

@@ -27,7 +27,7 @@ class BoolNumber:
 class Strict(BaseModel):
     """Base for every spec section."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     # A model validator, not a field one: pydantic allows no field validator on the trainer
     # tag, the discriminator of the job models' union.
