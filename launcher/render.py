@@ -271,6 +271,11 @@ def exec_script(rank: int, host: str, argv: list[str], env: list[tuple[str, str]
                   argv=list(argv), guard=guard)
 
 
+def drop_logs_script(dirs: list[str]) -> str:
+    """Shell text that removes these torchrun log folders (templates/drop_logs.sh.j2)."""
+    return render("drop_logs.sh.j2", dirs=dirs, parents=sorted({posixpath.dirname(d) for d in dirs}))
+
+
 def teardown_script(match: str, pidfiles: list[str], grace: float, kill_now: bool = False,
                     agents: list[str] | None = None, drain: float = 1.0,
                     containers: list[str] | None = None, agent_logs: list[str] | None = None) -> str:

@@ -304,6 +304,8 @@ class _Session:
         r = self.result
         r.last_step = self.watch.monitor.last_step
         ok = all(o.exit is not None and o.exit.code == 0 for o in self.outcomes)
+        if ok and self._teardown is None and not r.interrupted:
+            self.executor.drop_logs(torchrun_logs(self.plan))   # their lines are in the node logs
         if not ok:
             self.watch.hardware_in_logs()
         self.watch.finish(ok=ok)
@@ -316,3 +318,12 @@ class _Session:
             r.code = TIMEOUT_EXIT
         elif r.first_failure is not None:
             r.code = self.outcomes[r.first_failure].exit.code or LOST
+
+
+def torchrun_logs(plan) -> dict[str, list[str]]:
+    """Each host's torchrun --log-dir folders (login: folders); none for a node without torchrun."""
+    out: dict[str, list[str]] = {}
+    for n in plan.nodes:
+        if "--log-dir" in n.argv:
+            out.setdefault(n.login, []).append(n.argv[n.argv.index("--log-dir") + 1])
+    return out

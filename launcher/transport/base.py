@@ -14,6 +14,7 @@ LOST = 255            # exit code reported for a node whose connection dropped
 HEARTBEAT_S = 5.0     # longest launcher -> node heartbeat period (see heartbeat_period)
 TEARDOWN_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 STAGE_TIMEOUT_S = 60  # a host's run directories and files
+DROP_LOGS_S = 15   # a host's torchrun log folders removed after an attempt that ended well
 
 
 def heartbeat_period(hangup_after_s: float) -> float:
@@ -106,8 +107,21 @@ class Executor(Protocol):
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
         """Run a short shell script on host; (exit code, output)."""
 
+    def drop_logs(self, dirs: dict[str, list[str]]) -> None:
+        """Remove these torchrun log folders ({host: folders}) after an attempt that ended well,
+        as far as the hosts can still be reached; nothing is said where one could not."""
+
     def close(self) -> None:
         """Release every connection."""
+
+
+def drop_logs_by_run(run: Run, dirs: dict[str, list[str]]) -> None:
+    """drop_logs() through run(): every host at once, none waited for longer than a few seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+    if not dirs:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(dirs))) as pool:
+        list(pool.map(lambda h: run(h, render.drop_logs_script(dirs[h]), DROP_LOGS_S), dirs))
 
 
 Starter = Callable[[NodePlan], Running]

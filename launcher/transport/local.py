@@ -12,7 +12,7 @@ from .. import nodeprog, render
 from ..record import fsmode
 from ..errors import Problem
 from ..plan.launch_plan import LaunchPlan, NodePlan
-from .base import Exit, make_run_dirs
+from .base import Exit, drop_logs_by_run, make_run_dirs
 from .spool import Spool
 from .relay import relay_config
 
@@ -115,6 +115,9 @@ class LocalExecutor:
         except subprocess.TimeoutExpired as e:
             return 124, (e.stdout or b"").decode("utf-8", "replace")
         return done.returncode, (done.stdout + done.stderr).decode("utf-8", "replace")
+
+    def drop_logs(self, dirs: dict[str, list[str]]) -> None:
+        drop_logs_by_run(self.run, dirs)
 
     def close(self) -> None:
         pass

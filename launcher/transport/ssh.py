@@ -15,7 +15,7 @@ from .. import nodeprog, render
 from ..errors import Problem, UserError
 from ..plan.launch_plan import LaunchPlan, NodePlan, node_python
 from ..spec import SSH
-from .base import STAGE_TIMEOUT_S, setup_failed, stage_text
+from .base import STAGE_TIMEOUT_S, drop_logs_by_run, setup_failed, stage_text
 from .relay import relay_config
 from .openssh import READY, STAGED, OpenSSHStreams
 from .openssh_running import OpenSSHRunning
@@ -89,6 +89,9 @@ class SSHExecutor:
     def run(self, host: str, script: str, timeout: float) -> tuple[int, str]:
         # The script's own session, on the host's stream connection
         return self._streams.run(host, bootstrap_command(merge_stderr=True), render.framed(script), timeout)
+
+    def drop_logs(self, dirs: dict[str, list[str]]) -> None:
+        drop_logs_by_run(self.run, dirs)
 
     def rsync_shell(self, host: str) -> tuple[str, str]:
         """(rsync's -e command, the host name) for a copy to host over the run's connection."""

@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ... import nodeprog, render
 from ...errors import Problem, UserError
 from ...plan.launch_plan import LaunchPlan, NodePlan
-from ...transport.base import LOST, Exit, setup_failed, stage_text
+from ...transport.base import LOST, Exit, drop_logs_by_run, setup_failed, stage_text
 from ...transport.relay import relay_config
 from ...transport.spool import Spool
 from . import agent as agent_module
@@ -122,6 +122,9 @@ class RayExecutor:
         if host not in self.agents:
             return 255, f"{host} is no node of this run"
         return self._result(self._call_run(host, script, timeout), timeout)
+
+    def drop_logs(self, dirs: dict[str, list[str]]) -> None:
+        drop_logs_by_run(self.run, dirs)   # through each node's agent, still there
 
     def close(self) -> None:
         for a in self.agents.values():

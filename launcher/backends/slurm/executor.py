@@ -59,6 +59,10 @@ class SlurmExecutor:
             return 124, str(e.stdout or "")
         return done.returncode, done.stdout + done.stderr
 
+    def drop_logs(self, dirs: dict[str, list[str]]) -> None:
+        """Nothing: the batch job has ended; its torchrun logs stay in its run directory, with
+        its other files, on the shared disk."""
+
     def close(self) -> None:
         pass
 
