@@ -107,7 +107,7 @@ def test_overrides_are_applied_before_validation_and_shown(tmp_path):
     r = mlaunch("submit", SEED000, "training.learning_rate=1e-5", "cluster.hosts=[a,b,c,d]",
                 "--dry-run", "--run-id", "R1")
     assert r.returncode == 0, r.stderr
-    assert "note: override training.learning_rate=1.0e-05 (the spec says 2.0e-05)\n" in r.stdout
+    assert "note: override training.learning_rate=1.0e-05 (the spec says 2.0e-5)\n" in r.stdout
     assert "note: override cluster.hosts=[a, b, c, d] (the spec says [192.168.1.10, 192.168.1.11, " in r.stdout
     assert "learning_rate: 1.0e-05\n" in r.stdout and "node 0: a (ssh " in r.stdout
     v = mlaunch("validate", SEED000, "cluster.hosts=[a,b]", "batch.global=128")

@@ -245,3 +245,26 @@ def test_secret_reference_under_a_plain_name_is_a_secret(monkeypatch):
     plan = plan_of(job, run_id="r")
     assert SECRET in plan.nodes[0].script and SECRET not in plan.nodes[0].display
     assert spec_snapshot(job)["cluster"]["env"]["HUB"] == "***"
+
+
+def test_numbers_in_script_args_pass_as_written_not_as_yaml_reads_them(tmp_path):
+    """YAML 1.1 reads 010 as 8, 0x10 as 16, 1:30 as 90, 1_000 as 1000, 1.50 as 1.5: the
+    script gets the text the spec holds (before, the dry run and torchrun showed 8, 16, 90...);
+    an override's numbers too, and its note shows them as written."""
+    from .helpers import mlaunch, write_spec
+    spec = {"name": "t", "trainer": "script", "cluster": {"hosts": ["localhost"], "gpus_per_node": 1},
+            "script": {"path": "/x/train.py"}, "output_dir": str(tmp_path / "out")}
+    path = tmp_path / "job.yaml"
+    path.write_text(open(write_spec(tmp_path, spec)).read()
+                    + "\n# numbers as a user writes them\n")
+    text = path.read_text().replace("path: /x/train.py", "path: /x/train.py\n  args: [--a, 010, --b, 0x10, "
+                                    "--c, 1:30, --d, 1_000, --e, 1.50, --f, 3]")
+    path.write_text(text)
+    r = mlaunch("submit", str(path), "--dry-run", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    argv = json.loads(r.stdout)["nodes"][0]["argv"]
+    assert argv[-12:] == ["--a", "010", "--b", "0x10", "--c", "1:30", "--d", "1_000", "--e", "1.50", "--f", "3"]
+    r = mlaunch("submit", str(path), "--dry-run", "script.args=[--g, 0o17]")
+    assert r.returncode == 0 and "train.py --g 0o17" in r.stdout, r.stdout + r.stderr
+    assert "note: override script.args=[--g, 0o17]" in r.stdout

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 
 import yaml
@@ -107,6 +108,47 @@ class BoundedLoader(yaml.SafeLoader):
     def construct_document(self, node):
         _alias_budget(node, ALIAS_NODES_CAP)
         return super().construct_document(node)
+
+
+class WrittenInt(int):
+    """A YAML 1.1 integer not written in plain decimal (010 is 8, 0x10 16, 1:30 90, 1_000
+    1000), with its text: where a number passes on as text (script.args), the text as
+    written, not the number PyYAML read from it. Everywhere else an int."""
+
+    text: str
+
+
+class WrittenFloat(float):
+    """A YAML float whose text is not Python's for it (1e3 reads as 1000.0, 1.50 as 1.5),
+    with its text, as WrittenInt."""
+
+    text: str
+
+
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _construct_int(loader, node):
+    value = yaml.SafeLoader.construct_yaml_int(loader, node)
+    return value if _DECIMAL.fullmatch(node.value) else _written(WrittenInt, value, node.value)
+
+
+def _construct_float(loader, node):
+    value = yaml.SafeLoader.construct_yaml_float(loader, node)
+    return value if repr(value) == node.value else _written(WrittenFloat, value, node.value)
+
+
+def _written(kind, value, text: str):
+    out = kind(value)
+    out.text = text
+    return out
+
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+BoundedLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+# dumped (override notes) as written: the same number when read again
+for _kind, _tag in ((WrittenInt, "tag:yaml.org,2002:int"), (WrittenFloat, "tag:yaml.org,2002:float")):
+    yaml.SafeDumper.add_representer(_kind, lambda d, v, tag=_tag: d.represent_scalar(tag, v.text))
 
 
 class AliasBomb(yaml.YAMLError):

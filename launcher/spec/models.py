@@ -172,11 +172,13 @@ class Preference(Strict):
 
 
 def _number_args(value: Any) -> Any:
-    """YAML numbers in script.args (`[--epochs, 3]`) pass as their text; booleans do not, since
+    """YAML numbers in script.args (`[--epochs, 3]`) pass as their text, as written (`010`
+    stays 010, not YAML 1.1's octal 8: spec/inputs.py WrittenInt); booleans do not, since
     yes/on/true all read as one value (explain.py asks to quote them)."""
     if not isinstance(value, list):
         return value
-    return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+    return [getattr(v, "text", None) or str(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+            else v for v in value]
 
 
 class Script(Strict):
@@ -185,7 +187,7 @@ class Script(Strict):
     path: PathText | None = None
     module: str | None = None
     args: Annotated[list[str], BeforeValidator(_number_args)] = Field(default_factory=list, description=(
-        "the script's arguments; YAML numbers pass as their text (3 -> \"3\"), booleans must be quoted"))
+        "the script's arguments; YAML numbers pass as written (3 -> \"3\", 010 -> \"010\"), booleans must be quoted"))
 
 
 class Preflight(Strict):
