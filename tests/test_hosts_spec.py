@@ -443,7 +443,7 @@ def test_validation_work_is_linear_in_hosts(tmp_path, monkeypatch):
         names[-1] = "NODE7"  # a duplicate, by case, at the far end
         lines = problems(script_spec(names))
         assert lines == ["cluster.hosts: node7 / NODE7 listed 2 times: nodes on one host need their own "
-                         "GPUs; give cuda_visible_devices one list of gpus_per_node (1) GPUs per node, "
+                         "GPUs; give cuda_visible_devices one list per node of gpus_per_node (1) GPUs, "
                          "e.g. [[0], [1]], or list the host once"]
         counts.append(len(calls))
     assert counts[1] == 4 * counts[0]

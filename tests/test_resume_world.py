@@ -260,3 +260,14 @@ def test_a_failure_before_the_first_save_after_resume_path_resumes_it_again_on_t
     for s in sorted(after):
         print(f"step {s}: uninterrupted {reference[s]:.4f}, resumed {ck} again {after[s]:.4f}")
         assert after[s] == pytest.approx(reference[s], rel=0.005), (s, after, reference)
+    # torchrun's own copy of the ranks' output: gone after the clean run (every line is in its
+    # node log); kept after the restarted one, the failed attempt's beside the one that ended well
+    assert _torchrun_copies(whole) == []
+    assert len(_torchrun_copies(out)) == 2, _torchrun_copies(out)
+
+
+def _torchrun_copies(out: str) -> list[str]:
+    """The torchrun run folders (one per attempt) left in node 0's --log-dir of the run in out."""
+    import glob
+    run_id = os.path.basename(os.path.dirname(glob.glob(os.path.join(out, "logs", "*", "events.jsonl"))[0]))
+    return glob.glob(f"/tmp/mlaunch-*/.mlaunch/{run_id}/torchrun/node0/*")

@@ -298,10 +298,16 @@ def test_the_example_for_a_host_listed_twice_fits_gpus_per_node(monkeypatch):
     data = set_path(set_path(seed000(), "cluster.hosts", ["gpu1", "gpu1"]), "cluster.gpus_per_node", 4)
     data["batch"].pop("global", None)   # seed 000's is for its 4 nodes
     line, = problems(data)
-    assert line.endswith("give cuda_visible_devices one list of gpus_per_node (4) GPUs per node, e.g. "
+    assert line.endswith("give cuda_visible_devices one list per node of gpus_per_node (4) GPUs, e.g. "
                          "[[0, 1, 2, 3], [4, 5, 6, 7]], or list the host once"), line
     job = validate(set_path(data, "cluster.cuda_visible_devices", [[0, 1, 2, 3], [4, 5, 6, 7]]))
     assert len(job.cluster.hosts) == 2
+    data["cluster"].pop("cuda_visible_devices")
+    line, = problems(set_path(data, "cluster.gpus_per_node", [2, 4]))   # a count per node
+    assert line.endswith("one list per node of its gpus_per_node GPUs, e.g. [[0, 1], [2, 3, 4, 5]], "
+                         "or list the host once"), line
+    data["cluster"].pop("gpus_per_node")   # no count: its own line, and no example (was a traceback)
+    assert problems(data)[-1].endswith("give cuda_visible_devices one list per node, or list the host once")
 
 
 def test_a_secret_written_in_the_spec_or_read_empty_gets_a_note(monkeypatch):
@@ -336,3 +342,31 @@ def test_an_infinite_or_nan_number_is_refused_as_such(key, value, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     line, = problems(set_path(seed000(), key, value))
     assert line == f"{key}: {value} is not a finite number: write a number > 0", line
+
+
+def _swift(monkeypatch) -> dict:
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    return copy.deepcopy(load_yaml(os.path.join(CONFIGS, "seed003-qwen2.5-14b-swift-lora.yaml")))
+
+
+def test_a_template_a_plugin_registers_is_not_held_against_the_list(monkeypatch):
+    """ms-swift registers templates from custom_register_path / external_plugins: a name outside
+    its own list is taken there; without them it is refused."""
+    spec = set_path(_swift(monkeypatch), "template", "my_tmpl")
+    assert problems(spec)[0].startswith("template: 'my_tmpl' is not a template of ms-swift 4.6.0")
+    spec["passthrough"] = {**(spec.get("passthrough") or {}), "custom_register_path": ["/data/reg.py"]}
+    assert validate(spec).template == "my_tmpl"
+
+
+def test_qlora_under_zero3_stays_refused_for_ms_swift(monkeypatch):
+    spec = _swift(monkeypatch)
+    spec["finetuning"] = {**spec["finetuning"], "quantization_bit": 4}
+    spec["deepspeed"] = {"stage": 3}
+    assert any(p.startswith("finetuning.quantization_bit: QLoRA cannot be combined with ZeRO-3 under ms-swift")
+               for p in problems(spec)), problems(spec)
+
+
+def test_no_secret_note_for_a_name_that_only_contains_token(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    job = validate(set_path(seed000(), "cluster.env.TOKENIZERS_PARALLELISM", "false"))
+    assert not [n for n in job._notes if "TOKENIZERS_PARALLELISM" in n]

@@ -175,7 +175,7 @@ def _phase_lines(r, log_dir: str | None) -> list[str]:
     from ..record import phases
     events = runevents.read(log_dir) if log_dir else []
     if not any(e.get("event") == phases.PHASE for e in events):   # not started: connect, preflight...
-        events = phases.pending_events(r.pending)
+        events = phases.pending_events(r.handle.get("pending") if isinstance(r.handle, dict) else None)
     if not events:
         return []
     before, previous = _previous_phases(_registry(), r)

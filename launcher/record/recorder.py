@@ -253,10 +253,13 @@ class Recorder:
             say(line)
 
     def pending(self, marks: list) -> None:
-        """The phases marked before the run's event log is written ([time, phase] each):
-        `ps RUN` names the one going on (a slow connect, a long preflight)."""
+        """The phases marked before the run's event log is written ([time, phase] each), kept
+        in the run's handle (a field every mlaunch reads as a whole: no new column, which an
+        older mlaunch's running supervisor would trip over): `ps RUN` names the one going on
+        (a slow connect, a long preflight)."""
         if self.reg is not None:
-            self._write(self.reg.set_pending, self.run_id, marks)
+            self.handle["pending"] = marks
+            self._write(self.reg.set_handle, self.run_id, self.handle)
 
     def changed_output(self) -> None:
         """The run changed output_dir (moved checkpoints aside): its record stays, even when it

@@ -41,11 +41,11 @@ CREATE TABLE IF NOT EXISTS attempts (
 # Columns a runs.db made before them lacks: added when it is opened (NULL in its old rows).
 ADDED = (("attempts", "hosts", "TEXT"), ("attempts", "world", "INTEGER"), ("attempts", "batch", "TEXT"),
          ("runs", "reason", "TEXT"), ("attempts", "plan", "TEXT"), ("runs", "plan", "TEXT"),
-         ("attempts", "phases", "TEXT"), ("runs", "pending", "TEXT"))
+         ("attempts", "phases", "TEXT"))
 
 
 _COLUMNS = ("id name backend hosts spec state handle supervisor_pid supervisor_start detached attempts"
-            " exit_code log_dir output_dir resumed_from stop_requested created started ended reason plan pending").split()
+            " exit_code log_dir output_dir resumed_from stop_requested created started ended reason plan").split()
 _LIST_COLUMNS = ", ".join("NULL" if c in ("spec", "plan") else c for c in _COLUMNS)
 
 
@@ -163,9 +163,6 @@ class Run:
     ended: float | None
     reason: str | None = None   # why the run ended, one line (its run_end event's reason)
     plan: dict | None = None    # the plan it runs (`submit --dry-run --json`'s form); None in listings
-    # the phases marked before its event log is written (connect, preflight...): [time, name]
-    # each, for `ps RUN` until the first attempt starts (record/phases.py Pending)
-    pending: list | None = None
 
     @property
     def active(self) -> bool:
@@ -278,10 +275,6 @@ class Registry:
         self._db.execute("UPDATE attempts SET phases=? WHERE run_id=? AND n=?",
                          (json.dumps(phases), run_id, n))
 
-    def set_pending(self, run_id: str, marks: list) -> None:
-        """The phases marked so far before the run's event log exists: [time, name] each."""
-        self._db.execute("UPDATE runs SET pending=? WHERE id=?", (json.dumps(marks), run_id))
-
     def set_state(self, run_id: str, state: str, *, only_from: tuple[str, ...] = ACTIVE,
                   exit_code: int | None = None, reason: str | None = None) -> bool:
         """Compare-and-set: move the run to state if it is in one of only_from (reason: why
@@ -319,7 +312,8 @@ class Registry:
     # -- reads --
 
     def get(self, run_id: str) -> Run | None:
-        row = self._db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        # by name: a column a newer mlaunch adds never shifts what this one reads
+        row = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE id=?", (run_id,)).fetchone()
         return self._run(row) if row else None
 
     def runs(self, include_final: bool = True, limit: int | None = None) -> list[Run]:
@@ -363,7 +357,6 @@ class Registry:
         r[3], r[6] = json.loads(r[3]), json.loads(r[6])
         r[4] = json.loads(r[4]) if r[4] is not None else None
         r[20] = json.loads(r[20]) if r[20] is not None else None
-        r[21] = json.loads(r[21]) if r[21] is not None else None
         r[9], r[15] = bool(r[9]), bool(r[15])
         return Run(*r)
 

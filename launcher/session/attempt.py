@@ -304,8 +304,10 @@ class _Session:
         r = self.result
         r.last_step = self.watch.monitor.last_step
         ok = all(o.exit is not None and o.exit.code == 0 for o in self.outcomes)
-        if ok and self._teardown is None and not r.interrupted:
-            self.executor.drop_logs(torchrun_logs(self.plan))   # their lines are in the node logs
+        # A first attempt that ended well: its lines are in the node logs. After a restart the
+        # folder (the run's, per node) also holds the failed attempt's, which the console pointed to.
+        if ok and self._teardown is None and not r.interrupted and self.plan.attempt == 0:
+            self.executor.drop_logs(torchrun_logs(self.plan))
         if not ok:
             self.watch.hardware_in_logs()
         self.watch.finish(ok=ok)

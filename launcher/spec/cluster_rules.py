@@ -13,7 +13,7 @@ from .env_refs import check_env_refs
 from .hosts import LOOPBACK, check_hosts, host_addrs, is_address, machine_key
 from .models import Cluster, JobBase
 from .ray_rules import USE_RAY_ENV
-from .select import node_procs
+from .select import node_procs, procs_of
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -187,11 +187,20 @@ def _check_devices(c: Cluster) -> list[Problem]:
     return p + _check_shared_hosts(c, per_node)
 
 
-def _split_example(per_node: int, nodes: int) -> str:
-    """cuda_visible_devices for `nodes` nodes of per_node GPUs on one host, as YAML."""
-    lists = ["[" + ", ".join(map(str, range(i * per_node, (i + 1) * per_node))) + "]"
-             for i in range(min(nodes, 2))]
-    return "[" + ", ".join(lists + (["..."] if nodes > 2 else [])) + "]"
+def _split_example(c: Cluster, ranks: list[int]) -> str:
+    """An example of cuda_visible_devices for these nodes of one host, each with its own
+    gpus_per_node GPUs, as YAML: the first two, then `...`; a count per node where they
+    differ; none while a count is missing (that has its own line)."""
+    counts = [procs_of(c, r) if isinstance(c.gpus_per_node, int) or
+              (isinstance(c.gpus_per_node, list) and r < len(c.gpus_per_node)) else 0 for r in ranks]
+    if not all(isinstance(n, int) and n > 0 for n in counts):
+        return ""
+    lists, start = [], 0
+    for n in counts[:2]:
+        lists.append("[" + ", ".join(map(str, range(start, start + n))) + "]")
+        start += n
+    each = f"gpus_per_node ({counts[0]})" if len(set(counts)) == 1 else "its gpus_per_node"
+    return f" of {each} GPUs, e.g. [" + ", ".join(lists + (["..."] if len(counts) > 2 else [])) + "]"
 
 
 def _check_shared_hosts(c: Cluster, per_node: bool) -> list[Problem]:
@@ -206,9 +215,8 @@ def _check_shared_hosts(c: Cluster, per_node: bool) -> list[Problem]:
         host = " / ".join(dict.fromkeys(hosts[r] for r in ranks))
         if not per_node:
             p.append(Problem("cluster.hosts", f"{host} listed {len(ranks)} times: nodes on one host "
-                             "need their own GPUs; give cuda_visible_devices one list of "
-                             f"gpus_per_node ({c.gpus_per_node}) GPUs per node, e.g. "
-                             f"{_split_example(c.gpus_per_node, len(ranks))}, or list the host once"))
+                             "need their own GPUs; give cuda_visible_devices one list per node"
+                             f"{_split_example(c, ranks)}, or list the host once"))
             continue
         seen: dict[int, int] = {}
         for r in ranks:

@@ -133,7 +133,8 @@ def _drop_missing_named(problems: list[Problem]) -> list[Problem]:
 def _describe(e: dict, loc: list, trainer: Any) -> str:
     """Human text for one pydantic error."""
     kind, given = e["type"], e.get("input")
-    shown = _masked_env(given) if loc == ["cluster", "env"] else _REPR.repr(given)
+    written = getattr(given, "text", None)   # a number as the spec writes it (0123, not 83)
+    shown = _masked_env(given) if loc == ["cluster", "env"] else written or _REPR.repr(given)
     shown = shown_value(given, "***" if _secret_at(loc) or TOKEN_SHAPE.search(shown) else shown)
     if isinstance(given, BoolNumber):
         return _generic("int_type", given, shown, loc, trainer, e.get("ctx")).replace(
@@ -151,7 +152,7 @@ def _describe(e: dict, loc: list, trainer: Any) -> str:
         return _mapping_text(shown, given, trainer, loc)
     if kind == "string_type" and isinstance(given, (bool, int, float)):
         what = "a YAML boolean (true/false/yes/no/on/off)" if isinstance(given, bool) else "a YAML number"
-        return f"{shown} is {what}, not text: quote it, e.g. \"{given}\""
+        return f"{shown} is {what}, not text: quote it, e.g. \"{written or given}\""
     if kind == "literal_error" and loc == ["deepspeed", "name"] and str(given).endswith(".json"):
         return f"{shown} is a file name: write `deepspeed: {{config: {given}}}`"
     if kind in ("literal_error", "union_tag_invalid"):

@@ -191,9 +191,10 @@ def validate(raw: dict, source: str = "<spec>", notes: list[str] | None = None,
 def _secret_notes(job: JobBase) -> list[str]:
     """A secret written into the spec (masked everywhere mlaunch prints it, but the file holds
     it), and one read from this shell empty: said, not refused."""
+    from .secret_rules import secret_name
     out = []
     for name, value in job.cluster.env.items():
-        if not SECRET_NAME.search(name):
+        if not secret_name(name):   # HF_TOKEN, WANDB_API_KEY; not TOKENIZERS_PARALLELISM
             continue
         if name not in job._secret_env and value:
             out.append(f"cluster.env.{name} is written in the spec: mlaunch masks it everywhere it "

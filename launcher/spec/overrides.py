@@ -170,18 +170,19 @@ def name_in(error: SpecError, overrides: tuple[Override, ...]) -> SpecError:
         # The last override of a key is the one that took effect.
         o = next((o for o in reversed(overrides) if p.path == o.key or p.path.startswith(o.key + ".")
                   or p.path.startswith(o.key + "[")), None)
-        problems.append(Problem(p.path, f"{_shell_quoted(p.message, o)} (set by the override {_shown(o)})")
+        problems.append(Problem(p.path, f"{_shell_quoted(p.message, p.path)} (set by the override {_shown(o)})")
                         if o else p)
     return SpecError(problems, header=error.header)
 
 
-def _shell_quoted(message: str, o: Override) -> str:
-    """A `quote it, e.g. "1"` fix as an override is typed: the shell strips quotes it is given
-    bare (KEY="1" reaches mlaunch as KEY=1), so the YAML quotes go inside the shell's."""
+def _shell_quoted(message: str, path: str) -> str:
+    """A `quote it, e.g. "1"` fix as an override of the field at path is typed: the shell strips
+    quotes it is given bare (KEY="1" reaches mlaunch as KEY=1), so the YAML quotes go inside
+    the shell's. A field inside a list or a section the override set whole keeps the plain fix."""
     m = re.search(r'quote it, e\.g\. "(.*)"$', message)
-    if not m or "'" in m[1]:
+    if not m or "'" in m[1] or "[" in path:
         return message
-    return message[:m.start()] + f"""quote it inside the shell's quotes, e.g. '{o.key}="{m[1]}"'"""
+    return message[:m.start()] + f"""quote it inside the shell's quotes, e.g. '{path}="{m[1]}"'"""
 
 
 _UNSET = object()

@@ -121,13 +121,14 @@ def check_finetuning(job: LlamaFactoryJob) -> list[Problem]:
                 p.append(Problem(f"finetuning.{name}", f"only applies to type {' or '.join(methods)}, "
                                  f"but type is {f.type}; remove it"))
     p += _check_quantization(f)
-    # QLoRA under ZeRO-3 loads 4-bit bitsandbytes weights sharded (bnb_4bit_quant_storage);
-    # 8-bit cannot be (transformers; LLaMA-Factory's own rules: lf_rules.py, with a user file's stage)
-    if f.quantization_bit and f.quantization_method == "bnb" and f.quantization_bit != 4 \
-            and job.trainer != "llamafactory" and job.deepspeed and _ds_stage(job) == 3:
+    # LLaMA-Factory loads bnb 4-bit weights sharded under ZeRO-3 (it sets bnb_4bit_quant_storage
+    # to the compute dtype; its own rules: lf_rules.py); ms-swift leaves the storage uint8, which
+    # ZeRO-3 cannot shard
+    if f.quantization_bit and job.trainer != "llamafactory" and job.deepspeed and _ds_stage(job) == 3:
         p.append(Problem("finetuning.quantization_bit",
-                         f"{f.quantization_bit}-bit cannot be combined with ZeRO-3: only bnb 4-bit can "
-                         "(QLoRA under ZeRO-3); use 4, or deepspeed stage 0-2"))
+                         "QLoRA cannot be combined with ZeRO-3 under ms-swift (it keeps the 4-bit "
+                         "weights' storage uint8, which ZeRO-3 cannot shard); use deepspeed stage "
+                         "0-2, or no quantization"))
     return p
 
 

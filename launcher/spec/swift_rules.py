@@ -28,7 +28,8 @@ def check_swift(job: SwiftJob) -> list[Problem]:
     else:
         p += check_batch(job)
     p += _check_swift_freeze(job) + _check_lf_only(job) + check_swift_passthrough(job) + check_resumable(job)
-    p += known_args.check_template("swift", job.template, f"ms-swift {known_args.version('swift')}")
+    if not {"custom_register_path", "external_plugins"} & set(job.passthrough):   # they may register templates
+        p += known_args.check_template("swift", job.template, f"ms-swift {known_args.version('swift')}")
     from .swift_start_rules import check_swift_start
     return p + check_swift_start(job)
 

@@ -69,6 +69,12 @@ def _patch_exit(module, step: int) -> None:
         marker = os.path.join(os.environ["MLAUNCH_TEST_HOLD_DIR"], f"exited-{step}")
         if state.global_step == step and os.environ.get("RANK", "0") == "0" and not os.path.exists(marker):
             open(marker, "w").close()
+            # LLaMA-Factory writes trainer_log.jsonl on a thread of its LogCallback: the step's
+            # line is written before the exit, however busy the machine (it was lost under load)
+            for cb in getattr(self, "callbacks", ()):
+                pool = getattr(cb, "thread_pool", None)
+                if pool is not None:
+                    pool.shutdown(wait=True)
             sys.stdout.flush()
             os._exit(1)
         return control
