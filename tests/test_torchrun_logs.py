@@ -46,3 +46,15 @@ def test_a_run_that_ended_well_leaves_no_torchrun_copy_and_a_failed_one_keeps_it
             assert "torchrun" in _on_host(h, failed), h.name
         copy = hs.hosts[1].run(["sh", "-c", f"cat /tmp/mlaunch-*/.mlaunch/{failed}/torchrun/node1/*/attempt_0/0/stdout.log"])
         assert "rank 2 exiting 3" in copy.stdout, copy.stdout + copy.stderr
+
+
+def test_only_the_runs_own_torchrun_folders_are_ever_named():
+    """A `--log-dir` among a job's own arguments (a node without torchrun) is never removed."""
+    from types import SimpleNamespace
+    from launcher.session.attempt import torchrun_logs
+    node = lambda login, argv: SimpleNamespace(login=login, argv=tuple(argv))  # noqa: E731
+    plan = SimpleNamespace(run_dir="/tmp/r", nodes=[
+        node("a", ["torchrun", "--log-dir", "/tmp/r/torchrun/node0", "train.py", "--log-dir", "/data"]),
+        node("b", ["python", "-m", "llamafactory.launcher", "--log-dir", "/data/mine"]),
+        node("c", ["torchrun", "--log-dir", "/tmp/r/torchrun/../../etc"])])
+    assert torchrun_logs(plan) == {"a": ["/tmp/r/torchrun/node0"]}

@@ -323,9 +323,15 @@ class _Session:
 
 
 def torchrun_logs(plan) -> dict[str, list[str]]:
-    """Each host's torchrun --log-dir folders (login: folders); none for a node without torchrun."""
+    """Each host's torchrun --log-dir folders (login: folders); none for a node without torchrun.
+    Only a folder under the run's own torchrun/ (launch_plan's): never a `--log-dir` of the
+    job's own arguments, which a node without torchrun could hold."""
+    import posixpath
+    mine = posixpath.join(plan.run_dir, "torchrun") + "/"
     out: dict[str, list[str]] = {}
     for n in plan.nodes:
         if "--log-dir" in n.argv:
-            out.setdefault(n.login, []).append(n.argv[n.argv.index("--log-dir") + 1])
+            d = n.argv[n.argv.index("--log-dir") + 1]
+            if d.startswith(mine) and ".." not in d.split("/"):
+                out.setdefault(n.login, []).append(d)
     return out
