@@ -47,8 +47,8 @@ def _refuse_local_clobber(spec, opts) -> None:
     if spec.cluster.workdir and not os.path.isabs(path):   # where the nodes open it
         path = os.path.join(os.path.expanduser(spec.cluster.workdir), path)
     if has_checkpoints(path):
-        raise UserError(f"{spec.output_dir} already holds checkpoints; continue with --resume, or "
-                        "start over with --overwrite (submit would refuse the same)")
+        from ..runs.outputdir import clobber_line
+        raise UserError(clobber_line(spec.output_dir) + " (submit would refuse the same)")
 
 
 def _sets_aside(spec, opts) -> bool:

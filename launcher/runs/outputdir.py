@@ -45,10 +45,16 @@ def starting_point(job: JobBase, master: "Master", opts, printer: Printer,
                         "with `mlaunch submit JOB --resume=auto` (fresh when none is found) or "
                         "`mlaunch submit JOB --overwrite`")
     if found.found_any and not opts.overwrite:
-        latest = f" (latest complete: {found.latest})" if found.latest else ""
-        raise UserError(f"{job.output_dir} already holds checkpoints{latest}; continue with "
-                        "--resume, or start over with --overwrite")
+        raise UserError(clobber_line(job.output_dir, found.latest))
     return None, found.stamps
+
+
+def clobber_line(output_dir: str, latest: str | None = None) -> str:
+    """The refusal of a fresh start over checkpoints already in output_dir (submit's, and the
+    dry run's where the nodes are this machine)."""
+    where = f" (latest complete: {latest})" if latest else ""
+    return (f"{output_dir} already holds checkpoints{where}; continue with --resume, or start over "
+            "with --overwrite")
 
 
 def clear_way(plan: LaunchPlan, master: "Master", printer: Printer, events, resume_from: str | None,
