@@ -119,7 +119,7 @@ class WrittenInt(int):
 
 
 class WrittenFloat(float):
-    """A YAML float whose text is not Python's for it (1e3 reads as 1000.0, 1.50 as 1.5),
+    """A YAML float whose text is not Python's for it (1.0e3 reads as 1000.0, 1.50 as 1.5),
     with its text, as WrittenInt."""
 
     text: str
