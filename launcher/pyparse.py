@@ -3,8 +3,8 @@
 CPython before 3.11.8 / 3.12.1 keeps the AST converter's recursion depth per interpreter,
 not per thread: two threads in ast.parse or ast.literal_eval at once can raise
 SystemError("AST constructor recursion depth mismatch"). The launcher parses in several
-threads (each node's start assembles its node program; each node's reader parses the
-trainer's dict lines), so every parse goes through one lock here.
+threads (each node's reader parses the trainer's dict lines), so every parse goes through
+one lock here.
 """
 from __future__ import annotations
 
@@ -12,11 +12,6 @@ import ast
 import threading
 
 _ONE = threading.Lock()
-
-
-def parse(text: str) -> ast.Module:
-    with _ONE:
-        return ast.parse(text)
 
 
 def literal_eval(text: str):

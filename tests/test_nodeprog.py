@@ -180,6 +180,21 @@ def test_a_part_imported_twice_stands_once_at_its_first_import(tmp_path, monkeyp
     assert subprocess.run([sys.executable, "-c", text], capture_output=True, text=True).stdout == "x\nok\n"
 
 
+def test_a_parenthesised_part_import_is_replaced_whole_and_the_parts_future_line_dropped(tmp_path, monkeypatch):
+    (tmp_path / "paren.py").write_text("from __future__ import annotations\n\nfrom .b import (one,\n    two)\n"
+                                      "print(one() + two())\n")
+    (tmp_path / "b.py").write_text("from __future__ import annotations\n\ndef one():\n    return 1\n"
+                                   "def two():\n    return 2\n")
+    monkeypatch.setattr(nodeprog, "HERE", str(tmp_path))
+    text = nodeprog.source("paren")   # a name of its own: source() is cached per name
+    assert text == ("from __future__ import annotations\n\n\ndef one():\n    return 1\ndef two():\n"
+                    "    return 2\nprint(one() + two())")
+    assert subprocess.run([sys.executable, "-c", text], capture_output=True, text=True).stdout == "3\n"
+    (tmp_path / "nofuture.py").write_text("from .b import one\nprint(one())\n")   # the program lacks it
+    with pytest.raises(ValueError, match="has `from __future__ import annotations`; the program needs it too"):
+        nodeprog.source("nofuture")
+
+
 def test_mesh_reads_each_shared_marker_until_it_is_seen_then_never_again(tmp_path, monkeypatch):
     """The shared_dir markers: one already there is read once; a late one (written by another
     node's probe meanwhile) is looked for again until it appears, then the look ends."""

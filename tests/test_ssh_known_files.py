@@ -41,6 +41,18 @@ def test_cluster_known_hosts_wins_over_the_ssh_config(tmp_path):
         ex.close()
 
 
+def test_a_commented_setting_names_nothing_and_either_form_of_a_setting_counts(tmp_path):
+    """Debian's stock /etc/ssh/ssh_config holds `#   UserKnownHostsFile ~/.ssh/known_hosts.d/%k`:
+    read as a setting, it made every submit import fabric before its first login."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host *\n#   UserKnownHostsFile ~/.ssh/known_hosts.d/%k\n  SendEnv LANG\n"
+                   "  # userknownhostsfile /k/x\n  UserKnownHostsFiles /k/not-a-keyword\n")
+    assert not names_known_hosts(SSH(config_file=str(cfg)))
+    for line in ("UserKnownHostsFile /k/a", "  userknownhostsfile=/k/a", "\tUSERKNOWNHOSTSFILE\t/k/a"):
+        cfg.write_text(f"Host *\n{line}\n")
+        assert names_known_hosts(SSH(config_file=str(cfg))), line
+
+
 def test_a_missing_config_file_is_left_to_fabric_to_refuse(tmp_path):
     assert names_known_hosts(SSH(config_file=str(tmp_path / "none")))
 
@@ -48,7 +60,7 @@ def test_a_missing_config_file_is_left_to_fabric_to_refuse(tmp_path):
 def test_without_such_a_config_no_host_needs_fabric_or_paramiko(tmp_path):
     """The default files, and neither module imported (in a fresh interpreter)."""
     cfg = tmp_path / "ssh_config"
-    cfg.write_text("Host *\n  ServerAliveInterval 5\n  User train\n")
+    cfg.write_text("Host *\n  ServerAliveInterval 5\n  User train\n#   UserKnownHostsFile ~/.ssh/known_hosts.d/%k\n")
     code = ("import sys; from launcher.spec import SSH; from launcher.transport.ssh import SSHExecutor\n"
             f"ex = SSHExecutor(['a', 'b'], SSH(config_file={str(cfg)!r}, strict_host_keys=True))\n"
             "[ex._add_stream(h) for h in ('a', 'b')]\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -214,13 +215,19 @@ def ssh_config_files(ssh: SSH) -> list[str]:
     return [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
 
 
+# paramiko's reading of a setting: its keyword first, then blanks or "=" (comments start with #)
+_KNOWN_HOSTS_LINE = re.compile(rb"\s*userknownhostsfile(\s|=)", re.IGNORECASE)
+
+
 def names_known_hosts(ssh: SSH) -> bool:
     """Whether an ssh_config file read for cluster.ssh may name UserKnownHostsFile (then fabric
-    reads which, per host); a config_file that is missing, too (fabric's Config says so)."""
+    reads which, per host); a config_file that is missing, too (fabric's Config says so). A
+    commented line names nothing: Debian's stock /etc/ssh/ssh_config has one, and reading it as
+    a setting imported fabric before every login."""
     for path in ssh_config_files(ssh):
         try:
             with open(path, "rb") as fh:
-                if b"userknownhostsfile" in fh.read().lower():
+                if any(_KNOWN_HOSTS_LINE.match(line) for line in fh):
                     return True
         except FileNotFoundError:
             if ssh.config_file:
