@@ -18,6 +18,8 @@ Symlinks: a candidate (checkpoint or version dir) that resolves outside
 output_dir is reported as skipped and never used, because resuming from it
 would read another run's state; links that stay inside output_dir, and
 symlinked files inside a checkpoint (e.g. deduplicated shards), are followed.
+Owners: a candidate owned by neither this user nor output_dir's owner is skipped too (another
+user's files in a shared output_dir); the JSON and text read are regular files of bounded size.
 Returned paths are ``os.path.join(output_dir, ...)`` exactly as given, not made
 absolute, since this may run with a different cwd than the training job.
 """
@@ -31,7 +33,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .ckpt_checks import (TRACKER, _list_dir, _state_step, _tracked_iteration, check_checkpoint,
-                          check_megatron)
+                          check_megatron, load_json)
 
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 VERSION_RE = re.compile(r"^v(\d+)-")
@@ -122,11 +124,26 @@ def _outside(output_dir: str, path: str) -> bool:
     return os.path.commonpath([root, os.path.realpath(path)]) != root
 
 
+def _stranger(output_dir: str, path: str) -> int | None:
+    """The owner of checkpoint dir path (and of its version dir) where it is neither this user
+    nor output_dir's: in a team's shared output_dir another user could plant a newer
+    checkpoint-N whose pickles every restart would load. None: owned as it should be."""
+    try:
+        owners = {os.getuid(), os.stat(output_dir).st_uid}
+        rel = os.path.relpath(path, output_dir).split(os.sep)
+        for depth in range(1, len(rel) + 1):
+            uid = os.stat(os.path.join(output_dir, *rel[:depth])).st_uid
+            if uid not in owners:
+                return uid
+    except OSError:
+        return None   # gone meanwhile: the completeness check says so
+    return None
+
+
 def _progress(path: str) -> dict:
     """The schedule numbers of a (complete) checkpoint's trainer_state.json; {} if none."""
     try:
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
-            state = json.load(f)
+        state = load_json(os.path.join(path, "trainer_state.json"))
     except (OSError, ValueError):
         return {}
     keys = ("global_step", "epoch", "max_steps", "num_train_epochs")
@@ -160,6 +177,9 @@ def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
         path = os.path.join(output_dir, *name.split("/"))
         if _outside(output_dir, path):
             reason = "symlink to %s outside output_dir (not followed)" % os.path.realpath(path)
+        elif (other := _stranger(output_dir, path)) is not None:
+            reason = ("owned by uid %d, neither you nor output_dir's owner: another user's files "
+                      "are never resumed from (resume from it by name: --resume=PATH)" % other)
         elif megatron:
             reason = check_megatron(path, step)
         else:

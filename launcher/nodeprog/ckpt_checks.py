@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # Megatron's dist_checkpointing writes metadata.json after every shard: the completion mark.
@@ -17,6 +18,27 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin",
                 "adapter_model.safetensors", "adapter_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 NO_WEIGHTS = "no model or adapter weights"
+# The most of one JSON or text file read here: a trainer_state.json with a long log_history is a
+# few MB; a planted link to /dev/zero, a FIFO or a sparse giant must not hang or fill memory.
+READ_CAP = 64 << 20
+
+
+def read_capped(path: str, cap: int = READ_CAP) -> bytes:
+    """A regular file's bytes (links followed), at most cap of them; OSError for anything else
+    (a device, a FIFO: opened without blocking and refused) or a bigger file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError("not a regular file")
+        if st.st_size > cap:
+            raise OSError("%d bytes, over the %d read here" % (st.st_size, cap))
+        return fh.read(cap + 1)[:cap]
+
+
+def load_json(path: str):
+    """json.loads of read_capped(path): OSError or ValueError as json.load gives them."""
+    return json.loads(read_capped(path))
 
 
 def _list_dir(path: str) -> list[str]:
@@ -29,8 +51,7 @@ def _list_dir(path: str) -> list[str]:
 
 def _tracked_iteration(ckpt: str) -> int | None:
     try:
-        with open(os.path.join(ckpt, TRACKER)) as fh:
-            return int(fh.read().strip())
+        return int(read_capped(os.path.join(ckpt, TRACKER), 64).strip())
     except (OSError, ValueError):
         return None
 
@@ -61,8 +82,7 @@ def _check_trainer_state(path: str, step: int) -> str | None:
     if not os.path.isfile(fname):
         return "no trainer_state.json (interrupted save?)"
     try:
-        with open(fname, encoding="utf-8") as f:
-            state = json.load(f)
+        state = load_json(fname)
     except ValueError as e:
         return "trainer_state.json is not valid JSON: %s" % e
     except OSError as e:
@@ -78,8 +98,7 @@ def _check_trainer_state(path: str, step: int) -> str | None:
 def _check_index(path: str, index: str) -> str | None:
     """Reason a sharded-weights index is unusable (bad JSON, missing shard), or None."""
     try:
-        with open(os.path.join(path, index), encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
+        weight_map = load_json(os.path.join(path, index))["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
         return "%s is not a valid index: %s" % (index, e)
@@ -113,8 +132,7 @@ def _check_deepspeed(path: str, step: int, dp_size: int | None) -> str | None:
     latest = os.path.join(path, "latest")
     if os.path.isfile(latest):
         try:
-            with open(latest, encoding="utf-8") as f:
-                named = f.read().strip()
+            named = read_capped(latest, 4096).decode("utf-8", "replace").strip()
         except OSError as e:
             return "cannot read DeepSpeed latest file: %s" % e
         if named != tag:
@@ -178,8 +196,7 @@ def check_checkpoint(path: str, step: int, *, deepspeed: bool = False,
 
 def _state_step(path: str) -> int | None:
     try:
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
-            gs = json.load(fh).get("global_step")
+        gs = load_json(os.path.join(path, "trainer_state.json")).get("global_step")
     except (OSError, ValueError, AttributeError):
         return None
     return gs if isinstance(gs, int) and not isinstance(gs, bool) else None

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 
 LOCK_NAME = ".mlaunch.lock"
 STALE_AFTER_S = 120.0  # the launcher refreshes the lock every HEARTBEAT_S while it runs
 HEARTBEAT_S = 30.0
+LOCK_CAP = 64 << 10   # a lock is one short JSON line
 
 
 def lock(output_dir: str, host: str, pid: int, run_id: str, now: float | None = None) -> dict:
@@ -92,9 +94,15 @@ def _if_held(output_dir: str, run_id: str, act) -> bool:
 
 
 def _read(path: str) -> dict:
+    """The lock's JSON object; {} where it is anything but this run's kind of file: a link
+    (never followed: another user's `ln -s /dev/zero .mlaunch.lock` must not fill memory), a
+    FIFO (opened without blocking), a device, or over LOCK_CAP bytes."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return {}
+            data = json.loads(fh.read(LOCK_CAP))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -105,7 +113,7 @@ def _stale(path: str, holder: dict, host: str, now: float) -> str:
     if holder.get("host") == host and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
         return f"launcher pid {holder['pid']} on {host} is gone"
     try:
-        age = now - os.stat(path).st_mtime
+        age = now - os.lstat(path).st_mtime
     except OSError:
         return "lock vanished"
     if age > STALE_AFTER_S:

@@ -25,6 +25,8 @@ import re
 import stat
 import sys
 
+from .ckpt_checks import load_json
+
 ASIDE = "mlaunch-set-aside"
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
@@ -116,8 +118,7 @@ def resumed_step(checkpoint: str) -> int | None:
     never a folder the trainer may still need); None when neither says."""
     steps = []
     try:
-        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as fh:
-            step = json.load(fh).get("global_step")
+        step = load_json(os.path.join(checkpoint, "trainer_state.json")).get("global_step")
         if isinstance(step, int) and not isinstance(step, bool):
             steps.append(step)
     except (OSError, ValueError, AttributeError):

@@ -144,9 +144,9 @@ class Master:
         got = json.loads(self._run("outdir", ["lock", self.output_dir, socket.gethostname(),
                                                      str(os.getpid()), self.plan.run_id]))
         if not got["ok"]:
-            h = got["holder"]
-            raise UserError(f"{self.output_dir} is in use by run {h.get('run_id')} (launcher pid "
-                            f"{h.get('pid')} on {h.get('host')}); wait for it, or stop it first")
+            h = {k: _said(got["holder"].get(k)) for k in ("run_id", "pid", "host")}
+            raise UserError(f"{self.output_dir} is in use by run {h['run_id']} (launcher pid "
+                            f"{h['pid']} on {h['host']}); wait for it, or stop it first")
         if got["took_over"]:
             printer.say(f"took over a stale lock in {self.output_dir}: {got['why']}")
         self._beat = threading.Event()
@@ -218,3 +218,11 @@ class Claim:
     def release(self) -> None:
         self._thread.join()
         self.master.unlock(drop=not self.ran)
+
+
+def _said(value, most: int = 80) -> str:
+    """A field of output_dir's lock as the error line shows it: the file is whoever wrote it,
+    so no control character or escape sequence reaches the terminal, and no line of pages."""
+    text = str(value)
+    text = text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= most else text[:most] + "..."

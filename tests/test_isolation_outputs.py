@@ -1,0 +1,112 @@
+"""What another user can leave in a shared output_dir: a newer checkpoint-N of their own, a
+trainer_state.json or run lock that is a link to /dev/zero or a FIFO, a lock whose fields hold
+escape sequences. The node programs run as they are shipped (their text on stdin): none is
+resumed from, none hangs or reads without bound, and the error line shows only printable text.
+Checkpoints are owned by another uid through chown, so those tests need root."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launcher.nodeprog import source
+from launcher.nodeprog.checkpoints import find_latest_complete
+from launcher.runs.outputdir import _said
+
+from .loadfactor import limit
+from .test_checkpoints import make_ckpt
+
+OTHER = 4321   # a uid that is neither the test's user nor output_dir's owner
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+
+
+def ship(program: str, *args: str) -> dict:
+    r = subprocess.run([sys.executable, "-", *args], input=source(program), capture_output=True,
+                       text=True, timeout=limit(60), cwd="/")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _chown_tree(path, uid: int) -> None:
+    for d, dirs, files in os.walk(path):
+        for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+            os.chown(name, uid, uid)
+
+
+@root_only
+def test_another_users_newer_checkpoint_is_skipped_and_the_own_one_used(tmp_path):
+    out = tmp_path / "out"
+    mine = make_ckpt(out, "checkpoint-10")
+    _chown_tree(make_ckpt(out, "checkpoint-999"), OTHER)
+    got = ship("checkpoints", str(out))
+    assert got["latest"] == str(mine) and got["step"] == 10, got
+    assert [s["name"] for s in got["skipped"]] == ["checkpoint-999"]
+    assert got["skipped"][0]["reason"].startswith(f"owned by uid {OTHER}, neither you nor output_dir's owner")
+    # A swift version dir of another user hides its checkpoints as well
+    version = out / "v1-20260101-000000"
+    make_ckpt(version, "checkpoint-500")
+    os.chown(version, OTHER, OTHER)
+    got = ship("checkpoints", str(out))
+    assert got["latest"] == str(mine) and "owned by uid" in got["skipped"][0]["reason"], got
+
+
+@root_only
+def test_the_output_dirs_owner_counts_as_own(tmp_path):
+    """A team's output_dir belongs to its lead: the lead's checkpoints are the run's own."""
+    out = tmp_path / "out"
+    newest = make_ckpt(out, "checkpoint-20")
+    _chown_tree(out, OTHER)
+    d = find_latest_complete(str(out))
+    assert d.latest == str(newest) and d.skipped == ()
+
+
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo"])
+def test_a_trainer_state_that_is_no_regular_file_is_skipped_without_hanging(tmp_path, kind):
+    """In the scan, and in --resume=PATH's check of a folder not named checkpoint-N (its step
+    read from trainer_state.json: the old reading blocked on the FIFO or read /dev/zero on)."""
+    out = tmp_path / "out"
+    mine = make_ckpt(out, "checkpoint-10")
+    planted = make_ckpt(out, "checkpoint-20", state=False)
+    named = make_ckpt(out, "best", state=False)
+    for d in (planted, named):
+        os.mkfifo(d / "trainer_state.json") if kind == "fifo" else os.symlink("/dev/zero", d / "trainer_state.json")
+    got = ship("checkpoints", str(out))
+    assert got["latest"] == str(mine), got
+    assert got["skipped"][0]["reason"] == "no trainer_state.json (interrupted save?)", got
+    got = ship("checkpoints", str(out), "--checkpoint", str(named))
+    assert got["latest"] is None and got["skipped"][0]["reason"] == (
+        "not a checkpoint-N directory and no trainer_state.json with a global_step"), got
+
+
+def test_an_oversized_trainer_state_is_refused_unread(tmp_path):
+    out = tmp_path / "out"
+    mine = make_ckpt(out, "checkpoint-10")
+    big = make_ckpt(out, "checkpoint-20", state=False) / "trainer_state.json"
+    with open(big, "wb") as fh:
+        fh.truncate(80 << 30)   # 80 GB, sparse: costs nothing on disk
+    got = ship("checkpoints", str(out))
+    assert got["latest"] == str(mine)
+    assert "over the 67108864 read here" in got["skipped"][0]["reason"], got
+
+
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo"])
+def test_a_planted_run_lock_is_taken_over_unread_and_kept_as_evidence(tmp_path, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / ".mlaunch.lock"
+    os.mkfifo(lock) if kind == "fifo" else os.symlink("/dev/zero", lock)
+    got = ship("outdir", "lock", str(out), "here", str(os.getpid()), "run-a")
+    assert got["ok"] is True and got["took_over"] is True and got["why"] == "unreadable lock", got
+    assert json.loads(lock.read_text())["run_id"] == "run-a"
+    stale = out / ".mlaunch.lock.stale"   # the planted thing itself, moved aside, never followed
+    assert (os.readlink(stale) == "/dev/zero") if kind != "fifo" else os.path.exists(stale)
+
+
+def test_a_lock_holders_fields_reach_the_terminal_printable_and_short():
+    assert _said("run-1") == "run-1" and _said(4242) == "4242"
+    assert _said("\x1b[2J\x1b]0;owned\x07host") == "\\x1b[2J\\x1b]0;owned\\x07host"
+    long = _said("h" * 5000)
+    assert len(long) == 83 and long.endswith("...")
