@@ -110,3 +110,37 @@ def test_a_lock_holders_fields_reach_the_terminal_printable_and_short():
     assert _said("\x1b[2J\x1b]0;owned\x07host") == "\\x1b[2J\\x1b]0;owned\\x07host"
     long = _said("h" * 5000)
     assert len(long) == 83 and long.endswith("...")
+
+
+def _reported_run(tmp_path):
+    """A finished run's files as `mlaunch report` reads them: output_dir/trainer_log.jsonl and
+    output_dir/logs/<id>/node0-<host>.log."""
+    out = tmp_path / "out"
+    (out / "logs" / "run-r").mkdir(parents=True)
+    (out / "logs" / "run-r" / "node0-127.0.0.1.log").write_text("[node0] training\n")
+    recs = [{"current_steps": s, "total_steps": 6, "loss": 2.0 - s / 10, "lr": 1e-3,
+             "elapsed_time": f"0:00:0{s}"} for s in range(1, 7)]
+    (out / "trainer_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return str(out / "logs" / "run-r")
+
+
+def test_report_writes_no_file_through_a_planted_link_and_keeps_its_files_private(tmp_path):
+    pytest.importorskip("matplotlib")
+    from .helpers import mlaunch
+    run, rep = _reported_run(tmp_path), tmp_path / "rep"
+    rep.mkdir()
+    victim = tmp_path / "bashrc"
+    victim.write_text("# mine\n")
+    os.symlink(victim, rep / "report.md")
+    os.chmod(rep, 0o1777)   # as /tmp is: another user could have planted the link
+    r = mlaunch("report", run, "--report-dir", str(rep))
+    assert r.returncode == 2 and victim.read_text() == "# mine\n", r.stdout + r.stderr
+    assert f"{rep}/report.md: a link (to {victim})" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(os.listdir(rep)) == ["report.md"]   # nothing written before the refusal
+    os.remove(rep / "report.md")
+    r = mlaunch("report", run, "--report-dir", str(rep))
+    assert r.returncode == 0, r.stderr
+    modes = {n: os.stat(rep / n).st_mode & 0o777 for n in os.listdir(rep)}
+    assert modes == {"report.md": 0o600, "report.png": 0o600, "series.json": 0o600}
+    assert (rep / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [s for s, _ in json.loads((rep / "series.json").read_text())["runs"][0]["loss"]] == list(range(1, 7))

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..errors import UserError
+from ..record import fsmode
 from ..record.runlog import Run, Step
 from . import timeline
 
@@ -124,7 +125,7 @@ def series(run: Run, fig: Figures) -> dict:
             "phases": timeline.series(run.phases)}
 
 
-def plot(data: list[dict], path: str) -> None:
+def plot(data: list[dict], path) -> None:
     """The PNG: loss, learning rate and throughput against step (a panel with nothing to draw
     is left out); restarts and a resume as labelled lines."""
     import matplotlib
@@ -181,7 +182,7 @@ def plot(data: list[dict], path: str) -> None:
     if extra:
         timeline.draw(axes[len(panels), 0], data)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")   # path: a file name or an open binary file
     plt.close(fig)
 
 
@@ -208,18 +209,25 @@ def _readable(ax, values: list, from_zero: bool = False) -> None:
 
 
 def write_report(runs: list[Run], out_dir: str, window_s: float = MIN_WINDOW_S) -> tuple[str, str]:
-    """Write report.md, series.json and report.png into out_dir; (markdown text, png path)."""
+    """Write report.md, series.json and report.png into out_dir; (markdown text, png path).
+    Each 0600 and never through a link or into another user's file (record/fsmode.py): a
+    --report-dir in /tmp or a team's folder may hold a planted `report.md -> ~/.bashrc`."""
     require_matplotlib()
-    os.makedirs(out_dir, exist_ok=True)
     figs = [figures(r, window_s) for r in runs]
     data = [series(r, f) for r, f in zip(runs, figs)]
     png, js, md = (os.path.join(out_dir, n) for n in ("report.png", "series.json", "report.md"))
-    with open(js, "w", encoding="utf-8") as fh:
-        json.dump({"runs": data}, fh, indent=1)
-    plot(data, png)
     text = "\n".join(markdown(r, f, png, js) for r, f in zip(runs, figs))
-    with open(md, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        fsmode.check_links(out_dir) if os.path.isdir(out_dir) else fsmode.private_dir(out_dir)
+        for path in (png, js, md):   # every name refused before the first is written
+            fsmode.check_writable(path)
+        fsmode.write_private(js, json.dumps({"runs": data}, indent=1))
+        with os.fdopen(fsmode.private_fd(png, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
+            plot(data, fh)
+        fsmode.write_private(md, text)
+    except OSError as e:
+        raise UserError(f"--report-dir {out_dir}: cannot write {e.filename or out_dir}: {e.strerror}; "
+                        "give a directory you can write") from None
     return text, png
 
 
