@@ -43,6 +43,25 @@ def test_crlf_and_progress_bars():
     assert s.feed(b"100%\n") == ["100%"]
 
 
+def test_an_endless_line_goes_on_in_bounded_pieces_and_a_bar_keeps_its_last_frames():
+    """A rank printing without a line break: the pending text stays under LINE_CAP (it grew
+    with the stream and each chunk re-copied it), nothing is lost, and a cut falls between
+    words where there are any near the cap."""
+    from launcher.logs.stream import LINE_CAP
+    s, got, chunk = LineSplitter(), [], (b"word " * 200_000)[:1 << 20]
+    for _ in range(64):   # 64 MiB, no line break
+        got += s.feed(chunk)
+        assert len(s._pending) <= LINE_CAP
+    got += s.flush()
+    assert "".join(got) == chunk.decode() * 64
+    assert all(len(line) <= LINE_CAP for line in got) and all(line.endswith(" ") for line in got[:-1])
+    # a bar that only ever redraws: two frames kept, the last one is the line at the end
+    s, clock = LineSplitter(Clock()), None
+    for i in range(300_000):
+        s.feed(b"\r%6d/300000 " % i)
+    assert len(s._pending) <= LINE_CAP and s.flush() == ["299999/300000 "]
+
+
 def test_printer_prefixes_node_host_and_local_rank():
     out = io.StringIO()
     p = Printer(lambda t: t.replace("hf_secret", "***"), out, color=False)

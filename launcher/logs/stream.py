@@ -18,6 +18,10 @@ from ..record.events import said_removed
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:"
 TORCHRUN_PREFIX = re.compile(r"^\[([A-Za-z_]*?)(\d+)\]:")
 PROGRESS_EVERY = 2.0  # seconds between echoed frames of a carriage-return progress bar
+# The longest line kept whole (the relay's piece, nodeprog/relay.py's HOLD): a rank that prints
+# without a line break, or a bar that only ever writes "\r", must not grow the pending text
+# without bound (each chunk re-copied it: 128 MiB took 15 s and held it all).
+LINE_CAP = 1 << 20
 COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
 
 
@@ -44,8 +48,28 @@ class LineSplitter:
         # Fast path: plain "\n" output (the common, high-volume case) needs no frame logic.
         if "\r" in block:
             block = "".join(_last_frame(p) + "\n" for p in lines_of(block))
+        if len(self._pending) > LINE_CAP:
+            block += self._pieces()
         frame = self._progress_frame() if "\r" in self._pending else None
         return block if frame is None else block + frame + "\n"
+
+    def _pieces(self) -> str:
+        """An endless line bounded: a carriage-return bar keeps its last two frames (the one
+        echoed and the one being drawn); what is still over LINE_CAP goes on as lines of
+        LINE_CAP characters, as the relay passes such a line on."""
+        p = self._pending
+        if (last := p.rfind("\r")) > 0:
+            p = p[max(p.rfind("\r", 0, last), 0):]
+        out = []
+        while len(p) > LINE_CAP:
+            # after a blank near the cap where there is one: the node's relay masked each
+            # secret already; a cut between words keeps one whole for the mask here as well
+            cut = max(p.rfind(" ", LINE_CAP - 4096, LINE_CAP), p.rfind("\t", LINE_CAP - 4096, LINE_CAP)) + 1
+            cut = cut or LINE_CAP
+            out.append(_last_frame(p[:cut]) + "\n")
+            p = p[cut:]
+        self._pending = p
+        return "".join(out)
 
     def flush(self) -> list[str]:
         """Whatever is left at end of stream, as a final line."""
