@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 
 import pytest
@@ -56,7 +55,7 @@ def test_an_endless_line_goes_on_in_bounded_pieces_and_a_bar_keeps_its_last_fram
     assert "".join(got) == chunk.decode() * 64
     assert all(len(line) <= LINE_CAP for line in got) and all(line.endswith(" ") for line in got[:-1])
     # a bar that only ever redraws: two frames kept, the last one is the line at the end
-    s, clock = LineSplitter(Clock()), None
+    s = LineSplitter(Clock())
     for i in range(300_000):
         s.feed(b"\r%6d/300000 " % i)
     assert len(s._pending) <= LINE_CAP and s.flush() == ["299999/300000 "]
