@@ -529,3 +529,17 @@ def test_an_infinite_ddp_timeout_is_said_once_with_who_guards():
     assert "the hang watchdog (health.hang_after_s) is then the only guard" in note
     off = timeout_notice(_seed_job(**{"training.ddp_timeout": 180000000, "health.enabled": False}))
     assert "nothing ends a hung collective" in off
+
+
+def test_the_stack_dump_uses_a_private_folder_or_none(tmp_path):
+    """Where mktemp -d fails, no fixed /tmp/mlaunch-stacks.<pid> (another user's, if they made
+    it first, would let them read the dumps and forge what is read back): one line, nothing."""
+    import glob
+    import subprocess
+    from launcher import render
+    script = render.stack_dump_script("MLAUNCH_RUN=no-such-run", "py-spy", native=False, timeout=5)
+    before = set(glob.glob("/tmp/mlaunch-stacks.*"))
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
+                       env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path / "none")})
+    assert r.returncode == 0 and r.stdout == "mlaunch: no stack dump on this host: mktemp -d failed\n", r
+    assert set(glob.glob("/tmp/mlaunch-stacks.*")) == before
