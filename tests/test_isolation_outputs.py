@@ -113,14 +113,17 @@ def test_a_lock_holders_fields_reach_the_terminal_printable_and_short():
 
 
 def _reported_run(tmp_path):
-    """A finished run's files as `mlaunch report` reads them: output_dir/trainer_log.jsonl and
-    output_dir/logs/<id>/node0-<host>.log."""
+    """A finished run's files as `mlaunch report` reads them: output_dir/trainer_log.jsonl,
+    output_dir/logs/<id>/node0-<host>.log and its events.jsonl."""
     out = tmp_path / "out"
     (out / "logs" / "run-r").mkdir(parents=True)
     (out / "logs" / "run-r" / "node0-127.0.0.1.log").write_text("[node0] training\n")
     recs = [{"current_steps": s, "total_steps": 6, "loss": 2.0 - s / 10, "lr": 1e-3,
              "elapsed_time": f"0:00:0{s}"} for s in range(1, 7)]
     (out / "trainer_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    events = [{"time": "2026-12-01T09:00:00.000Z", "run_id": "run-r", "attempt": 0, "event": "run_start"},
+              {"time": "2026-12-01T09:00:05.000Z", "run_id": "run-r", "attempt": 0, "event": "first_step"}]
+    (out / "logs" / "run-r" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return str(out / "logs" / "run-r")
 
 
@@ -144,3 +147,26 @@ def test_report_writes_no_file_through_a_planted_link_and_keeps_its_files_privat
     assert modes == {"report.md": 0o600, "report.png": 0o600, "series.json": 0o600}
     assert (rep / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [s for s, _ in json.loads((rep / "series.json").read_text())["runs"][0]["loss"]] == list(range(1, 7))
+
+
+def test_a_report_reads_past_what_another_run_of_the_output_dir_planted(tmp_path):
+    """Other users' runs in a shared output_dir's logs/: a line with `"attempt": [1]` made every
+    report of that output_dir fail (TypeError); a FIFO as events.jsonl would hang it."""
+    pytest.importorskip("matplotlib")
+    from .helpers import mlaunch
+    run = _reported_run(tmp_path)
+    other = os.path.join(os.path.dirname(run), "run-planted")
+    os.makedirs(other)
+    with open(os.path.join(other, "events.jsonl"), "w") as fh:
+        for e in ({"event": "first_step", "attempt": [1], "time": "2026-12-01T09:00:00Z"},
+                  {"event": "run_start", "attempt": True, "resume_from": "/o/checkpoint-²"},
+                  {"event": ["x"], "time": "2026-12-01T09:00:00Z"},
+                  {"event": "restart", "attempt": 1, "resume_from": "/o/checkpoint-²"}):
+            fh.write(json.dumps(e) + "\n")
+    fifo = os.path.join(os.path.dirname(run), "run-fifo")
+    os.makedirs(fifo)
+    os.mkfifo(os.path.join(fifo, "events.jsonl"))
+    r = mlaunch("report", run, "--report-dir", str(tmp_path / "rep"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    steps = json.loads((tmp_path / "rep" / "series.json").read_text())["runs"][0]["loss"]
+    assert [s for s, _ in steps] == list(range(1, 7))

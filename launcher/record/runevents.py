@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from datetime import datetime
 
 # Events worth a line in the report; step/checkpoint/node_* are the plot's or routine.
@@ -15,14 +16,25 @@ CHANGES = ("host_replaced", "shrink", "node_excluded", "universal_checkpoint", "
 
 def read(log_dir: str) -> list[dict]:
     """Every whole event line of log_dir/events.jsonl ([] when there is none, a torn last
-    line of a run still writing is skipped)."""
-    return [e for e in jsonl(os.path.join(log_dir, "events.jsonl")) if "event" in e]
+    line of a run still writing is skipped). A line whose event is not a name or whose attempt
+    is not a count is skipped too: a shared output_dir's logs/ holds other users' runs, and one
+    planted `"attempt": [1]` made every report of that output_dir fail."""
+    return [e for e in jsonl(os.path.join(log_dir, "events.jsonl")) if _well_formed(e)]
+
+
+def _well_formed(e: dict) -> bool:
+    attempt = e.get("attempt", 0)
+    return (isinstance(e.get("event"), str) and isinstance(attempt, int) and not isinstance(attempt, bool)
+            and attempt >= 0)
 
 
 def jsonl(path: str) -> list[dict]:
     """Every JSON object line of a file; a torn last line (a run still writing) is skipped."""
-    try:
-        with open(path, encoding="utf-8") as fh:
+    try:   # a FIFO or device planted at path must not hang or flood the reader
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, encoding="utf-8", errors="replace") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
             lines = fh.read().splitlines()
     except OSError:
         return []

@@ -103,7 +103,7 @@ def checkpoint_step(path) -> int | None:
     """The step of a checkpoint path (…/checkpoint-12 -> 12), else None."""
     name = os.path.basename(str(path or "").rstrip("/"))
     tail = name[len(CKPT_STEP):] if name.startswith(CKPT_STEP) else ""
-    return int(tail) if tail.isdigit() else None
+    return int(tail) if tail.isascii() and tail.isdigit() else None
 
 
 def _finite(value) -> bool:
