@@ -5,8 +5,10 @@ log gets the live stream's `[node<k> <host> local<r>]` prefixes added.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections import deque
 
 from ..errors import UserError
 from ..logs.stream import Printer, lines_of
@@ -16,6 +18,8 @@ from ..record.registry import console_path, locate
 FOLLOW_POLL_S = 0.1   # how often a follower looks for new bytes
 STATE_POLL_S = 0.5    # ... and asks the registry whether the run has ended
 LOST_EXIT = 255       # what `logs -f` exits with when the run's supervisor was lost
+READ_CHUNK = 4 << 20  # the most one read takes of a file shown whole: a flooded log is never held at once
+SEEK_CHUNK = 64 << 10  # the step back from a file's end when looking for its last lines
 
 
 def refresh(reg, run):
@@ -39,10 +43,57 @@ class _Tail(FileTail):
         self.emit, self.what = emit, what
 
     def show(self, tail: int | None = None) -> None:
-        """Hand on what the file holds now that was not yet (its last `tail` lines)."""
-        lines = lines_of(self.read())
-        if lines:
-            self.emit(lines if tail is None else lines[len(lines) - tail:] if tail else [])
+        """Hand on what the file holds now that was not yet (its last `tail` lines). Read in
+        bounded chunks, and with `tail` only from where its last lines begin: a log of many GB
+        is never held at once. Goes on from the end seen, where a follower takes over."""
+        if tail is not None:
+            self._skip_to_last(tail)
+        last = None if tail is None else deque(maxlen=tail)
+        for text in self._chunks(self.size()):
+            if last is not None:
+                last.extend(lines_of(text))
+            elif text:
+                self.emit(lines_of(text))
+        if last:
+            self.emit(list(last))
+
+    def _chunks(self, end: int):
+        """The texts of whole lines up to byte `end` (the size when asked: a file that keeps
+        growing does not keep a plain `logs` from ending), READ_CHUNK bytes at a time."""
+        while self.pos < end:
+            before = self.pos
+            text = self.read(min(READ_CHUNK, end - self.pos))
+            if self.pos <= before:   # unreadable, or made again: the follower goes on from here
+                return
+            yield text
+
+    def _skip_to_last(self, n: int) -> None:
+        """Go on from the start of the file's last n whole lines: the (n+1)th line break from
+        its end, looked for SEEK_CHUNK bytes at a time (not before what was read already)."""
+        at = self._break_back(n + 1)
+        if at is not None:
+            self.skip(at)   # the bytes up to and with that break go with the skipped
+
+    def _break_back(self, k: int) -> int | None:
+        """The offset of the k-th line break from the file's end; None where it has fewer."""
+        end = self.size()
+        try:
+            lo = end
+            while lo > self.pos and self.fd >= 0:
+                step = min(SEEK_CHUNK, lo - self.pos)
+                lo -= step
+                data = os.pread(self.fd, step, lo)
+                i = len(data)
+                while (i := data.rfind(b"\n", 0, i)) >= 0:
+                    k -= 1
+                    if not k:
+                        return lo + i
+            return None
+        except OSError:
+            return None
+        finally:
+            if self.reopen:
+                self.close()
 
 
 class View:
