@@ -532,14 +532,26 @@ def test_an_infinite_ddp_timeout_is_said_once_with_who_guards():
 
 
 def test_the_stack_dump_uses_a_private_folder_or_none(tmp_path):
-    """Where mktemp -d fails, no fixed /tmp/mlaunch-stacks.<pid> (another user's, if they made
-    it first, would let them read the dumps and forge what is read back): one line, nothing."""
+    """Never a fixed /tmp/mlaunch-stacks.<pid> (another user's, if they made it first, would let
+    them read the dumps and forge what is read back): a stale TMPDIR falls back to a random
+    folder in /tmp, removed at the end; where no folder can be made, one line that the summary
+    says instead of "no rank process found"."""
     import glob
     import subprocess
     from launcher import render
     script = render.stack_dump_script("MLAUNCH_RUN=no-such-run", "py-spy", native=False, timeout=5)
     before = set(glob.glob("/tmp/mlaunch-stacks.*"))
-    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
-                       env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path / "none")})
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path / "none")}
+    r = subprocess.run(["sh", "-xc", script], capture_output=True, text=True, timeout=60, env=env)
+    made = re.findall(r"tmp=(/tmp/mlaunch-stacks\.\w{8})$", r.stderr, re.M)
+    assert r.returncode == 0 and r.stdout == "" and len(made) == 1, r.stderr[-2000:]
+    assert not os.path.exists(made[0]) and set(glob.glob("/tmp/mlaunch-stacks.*")) == before
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "mktemp").write_text("#!/bin/sh\nexit 1\n")
+    (stub / "mktemp").chmod(0o755)
+    env["PATH"] = f"{stub}:{env['PATH']}"
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout == "mlaunch: no stack dump on this host: mktemp -d failed\n", r
     assert set(glob.glob("/tmp/mlaunch-stacks.*")) == before
+    assert stacks.refusals([r.stdout, "", r.stdout]) == "2 nodes: no stack dump on this host: mktemp -d failed"

@@ -44,7 +44,7 @@ def test_another_users_newer_checkpoint_is_skipped_and_the_own_one_used(tmp_path
     got = ship("checkpoints", str(out))
     assert got["latest"] == str(mine) and got["step"] == 10, got
     assert [s["name"] for s in got["skipped"]] == ["checkpoint-999"]
-    assert got["skipped"][0]["reason"].startswith(f"owned by uid {OTHER}, neither you nor output_dir's owner")
+    assert got["skipped"][0]["reason"].startswith(f"owned by uid {OTHER}, neither you, root nor output_dir's owner")
     # A swift version dir of another user hides its checkpoints as well
     version = out / "v1-20260101-000000"
     make_ckpt(version, "checkpoint-500")
@@ -65,8 +65,9 @@ def test_the_output_dirs_owner_counts_as_own(tmp_path):
 
 @pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo"])
 def test_a_trainer_state_that_is_no_regular_file_is_skipped_without_hanging(tmp_path, kind):
-    """In the scan, and in --resume=PATH's check of a folder not named checkpoint-N (its step
-    read from trainer_state.json: the old reading blocked on the FIFO or read /dev/zero on)."""
+    """--resume=PATH's check of a folder not named checkpoint-N reads its step from
+    trainer_state.json: the old reading blocked on the FIFO or read /dev/zero on. (The scan
+    looked for a regular file before reading, then and now.)"""
     out = tmp_path / "out"
     mine = make_ckpt(out, "checkpoint-10")
     planted = make_ckpt(out, "checkpoint-20", state=False)
@@ -89,7 +90,7 @@ def test_an_oversized_trainer_state_is_refused_unread(tmp_path):
         fh.truncate(80 << 30)   # 80 GB, sparse: costs nothing on disk
     got = ship("checkpoints", str(out))
     assert got["latest"] == str(mine)
-    assert "over the 67108864 read here" in got["skipped"][0]["reason"], got
+    assert "over the 1073741824 read here" in got["skipped"][0]["reason"], got
 
 
 @pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo"])
@@ -151,7 +152,7 @@ def test_report_writes_no_file_through_a_planted_link_and_keeps_its_files_privat
 
 def test_a_report_reads_past_what_another_run_of_the_output_dir_planted(tmp_path):
     """Other users' runs in a shared output_dir's logs/: a line with `"attempt": [1]` made every
-    report of that output_dir fail (TypeError); a FIFO as events.jsonl would hang it."""
+    report of that output_dir fail (TypeError), and so did a time without a zone in year 1."""
     pytest.importorskip("matplotlib")
     from .helpers import mlaunch
     run = _reported_run(tmp_path)
@@ -163,10 +164,18 @@ def test_a_report_reads_past_what_another_run_of_the_output_dir_planted(tmp_path
                   {"event": ["x"], "time": "2026-12-01T09:00:00Z"},
                   {"event": "restart", "attempt": 1, "resume_from": "/o/checkpoint-²"}):
             fh.write(json.dumps(e) + "\n")
-    fifo = os.path.join(os.path.dirname(run), "run-fifo")
-    os.makedirs(fifo)
-    os.mkfifo(os.path.join(fifo, "events.jsonl"))
     r = mlaunch("report", run, "--report-dir", str(tmp_path / "rep"))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     steps = json.loads((tmp_path / "rep" / "series.json").read_text())["runs"][0]["loss"]
     assert [s for s, _ in steps] == list(range(1, 7))
+    with open(os.path.join(other, "events.jsonl"), "a") as fh:   # a well-formed launch, no zone, year 1:
+        fh.write(json.dumps({"event": "first_step", "attempt": 0, "time": "0001-01-01T00:00:00"}) + "\n")
+    r = mlaunch("report", run, "--report-dir", str(tmp_path / "rep"))   # it may claim steps; never a crash
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_an_events_file_that_is_a_fifo_reads_as_none_without_hanging(tmp_path):
+    os.mkfifo(tmp_path / "events.jsonl")
+    code = f"from launcher.record import runevents; print(runevents.read({str(tmp_path)!r}))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit(60))
+    assert r.returncode == 0 and r.stdout == "[]\n", r.stderr

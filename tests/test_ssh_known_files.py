@@ -48,9 +48,12 @@ def test_a_commented_setting_names_nothing_and_either_form_of_a_setting_counts(t
     cfg.write_text("Host *\n#   UserKnownHostsFile ~/.ssh/known_hosts.d/%k\n  SendEnv LANG\n"
                    "  # userknownhostsfile /k/x\n  UserKnownHostsFiles /k/not-a-keyword\n")
     assert not names_known_hosts(SSH(config_file=str(cfg)))
-    for line in ("UserKnownHostsFile /k/a", "  userknownhostsfile=/k/a", "\tUSERKNOWNHOSTSFILE\t/k/a"):
-        cfg.write_text(f"Host *\n{line}\n")
-        assert names_known_hosts(SSH(config_file=str(cfg))), line
+    # as paramiko reads them: any case, "=", a no-break space, a Kelvin sign for K, CR line ends
+    for text in ("Host *\nUserKnownHostsFile /k/a\n", "Host *\n  userknownhostsfile=/k/a\n",
+                 "Host *\n\tUSERKNOWNHOSTSFILE\t/k/a\n", "Host *\n\u00a0UserKnownHostsFile\u00a0/k/a\n",
+                 "Host *\nUser\u212anownHostsFile /k/a\n", "Host *\rUserKnownHostsFile /k/a\r"):
+        cfg.write_bytes(text.encode())
+        assert names_known_hosts(SSH(config_file=str(cfg))), text
 
 
 def test_a_missing_config_file_is_left_to_fabric_to_refuse(tmp_path):

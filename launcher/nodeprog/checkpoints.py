@@ -129,7 +129,9 @@ def _stranger(output_dir: str, path: str) -> int | None:
     nor output_dir's: in a team's shared output_dir another user could plant a newer
     checkpoint-N whose pickles every restart would load. None: owned as it should be."""
     try:
-        owners = {os.getuid(), os.stat(output_dir).st_uid}
+        # root too: a container run as root writes the user's checkpoints as uid 0, and root
+        # could rewrite the user's own files anyway
+        owners = {os.getuid(), os.stat(output_dir).st_uid, 0}
         rel = os.path.relpath(path, output_dir).split(os.sep)
         for depth in range(1, len(rel) + 1):
             uid = os.stat(os.path.join(output_dir, *rel[:depth])).st_uid
@@ -178,7 +180,7 @@ def find_latest_complete(output_dir: str, *, deepspeed: bool = False,
         if _outside(output_dir, path):
             reason = "symlink to %s outside output_dir (not followed)" % os.path.realpath(path)
         elif (other := _stranger(output_dir, path)) is not None:
-            reason = ("owned by uid %d, neither you nor output_dir's owner: another user's files "
+            reason = ("owned by uid %d, neither you, root nor output_dir's owner: another user's files "
                       "are never resumed from (resume from it by name: --resume=PATH)" % other)
         elif megatron:
             reason = check_megatron(path, step)

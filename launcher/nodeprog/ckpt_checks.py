@@ -18,9 +18,10 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin",
                 "adapter_model.safetensors", "adapter_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 NO_WEIGHTS = "no model or adapter weights"
-# The most of one JSON or text file read here: a trainer_state.json with a long log_history is a
-# few MB; a planted link to /dev/zero, a FIFO or a sparse giant must not hang or fill memory.
-READ_CAP = 64 << 20
+# The most of one JSON or text file read here: a trainer_state.json holds every logged step
+# (about 150 bytes each: hundreds of MB after a long run logging every step); a planted link to
+# /dev/zero, a FIFO or a sparse giant must not hang or fill memory.
+READ_CAP = 1 << 30
 
 
 def read_capped(path: str, cap: int = READ_CAP) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from datetime import datetime
+from datetime import datetime, timezone
 
 # Events worth a line in the report; step/checkpoint/node_* are the plot's or routine.
 HEALTH = ("hang", "stacks", "nan", "world_size_suspect", "world_size_mismatch")
@@ -157,7 +157,10 @@ def _fields(e: dict) -> str:
 
 
 def _t(e: dict) -> datetime | None:
+    """The event's time, in UTC where it names no zone (mlaunch writes Z; a time without one,
+    year 1 say, made .timestamp() raise in every report of the output_dir)."""
     try:
-        return datetime.fromisoformat(str(e["time"]).replace("Z", "+00:00"))
+        t = datetime.fromisoformat(str(e["time"]).replace("Z", "+00:00"))
     except (KeyError, ValueError):
         return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)

@@ -215,8 +215,9 @@ def ssh_config_files(ssh: SSH) -> list[str]:
     return [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
 
 
-# paramiko's reading of a setting: its keyword first, then blanks or "=" (comments start with #)
-_KNOWN_HOSTS_LINE = re.compile(rb"\s*userknownhostsfile(\s|=)", re.IGNORECASE)
+# paramiko's own reading of a setting (paramiko/config.py): the stripped line's first word,
+# then blanks or "=", the word compared in lower case; a comment starts with # and has none
+_SETTING = re.compile(r"(\w+)(?:\s*=\s*|\s+)")
 
 
 def names_known_hosts(ssh: SSH) -> bool:
@@ -226,8 +227,8 @@ def names_known_hosts(ssh: SSH) -> bool:
     a setting imported fabric before every login."""
     for path in ssh_config_files(ssh):
         try:
-            with open(path, "rb") as fh:
-                if any(_KNOWN_HOSTS_LINE.match(line) for line in fh):
+            with open(path, encoding="utf-8", errors="replace") as fh:   # text, as fabric reads it
+                if any(_names_known(line) for line in fh):
                     return True
         except FileNotFoundError:
             if ssh.config_file:
@@ -235,6 +236,11 @@ def names_known_hosts(ssh: SSH) -> bool:
         except OSError:
             return True
     return False
+
+
+def _names_known(line: str) -> bool:
+    m = _SETTING.match(line.strip())
+    return bool(m) and m.group(1).lower() == "userknownhostsfile"
 
 
 def relay_head(python: str, config: dict) -> bytes:

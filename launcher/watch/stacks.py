@@ -86,6 +86,17 @@ class RankStack:
         return bool(re.search(r"^Python v\d", self.text, re.M))
 
 
+NO_DUMP = "mlaunch: no stack dump on this host"   # templates/stacks.sh.j2's line where it could not try
+
+
+def refusals(outputs: list[str]) -> str:
+    """What the nodes that could not try a dump said (templates/stacks.sh.j2), one each; ""."""
+    said = [line.removeprefix("mlaunch: ") for out in outputs for line in out.splitlines()
+            if line.startswith(NO_DUMP)]
+    return "; ".join(f"{n} node{'s' if n > 1 else ''}: {w}" for w, n in
+                     sorted({w: said.count(w) for w in said}.items()))
+
+
 def split_dump(output: str) -> list[RankStack]:
     """The per-rank parts of one node's dump output."""
     out: list[RankStack] = []

@@ -180,5 +180,7 @@ class Watch:
         line = stacks.summary(found)
         fix = stacks.advice(found)
         line += f"; {fix}" if fix else ""
+        if said := stacks.refusals(outputs):   # not "no rank process found": nothing was tried there
+            line = said if not found else f"{line}; {said}"
         self.events.emit("stacks", summary=line, dir=out_dir, ranks=len(found))
         return line
