@@ -77,7 +77,9 @@ class RayCluster:
 
     def _start(self, h, args: list[str]) -> None:
         log = open(os.path.join(self.dir, f"{h.name}.out"), "wb")
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        # HOME of the cluster's own: Ray reads ~/.ray/auth_token, and a stray one (left by an
+        # interrupted session) made every worker's login to the head fail (InvalidAuthToken)
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.dir}
         argv = [ray_bin(), "start", "--block", *args, f"--node-ip-address={h.ip}",
                 f"--num-cpus={self.cpus}", "--num-gpus=0",
                 f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
